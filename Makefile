@@ -1,0 +1,36 @@
+# lartpc: `make install`, `make test`, `make demo`. See README.md.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# CPU hosts take the CPU wheel of this torch; on a GPU host install the CUDA build of
+# torch into $(VENV) first (see README) and it is kept as it is.
+TORCH_VERSION ?= 2.13.0
+# spconv build: "auto" = spconv-cu12x matching torch's CUDA, or the CPU build `spconv`.
+SPCONV ?= auto
+PYTEST_ARGS ?=
+
+.PHONY: install test test-fast demo lint clean-venv
+
+install:
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q "torch==$(TORCH_VERSION)"
+	@$(PY) -m pip install -q -e '.[test]'
+	@bash jobs/env/install_spconv.sh $(PY) $(SPCONV)
+	@bash jobs/env/install_horovod.sh $(PY)
+	@$(VENV)/bin/lartpc env
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -m "not slow and not slurm" $(PYTEST_ARGS)
+
+demo: install
+	$(PY) -m jobs.local.study --out demo
+
+lint: install
+	$(VENV)/bin/ruff check lartpc analysis jobs tests
+
+clean-venv:
+	rm -rf $(VENV)

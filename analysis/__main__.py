@@ -1,0 +1,91 @@
+"""``python -m analysis {fit,curves,confusion,report} RUN...``; exit code 2 on bad input."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from analysis.runs import RunFolderError
+
+log = logging.getLogger("analysis")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("runs", nargs="+", metavar="RUN",
+                   help="run folders, or folders with run folders (any run.json) below them")
+    p.add_argument("--threshold", type=float, default=1.2,
+                   help="time-to-loss threshold on the smoothed global loss (default 1.2)")
+    p.add_argument("--smooth", type=int, default=None, metavar="STEPS",
+                   help="centred rolling-mean window in steps (default min(50, steps//10))")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m analysis",
+        description="Scaling analysis of lartpc run folders (no torch needed).")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser("fit", help="per-run DLT, epoch rate, TTL; power-law fits per model")
+    _common(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    for name, text in (("curves", "loss vs wall time (TTL inset), epoch rate vs N"),
+                       ("confusion", "confusion matrices as PNG, CSV and Markdown"),
+                       ("report", "one self-contained HTML report with the paper's numbers")):
+        p = sub.add_parser(name, help=text)
+        _common(p)
+        p.add_argument("--out", type=Path, required=True, help="output folder")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Execute one parsed command."""
+    if args.smooth is not None and args.smooth < 1:
+        raise RunFolderError(f"--smooth must be at least 1 step, got {args.smooth}")
+    from analysis.tables import analyse, to_json, to_text
+
+    a = analyse(args.runs, args.threshold, args.smooth)
+    if args.command == "fit":
+        if args.json:
+            print(json.dumps(to_json(a), indent=2, allow_nan=False))
+        else:
+            print(to_text(a), end="")
+    elif args.command == "curves":
+        from analysis.report import write_curves
+
+        for paths in write_curves(a, args.out).values():
+            for p in paths:
+                print(p)
+    elif args.command == "confusion":
+        from analysis.confusion import write_run_confusion
+
+        made = [c for r in a.runs if (c := write_run_confusion(r, args.out))]
+        if not made:
+            raise RunFolderError("no run has a confusion.csv: nothing to write")
+        for c in made:
+            print(c["markdown"])
+    elif args.command == "report":
+        from analysis.report import write_report
+
+        print(write_report(a, args.out))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    log.handlers[:] = [handler]
+    log.setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+    log.propagate = False
+    try:
+        return run(args)
+    except RunFolderError as e:
+        print(f"analysis {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Confusion-matrix reports per run: PNG, CSV (percent and counts) and Markdown.
+
+Accuracy is computed from the matrix itself (trace / total) so it matches what is shown;
+its uncertainty is given two ways: the binomial standard error sqrt(p(1-p)/n) (1 sigma)
+and the 95 % Wilson score interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from analysis import plots
+from analysis.metrics import binomial_se, wilson_interval
+from analysis.runs import CLASSES, Run
+
+log = logging.getLogger(__name__)
+
+
+def row_percent(counts: np.ndarray) -> np.ndarray:
+    """Each row as percent of its total (rows with no events stay 0)."""
+    totals = counts.sum(axis=1, keepdims=True)
+    return np.divide(100.0 * counts, totals, out=np.zeros(counts.shape), where=totals > 0)
+
+
+def accuracy(counts: np.ndarray) -> dict:
+    """Accuracy of a confusion matrix with binomial SE and 95 % Wilson interval."""
+    n = int(counts.sum())
+    k = int(np.trace(counts))
+    p = k / n if n else float("nan")
+    return {"accuracy": p, "n_events": n, "correct": k, "binomial_se": binomial_se(p, n),
+            "wilson95": wilson_interval(k, n)}
+
+
+def markdown_table(counts: np.ndarray, title: str) -> str:
+    """Markdown table of row percent with counts in brackets, then the accuracy line."""
+    pct = row_percent(counts)
+    acc = accuracy(counts)
+    lines = [f"### {title}", "", "| true \\ predicted | " + " | ".join(CLASSES) + " | n |",
+             "|---" * (len(CLASSES) + 2) + "|"]
+    for i, cls in enumerate(CLASSES):
+        cells = [f"{pct[i, j]:.1f}% ({counts[i, j]})" for j in range(len(CLASSES))]
+        lines.append(f"| {cls} | " + " | ".join(cells) + f" | {int(counts[i].sum())} |")
+    lo, hi = acc["wilson95"]
+    lines += ["", f"Accuracy {100 * acc['accuracy']:.1f} % ± {100 * acc['binomial_se']:.1f} % "
+              f"(binomial SE, n = {acc['n_events']}); 95 % Wilson interval "
+              f"[{100 * lo:.1f}, {100 * hi:.1f}] %", ""]
+    return "\n".join(lines)
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _csv(matrix: np.ndarray, fmt: str) -> str:
+    rows = ["true," + ",".join(CLASSES)]
+    rows += [cls + "," + ",".join(fmt.format(v) for v in matrix[i])
+             for i, cls in enumerate(CLASSES)]
+    return "\n".join(rows) + "\n"
+
+
+def run_title(run: Run) -> str:
+    seed = f", seed {run.seed}" if run.seed is not None else ""
+    return f"{run.model}, {run.world_size} GPUs{seed} ({run.name})"
+
+
+def write_run_confusion(run: Run, out: Path) -> dict | None:
+    """Write ``<run>_confusion.{png,md}``, ``_percent.csv`` and ``_counts.csv`` under ``out``.
+
+    Returns a summary dict (paths, accuracy) or None when the run has no confusion.csv.
+    """
+    if run.confusion is None:
+        log.warning("%s: no confusion.csv, skipped", run.path)
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{run.name}_confusion"
+    title = run_title(run)
+    md = markdown_table(run.confusion, title)
+    _write_text(out / f"{stem}_percent.csv", _csv(row_percent(run.confusion), "{:.2f}"))
+    _write_text(out / f"{stem}_counts.csv", _csv(run.confusion, "{:d}"))
+    _write_text(out / f"{stem}.md", md)
+    acc = accuracy(run.confusion)
+    png = plots.confusion(run.confusion, f"{title}\naccuracy {100 * acc['accuracy']:.1f} ± "
+                          f"{100 * acc['binomial_se']:.1f} % (binomial SE)",
+                          out / f"{stem}.png")
+    return {"run": run.name, "model": run.model, "gpus": run.world_size, "title": title,
+            "png": str(png), "markdown": md, **acc}

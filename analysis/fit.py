@@ -1,0 +1,214 @@
+"""Power-law fits y = a * N^b in log space, bootstrap intervals, scaling tables.
+
+- The fit is ordinary least squares of log y on log N over every run (repeated runs per N
+  included as separate points). The exponent's standard error comes from the covariance
+  s^2 (X'X)^-1 with s^2 = RSS / (n - 2); with only two points there is none.
+- With repeated runs at some N, a bootstrap resamples runs *within each N* (so every N keeps
+  its number of runs) and refits; the 95 % interval is the 2.5/97.5 percentiles.
+- Breakdown check: a quadratic term c2 (log N)^2 is added; a warning is raised when it is
+  significant at 2 sigma (|c2| > 2 se(c2)), i.e. the log-log residuals curve. It needs at
+  least 3 GPU counts and 4 points (one degree of freedom left).
+- Speedup, efficiency and the Karp-Flatt serial fraction are relative to the smallest N in
+  the data (N0): p = N / N0, speedup S = rate(N) / rate(N0) (or TTL(N0) / TTL(N)),
+  efficiency S / p, Karp-Flatt e = (1/S - 1/p) / (1 - 1/p) (undefined at p = 1). The TTL
+  speedup's baseline is the smallest N with an uncensored TTL (``ttl_baseline_gpus``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from analysis.metrics import RunMetrics
+
+N_BOOT = 2000
+
+
+@dataclass
+class PowerLawFit:
+    """Result of :func:`fit_power_law`; exponent fields are None when no fit was possible."""
+
+    quantity: str
+    n_points: int
+    gpu_counts: list[int]
+    prefactor: float | None = None
+    exponent: float | None = None
+    exponent_err: float | None = None
+    exponent_ci95: tuple[float, float] | None = None
+    curvature: float | None = None
+    curvature_err: float | None = None
+    residuals: list[float] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def predict(self, n: np.ndarray) -> np.ndarray:
+        """a * N^b for the fitted a, b."""
+        return self.prefactor * np.asarray(n, dtype=float) ** self.exponent
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _ols(x: np.ndarray, y: np.ndarray, degree: int = 1) -> tuple[np.ndarray, np.ndarray | None]:
+    """Coefficients (constant first) and their covariance (None when no dof is left)."""
+    X = np.vander(x, degree + 1, increasing=True)
+    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    dof = len(y) - (degree + 1)
+    if dof <= 0:
+        return coef, None
+    rss = float(np.sum((y - X @ coef) ** 2))
+    return coef, rss / dof * np.linalg.inv(X.T @ X)
+
+
+def fit_power_law(n: list[float] | np.ndarray, y: list[float] | np.ndarray, quantity: str,
+                  n_boot: int = N_BOOT, seed: int = 0) -> PowerLawFit:
+    """Fit ``y = a * N^b`` in log space (see module docstring for errors and checks).
+
+    Parameters
+    ----------
+    n, y : array-like
+        GPU counts and the measured quantity, one entry per run (repeats allowed).
+    quantity : str
+        Name used in notes ("TTL", "epoch rate").
+    n_boot : int
+        Bootstrap resamples when some N has repeated runs.
+    seed : int
+        Seed of the bootstrap generator, so reports are reproducible.
+    """
+    n = np.asarray(n, dtype=float)
+    y = np.asarray(y, dtype=float)
+    ok = np.isfinite(n) & np.isfinite(y) & (n > 0) & (y > 0)
+    n, y = n[ok], y[ok]
+    levels = np.unique(n)
+    out = PowerLawFit(quantity=quantity, n_points=int(len(y)),
+                      gpu_counts=[int(v) for v in levels])
+    if len(levels) == 0:
+        out.notes.append(f"{quantity}: no usable runs: no fit possible")
+        return out
+    if len(levels) == 1:
+        out.notes.append(f"{quantity}: only one GPU count (N={int(levels[0])}): "
+                         "no fit possible")
+        return out
+    x, ly = np.log(n), np.log(y)
+    coef, cov = _ols(x, ly)
+    out.prefactor, out.exponent = float(math.exp(coef[0])), float(coef[1])
+    out.residuals = [float(r) for r in ly - (coef[0] + coef[1] * x)]
+    if cov is None:
+        out.notes.append(f"{quantity}: only {len(y)} points for 2 parameters: exponent has "
+                         "no standard error (needs another GPU count or repeated runs)")
+    else:
+        out.exponent_err = float(math.sqrt(max(cov[1, 1], 0.0)))
+    groups = [np.flatnonzero(n == v) for v in levels]
+    if any(len(g) > 1 for g in groups):
+        rng = np.random.default_rng(seed)
+        boots = np.empty(n_boot)
+        for i in range(n_boot):
+            idx = np.concatenate([rng.choice(g, size=len(g)) for g in groups])
+            boots[i] = np.polyfit(x[idx], ly[idx], 1)[0]
+        lo, hi = np.percentile(boots, [2.5, 97.5])
+        out.exponent_ci95 = (float(lo), float(hi))
+        single = sum(len(g) == 1 for g in groups)
+        if single:
+            out.notes.append(f"{quantity}: bootstrap CI resamples runs within each N; "
+                             f"{single} GPU count(s) with a single run add no spread")
+    if len(levels) >= 3 and len(y) >= 4:
+        xc = x - x.mean()
+        qcoef, qcov = _ols(xc, ly, degree=2)
+        out.curvature = float(qcoef[2])
+        out.curvature_err = float(math.sqrt(max(qcov[2, 2], 0.0)))
+        if out.curvature_err > 0 and abs(out.curvature) > 2 * out.curvature_err:
+            out.warnings.append(
+                f"{quantity}: log-log residuals curve (quadratic term "
+                f"{out.curvature:+.3f} +/- {out.curvature_err:.3f}, "
+                f"{abs(out.curvature) / out.curvature_err:.1f} sigma): the power law is "
+                "breaking down over this range of N")
+    else:
+        out.notes.append(f"{quantity}: curvature (power-law breakdown) test needs >= 3 GPU "
+                         f"counts and >= 4 points; have {len(levels)} and {len(y)}")
+    return out
+
+
+def _mean(values: list[float]) -> float | None:
+    v = [x for x in values if x is not None and math.isfinite(x)]
+    return float(np.mean(v)) if v else None
+
+
+def scaling_table(rows: list[RunMetrics]) -> list[dict]:
+    """Per-N means, speedup, efficiency and Karp-Flatt fraction relative to the smallest N."""
+    by_n: dict[int, list[RunMetrics]] = {}
+    for r in rows:
+        by_n.setdefault(r.world_size, []).append(r)
+    table: list[dict] = []
+    base_rate = base_ttl = None
+    for i, n in enumerate(sorted(by_n)):
+        rs = by_n[n]
+        rate = _mean([r.epoch_rate_per_min for r in rs])
+        ttl = _mean([r.ttl_s for r in rs if not r.ttl_censored])
+        rates = [r.epoch_rate_per_min for r in rs if r.epoch_rate_per_min is not None]
+        if i == 0:
+            n0, base_rate = n, rate
+        if base_ttl is None and ttl is not None:
+            # TTL speedup starts at the smallest N whose runs reached the threshold
+            n0_ttl, base_ttl = n, ttl
+        p = n / n0
+        row = {"gpus": n, "n_runs": len(rs), "p": p,
+               "epoch_rate_mean": rate,
+               "epoch_rate_sd": float(np.std(rates, ddof=1)) if len(rates) > 1 else None,
+               "dlt_mean_s": _mean([r.dlt_s for r in rs]),
+               "ttl_mean_s": ttl,
+               "n_ttl_censored": sum(r.ttl_censored for r in rs),
+               "speedup": None, "efficiency": None, "karp_flatt": None,
+               "ttl_baseline_gpus": None, "ttl_speedup": None, "ttl_efficiency": None}
+        if rate and base_rate:
+            s = rate / base_rate
+            row.update(speedup=s, efficiency=s / p)
+            if p > 1:
+                row["karp_flatt"] = (1 / s - 1 / p) / (1 - 1 / p)
+        if ttl and base_ttl:
+            p_ttl = n / n0_ttl
+            row.update(ttl_baseline_gpus=n0_ttl, ttl_speedup=base_ttl / ttl,
+                       ttl_efficiency=base_ttl / ttl / p_ttl)
+        table.append(row)
+    return table
+
+
+def summarize_model(rows: list[RunMetrics], seed: int = 0) -> dict:
+    """Fits and scaling for the runs of one model (keys as in ``fit --json``)."""
+    rows = sorted(rows, key=lambda r: (r.world_size, r.name))
+    ok = [r for r in rows if not r.ttl_censored]
+    ttl = fit_power_law([r.world_size for r in ok], [r.ttl_s for r in ok], "TTL", seed=seed)
+    rated = [r for r in rows if r.epoch_rate_per_min is not None]
+    rate = fit_power_law([r.world_size for r in rated],
+                         [r.epoch_rate_per_min for r in rated], "epoch rate", seed=seed)
+    n_cens = len(rows) - len(ok)
+    notes = []
+    if n_cens:
+        names = ", ".join(f"{r.name} (N={r.world_size}, > {r.ttl_lower_bound_s or 0:.0f} s)"
+                          for r in rows if r.ttl_censored)
+        notes.append(f"TTL fit uses {len(ok)} uncensored runs; {n_cens} censored run(s) "
+                     f"never reached the threshold and are excluded: {names}")
+    if len(rated) < len(rows):
+        notes.append(f"{len(rows) - len(rated)} run(s) logged fewer than 2 steps: no epoch "
+                     "rate")
+    notes += ttl.notes + rate.notes
+    table = scaling_table(rows)
+    return {
+        "n_runs": len(rows), "n_censored": n_cens, "gpu_counts": sorted({r.world_size
+                                                                         for r in rows}),
+        "ttl_exponent": ttl.exponent, "ttl_exponent_err": ttl.exponent_err,
+        "ttl_exponent_ci95": ttl.exponent_ci95, "ttl_prefactor_s": ttl.prefactor,
+        "epoch_rate_exponent": rate.exponent, "epoch_rate_exponent_err": rate.exponent_err,
+        "epoch_rate_exponent_ci95": rate.exponent_ci95,
+        "epoch_rate_prefactor_per_min": rate.prefactor,
+        "baseline_gpus": table[0]["gpus"] if table else None,
+        "scaling": table, "notes": notes, "warnings": ttl.warnings + rate.warnings,
+        "ttl_fit": ttl.to_dict(), "epoch_rate_fit": rate.to_dict(),
+    }
+
+
+def summarize(rows: list[RunMetrics], seed: int = 0) -> dict[str, dict]:
+    """:func:`summarize_model` for every model present, keyed by model name."""
+    models = sorted({r.model for r in rows})
+    return {m: summarize_model([r for r in rows if r.model == m], seed=seed) for m in models}

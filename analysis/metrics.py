@@ -1,0 +1,143 @@
+"""Per-run metrics: data-loading time, epoch rate, time-to-loss, final accuracy.
+
+Definitions (also printed in the report):
+
+- **DLT** (data-loading time): earliest first-step ``time`` over all ranks minus
+  ``start_time``, i.e. when the first loss becomes visible. ``dlt_max_s`` (the latest rank)
+  is kept too; with a synchronous allreduce the two differ only by skew.
+- **Epoch rate** (epochs/min, DLT excluded): on the lowest rank, (rows - 1) step intervals
+  divided by ``steps_per_epoch``, over (last step time - first step time). Intervals, not
+  rows, because the first step's own duration ends at the first timestamp. Pauses between
+  steps (evaluation, checkpoints) count as training time.
+- **TTL(threshold)**: from ``start_time`` (DLT included) to the first step time at which the
+  smoothed global training loss is below the threshold. Smoothing is a *centred* rolling
+  mean over ``smooth`` steps, so it adds no time lag; default window min(50, steps // 10).
+  A run that never gets there is *censored*: ``ttl_s`` is None and ``ttl_lower_bound_s`` is
+  its last step time minus ``start_time``.
+- **Accuracy**: last row of ``eval.csv``; uncertainty is the binomial standard error
+  sqrt(p(1-p)/n) and the 95 % Wilson score interval.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+
+from analysis.runs import Run
+
+DEFAULT_SMOOTH_MAX = 50
+
+
+@dataclass
+class RunMetrics:
+    """What :func:`run_metrics` derives from one run (times in seconds)."""
+
+    name: str
+    path: str
+    model: str
+    world_size: int
+    seed: int | None
+    status: str
+    n_steps: int
+    smooth_window: int | None
+    dlt_s: float | None
+    dlt_max_s: float | None
+    epoch_rate_per_min: float | None
+    images_per_s_per_gpu: float | None
+    ttl_s: float | None
+    ttl_censored: bool
+    ttl_lower_bound_s: float | None
+    final_loss_smoothed: float | None
+    accuracy: float | None
+    accuracy_se: float | None
+    accuracy_wilson95: tuple[float, float] | None
+    n_eval: int | None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def smoothing_window(n_steps: int, smooth: int | None) -> int:
+    """The rolling-mean window: ``smooth`` if given, else min(50, n_steps // 10), at least 1."""
+    if smooth is not None:
+        if smooth < 1:
+            raise ValueError(f"--smooth must be >= 1 step, got {smooth}")
+        return smooth
+    return max(1, min(DEFAULT_SMOOTH_MAX, n_steps // 10))
+
+
+def smoothed_loss(steps: pd.DataFrame, window: int) -> pd.Series:
+    """Centred rolling mean of ``global_loss`` over ``window`` steps (NaN at the edges)."""
+    loss = steps["global_loss"].reset_index(drop=True)
+    return loss.rolling(window, center=True, min_periods=window).mean()
+
+
+def wilson_interval(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score interval for ``k`` successes in ``n`` trials (95 % by default)."""
+    if n <= 0:
+        return (math.nan, math.nan)
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def binomial_se(p: float, n: int) -> float:
+    """Binomial standard error sqrt(p(1-p)/n) of a fraction ``p`` measured on ``n`` events."""
+    return math.sqrt(p * (1 - p) / n) if n > 0 else math.nan
+
+
+def primary_steps(run: Run) -> pd.DataFrame | None:
+    """Step table of the lowest rank, in time order (None when the run logged no steps)."""
+    if not run.steps:
+        return None
+    df = run.steps[min(run.steps)]
+    if df.empty:
+        return None
+    return df.sort_values("time", kind="stable").reset_index(drop=True)
+
+
+def run_metrics(run: Run, threshold: float = 1.2, smooth: int | None = None) -> RunMetrics:
+    """Derive DLT, epoch rate, TTL and final accuracy of one run (see module docstring)."""
+    start = float(run.meta["start_time"])
+    steps = primary_steps(run)
+    n_steps = 0 if steps is None else len(steps)
+    dlt = dlt_max = rate = img_rate = ttl = bound = final = None
+    window = None
+    censored = True
+    if steps is not None:
+        firsts = [float(df["time"].min()) for df in run.steps.values() if not df.empty]
+        dlt, dlt_max = min(firsts) - start, max(firsts) - start
+        t = steps["time"].to_numpy()
+        span = float(t[-1] - t[0])
+        if n_steps >= 2 and span > 0:
+            rate = (n_steps - 1) / run.meta["steps_per_epoch"] / (span / 60.0)
+            if run.meta.get("train_events"):
+                img_rate = rate * run.meta["train_events"] / 60.0 / run.world_size
+        window = smoothing_window(n_steps, smooth)
+        sm = smoothed_loss(steps, window).to_numpy()
+        below = np.flatnonzero(sm < threshold)
+        if below.size:
+            ttl, censored = float(t[below[0]] - start), False
+        else:
+            bound = float(t[-1] - start)
+        valid = sm[np.isfinite(sm)]
+        final = float(valid[-1]) if valid.size else None
+    elif run.meta.get("end_time") is not None:
+        bound = float(run.meta["end_time"]) - start
+    acc = se = wilson = n_eval = None
+    if run.evals is not None and not run.evals.empty:
+        last = run.evals.iloc[-1]
+        acc, n_eval = float(last["accuracy"]), int(last["n_events"])
+        se = binomial_se(acc, n_eval)
+        wilson = wilson_interval(round(acc * n_eval), n_eval)
+    return RunMetrics(
+        name=run.name, path=str(run.path), model=run.model, world_size=run.world_size,
+        seed=run.seed, status=str(run.meta["status"]), n_steps=n_steps, smooth_window=window,
+        dlt_s=dlt, dlt_max_s=dlt_max, epoch_rate_per_min=rate, images_per_s_per_gpu=img_rate,
+        ttl_s=ttl, ttl_censored=censored, ttl_lower_bound_s=bound, final_loss_smoothed=final,
+        accuracy=acc, accuracy_se=se, accuracy_wilson95=wilson, n_eval=n_eval)

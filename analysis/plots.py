@@ -1,0 +1,166 @@
+"""Figures: loss vs wall time with a TTL-vs-N inset (paper Fig. 3a/4a), epoch rate vs N
+(Fig. 3b/4b), confusion matrices. Matplotlib's Agg backend; every function writes a PNG."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator  # noqa: E402
+
+from analysis.fit import PowerLawFit  # noqa: E402
+from analysis.metrics import RunMetrics, primary_steps, smoothed_loss  # noqa: E402
+from analysis.runs import CLASSES, Run  # noqa: E402
+
+log = logging.getLogger(__name__)
+DPI = 120
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    """Write atomically so a failed plot never leaves a torn PNG."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fig.savefig(tmp, dpi=DPI, bbox_inches="tight", format="png")
+    plt.close(fig)
+    os.replace(tmp, path)
+    log.info("wrote %s", path)
+    return path
+
+
+def _gpu_axis(ax: plt.Axes, gpus: list[int]) -> None:
+    """Log x axis labelled with the GPU counts actually used."""
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(FixedLocator(gpus))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FixedFormatter([str(g) for g in gpus]))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    lo, hi = min(gpus), max(gpus)
+    ax.set_xlim(lo / 1.3, hi * 1.3)
+
+
+def _fit_label(fit: PowerLawFit, what: str) -> str:
+    err = f" ± {fit.exponent_err:.2f}" if fit.exponent_err is not None else ""
+    return f"fit: {what} ∝ N^({fit.exponent:.2f}{err})"
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU" + ("" if n == 1 else "s")
+
+
+def _log_y(ax: plt.Axes) -> None:
+    """Log y axis with plain numbers (12, 30) instead of 1.2x10^1."""
+    ax.set_yscale("log")
+    lo, hi = ax.get_ylim()
+    subs = (1.0, 2.0, 5.0) if hi / lo > 100 else (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=subs))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _colours(gpus: list[int]) -> dict[int, tuple]:
+    cmap = plt.get_cmap("viridis")
+    return {g: cmap(0.85 * i / max(1, len(gpus) - 1)) for i, g in enumerate(gpus)}
+
+
+def loss_curves(runs: list[Run], rows: list[RunMetrics], ttl_fit: PowerLawFit, model: str,
+                threshold: float, out: Path) -> Path:
+    """Smoothed global training loss vs wall time since start, one colour per GPU count,
+    with the threshold line and an inset of TTL vs N (censored runs as lower bounds)."""
+    fig, ax = plt.subplots(figsize=(8.5, 5.5))
+    gpus = sorted({r.world_size for r in runs})
+    colour = _colours(gpus)
+    longest = max((m.ttl_lower_bound_s or m.ttl_s or 0) for m in rows) if rows else 0
+    in_hours = longest > 2 * 3600
+    unit, scale = ("h", 3600.0) if in_hours else ("min", 60.0)
+    labelled: set[int] = set()
+    for run, m in zip(runs, rows, strict=True):
+        steps = primary_steps(run)
+        if steps is None:
+            continue
+        t = (steps["time"].to_numpy() - run.meta["start_time"]) / scale
+        c = colour[run.world_size]
+        ax.plot(t, steps["global_loss"].to_numpy(), color=c, alpha=0.12, lw=0.5)
+        label = None if run.world_size in labelled else _gpus(run.world_size)
+        labelled.add(run.world_size)
+        ax.plot(t, smoothed_loss(steps, m.smooth_window or 1).to_numpy(), color=c, lw=1.8,
+                label=label)
+        if m.ttl_s is not None:
+            ax.plot(m.ttl_s / scale, threshold, "o", color=c, ms=6, mec="k", mew=0.6)
+    ax.axhline(threshold, color="crimson", ls="--", lw=1,
+               label=f"threshold {threshold:g}")
+    ax.set_xlabel(f"wall time since job start ({unit}; data loading included)")
+    ax.set_ylabel("global training loss (smoothed; raw faint)")
+    ax.set_title(f"{model}: training loss vs wall time")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower left", fontsize=9, framealpha=0.9)
+    ins = ax.inset_axes([0.60, 0.56, 0.37, 0.38])
+    done = [m for m in rows if m.ttl_s is not None]
+    cens = [m for m in rows if m.ttl_censored and m.ttl_lower_bound_s]
+    ins.plot([m.world_size for m in done], [m.ttl_s / scale for m in done], "o", color="k",
+             ms=4, label="TTL")
+    if cens:
+        ins.plot([m.world_size for m in cens], [m.ttl_lower_bound_s / scale for m in cens],
+                 "^", mfc="none", color="crimson", ms=6, label="censored (lower bound)")
+    if ttl_fit.exponent is not None:
+        xs = np.geomspace(min(ttl_fit.gpu_counts), max(ttl_fit.gpu_counts), 50)
+        ins.plot(xs, ttl_fit.predict(xs) / scale, "-", color="tab:blue",
+                 label=_fit_label(ttl_fit, "TTL"))
+    _log_y(ins)
+    _gpu_axis(ins, gpus)
+    ins.set_xlabel("GPUs", fontsize=8)
+    ins.set_ylabel(f"TTL({threshold:g}) ({unit})", fontsize=8)
+    ins.tick_params(labelsize=7, which="both")
+    ins.grid(alpha=0.3, which="both")
+    ins.legend(fontsize=7, loc="lower left")
+    return _save(fig, out)
+
+
+def epoch_rate(rows: list[RunMetrics], fit: PowerLawFit, model: str, out: Path) -> Path:
+    """Epoch rate vs GPU count on log-log axes with the power-law fit and ideal scaling."""
+    fig, ax = plt.subplots(figsize=(6.5, 5))
+    pts = [m for m in rows if m.epoch_rate_per_min is not None]
+    gpus = sorted({m.world_size for m in pts}) or [1]
+    ax.plot([m.world_size for m in pts], [m.epoch_rate_per_min for m in pts], "o",
+            color="k", label="runs")
+    if pts:
+        n0 = gpus[0]
+        r0 = np.mean([m.epoch_rate_per_min for m in pts if m.world_size == n0])
+        xs = np.geomspace(gpus[0], gpus[-1], 50)
+        ax.plot(xs, r0 * xs / n0, "--", color="grey", label=f"ideal (∝ N, from N={n0})")
+        if fit.exponent is not None:
+            ax.plot(xs, fit.predict(xs), "-", color="tab:blue",
+                    label=_fit_label(fit, "rate"))
+    _log_y(ax)
+    _gpu_axis(ax, gpus)
+    ax.set_xlabel("GPUs (N)")
+    ax.set_ylabel("epoch rate (epochs/min, data loading excluded)")
+    ax.set_title(f"{model}: epoch rate vs GPU count")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=9)
+    return _save(fig, out)
+
+
+def confusion(counts: np.ndarray, title: str, out: Path) -> Path:
+    """Row-normalised confusion matrix in percent, counts in brackets (rows = true class)."""
+    totals = counts.sum(axis=1, keepdims=True)
+    pct = np.divide(100.0 * counts, totals, out=np.zeros(counts.shape), where=totals > 0)
+    fig, ax = plt.subplots(figsize=(6.2, 5.2))
+    im = ax.imshow(pct, cmap="Blues", vmin=0, vmax=100)
+    for i in range(len(CLASSES)):
+        for j in range(len(CLASSES)):
+            ax.text(j, i, f"{pct[i, j]:.1f}%\n({counts[i, j]})", ha="center", va="center",
+                    fontsize=8, color="white" if pct[i, j] > 55 else "black")
+    ax.set_xticks(range(len(CLASSES)), CLASSES)
+    ax.set_yticks(range(len(CLASSES)), [f"{c} (n={int(t)})" for c, t in
+                                        zip(CLASSES, totals[:, 0], strict=True)])
+    ax.set_xlabel("predicted class")
+    ax.set_ylabel("true class")
+    ax.set_title(title, fontsize=10)
+    fig.colorbar(im, ax=ax, label="% of true class", fraction=0.046, pad=0.04)
+    return _save(fig, out)

@@ -1,0 +1,189 @@
+"""Curves for every model, and one self-contained HTML report (PNGs embedded as base64)
+with our numbers beside the paper's."""
+
+from __future__ import annotations
+
+import base64
+import html
+import logging
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from analysis import plots
+from analysis.confusion import write_run_confusion
+from analysis.fit import PowerLawFit
+from analysis.paper import PAPER, SOURCE, TTL_THRESHOLD
+from analysis.runs import CLASSES
+from analysis.tables import DEFINITIONS, Analysis, to_text
+
+log = logging.getLogger(__name__)
+CSS = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}
+table{border-collapse:collapse;margin:0.6em 0}td,th{border:1px solid #bbb;padding:3px 7px;
+text-align:right}th{background:#eee}td.l,th.l{text-align:left}.warn{color:#b00;font-weight:bold}
+img{max-width:100%;border:1px solid #ddd}.pair{display:flex;gap:1.5em;align-items:flex-start}
+pre{background:#f6f6f6;padding:0.6em;overflow-x:auto;font-size:12px}"""
+
+
+def write_curves(a: Analysis, out: Path) -> dict[str, list[Path]]:
+    """Per model: ``loss_<model>.png`` (with TTL inset) and ``epoch_rate_<model>.png``."""
+    made: dict[str, list[Path]] = {}
+    for model, s in a.models.items():
+        pairs = [(r, m) for r, m in zip(a.runs, a.rows, strict=True) if r.model == model]
+        runs, rows = [p[0] for p in pairs], [p[1] for p in pairs]
+        made[model] = [
+            plots.loss_curves(runs, rows, PowerLawFit(**s["ttl_fit"]), model, a.threshold,
+                              out / f"loss_{model}.png"),
+            plots.epoch_rate(rows, PowerLawFit(**s["epoch_rate_fit"]), model,
+                             out / f"epoch_rate_{model}.png"),
+        ]
+    return made
+
+
+def _img(path: Path | str, alt: str) -> str:
+    data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _num(v: float | None, fmt: str = "{:.3g}") -> str:
+    return "–" if v is None or not np.isfinite(v) else fmt.format(v)
+
+
+def _exp(v: float | None, err: float | None, ci) -> str:
+    if v is None:
+        return "no fit"
+    s = f"{v:+.2f}" + (f" ± {err:.2f}" if err is not None else "")
+    return s + (f" (95% CI {ci[0]:+.2f} … {ci[1]:+.2f})" if ci else "")
+
+
+def _table(head: list[str], rows: list[list[str]], left: int = 1) -> str:
+    th = "".join(f'<th class="{"l" if i < left else ""}">{html.escape(h)}</th>'
+                 for i, h in enumerate(head))
+    body = "".join("<tr>" + "".join(f'<td class="{"l" if i < left else ""}">{c}</td>'
+                                    for i, c in enumerate(r)) + "</tr>" for r in rows)
+    return f"<table><tr>{th}</tr>{body}</table>"
+
+
+def _matrix_table(pct: np.ndarray, counts: np.ndarray | None = None) -> str:
+    rows = []
+    for i, cls in enumerate(CLASSES):
+        cells = [f"{pct[i, j]:.1f}%" + (f" ({counts[i, j]})" if counts is not None else "")
+                 for j in range(len(CLASSES))]
+        rows.append([cls, *cells])
+    return _table(["true \\ predicted", *CLASSES], rows)
+
+
+def _model_section(a: Analysis, model: str, s: dict, figs: list[Path]) -> str:
+    p = PAPER.get(model, {})
+    rows = [r for r in a.rows if r.model == model]
+    nmax = max(s["gpu_counts"])
+    at_max = [r for r in rows if r.world_size == nmax]
+    rate = np.mean([r.epoch_rate_per_min for r in at_max if r.epoch_rate_per_min] or [np.nan])
+    ips = np.mean([r.images_per_s_per_gpu for r in at_max if r.images_per_s_per_gpu]
+                  or [np.nan])
+    accs = [r for r in at_max if r.accuracy is not None]
+    acc = (f"{100 * np.mean([r.accuracy for r in accs]):.1f} % ± "
+           f"{100 * np.mean([r.accuracy_se for r in accs]):.1f} % (binomial SE, N={nmax})"
+           if accs else "–")
+    prate = ", ".join(f"{v} at {k} GPUs" for k, v in p.get("epoch_rate_per_min", {}).items())
+    comp = _table(["quantity", "this study", "paper"], [
+        ["GPU counts", str(s["gpu_counts"]), str(p.get("gpu_counts", "–"))],
+        [f"TTL({a.threshold:g}) exponent b", _exp(s["ttl_exponent"], s["ttl_exponent_err"],
+                                                  s["ttl_exponent_ci95"]),
+         _num(p.get("ttl_exponent"), "{:+.1f}") + (f" (threshold {TTL_THRESHOLD})" if p
+                                                   else "")],
+        ["epoch-rate exponent b", _exp(s["epoch_rate_exponent"],
+                                       s["epoch_rate_exponent_err"],
+                                       s["epoch_rate_exponent_ci95"]),
+         _num(p.get("epoch_rate_exponent"), "{:+.1f}")],
+        ["epochs/min", f"{_num(rate)} at {nmax} GPUs", prate or "–"],
+        ["images/s per GPU", f"{_num(ips)} at {nmax} GPUs",
+         _num(p.get("images_per_s_per_gpu"))],
+        ["validation accuracy", acc,
+         f"{100 * p['accuracy']:.1f} % ± {100 * p['accuracy_err']:.1f} % "
+         f"({p['accuracy_gpus']} GPUs)" if p else "–"],
+        ["censored runs (TTL)", f"{s['n_censored']} of {s['n_runs']}", "–"],
+    ])
+    scal = _table(["N", "runs", "epochs/min", "speedup", "efficiency", "Karp–Flatt e",
+                   "DLT s", "TTL s", "TTL speedup", "censored"],
+                  [[str(r["gpus"]), str(r["n_runs"]), _num(r["epoch_rate_mean"], "{:.4g}"),
+                    _num(r["speedup"], "{:.2f}"), _num(r["efficiency"], "{:.2f}"),
+                    _num(r["karp_flatt"], "{:.3f}"), _num(r["dlt_mean_s"], "{:.1f}"),
+                    _num(r["ttl_mean_s"], "{:.0f}"), _num(r["ttl_speedup"], "{:.2f}"),
+                    str(r["n_ttl_censored"])] for r in s["scaling"]])
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in s["notes"])
+    warns = "".join(f'<li class="warn">{html.escape(w)}</li>' for w in s["warnings"])
+    return (f"<h2>{html.escape(p.get('label', model))}</h2>{comp}"
+            f"<ul>{warns}{notes}</ul>"
+            f'<div>{_img(figs[0], f"{model} loss vs wall time")}</div>'
+            f'<div>{_img(figs[1], f"{model} epoch rate vs GPUs")}</div>'
+            f"<h3>Scaling relative to N0 = {s['baseline_gpus']} GPUs</h3>"
+            "<p>Speedup, efficiency and Karp–Flatt from the mean epoch rate per N; TTL "
+            "speedup relative to the smallest N whose runs reached the threshold (mean of "
+            f"uncensored runs).</p>{scal}")
+
+
+def _confusion_section(a: Analysis, out: Path) -> str:
+    parts = ["<h2>Confusion matrices (rows true, row-normalised)</h2>",
+             "<p>Accuracy = trace / total of each matrix; ± is the binomial standard error "
+             "sqrt(p(1−p)/n), brackets the 95 % Wilson interval. For each model the run "
+             "with the most GPUs is shown beside the paper's (128 GPUs, 4 h); the others "
+             "are below it.</p>"]
+    for model in a.models:
+        done = [c for r in a.runs if r.model == model
+                if (c := write_run_confusion(r, out / "confusion"))]
+        if not done:
+            parts.append(f"<p>{html.escape(model)}: no run has confusion.csv.</p>")
+            continue
+        done.sort(key=lambda c: -c["gpus"])
+        p = PAPER.get(model)
+        paper = (f"<div><h4>paper ({html.escape(p['label'])})</h4>"
+                 f"{_matrix_table(np.array(p['confusion_percent']))}<p>accuracy "
+                 f"{100 * p['accuracy']:.1f} % ± {100 * p['accuracy_err']:.1f} %</p></div>"
+                 if p else "")
+        first, rest = done[0], done[1:]
+        lo, hi = first["wilson95"]
+        parts.append(f'<h3>{html.escape(model)}</h3><div class="pair"><div>'
+                     f"{_img(first['png'], first['title'])}<p>accuracy "
+                     f"{100 * first['accuracy']:.1f} % ± {100 * first['binomial_se']:.1f} % "
+                     f"[{100 * lo:.1f}, {100 * hi:.1f}] (n = {first['n_events']})</p></div>"
+                     f"{paper}</div>")
+        if rest:
+            parts.append(f"<details><summary>{len(rest)} more {html.escape(model)} "
+                         "run(s)</summary>" + "".join(_img(c["png"], c["title"])
+                                                      for c in rest) + "</details>")
+    return "".join(parts)
+
+
+def write_report(a: Analysis, out: Path) -> Path:
+    """Write ``out/report.html`` (self-contained) plus the PNGs it embeds."""
+    out.mkdir(parents=True, exist_ok=True)
+    figs = write_curves(a, out)
+    defs = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>"
+                   for k, v in DEFINITIONS.items())
+    body = [f"<h1>LArTPC scaling study: {len(a.runs)} runs</h1>",
+            f"<p>Generated {time.strftime('%Y-%m-%d %H:%M:%S')}. TTL threshold "
+            f"{a.threshold:g}; smoothing {a.smooth or 'auto'} steps. Paper: "
+            f"{html.escape(SOURCE)}.</p>"]
+    body += [_model_section(a, m, s, figs[m]) for m, s in a.models.items()]
+    body.append(_confusion_section(a, out))
+    for model, p in PAPER.items():
+        if model not in a.models:
+            body.append(f"<h3>Paper only: {html.escape(p['label'])}</h3><p>exponents: "
+                        f"TTL {p['ttl_exponent']:+.1f}, epoch rate "
+                        f"{p['epoch_rate_exponent']:+.1f}; accuracy "
+                        f"{100 * p['accuracy']:.1f} %</p>"
+                        + _matrix_table(np.array(p["confusion_percent"])))
+    body += ["<h2>All runs</h2><pre>" + html.escape(to_text(a)) + "</pre>",
+             f"<h2>Definitions</h2><ul>{defs}</ul>"]
+    doc = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>lartpc analysis</title>"
+           f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>")
+    path = out / "report.html"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(doc, encoding="utf-8")
+    os.replace(tmp, path)
+    log.info("wrote %s", path)
+    return path
+

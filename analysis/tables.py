@@ -1,0 +1,125 @@
+"""From run folders to one analysis: per-run metrics, per-model fits; text and JSON forms."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from analysis.fit import summarize
+from analysis.metrics import DEFAULT_SMOOTH_MAX, RunMetrics, run_metrics
+from analysis.runs import Run, load_runs
+
+DEFINITIONS = {
+    "dlt": "earliest first-step time over ranks minus start_time (first loss visible); "
+           "dlt_max_s uses the latest rank",
+    "epoch_rate": "epochs/min on the lowest rank: (steps - 1) / steps_per_epoch over "
+                  "(last - first step time); data loading excluded",
+    "ttl": "start_time to the first step where the centred rolling mean of global_loss "
+           "over smooth_window steps is below the threshold; data loading included; runs "
+           "that never get there are censored (ttl_lower_bound_s = last step time - start) "
+           "and excluded from the TTL fit",
+    "smooth_window": f"--smooth STEPS, or min({DEFAULT_SMOOTH_MAX}, steps // 10) per run",
+    "fit": "least squares of log y on log N over all runs; exponent_err from the "
+           "covariance; ci95 from a bootstrap resampling runs within each N",
+    "breakdown_warning": "quadratic term in log N significant at 2 sigma",
+    "scaling": "relative to the smallest N (baseline_gpus): p = N/N0, speedup = "
+               "rate(N)/rate(N0), efficiency = speedup/p, Karp-Flatt = "
+               "(1/speedup - 1/p)/(1 - 1/p); ttl_speedup = TTL(N0)/TTL(N)",
+    "accuracy": "last eval.csv row; accuracy_se = binomial sqrt(p(1-p)/n), "
+                "accuracy_wilson95 = 95 % Wilson score interval",
+}
+
+
+@dataclass
+class Analysis:
+    """Everything the commands print or draw, computed once."""
+
+    runs: list[Run]
+    rows: list[RunMetrics]
+    models: dict[str, dict]
+    threshold: float
+    smooth: int | None
+
+
+def analyse(paths: list[str | Path], threshold: float = 1.2,
+            smooth: int | None = None) -> Analysis:
+    """Read all run folders under ``paths`` and compute metrics and per-model fits."""
+    runs = load_runs(paths)
+    rows = [run_metrics(r, threshold, smooth) for r in runs]
+    return Analysis(runs, rows, summarize(rows), threshold, smooth)
+
+
+def _clean(obj):
+    """JSON-safe copy: tuples to lists, NaN/inf to None."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def to_json(a: Analysis) -> dict:
+    """The ``fit --json`` document."""
+    return _clean({
+        "threshold": a.threshold,
+        "smooth": a.smooth if a.smooth is not None else "auto",
+        "definitions": DEFINITIONS,
+        "models": a.models,
+        "runs": [r.to_dict() for r in a.rows],
+    })
+
+
+def _f(v: float | None, fmt: str = "{:.3g}") -> str:
+    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else fmt.format(v)
+
+
+def _exp(value: float | None, err: float | None, ci: tuple | list | None) -> str:
+    if value is None:
+        return "no fit"
+    s = f"{value:+.3f}" + (f" ± {err:.3f}" if err is not None else " (no error)")
+    if ci:
+        s += f"  [95% bootstrap {ci[0]:+.3f}, {ci[1]:+.3f}]"
+    return s
+
+
+def to_text(a: Analysis) -> str:
+    """Human-readable tables: per run, then per model fits and scaling."""
+    out = [f"TTL threshold {a.threshold:g}; smoothing "
+           f"{a.smooth if a.smooth else 'auto (min(50, steps // 10))'} steps; DLT = earliest "
+           "first step over ranks - start_time", ""]
+    head = (f"{'run':<28} {'model':<8} {'N':>4} {'status':<10} {'steps':>6} {'DLT s':>8} "
+            f"{'ep/min':>8} {'img/s/GPU':>9} {'TTL s':>10} {'acc %':>12}")
+    out += [head, "-" * len(head)]
+    for r in a.rows:
+        ttl = (f">{r.ttl_lower_bound_s:.0f} cens" if r.ttl_censored and r.ttl_lower_bound_s
+               else "censored" if r.ttl_censored else f"{r.ttl_s:.0f}")
+        acc = (f"{100 * r.accuracy:.1f}±{100 * r.accuracy_se:.1f}" if r.accuracy is not None
+               else "-")
+        out.append(f"{r.name[:28]:<28} {r.model:<8} {r.world_size:>4} {r.status:<10} "
+                   f"{r.n_steps:>6} {_f(r.dlt_s, '{:.1f}'):>8} "
+                   f"{_f(r.epoch_rate_per_min, '{:.4g}'):>8} "
+                   f"{_f(r.images_per_s_per_gpu, '{:.3g}'):>9} {ttl:>10} {acc:>12}")
+    for model, s in a.models.items():
+        out += ["", f"== {model}: {s['n_runs']} runs, N = {s['gpu_counts']}, "
+                    f"{s['n_censored']} censored",
+                "TTL exponent:        " + _exp(s["ttl_exponent"], s["ttl_exponent_err"],
+                                               s["ttl_exponent_ci95"]),
+                "epoch-rate exponent: " + _exp(s["epoch_rate_exponent"],
+                                               s["epoch_rate_exponent_err"],
+                                               s["epoch_rate_exponent_ci95"]),
+                f"scaling relative to N0 = {s['baseline_gpus']} GPUs:",
+                f"  {'N':>5} {'runs':>4} {'ep/min':>8} {'speedup':>8} {'eff':>6} "
+                f"{'K-F e':>7} {'TTL s':>9} {'TTL spdup':>9} {'cens':>4}"]
+        for row in s["scaling"]:
+            out.append(f"  {row['gpus']:>5} {row['n_runs']:>4} "
+                       f"{_f(row['epoch_rate_mean'], '{:.4g}'):>8} "
+                       f"{_f(row['speedup'], '{:.2f}'):>8} {_f(row['efficiency'], '{:.2f}'):>6} "
+                       f"{_f(row['karp_flatt'], '{:.3f}'):>7} "
+                       f"{_f(row['ttl_mean_s'], '{:.0f}'):>9} "
+                       f"{_f(row['ttl_speedup'], '{:.2f}'):>9} {row['n_ttl_censored']:>4}")
+        out += [f"note: {n}" for n in s["notes"]]
+        out += [f"WARNING: {w}" for w in s["warnings"]]
+    return "\n".join(out) + "\n"

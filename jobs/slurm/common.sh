@@ -1,0 +1,231 @@
+# shellcheck shell=bash
+# Shared by every job script in jobs/slurm and jobs/lsf: read the point's settings,
+# compute the training time limit from the job's remaining wall time, launch, and
+# requeue (SLURM) or resubmit (LSF) a run that stopped at its time limit, so the next
+# job resumes from the run folder's checkpoint.
+#
+# Settings, from the environment (`lartpc sweep` writes them into each script):
+#   LARTPC_CONFIG   preset or TOML file for `lartpc train --config` (required)
+#   LARTPC_DATA     event folder (required)
+#   LARTPC_RUN      run folder; resumed when it holds checkpoint.pt (required)
+#   LARTPC_SET      extra `section.key=value` overrides, separated by spaces
+#   LARTPC_TIME     requested wall time (SLURM syntax, e.g. 04:00:00); fallback when the
+#                   scheduler cannot tell the time left
+#   LARTPC_TIME_MARGIN_S  seconds kept free at the end of the job (default 300)
+#   LARTPC_TIME_LIMIT_S   train.time_limit_s to use instead of the computed one
+#   LARTPC_MAX_REQUEUES   most requeues or resubmissions of one run (default 20)
+#   LARTPC_NTASKS, LARTPC_NNODES, LARTPC_TASKS_PER_NODE, LARTPC_CORES_PER_TASK,
+#   LARTPC_GPUS_PER_TASK  shape of the job; the scheduler's own variables win when set
+#   LARTPC_VENV     virtual environment to activate on the compute node
+#   LARTPC_SCRIPT   this script's path (LSF resubmits it)
+#   LARTPC_DRY_RUN  1: print the launch command and exit without running anything
+
+lartpc_log() { echo "[lartpc-job $(date +%H:%M:%S)] $*" >&2; }
+lartpc_die() { lartpc_log "error: $*"; exit 2; }
+
+# lartpc_seconds TIME: a SLURM time (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) in seconds;
+# prints nothing for UNLIMITED and other non-times.
+lartpc_seconds() {
+    local t=$1 d=0 h=0 m=0 s=0
+    local -a p
+    if [[ $t == *-* ]]; then
+        d=${t%%-*}
+        IFS=: read -ra p <<< "${t#*-}"
+        h=${p[0]:-0} m=${p[1]:-0} s=${p[2]:-0}
+    else
+        IFS=: read -ra p <<< "$t"
+        case ${#p[@]} in
+            1) m=${p[0]} ;;
+            2) m=${p[0]} s=${p[1]} ;;
+            3) h=${p[0]} m=${p[1]} s=${p[2]} ;;
+            *) return 0 ;;
+        esac
+    fi
+    local x
+    for x in "$d" "$h" "$m" "$s"; do [[ $x =~ ^[0-9]+$ ]] || return 0; done
+    echo $(( ((10#$d * 24 + 10#$h) * 60 + 10#$m) * 60 + 10#$s ))
+}
+
+# lartpc_remaining_s: seconds of wall time this job has left, or nothing if unknown.
+lartpc_remaining_s() {
+    local left=""
+    if [[ -n ${SLURM_JOB_ID:-} ]] && command -v squeue >/dev/null; then
+        left=$(lartpc_seconds "$(squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null)")
+    elif [[ -n ${LSB_JOBID:-} ]] && command -v bjobs >/dev/null; then
+        # "H:MM L" (hours:minutes, L = from the run limit)
+        local hm
+        hm=$(bjobs -noheader -o time_left "$LSB_JOBID" 2>/dev/null | awk '{print $1}')
+        [[ $hm =~ ^([0-9]+):([0-9]+)$ ]] \
+            && left=$(( (10#${BASH_REMATCH[1]} * 60 + 10#${BASH_REMATCH[2]}) * 60 ))
+    fi
+    if [[ -z $left && -n ${LARTPC_TIME:-} ]]; then
+        left=$(lartpc_seconds "$LARTPC_TIME")
+        [[ -n $left ]] && left=$(( left - SECONDS ))
+    fi
+    echo "$left"
+}
+
+# lartpc_time_limit_s: train.time_limit_s for this job (remaining wall time minus the
+# margin, at least 60 s), or nothing to keep the config's own limit.
+lartpc_time_limit_s() {
+    if [[ -n ${LARTPC_TIME_LIMIT_S:-} ]]; then echo "$LARTPC_TIME_LIMIT_S"; return; fi
+    local left
+    left=$(lartpc_remaining_s)
+    [[ -n $left ]] || return 0
+    left=$(( left - ${LARTPC_TIME_MARGIN_S:-300} ))
+    echo $(( left < 60 ? 60 : left ))
+}
+
+# lartpc_setup BACKEND: check the settings, activate the environment and fill
+# LARTPC_TRAIN_ARGS with the `lartpc train ...` arguments (without "lartpc").
+lartpc_setup() {
+    : "${LARTPC_CONFIG:?set LARTPC_CONFIG (preset or TOML file)}"
+    : "${LARTPC_DATA:?set LARTPC_DATA (event folder)}"
+    : "${LARTPC_RUN:?set LARTPC_RUN (run folder)}"
+    if [[ -n ${LARTPC_VENV:-} && ${LARTPC_DRY_RUN:-0} != 1 ]]; then
+        # shellcheck source=/dev/null
+        source "$LARTPC_VENV/bin/activate"
+    fi
+    if [[ ${LARTPC_DRY_RUN:-0} != 1 ]]; then
+        command -v lartpc >/dev/null || lartpc_die "lartpc not on PATH (set LARTPC_VENV)"
+    fi
+    LARTPC_TRAIN_ARGS=(train --config "$LARTPC_CONFIG" --data "$LARTPC_DATA" --out "$LARTPC_RUN"
+                       --set "dist.backend=$1")
+    local -a extra
+    read -ra extra <<< "${LARTPC_SET:-}"
+    local kv
+    for kv in "${extra[@]}"; do LARTPC_TRAIN_ARGS+=(--set "$kv"); done
+    local limit
+    limit=$(lartpc_time_limit_s)
+    # Last, so it wins: the job's wall time is a hard bound a preset cannot know.
+    [[ -n $limit ]] && LARTPC_TRAIN_ARGS+=(--set "train.time_limit_s=$limit")
+    return 0
+}
+
+lartpc_ntasks() { echo "${SLURM_NTASKS:-${LARTPC_NTASKS:-1}}"; }
+lartpc_nnodes() { echo "${SLURM_NNODES:-${LARTPC_NNODES:-1}}"; }
+lartpc_cores() { echo "${SLURM_CPUS_PER_TASK:-${LARTPC_CORES_PER_TASK:-1}}"; }
+lartpc_gpus() { echo "${LARTPC_GPUS_PER_TASK:-1}"; }
+
+# lartpc_hosts: one node name per line (placeholders node1.. outside a SLURM job).
+lartpc_hosts() {
+    if [[ -n ${SLURM_JOB_NODELIST:-} ]]; then
+        scontrol show hostnames "$SLURM_JOB_NODELIST"
+    else
+        local i
+        for ((i = 1; i <= $(lartpc_nnodes); i++)); do echo "node$i"; done
+    fi
+}
+
+# lartpc_host_slots: "host1:n1,host2:n2" for horovodrun -H, from SLURM's tasks per node.
+lartpc_host_slots() {
+    local -a hosts counts parts
+    mapfile -t hosts < <(lartpc_hosts)
+    if [[ -n ${SLURM_TASKS_PER_NODE:-} ]]; then
+        IFS=, read -ra parts <<< "$SLURM_TASKS_PER_NODE"  # e.g. 4(x2),2
+        local p i
+        for p in "${parts[@]}"; do
+            if [[ $p =~ ^([0-9]+)\(x([0-9]+)\)$ ]]; then
+                for ((i = 0; i < BASH_REMATCH[2]; i++)); do counts+=("${BASH_REMATCH[1]}"); done
+            else
+                counts+=("$p")
+            fi
+        done
+    else
+        local left per=${LARTPC_TASKS_PER_NODE:-1}
+        left=$(lartpc_ntasks)
+        while (( left > 0 )); do counts+=($(( left < per ? left : per ))); left=$(( left - per )); done
+    fi
+    local out="" j
+    for ((j = 0; j < ${#hosts[@]}; j++)); do out+="${out:+,}${hosts[j]}:${counts[j]:-1}"; done
+    echo "$out"
+}
+
+# lartpc_master: export MASTER_ADDR (first node) and MASTER_PORT (per job, so two jobs
+# sharing a node do not collide) for torch.distributed.
+lartpc_master() {
+    local -a hosts
+    mapfile -t hosts < <(lartpc_hosts)
+    MASTER_ADDR=${hosts[0]}
+    MASTER_PORT=$(( 20000 + ${SLURM_JOB_ID:-${LSB_JOBID:-0}} % 20000 ))
+    export MASTER_ADDR MASTER_PORT
+}
+
+# lartpc_run_status RUN: the "status" field of RUN/run.json, or nothing.
+lartpc_run_status() {
+    [[ -s $1/run.json ]] || return 0
+    python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("status", ""))' \
+        "$1/run.json" 2>/dev/null || true
+}
+
+lartpc_on_signal() {
+    # Training stops by its own time limit, before this signal; if it is still running
+    # the job is about to be killed, so stop it now and requeue from its last checkpoint.
+    lartpc_log "wall-time signal while training still runs: stopping it"
+    LARTPC_SIGNALLED=1
+    [[ -n ${LARTPC_CHILD:-} ]] && kill -TERM "$LARTPC_CHILD" 2>/dev/null
+    return 0
+}
+
+# lartpc_launch CMD...: run the launcher (or print it under LARTPC_DRY_RUN=1), then
+# requeue when the run stopped at its time limit. Exits with the job's status.
+lartpc_launch() {
+    if [[ ${LARTPC_DRY_RUN:-0} == 1 ]]; then
+        local arg line=""
+        for arg in "$@"; do
+            # Plain words as they are (readable), anything else shell-quoted.
+            if [[ $arg =~ ^[A-Za-z0-9_./:=,@%+-]+$ ]]; then line+=" $arg"
+            else printf -v arg '%q' "$arg"; line+=" $arg"; fi
+        done
+        echo "${line# }"
+        exit 0
+    fi
+    mkdir -p "$(dirname "$LARTPC_RUN")"
+    lartpc_log "run $LARTPC_RUN (status before: $(lartpc_run_status "$LARTPC_RUN"))"
+    lartpc_log "launch: $*"
+    LARTPC_SIGNALLED=0
+    trap lartpc_on_signal USR1 TERM
+    # In the background, so the trap runs while the launcher is still going.
+    "$@" &
+    LARTPC_CHILD=$!
+    local rc
+    while :; do
+        rc=0
+        wait "$LARTPC_CHILD" || rc=$?
+        (( rc > 128 )) && kill -0 "$LARTPC_CHILD" 2>/dev/null && continue
+        break
+    done
+    trap - USR1 TERM
+    local status
+    status=$(lartpc_run_status "$LARTPC_RUN")
+    lartpc_log "launcher exit code $rc, run status: ${status:-none}"
+    if [[ $status == completed ]]; then
+        exit 0
+    fi
+    if [[ $status == time_limit ]] \
+            || [[ $LARTPC_SIGNALLED == 1 && -e $LARTPC_RUN/checkpoint.pt ]]; then
+        lartpc_requeue
+        exit 0
+    fi
+    (( rc != 0 )) || rc=1
+    lartpc_log "run failed; not requeued"
+    exit "$rc"
+}
+
+lartpc_requeue() {
+    local max=${LARTPC_MAX_REQUEUES:-20}
+    if [[ -n ${SLURM_JOB_ID:-} ]]; then
+        local n=${SLURM_RESTART_COUNT:-0}
+        if (( n >= max )); then lartpc_log "requeued $n times already; giving up"; return 0; fi
+        lartpc_log "time limit reached; requeueing job $SLURM_JOB_ID (restart $((n + 1)))"
+        scontrol requeue "$SLURM_JOB_ID"
+    elif [[ -n ${LSB_JOBID:-} ]]; then
+        local n=${LARTPC_RESUBMIT_COUNT:-0}
+        if (( n >= max )); then lartpc_log "resubmitted $n times already; giving up"; return 0; fi
+        [[ -n ${LARTPC_SCRIPT:-} ]] || { lartpc_log "LARTPC_SCRIPT unset: cannot resubmit"; return 0; }
+        lartpc_log "time limit reached; resubmitting $LARTPC_SCRIPT (resubmission $((n + 1)))"
+        LARTPC_RESUBMIT_COUNT=$((n + 1)) bsub < "$LARTPC_SCRIPT"
+    else
+        lartpc_log "time limit reached outside a scheduler: run again to resume"
+    fi
+}

@@ -1,0 +1,5 @@
+import sys
+
+from lartpc.cli import main
+
+sys.exit(main())

@@ -1,0 +1,86 @@
+"""The ``lartpc`` command. Each subcommand lives in its own module, imported only
+when chosen, so ``lartpc --help`` never imports torch."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from lartpc import __version__
+from lartpc.errors import LartpcError
+
+#: name -> (module with add_arguments(parser) and run(args) -> int, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "env": ("lartpc.commands.env", "print versions of Python, torch, spconv, Horovod, ..."),
+    "simulate": ("lartpc.commands.simulate", "generate synthetic single-particle events"),
+    "convert": ("lartpc.commands.convert", "convert upstream dense HDF5 files to the event store"),
+    "inspect": ("lartpc.commands.inspect", "summarise an event file or folder"),
+    "display": ("lartpc.commands.display", "draw one event as wire-vs-time image"),
+    "train": ("lartpc.commands.train", "train JishNet or SCNet (single process or under a launcher)"),
+    "bench": ("lartpc.commands.bench", "benchmarks that print JSON (simulate, loader, model, train)"),
+    "sweep": ("lartpc.commands.sweep", "write job scripts for models x GPU counts x seeds"),
+}
+
+
+def _chosen(argv: list[str], table: dict) -> tuple[str | None, list[str]]:
+    """The first positional word of ``argv`` if it names a command, and what follows it."""
+    for i, a in enumerate(argv):
+        if not a.startswith("-"):
+            return (a, argv[i + 1:]) if a in table else (None, [])
+    return None, []
+
+
+def add_commands(parser: argparse.ArgumentParser, table: dict[str, tuple[str, str]],
+                 argv: list[str], dest: str) -> None:
+    """Add one subparser per entry of ``table``, importing only the chosen module.
+
+    A module with a ``KINDS`` table is a group: its entries become nested subcommands.
+    """
+    sub = parser.add_subparsers(dest=dest, metavar=dest.upper())
+    chosen, rest = _chosen(argv, table)
+    for name, (module_name, help_text) in table.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name != chosen:
+            continue
+        module = importlib.import_module(module_name)
+        if hasattr(module, "KINDS"):
+            add_commands(p, module.KINDS, rest, "kind")
+        else:
+            module.add_arguments(p)
+            p.set_defaults(_run=module.run)
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lartpc",
+        description="Sparse-versus-dense CNN scaling study on LArTPC event images.",
+    )
+    parser.add_argument("--version", action="version", version=f"lartpc {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    add_commands(parser, COMMANDS, argv, "command")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.parse_args([*argv, "--help"])  # help of the deepest group named
+        return 2
+    from lartpc.logs import setup_logging
+
+    setup_logging(args.verbose)
+    try:
+        return int(args._run(args) or 0)
+    except LartpcError as e:
+        print(f"lartpc {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"lartpc {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

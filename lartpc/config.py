@@ -1,0 +1,204 @@
+"""Typed run configuration: TOML presets shipped with the package plus ``--set`` overrides.
+
+``load_config("paper-jishnet", ["train.time_limit_s=600"])`` resolves a preset (or a
+TOML file path) and overrides; every key is checked against the dataclasses below, so a
+typo or a wrong type is one clear :class:`~lartpc.errors.ConfigError` before any rank
+starts working.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from lartpc.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelConfig:
+    name: str = "jishnet"  #: jishnet | scnet
+    loss: str = "ce"  #: ce (cross-entropy on logits) | paper (CE on softmax outputs)
+    channels_last: bool = False  #: dense model in NHWC memory layout (GPU speed)
+
+
+@dataclass(kw_only=True, slots=True)
+class DataConfig:
+    downsample: int = 1  #: must equal the event store's downsample factor
+    eval_fraction: float = 0.1  #: held-out share of the events, chosen by train.seed
+    max_events: int = 0  #: use only the first N events of the store (0 = all)
+    loader: str = "auto"  #: auto | blosc | device-dense | sparse (auto: the model's path)
+    blosc_codec: str = "lz4"  #: defaults chosen by measurement, see lartpc/data/blosc_cache.py
+    blosc_clevel: int = 5
+    blosc_shuffle: str = "noshuffle"  #: noshuffle | shuffle | bitshuffle
+    prefetch: int = 2  #: batches prepared ahead of the step in a background thread
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    batch_per_rank: int = 7
+    epochs: int = 100
+    time_limit_s: float = 14400.0  #: from process start; stop in time to evaluate + save
+    seed: int = 0
+    optimizer: str = "adam"  #: adam | sgd
+    lr: float = 1e-3
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    momentum: float = 0.9  #: SGD only
+    lr_scaling: str = "none"  #: none | linear | sqrt (learning rate x f(world size))
+    warmup_epochs: float = 0.0  #: linear ramp from lr to the scaled lr (Goyal et al.)
+    grad_compression: str = "none"  #: none | fp16
+    eval_every_epochs: int = 1
+    checkpoint_every_steps: int = 0  #: 0 = at epoch ends and every checkpoint_every_s
+    checkpoint_every_s: float = 600.0
+    log_flush_steps: int = 20  #: buffered CSV rows per write
+    device: str = "auto"  #: auto | cpu | cuda
+    amp: str = "none"  #: none | bf16 (CUDA autocast)
+    compile: bool = False  #: torch.compile the dense model (CUDA)
+    threads: int = 0  #: CPU threads per rank (0 = cores / local ranks)
+
+
+@dataclass(kw_only=True, slots=True)
+class DistConfig:
+    backend: str = "auto"  #: auto | horovod | torch | none
+    timeout_s: float = 300.0  #: torch.distributed collective timeout
+
+
+@dataclass(kw_only=True, slots=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+CHOICES = {
+    "model.name": ("jishnet", "scnet"),
+    "model.loss": ("ce", "paper"),
+    "data.loader": ("auto", "blosc", "device-dense", "sparse"),
+    "data.blosc_shuffle": ("noshuffle", "shuffle", "bitshuffle"),
+    "train.optimizer": ("adam", "sgd"),
+    "train.lr_scaling": ("none", "linear", "sqrt"),
+    "train.grad_compression": ("none", "fp16"),
+    "train.device": ("auto", "cpu", "cuda"),
+    "train.amp": ("none", "bf16"),
+    "dist.backend": ("auto", "horovod", "torch", "none"),
+}
+POSITIVE = ("data.downsample", "train.batch_per_rank", "train.epochs", "train.time_limit_s",
+            "train.lr", "train.eval_every_epochs", "train.log_flush_steps")
+
+
+def preset_names() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files("lartpc.configs").iterdir()
+                  if p.name.endswith(".toml"))
+
+
+def _read_toml(name_or_file: str) -> tuple[dict, str]:
+    path = Path(name_or_file)
+    if path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        text, origin = path.read_text(), str(path)
+    else:
+        res = resources.files("lartpc.configs") / f"{name_or_file}.toml"
+        if not res.is_file():
+            raise ConfigError(f"unknown config preset {name_or_file!r}; presets: "
+                              f"{', '.join(preset_names())} (or give a .toml file)")
+        text, origin = res.read_text(), f"preset {name_or_file}"
+    try:
+        return tomllib.loads(text), origin
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{origin}: invalid TOML ({e})") from e
+
+
+def _coerce(key: str, value, typ, origin: str):
+    hint = typ if isinstance(typ, type) else typing.get_origin(typ)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is list and isinstance(value, list):
+        return [float(v) for v in value]
+    if not isinstance(value, hint) or (hint in (int, float) and isinstance(value, bool)):
+        raise ConfigError(f"{origin}: {key} = {value!r} has type {type(value).__name__}, "
+                          f"expected {hint.__name__}")
+    return value
+
+
+def _apply(cfg: Config, data: dict, origin: str) -> None:
+    for section, values in data.items():
+        if section not in Config.__dataclass_fields__:
+            raise ConfigError(f"{origin}: unknown config section [{section}] "
+                              f"(known: {', '.join(Config.__dataclass_fields__)})")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{origin}: [{section}] must be a table")
+        sub = getattr(cfg, section)
+        hints = typing.get_type_hints(type(sub))
+        for key, value in values.items():
+            if key not in hints:
+                raise ConfigError(f"{origin}: unknown key {section}.{key} (known: "
+                                  f"{', '.join(hints)})")
+            setattr(sub, key, _coerce(f"{section}.{key}", value, hints[key], origin))
+
+
+def parse_override(item: str) -> dict:
+    """``"train.lr=0.002"`` -> ``{"train": {"lr": 0.002}}`` (value parsed as TOML, else str)."""
+    if "=" not in item or "." not in item.split("=", 1)[0]:
+        raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. train.epochs=3")
+    key, raw = item.split("=", 1)
+    section, name = key.strip().split(".", 1)
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return {section: {name: value}}
+
+
+def validate(cfg: Config) -> None:
+    """Check choices and ranges that types alone cannot."""
+    d = cfg.to_dict()
+    for key, allowed in CHOICES.items():
+        s, k = key.split(".")
+        if d[s][k] not in allowed:
+            raise ConfigError(f"{key} = {d[s][k]!r}: expected one of {', '.join(allowed)}")
+    for key in POSITIVE:
+        s, k = key.split(".")
+        if not d[s][k] > 0:
+            raise ConfigError(f"{key} = {d[s][k]!r}: must be > 0")
+    if not 0.0 < cfg.data.eval_fraction < 1.0:
+        raise ConfigError(f"data.eval_fraction = {cfg.data.eval_fraction}: must be in (0, 1)")
+    if len(cfg.train.betas) != 2:
+        raise ConfigError(f"train.betas = {cfg.train.betas}: expected two numbers")
+    for key in ("max_events",):
+        if getattr(cfg.data, key) < 0:
+            raise ConfigError(f"data.{key} must be >= 0")
+    if cfg.train.warmup_epochs < 0 or cfg.train.threads < 0:
+        raise ConfigError("train.warmup_epochs and train.threads must be >= 0")
+
+
+def load_config(name_or_file: str, overrides: list[str] | None = None) -> Config:
+    """Resolve a preset name or TOML file plus ``section.key=value`` overrides."""
+    cfg = Config()
+    data, origin = _read_toml(name_or_file)
+    _apply(cfg, data, origin)
+    for item in overrides or []:
+        _apply(cfg, parse_override(item), f"--set {item}")
+    validate(cfg)
+    return cfg
+
+
+def config_from_dict(d: dict) -> Config:
+    """Rebuild a Config from :meth:`Config.to_dict` output (e.g. a checkpoint's)."""
+    cfg = Config()
+    _apply(cfg, d, "saved config")
+    return cfg

@@ -1,0 +1,1 @@
+"""TOML presets: paper-* reproduce the study, tiny-* run in seconds on a laptop."""

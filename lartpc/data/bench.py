@@ -1,0 +1,135 @@
+"""``lartpc bench loader``: data loading time and batch assembly rate of one rank.
+
+Prints one JSON object. ``dlt_s`` is the paper's data loading time (loader construction
+start to first batch in hand), ``read_s`` the HDF5 read alone; both are medians over
+``--repeats`` fresh loaders. ``batch_s`` is the median time to assemble one batch with
+prefetching off (so nothing is hidden behind another thread); ``batch_gbps`` the dense
+float32 bytes that produces per second per assembling thread (one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import time
+
+log = logging.getLogger(__name__)
+
+# Per-step assembly runs in one thread (the prefetch thread).
+BATCH_THREADS = 1
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", required=True, help="event file or folder of events-*.h5")
+    p.add_argument("--mode", default="dense", choices=("dense", "sparse", "device-dense"))
+    p.add_argument("--ranks", type=int, default=1, help="simulate rank 0 of N (its shard)")
+    p.add_argument("--batch", type=int, default=7, help="events per batch")
+    p.add_argument("--repeats", type=int, default=3, help="fresh loaders to time")
+    p.add_argument("--batches", type=int, default=20, help="batches timed per loader")
+    p.add_argument("--device", default="cpu", help="torch device of the batches")
+    p.add_argument("--codec", default=None, help="dense: Blosc codec (default: BloscConfig)")
+    p.add_argument("--clevel", type=int, default=None, help="dense: Blosc level")
+    p.add_argument("--shuffle", default=None, help="dense: noshuffle|shuffle|bitshuffle")
+    p.add_argument("--band-rows", type=int, default=None, help="dense: rows per Blosc band")
+    p.add_argument("--threads", type=int, default=0, help="dense: compression threads (0 = all)")
+    p.add_argument("--compress-at", default=None, choices=("start", "first-epoch"),
+                   help="dense: compress the shard before training (paper) or during epoch 0")
+
+
+def _blosc_config(args):
+    from lartpc.data.blosc_cache import BloscConfig
+
+    kw = {k: v for k, v in (("codec", args.codec), ("clevel", args.clevel),
+                            ("shuffle", args.shuffle), ("band_rows", args.band_rows),
+                            ("compress_at", args.compress_at))
+          if v is not None}
+    return BloscConfig(threads=args.threads, **kw)
+
+
+def run(args: argparse.Namespace) -> int:
+    from lartpc.data.loaders import build_loader
+    from lartpc.data.sharding import ShardPlan
+    from lartpc.data.store import EventStore
+    from lartpc.errors import ConfigError
+
+    if args.repeats < 1 or args.batches < 1:
+        raise ConfigError("--repeats and --batches must be >= 1")
+    store = EventStore(args.data)
+    plan = ShardPlan(len(store), args.ranks, args.batch, seed=0, eval_fraction=0.0)
+    indices = plan.train_indices(0)
+    blosc = _blosc_config(args) if args.mode == "dense" else None
+    dlts, reads, preps, times, firsts, compress = [], [], [], [], [], []
+    for rep in range(args.repeats):
+        t0 = time.perf_counter()
+        loader = build_loader(store, args.mode, indices, args.batch, device=args.device,
+                              steps_per_epoch=plan.steps_per_epoch, prefetch_depth=0, blosc=blosc)
+        it = iter(loader)
+        first = next(it)
+        dlts.append(time.perf_counter() - t0)
+        reads.append(loader.read_s)
+        preps.append(loader.prepare_s)
+        del first
+        first_epoch = []
+        tb = time.perf_counter()
+        for b in it:  # finish epoch 0: with lazy compression it also compresses
+            if b.batch_size == args.batch:
+                first_epoch.append(time.perf_counter() - tb)
+            tb = time.perf_counter()
+        firsts.extend(first_epoch)
+        compress.append(getattr(loader, "compress_s", 0.0))
+        epoch = 0
+        while len(times) < args.batches * (rep + 1):
+            epoch += 1
+            loader.set_epoch(epoch)
+            tb = time.perf_counter()
+            for b in loader:
+                if b.batch_size == args.batch:  # short remainder batches would skew the rate
+                    times.append(time.perf_counter() - tb)
+                if len(times) >= args.batches * (rep + 1):
+                    break
+                tb = time.perf_counter()
+        log.info("repeat %d: dlt %.3f s (read %.3f s)", rep, dlts[-1], reads[-1])
+    if not times:
+        raise ConfigError(f"{args.data}: no full batch of {args.batch} events in the shard")
+    h, w = store.geometry.shape
+    dense_event = h * w * 4
+    batch_s = statistics.median(times)
+    resident = loader.resident_bytes / len(indices)
+    out = {
+        "mode": args.mode,
+        "events": len(indices),
+        "store_events": len(store),
+        "ranks": args.ranks,
+        "batch": args.batch,
+        "geometry": [h, w],
+        "device": str(loader.device),
+        "threads": BATCH_THREADS,
+        "prepare_threads": blosc.n_threads() if blosc else 1,
+        "blosc": ({"codec": blosc.codec, "clevel": blosc.clevel, "shuffle": blosc.shuffle,
+                   "band_rows": blosc.band_rows, "compress_at": blosc.compress_at}
+                  if blosc else None),
+        "dlt_s": statistics.median(dlts),
+        "read_s": statistics.median(reads),
+        "prepare_s": statistics.median(preps),
+        "compress_s": statistics.median(compress),
+        "first_epoch_batch_s": statistics.median(firsts) if firsts else None,
+        "dlt_over_read": statistics.median(dlts) / statistics.median(reads),
+        "batch_s": batch_s,
+        "batches_timed": len(times),
+        "batch_gbps": (args.batch * dense_event / batch_s / BATCH_THREADS / 1e9
+                       if args.mode != "sparse" else None),
+        "batch_events_per_s": args.batch / batch_s,
+        "compression_ratio": dense_event / resident,
+        "resident_bytes_per_event": resident,
+        "resident_fraction": resident / dense_event,
+        "pixels_per_event": float(store.pixel_counts()[indices].mean()),
+    }
+    out["targets_met"] = {
+        "batch_gbps>=2": None if out["batch_gbps"] is None else out["batch_gbps"] >= 2.0,
+        "dlt<=1.5*read": out["dlt_over_read"] <= 1.5,
+        "resident<=5%": out["resident_fraction"] <= 0.05,
+    }
+    print(json.dumps(out, indent=1))
+    return 0

@@ -1,0 +1,147 @@
+"""Train/eval split, per-rank shards and per-epoch batch order.
+
+Rules (the paper's scheme, made exact):
+
+* **Split.** A held-out fraction of the events, chosen by ``seed`` and stratified by
+  class, is the evaluation set; the rest is the training set. Pure function of
+  (labels, fraction, seed), so every rank computes the same split.
+* **Shards.** Rank ``r`` of ``N`` owns a fixed contiguous block of the sorted training
+  indices (sizes differ by at most one). As in the paper each rank loads its
+  ``n/N`` events once, before training; contiguous blocks keep that read sequential.
+* **Epochs.** Each epoch reshuffles *within* every shard with a stream drawn from
+  ``(seed, epoch)`` only, so the plan is identical wherever it is computed.
+* **Remainder.** Every rank runs ``steps_per_epoch = ceil(max shard / batch)`` steps
+  and every training event is seen exactly once per epoch: batches are full except
+  the last one; a rank whose shard is one event smaller and a multiple of ``batch``
+  would come up one step short, so its last full batch is split in two
+  (``batch - 1`` and ``1`` events). ``batch = 1`` with unequal shards has no such
+  split and is refused.
+* **Evaluation.** The held-out set is split the same way; each event is evaluated
+  exactly once, never padded with repeats, so ranks may run different numbers of
+  evaluation steps (and may have none): sum the counts, not per-step means.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from lartpc.errors import ConfigError, LartpcError
+
+_SPLIT_STREAM = 0x5EED_E7A1  # keeps the split independent of the epoch streams
+
+
+def split_train_eval(n_events: int, eval_fraction: float, seed: int,
+                     labels: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted (train, eval) store indices; eval is ``round(fraction * n_c)`` per class.
+
+    Parameters
+    ----------
+    n_events : events in the store.
+    eval_fraction : held-out fraction in ``[0, 1)``.
+    seed : chooses which events are held out.
+    labels : class index per event; stratifies the split when given.
+    """
+    if not 0.0 <= eval_fraction < 1.0:
+        raise ConfigError(f"eval_fraction={eval_fraction}: must be in [0, 1)")
+    if labels is not None and len(labels) != n_events:
+        raise ConfigError(f"labels has {len(labels)} entries for {n_events} events")
+    rng = np.random.default_rng([seed, _SPLIT_STREAM])
+    groups = ([np.flatnonzero(labels == c) for c in np.unique(labels)]
+              if labels is not None else [np.arange(n_events)])
+    held = [rng.permutation(g)[: int(round(eval_fraction * len(g)))] for g in groups]
+    is_eval = np.zeros(n_events, bool)
+    if held:
+        is_eval[np.concatenate(held)] = True
+    return np.flatnonzero(~is_eval), np.flatnonzero(is_eval)
+
+
+def contiguous_shard(indices: np.ndarray, rank: int, world_size: int) -> np.ndarray:
+    """Block ``rank`` of ``world_size`` near-equal contiguous blocks of ``indices``."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ConfigError(f"rank {rank} of world size {world_size}: need 0 <= rank < size")
+    n = len(indices)
+    lo, hi = rank * n // world_size, (rank + 1) * n // world_size
+    return np.asarray(indices[lo:hi], np.int64)
+
+
+def batch_sizes(n: int, batch_size: int, steps: int | None = None) -> list[int]:
+    """Sizes of the ``steps`` batches that cover ``n`` events exactly once (module rules)."""
+    if batch_size < 1:
+        raise ConfigError(f"batch_size={batch_size}: must be >= 1")
+    steps = math.ceil(n / batch_size) if steps is None else steps
+    if not steps <= n <= steps * batch_size:
+        raise LartpcError(f"cannot cover {n} events in exactly {steps} nonempty batches of at "
+                          f"most {batch_size}: make the shards larger or the batch bigger")
+    sizes = [batch_size] * (n // batch_size) + ([n % batch_size] if n % batch_size else [])
+    while len(sizes) < steps:  # split the last batch that can be split
+        k = max(i for i, s in enumerate(sizes) if s > 1)
+        sizes[k] -= 1
+        sizes.insert(k + 1, 1)
+    return sizes
+
+
+def epoch_batches(indices: np.ndarray, batch_size: int, epoch: int, seed: int, *,
+                  shuffle: bool = True, steps: int | None = None) -> list[np.ndarray]:
+    """The batches (arrays of store indices) of one epoch over ``indices``.
+
+    The order is a permutation drawn from ``(seed, epoch)`` alone, so two processes
+    with the same arguments agree exactly.
+    """
+    indices = np.asarray(indices, np.int64)
+    order = indices
+    if shuffle:
+        order = indices[np.random.default_rng([seed, epoch]).permutation(len(indices))]
+    bounds = np.cumsum([0, *batch_sizes(len(order), batch_size, steps)])
+    return [order[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+class ShardPlan:
+    """The whole data plan of a run: split, shards, steps; same on every rank.
+
+    Parameters
+    ----------
+    n_events : events in the store.
+    world_size : number of ranks.
+    batch_size : events per rank per step.
+    seed : drives the split and the per-epoch shuffles.
+    eval_fraction : held-out fraction.
+    labels : class per event (stratifies the split).
+    """
+
+    def __init__(self, n_events: int, world_size: int = 1, batch_size: int = 7, seed: int = 0,
+                 eval_fraction: float = 0.1, labels: np.ndarray | None = None):
+        self.n_events, self.world_size, self.batch_size = n_events, world_size, batch_size
+        self.seed = seed
+        if world_size < 1:
+            raise ConfigError(f"world_size={world_size}: must be >= 1")
+        self.train, self.eval = split_train_eval(n_events, eval_fraction, seed, labels)
+        n_train = len(self.train)
+        if n_train < world_size:
+            raise LartpcError(
+                f"{n_train} training events for {world_size} ranks: some ranks would get an "
+                f"empty shard (use fewer ranks, more events or a smaller eval_fraction)")
+        sizes = {len(self.train_indices(r)) for r in range(world_size)}
+        if batch_size == 1 and len(sizes) > 1:
+            raise ConfigError(f"batch_size=1 needs the {n_train} training events to divide "
+                              f"evenly over {world_size} ranks")
+        self.steps_per_epoch = math.ceil(max(sizes) / batch_size)
+
+    def train_indices(self, rank: int) -> np.ndarray:
+        """Store indices rank ``rank`` owns for training (fixed for the run, sorted)."""
+        return contiguous_shard(self.train, rank, self.world_size)
+
+    def eval_indices(self, rank: int) -> np.ndarray:
+        """Store indices rank ``rank`` evaluates (possibly none)."""
+        return contiguous_shard(self.eval, rank, self.world_size)
+
+    def train_batches(self, rank: int, epoch: int) -> list[np.ndarray]:
+        """Batches of rank ``rank`` in ``epoch``; always ``steps_per_epoch`` of them."""
+        return epoch_batches(self.train_indices(rank), self.batch_size, epoch, self.seed,
+                             steps=self.steps_per_epoch)
+
+    def eval_batches(self, rank: int) -> list[np.ndarray]:
+        """Evaluation batches of rank ``rank``, in store order, last one short."""
+        idx = self.eval_indices(rank)
+        return epoch_batches(idx, self.batch_size, 0, self.seed, shuffle=False) if len(idx) else []

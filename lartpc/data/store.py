@@ -1,0 +1,287 @@
+"""Sparse HDF5 event store: sharded files ``events-00000.h5``, ``events-00001.h5``, ...
+
+Schema (version 1), per file:
+
+======================  ===========  ==================================================
+dataset                 dtype/shape  meaning
+======================  ===========  ==================================================
+``offsets``             int64 (n+1)  event i owns pixels ``offsets[i]:offsets[i+1]``
+``row``                 int16 (P,)   time pixel (image row)
+``col``                 int16 (P,)   wire (image column)
+``charge``              float32 (P,) collected charge, arbitrary units (>0)
+``label``               int8 (n,)    class index in :data:`lartpc.CLASSES` order
+``event_id``            int64 (n,)   generation index (event i of seed S), or source index
+``truth/pdg``           int32 (n,)   PDG code of the primary
+``truth/momentum_mev``  float32 (n,)
+``truth/kinetic_energy_mev`` float32 (n,)
+``truth/vertex_cm``     float32 (n,3) x (drift), y, z
+``truth/direction``     float32 (n,3) unit vector
+``truth/path_length_cm`` float32 (n,) primary's path until stop/decay/interaction/exit
+``truth/end_process``   S8 (n,)      one of ``stop, decay, interact, exit`` ('' if unknown)
+======================  ===========  ==================================================
+
+File attributes: ``schema_version``, the :class:`~lartpc.geometry.Geometry` fields
+(plus ``height``, ``width``), ``classes``, ``generator``, ``generator_version``, ``seed``.
+Shards are written to a temporary name and renamed, so a killed writer never leaves a
+torn ``events-*.h5``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from lartpc import CLASSES, NUM_CLASSES
+from lartpc.errors import LartpcError
+from lartpc.geometry import Geometry
+
+SCHEMA_VERSION = 1
+SHARD_PATTERN = "events-{:05d}.h5"
+_SHARD_RE = re.compile(r"^events-\d{5}\.h5$")
+END_PROCESSES = ("stop", "decay", "interact", "exit")
+TRUTH_FIELDS = {
+    "pdg": (np.int32, ()),
+    "momentum_mev": (np.float32, ()),
+    "kinetic_energy_mev": (np.float32, ()),
+    "vertex_cm": (np.float32, (3,)),
+    "direction": (np.float32, (3,)),
+    "path_length_cm": (np.float32, ()),
+    "end_process": ("S8", ()),
+}
+
+
+class EventStoreError(LartpcError, ValueError):
+    """A store file is missing, foreign, truncated or inconsistent."""
+
+
+@dataclass(slots=True)
+class Event:
+    """One event: sparse pixels plus label and truth."""
+
+    row: np.ndarray  # int16
+    col: np.ndarray  # int16
+    charge: np.ndarray  # float32
+    label: int
+    truth: dict = field(default_factory=dict)
+    event_id: int = -1
+
+    def __len__(self) -> int:
+        return len(self.charge)
+
+    def dense(self, shape: tuple[int, int], out: np.ndarray | None = None) -> np.ndarray:
+        """Scatter into a float32 image of ``shape`` (zeros elsewhere)."""
+        img = np.zeros(shape, np.float32) if out is None else out
+        if out is not None:
+            img.fill(0)
+        img[self.row, self.col] = self.charge
+        return img
+
+
+def _default_truth() -> dict:
+    return {k: (np.zeros(s, dt) if s else np.zeros((), dt)[()]) for k, (dt, s) in TRUTH_FIELDS.items()}
+
+
+def write_shard(
+    path: str | os.PathLike,
+    events: Sequence[Event],
+    geometry: Geometry,
+    *,
+    generator: str = "lartpc.sim",
+    generator_version: str = "",
+    seed: int = -1,
+    compression: str | None = "gzip",
+) -> Path:
+    """Write ``events`` to ``path`` atomically (temporary file, then rename)."""
+    path = Path(path)
+    n = len(events)
+    counts = np.array([len(e) for e in events], np.int64)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    cat = (lambda name, dt: np.concatenate([getattr(e, name) for e in events]).astype(dt, copy=False)
+           if n else np.zeros(0, dt))
+    row, col, charge = cat("row", np.int16), cat("col", np.int16), cat("charge", np.float32)
+    labels = np.array([e.label for e in events], np.int8)
+    if n and (labels.min() < 0 or labels.max() >= NUM_CLASSES):
+        raise EventStoreError(f"{path}: label out of range 0..{NUM_CLASSES - 1}")
+    if len(charge) and not np.all(np.isfinite(charge)):
+        raise EventStoreError(f"{path}: non-finite charge")
+    if len(row) and (row.min() < 0 or row.max() >= geometry.height
+                     or col.min() < 0 or col.max() >= geometry.width):
+        raise EventStoreError(f"{path}: pixel outside the {geometry.shape} image")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with h5py.File(tmp, "w") as f:
+            kw = {"compression": compression} if compression and len(row) else {}
+            f.create_dataset("offsets", data=offsets)
+            f.create_dataset("row", data=row, **kw)
+            f.create_dataset("col", data=col, **kw)
+            f.create_dataset("charge", data=charge, **kw)
+            f.create_dataset("label", data=labels)
+            f.create_dataset("event_id", data=np.array([e.event_id for e in events], np.int64))
+            t = f.create_group("truth")
+            for key, (dt, shape) in TRUTH_FIELDS.items():
+                vals = [e.truth.get(key, _default_truth()[key]) for e in events]
+                t.create_dataset(key, data=np.array(vals, dtype=dt).reshape((n, *shape)))
+            f.attrs["schema_version"] = SCHEMA_VERSION
+            for k, v in geometry.to_attrs().items():
+                f.attrs[k] = v
+            f.attrs["classes"] = ",".join(CLASSES)
+            f.attrs["generator"] = generator
+            f.attrs["generator_version"] = generator_version
+            f.attrs["seed"] = seed
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def shard_paths(path_or_dir: str | os.PathLike) -> list[Path]:
+    """The shard files a store path names (one file, or the ``events-*.h5`` of a folder)."""
+    p = Path(path_or_dir)
+    if p.is_file():
+        return [p]
+    if not p.is_dir():
+        raise EventStoreError(f"{p}: no such event file or folder")
+    files = sorted(q for q in p.iterdir() if _SHARD_RE.match(q.name))
+    if not files:
+        raise EventStoreError(f"{p}: folder holds no events-NNNNN.h5 files")
+    return files
+
+
+class EventStore:
+    """Read-only random access over one shard file or a folder of shards.
+
+    Opening reads only offsets and labels; pixel arrays are read on demand.
+    """
+
+    def __init__(self, path_or_dir: str | os.PathLike):
+        self.paths = shard_paths(path_or_dir)
+        self._offsets: list[np.ndarray] = []
+        labels, geoms = [], []
+        self.attrs: dict = {}
+        for p in self.paths:
+            try:
+                with h5py.File(p, "r") as f:
+                    if f.attrs.get("schema_version") != SCHEMA_VERSION:
+                        raise EventStoreError(
+                            f"{p}: not a lartpc event file (schema_version "
+                            f"{f.attrs.get('schema_version')!r}, expected {SCHEMA_VERSION})")
+                    for name in ("offsets", "row", "col", "charge", "label"):
+                        if name not in f:
+                            raise EventStoreError(f"{p}: missing dataset '{name}'")
+                    off = f["offsets"][:]
+                    lab = f["label"][:]
+                    npix = f["charge"].shape[0]
+                    geoms.append(Geometry.from_attrs(f.attrs))
+                    if not self.attrs:
+                        self.attrs = {k: (v.item() if hasattr(v, "item") else v)
+                                      for k, v in f.attrs.items()}
+            except EventStoreError:
+                raise
+            except (OSError, KeyError) as e:
+                raise EventStoreError(f"{p}: cannot read HDF5 event file ({e})") from e
+            if len(off) != len(lab) + 1 or off[0] != 0 or np.any(np.diff(off) < 0) \
+                    or off[-1] != npix:
+                raise EventStoreError(f"{p}: inconsistent offsets (truncated or corrupt file)")
+            self._offsets.append(off)
+            labels.append(lab.astype(np.int64))
+        if any(g != geoms[0] for g in geoms):
+            raise EventStoreError(f"{self.paths[0].parent}: shards disagree on geometry")
+        self.geometry: Geometry = geoms[0]
+        self.labels = np.concatenate(labels)
+        sizes = np.array([len(o) - 1 for o in self._offsets], np.int64)
+        self._file_start = np.concatenate([[0], np.cumsum(sizes)])
+        self._handles: dict[int, h5py.File] = {}
+        self._pid = os.getpid()
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __repr__(self) -> str:
+        return f"EventStore({len(self)} events in {len(self.paths)} file(s), {self.geometry.shape})"
+
+    def class_counts(self) -> np.ndarray:
+        """Events per class, in :data:`lartpc.CLASSES` order."""
+        return np.bincount(self.labels, minlength=NUM_CLASSES)
+
+    def pixel_counts(self) -> np.ndarray:
+        """Active pixels per event."""
+        return np.concatenate([np.diff(o) for o in self._offsets])
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """(file number, index within that file) of global event ``i``."""
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"event {i} out of range for {len(self)} events")
+        i %= len(self)
+        fi = int(np.searchsorted(self._file_start, i, side="right") - 1)
+        return fi, int(i - self._file_start[fi])
+
+    def _file(self, fi: int) -> h5py.File:
+        if self._pid != os.getpid():  # forked: HDF5 handles are not fork-safe
+            self._handles, self._pid = {}, os.getpid()
+        if fi not in self._handles:
+            self._handles[fi] = h5py.File(self.paths[fi], "r")
+        return self._handles[fi]
+
+    def close(self) -> None:
+        for h in self._handles.values():
+            h.close()
+        self._handles = {}
+
+    def __getitem__(self, i: int) -> Event:
+        return self.read_many([i])[0]
+
+    def read_many(self, indices: Iterable[int]) -> list[Event]:
+        """Events for ``indices`` (in that order), reading each file's span in one go."""
+        idx = [int(i) for i in indices]
+        by_file: dict[int, list[tuple[int, int]]] = {}
+        for pos, i in enumerate(idx):
+            fi, j = self.locate(i)
+            by_file.setdefault(fi, []).append((pos, j))
+        out: list[Event | None] = [None] * len(idx)
+        for fi, items in by_file.items():
+            path, off = self.paths[fi], self._offsets[fi]
+            js = [j for _, j in items]
+            lo, hi = off[min(js)], off[max(js) + 1]
+            try:
+                f = self._file(fi)
+                row, col, charge = (f[k][lo:hi] for k in ("row", "col", "charge"))
+                truth_ds = f["truth"] if "truth" in f else {}
+                truth_all = {k: truth_ds[k][min(js):max(js) + 1] for k in TRUTH_FIELDS
+                             if k in truth_ds}
+                eids = f["event_id"][min(js):max(js) + 1] if "event_id" in f else None
+            except (OSError, KeyError) as e:
+                raise EventStoreError(f"{path}: cannot read events {min(js)}..{max(js)} ({e})") \
+                    from e
+            for pos, j in items:
+                a, b = off[j] - lo, off[j + 1] - lo
+                ev = Event(row[a:b], col[a:b], charge[a:b], int(self.labels[self._file_start[fi] + j]),
+                           {k: _py(v[j - min(js)]) for k, v in truth_all.items()},
+                           int(eids[j - min(js)]) if eids is not None else -1)
+                _validate(ev, self.geometry, path, j)
+                out[pos] = ev
+        return out  # type: ignore[return-value]
+
+
+def _py(v):
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, np.ndarray):
+        return v.copy()
+    return v.item() if hasattr(v, "item") else v
+
+
+def _validate(ev: Event, geom: Geometry, path: Path, j: int) -> None:
+    if len(ev.row) and (ev.row.min() < 0 or ev.row.max() >= geom.height
+                        or ev.col.min() < 0 or ev.col.max() >= geom.width):
+        raise EventStoreError(f"{path}: event {j} has pixels outside the {geom.shape} image")
+    if not np.all(np.isfinite(ev.charge)):
+        raise EventStoreError(f"{path}: event {j} has non-finite charge")
+    if not 0 <= ev.label < NUM_CLASSES:
+        raise EventStoreError(f"{path}: event {j} label {ev.label} out of range")

@@ -1,0 +1,9 @@
+"""Errors a user can cause. The CLI turns these into one clear line and exit code 2."""
+
+
+class LartpcError(Exception):
+    """Base class: bad input, file, option or config, explained in the message."""
+
+
+class ConfigError(LartpcError, ValueError):
+    """A config key, value or combination is invalid."""

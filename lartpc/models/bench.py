@@ -1,0 +1,176 @@
+"""``lartpc bench model``: forward and forward+backward time of JishNet or SCNet.
+
+Runs on real generated events (``lartpc.sim``) or on events from ``--data``, never on
+zeros, and prints one JSON object. ``peak_memory_bytes`` is, on CUDA,
+``torch.cuda.max_memory_allocated`` over warmup and timed steps; on CPU, the growth of
+the process's peak resident set size (``getrusage`` ``ru_maxrss``) over those steps,
+which counts everything the allocator kept (activations, gradients, workspace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import resource
+import statistics
+import sys
+import time
+
+log = logging.getLogger(__name__)
+FULL_SIZE = 3600
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, choices=("jishnet", "scnet"))
+    parser.add_argument("--batch", type=int, default=7, help="events per step (default 7)")
+    parser.add_argument("--size", type=int, default=None,
+                        help="image side, a divisor of 3600 (default 3600, or the --data geometry)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps (median reported)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
+    parser.add_argument("--data", default=None, help="event store to read the batch from")
+    parser.add_argument("--seed", type=int, default=0, help="generator seed without --data")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--loss", default="ce", choices=("ce", "paper"))
+    speed = parser.add_argument_group("speed options (all off by default)")
+    speed.add_argument("--amp", default="none", choices=("none", "bf16", "fp16"),
+                       help="autocast dtype around forward (JishNet; SCNet uses --half)")
+    speed.add_argument("--channels-last", action="store_true", help="JishNet: NHWC activations")
+    speed.add_argument("--elu-after-pool", action="store_true",
+                       help="JishNet: ELU after max-pool (same result, less work)")
+    speed.add_argument("--cudnn-benchmark", action="store_true", help="cuDNN autotuning")
+    speed.add_argument("--algo", default=None,
+                       choices=("native", "implicit_gemm", "split_implicit_gemm"),
+                       help="SCNet: spconv algorithm (default: spconv's choice)")
+    speed.add_argument("--half", action="store_true", help="SCNet: float16 trunk (CUDA)")
+
+
+def _model_options(args) -> dict:
+    if args.model == "jishnet":
+        return {"channels_last": args.channels_last, "elu_after_pool": args.elu_after_pool}
+    return {"algo": args.algo, "half": args.half}
+
+
+def _batch_from_events(events, shape: tuple[int, int], kind: str):
+    """A :class:`Batch` (dense or sparse, per ``kind``) from a list of events."""
+    import numpy as np
+    import torch
+
+    from lartpc.data.batch import Batch
+
+    labels = torch.tensor([e.label for e in events], dtype=torch.int64)
+    ids = np.array([e.event_id for e in events], np.int64)
+    if kind == "dense":
+        dense = np.stack([e.dense(shape) for e in events])[:, None]
+        return Batch(labels=labels, shape=shape, dense=torch.from_numpy(dense), event_ids=ids)
+    coords = np.concatenate([np.stack([np.full(len(e), b), e.row, e.col], 1)
+                             for b, e in enumerate(events)]).astype(np.int32)
+    feats = np.concatenate([e.charge for e in events]).astype(np.float32)[:, None]
+    return Batch(labels=labels, shape=shape, coords=torch.from_numpy(coords),
+                 features=torch.from_numpy(feats), event_ids=ids)
+
+
+def _load_events(args):
+    """``args.batch`` events and their image shape, from ``--data`` or freshly generated."""
+    from lartpc.data.store import EventStore
+    from lartpc.errors import LartpcError
+
+    if args.data:
+        store = EventStore(args.data)
+        if len(store) < args.batch:
+            raise LartpcError(f"--data {args.data}: holds {len(store)} events, --batch is "
+                              f"{args.batch}")
+        if args.size is not None and args.size != store.geometry.height:
+            raise LartpcError(f"--size {args.size} disagrees with --data {args.data} "
+                              f"({store.geometry.shape})")
+        return store.read_many(range(args.batch)), store.geometry.shape
+    size = FULL_SIZE if args.size is None else args.size
+    if size < 1 or FULL_SIZE % size:
+        raise LartpcError(f"--size {size}: must divide {FULL_SIZE} (the generator bins "
+                          "the full image by an integer factor)")
+    from lartpc.geometry import Geometry
+    from lartpc.sim import simulate_event
+
+    geometry = Geometry(downsample=FULL_SIZE // size)
+    log.info("generating %d events at %dx%d (seed %d)", args.batch, size, size, args.seed)
+    # event i cycles through the five classes, so a batch of 7 holds every class
+    return [simulate_event(i, args.seed, geometry) for i in range(args.batch)], geometry.shape
+
+
+def _timed(fn, repeats: int, sync) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def run(args) -> int:
+    import torch
+
+    from lartpc.errors import LartpcError
+    from lartpc.models import build, num_parameters
+    from lartpc.models.losses import build_loss
+
+    if args.batch < 1 or args.repeats < 1 or args.warmup < 0:
+        raise LartpcError("--batch and --repeats must be >= 1, --warmup >= 0")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise LartpcError("--device cuda: torch sees no CUDA device")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.cudnn_benchmark:
+        torch.backends.cudnn.benchmark = True
+    dev = torch.device(args.device)
+    events, shape = _load_events(args)
+    model = build(args.model, image_size=shape, **_model_options(args)).to(dev)
+    batch = _batch_from_events(events, shape, model.input_kind).to(dev)
+    loss_fn = build_loss(args.loss)
+    amp = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.amp]
+
+    def forward():
+        with torch.autocast(dev.type, dtype=amp or torch.float32, enabled=amp is not None):
+            return model(batch)
+
+    def infer():
+        with torch.no_grad():
+            forward()
+
+    def train_step():
+        model.zero_grad(set_to_none=True)
+        loss_fn(forward(), batch.labels).backward()
+
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    # baseline before warmup: the first step reaches the peak the others repeat
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    for _ in range(args.warmup):
+        train_step()
+    fwd = _timed(infer, args.repeats, sync)
+    fb = _timed(train_step, args.repeats, sync)
+    if dev.type == "cuda":
+        peak, peak_kind = torch.cuda.max_memory_allocated(), "torch.cuda.max_memory_allocated"
+    else:  # Linux reports ru_maxrss in KiB
+        peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024
+        peak_kind = "growth of process peak RSS (ru_maxrss) over warmup and timed steps"
+    fb_s = statistics.median(fb)
+    result = {
+        "model": args.model, "size": list(shape), "batch": args.batch, "device": args.device,
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "threads": torch.get_num_threads(), "options": _model_options(args),
+        "amp": args.amp, "parameters": num_parameters(model),
+        "active_pixels": int(sum(len(e) for e in events)),
+        "repeats": args.repeats, "warmup": args.warmup,
+        "forward_ms": round(statistics.median(fwd) * 1e3, 3),
+        "forward_backward_ms": round(fb_s * 1e3, 3),
+        "forward_backward_ms_all": [round(t * 1e3, 3) for t in fb],
+        "images_per_s": round(args.batch / fb_s, 3),
+        "peak_memory_bytes": int(peak), "peak_memory_kind": peak_kind,
+        "torch": torch.__version__,
+    }
+    print(json.dumps(result), file=sys.stdout, flush=True)
+    return 0

@@ -1,0 +1,93 @@
+"""JishNet: the study's dense CNN (torch Conv2d / MaxPool2d), on any image size.
+
+At 3600 x 3600 the spatial sizes run 3600 -> 720 -> 144 -> 145 -> 36 -> 37 -> 9 and the
+network has 1,335,817 parameters (SPEC.md).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lartpc.errors import ConfigError
+from lartpc.geometry import pooled_size
+from lartpc.models.head import Head
+
+#: (out_channels, conv kernel, conv padding, pool size) per stage; input has 1 channel.
+STAGES: tuple[tuple[int, int, int, int], ...] = ((10, 5, 2, 5), (64, 5, 2, 5),
+                                                 (128, 4, 2, 4), (256, 4, 2, 4))
+
+
+def trunk_shape(image_size: tuple[int, int]) -> tuple[int, int]:
+    """Spatial size of JishNet's last pooled map (PyTorch floor mode).
+
+    Raises
+    ------
+    ConfigError
+        If the image is too small to survive the four poolings.
+    """
+    sizes = list(image_size)
+    for _, k, p, pool in STAGES:
+        sizes = [pooled_size(pooled_size(s, k, padding=p, stride=1), pool) for s in sizes]
+    if min(sizes) < 1:
+        raise ConfigError(f"image_size={tuple(image_size)}: too small for JishNet "
+                          f"(its four poolings leave {tuple(sizes)})")
+    return sizes[0], sizes[1]
+
+
+class JishNet(nn.Module):
+    """Dense CNN of the study; returns logits (B, 5).
+
+    Parameters
+    ----------
+    image_size : (H, W) of the input images.
+    channels_last : keep activations in NHWC memory format (a GPU speed option).
+    elu_after_pool : apply ELU after max-pooling instead of before. ELU is strictly
+        increasing, so ``pool(elu(x)) == elu(pool(x))`` and the gradient goes to the
+        same arg-max; the activation then touches 1/k^2 of the pixels. Off by default
+        so the default graph is the published one, layer for layer.
+    """
+
+    input_kind = "dense"
+
+    def __init__(self, image_size: tuple[int, int], *, channels_last: bool = False,
+                 elu_after_pool: bool = False):
+        super().__init__()
+        self.image_size = (int(image_size[0]), int(image_size[1]))
+        self.out_hw = trunk_shape(self.image_size)
+        self.channels_last = channels_last
+        self.elu_after_pool = elu_after_pool
+        convs, cin = [], 1
+        for cout, k, p, _ in STAGES:
+            convs.append(nn.Conv2d(cin, cout, k, padding=p))
+            cin = cout
+        self.convs = nn.ModuleList(convs)
+        self.pools = [pool for *_, pool in STAGES]
+        self.head = Head(cin * self.out_hw[0] * self.out_hw[1])
+        if channels_last:
+            self.to(memory_format=torch.channels_last)
+
+    def forward(self, batch) -> torch.Tensor:
+        """Logits (B, 5) for a :class:`~lartpc.data.batch.Batch` with ``dense`` filled."""
+        if batch.dense is None:
+            raise ConfigError("JishNet needs dense batches (batch.dense is None); "
+                              "use a dense loader for this model")
+        return self.forward_tensor(batch.dense)
+
+    def forward_tensor(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (B, 5) for a float tensor (B, 1, H, W)."""
+        if x.dim() != 4 or x.shape[1] != 1 or tuple(x.shape[2:]) != self.image_size:
+            raise ConfigError(f"JishNet built for (B, 1, {self.image_size[0]}, "
+                              f"{self.image_size[1]}) input, got {tuple(x.shape)}")
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        for conv, pool in zip(self.convs, self.pools, strict=True):
+            x = conv(x)
+            if self.elu_after_pool:
+                x = F.elu(F.max_pool2d(x, pool), inplace=True)
+            else:
+                # in place: conv's backward needs its input, not its output, so the
+                # 10 x H x W pre-activation need not be kept (518 MB per image at 3600)
+                x = F.max_pool2d(F.elu(x, inplace=True), pool)
+        return self.head(x)

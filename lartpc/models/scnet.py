@@ -1,0 +1,163 @@
+"""SCNet: the study's sparse CNN (spconv submanifold convolutions and sparse max-pools).
+
+Four submanifold convolutions 1 -> 10 -> 64 -> 128 -> 256 (kernel 5, no bias), ELU on the
+active features after each, sparse max-pools 5, 5, 4, 4 (stride = size), then
+``.dense()`` and the same head as JishNet: 1,703,999 parameters at 3600 x 3600.
+
+A submanifold convolution only produces outputs at active input sites and only reads
+active neighbours, so unlike JishNet's zero-padded convolutions it never grows the
+image (the "subtly different padding" the paper mentions): 3600 -> 720 -> 144 -> 36 -> 9.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lartpc.errors import ConfigError
+from lartpc.models.head import Head
+from lartpc.sparse_compat import import_spconv
+
+CHANNELS = (10, 64, 128, 256)
+KERNEL = 5
+POOLS = (5, 5, 4, 4)
+ALGOS = ("native", "implicit_gemm", "split_implicit_gemm")
+
+
+def spconv_output_size(size: int, kernel: int, stride: int, padding: int = 0,
+                       dilation: int = 1) -> int:
+    """Output size of a strided sparse conv/pool, by spconv's own formula
+    (``spconv.pytorch.ops.get_conv_output_size``): floor division, like PyTorch."""
+    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def trunk_shape(image_size: tuple[int, int]) -> tuple[int, int]:
+    """Spatial size of SCNet's last pooled map for ``image_size`` (H, W)."""
+    sizes = list(image_size)
+    for pool in POOLS:
+        sizes = [spconv_output_size(s, pool, pool) for s in sizes]
+    if min(sizes) < 1:
+        raise ConfigError(f"image_size={tuple(image_size)}: too small for SCNet "
+                          f"(its four poolings leave {tuple(sizes)})")
+    return sizes[0], sizes[1]
+
+
+_scatter_fixed = False
+
+
+def fix_cpu_scatter_add(spconv_ops=None) -> None:
+    """Replace spconv 2.3.x's CPU ``scatter_add`` with a race-free torch ``index_add_``.
+
+    spconv's CPU kernel (``csrc/sparse/gather.py``) declares its row pointers outside
+    the parallel loop and shares them between threads, so with more than one OpenMP
+    thread convolution outputs are silently wrong (up to ~0.7 absolute on unit
+    inputs; ``tests/test_scnet_reference.py`` catches it). Inside a kernel offset
+    the target rows are distinct, so an ``index_add_`` gives the same sums.
+    It belongs in ``lartpc.sparse_compat``; it lives here until it moves there.
+    """
+    global _scatter_fixed
+    if _scatter_fixed:
+        return
+    if spconv_ops is None:
+        import spconv.pytorch.ops as spconv_ops
+    ops_cls = spconv_ops.SpconvOps
+
+    class _Ops(ops_cls):  # type: ignore[misc, valid-type]
+        @staticmethod
+        def scatter_add_cpu(out, buf, inds) -> None:
+            idx = torch.from_numpy(inds.numpy_view()).long()
+            src = torch.from_numpy(buf.numpy_view())[: idx.shape[0]]
+            torch.from_numpy(out.numpy_view()).index_add_(0, idx, src)
+
+    spconv_ops.SpconvOps = _Ops
+    _scatter_fixed = True
+
+
+def _conv_algo(name: str | None):
+    """spconv ``ConvAlgo`` for an option value; None keeps spconv's own default
+    (implicit GEMM on CUDA builds, native gather-GEMM-scatter on CPU builds)."""
+    if name is None:
+        return None
+    from spconv.core import ConvAlgo
+    from spconv.cppconstants import CPU_ONLY_BUILD
+
+    table = {"native": ConvAlgo.Native, "implicit_gemm": ConvAlgo.MaskImplicitGemm,
+             "split_implicit_gemm": ConvAlgo.MaskSplitImplicitGemm}
+    if name not in table:
+        raise ConfigError(f"SCNet option algo={name!r}: expected one of {', '.join(ALGOS)}")
+    if CPU_ONLY_BUILD and name != "native":
+        raise ConfigError(f"SCNet option algo={name!r} needs a CUDA build of spconv "
+                          "(this one is CPU-only: use algo='native')")
+    return table[name]
+
+
+class SCNet(nn.Module):
+    """Sparse CNN of the study; returns logits (B, 5).
+
+    Parameters
+    ----------
+    image_size : (H, W) of the images the sparse coordinates live in.
+    algo : spconv algorithm, one of ``native``, ``implicit_gemm``,
+        ``split_implicit_gemm``, or None for spconv's default.
+    half : run the sparse trunk in float16 under CUDA autocast (CUDA only); the head
+        stays float32.
+    """
+
+    input_kind = "sparse"
+
+    def __init__(self, image_size: tuple[int, int], *, algo: str | None = None,
+                 half: bool = False):
+        super().__init__()
+        spconv = import_spconv()
+        fix_cpu_scatter_add()
+        self.image_size = (int(image_size[0]), int(image_size[1]))
+        self.out_hw = trunk_shape(self.image_size)
+        self.algo, self.half = algo, half
+        conv_algo = _conv_algo(algo)
+        convs, pools, cin = [], [], 1
+        for level, (cout, pool) in enumerate(zip(CHANNELS, POOLS, strict=True)):
+            # one indice_key per resolution: layers sharing it reuse one rulebook
+            convs.append(spconv.SubMConv2d(cin, cout, KERNEL, bias=False,
+                                           indice_key=f"subm{level}", algo=conv_algo))
+            pools.append(spconv.SparseMaxPool2d(pool, stride=pool, algo=conv_algo))
+            cin = cout
+        self.convs, self.pools = nn.ModuleList(convs), nn.ModuleList(pools)
+        self.head = Head(cin * self.out_hw[0] * self.out_hw[1])
+
+    def forward(self, batch) -> torch.Tensor:
+        """Logits (B, 5) for a :class:`~lartpc.data.batch.Batch` with ``coords`` and
+        ``features`` filled."""
+        if batch.coords is None or batch.features is None:
+            raise ConfigError("SCNet needs sparse batches (batch.coords/features are None); "
+                              "use a sparse loader for this model")
+        if tuple(batch.shape) != self.image_size:
+            raise ConfigError(f"SCNet built for {self.image_size} images, batch has shape "
+                              f"{tuple(batch.shape)}")
+        return self.forward_sparse(batch.coords, batch.features, batch.batch_size)
+
+    def forward_sparse(self, coords: torch.Tensor, features: torch.Tensor,
+                       batch_size: int) -> torch.Tensor:
+        """Logits (B, 5) from int (P, 3) coords (batch, row, col) and features (P, 1)."""
+        if coords.dim() != 2 or coords.shape[1] != 3 or features.shape != (coords.shape[0], 1):
+            raise ConfigError(f"SCNet expects coords (P, 3) and features (P, 1), got "
+                              f"{tuple(coords.shape)} and {tuple(features.shape)}")
+        return self.head(self.trunk(coords, features, batch_size))
+
+    def trunk(self, coords: torch.Tensor, features: torch.Tensor,
+              batch_size: int) -> torch.Tensor:
+        """The sparse layers, returned as a dense map (B, 256, h, w)."""
+        if coords.shape[0] == 0:  # spconv cannot build a rulebook for no sites
+            return features.new_zeros(batch_size, CHANNELS[-1], *self.out_hw)
+        if self.half and not features.is_cuda:
+            raise ConfigError("SCNet option half=True needs CUDA tensors (spconv's CPU "
+                              "kernels are float32 only)")
+        spconv = import_spconv()
+        x = spconv.SparseConvTensor(features, coords.to(torch.int32), list(self.image_size),
+                                    batch_size)
+        with torch.autocast("cuda", dtype=torch.float16, enabled=self.half):
+            for conv, pool in zip(self.convs, self.pools, strict=True):
+                x = conv(x)
+                x = x.replace_feature(F.elu(x.features))
+                x = pool(x)
+        return x.dense().float()

@@ -1,0 +1,116 @@
+"""Run-folder writers (the contract with ``analysis``; see DESIGN.md).
+
+``run.json``, ``eval.csv`` and ``confusion.csv`` are rewritten whole through a
+temporary file and a rename. ``rank-NNN.csv`` grows by whole lines written in one
+call each flush; on resume it is cut back to the checkpointed step, so no step is
+ever logged twice or lost.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+
+from lartpc import CLASSES
+
+STEP_COLUMNS = ("time", "epoch", "rank", "batchno", "data_size", "local_loss", "global_loss",
+                "local_acc", "global_acc", "data_s", "compute_s", "comm_s")
+EVAL_COLUMNS = ("epoch", "time", "loss", "accuracy", "n_events",
+                *(f"acc_{c}" for c in CLASSES))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file and rename (never torn)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, obj: dict) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def rank_csv_path(run: Path, rank: int) -> Path:
+    return Path(run) / f"rank-{rank:03d}.csv"
+
+
+def _fmt(v) -> str:
+    return repr(float(v)) if isinstance(v, float) else str(v)
+
+
+class StepLog:
+    """Buffered per-rank step log (one row per optimiser step)."""
+
+    def __init__(self, run: Path, rank: int, keep_steps: int = 0, flush_every: int = 20):
+        """Open ``rank-NNN.csv``, keeping its first ``keep_steps`` rows (resume) or
+        starting afresh when ``keep_steps`` is 0."""
+        self.path = rank_csv_path(run, rank)
+        self.flush_every = flush_every
+        self._rows: list[str] = []
+        header = ",".join(STEP_COLUMNS) + "\n"
+        kept = []
+        if keep_steps and self.path.exists():
+            lines = self.path.read_text().splitlines(keepends=True)[1:]
+            # A line without its newline was torn by a kill: never keep it.
+            kept = [ln for ln in lines if ln.endswith("\n")][:keep_steps]
+            if len(kept) < keep_steps:
+                raise RuntimeError(f"{self.path}: has {len(kept)} complete rows but the "
+                                   f"checkpoint is at step {keep_steps}")
+        atomic_write_text(self.path, header + "".join(kept))
+
+    def log(self, **row) -> None:
+        self._rows.append(",".join(_fmt(row[c]) for c in STEP_COLUMNS) + "\n")
+        if len(self._rows) >= self.flush_every:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._rows:
+            return
+        data = "".join(self._rows).encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._rows = []
+
+
+def write_eval(run: Path, rows: list[dict]) -> None:
+    """Rewrite ``eval.csv`` with all evaluation rows so far."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(EVAL_COLUMNS)
+    for r in rows:
+        w.writerow([_fmt(r[c]) for c in EVAL_COLUMNS])
+    atomic_write_text(Path(run) / "eval.csv", buf.getvalue())
+
+
+def read_eval(run: Path) -> list[dict]:
+    """Rows of an existing ``eval.csv`` (for resume), numbers parsed."""
+    path = Path(run) / "eval.csv"
+    if not path.exists():
+        return []
+    with open(path) as f:
+        return [{k: (int(v) if k in ("epoch", "n_events") else float(v)) for k, v in r.items()}
+                for r in csv.DictReader(f)]
+
+
+def write_confusion(run: Path, counts) -> None:
+    """``confusion.csv``: rows true class, columns predicted, in CLASSES order."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["true", *CLASSES])
+    for name, row in zip(CLASSES, counts, strict=True):
+        w.writerow([name, *(int(c) for c in row)])
+    atomic_write_text(Path(run) / "confusion.csv", buf.getvalue())

@@ -1,0 +1,268 @@
+"""Job scripts for a sweep: models x GPU counts x seeds, one script per point.
+
+The scripts are the ones in ``jobs/slurm`` and ``jobs/lsf``, rendered: the template's
+own ``#SBATCH``/``#BSUB`` lines are replaced by the point's, and the point's settings
+are written as ``export LARTPC_...`` lines in front of the template's body, which reads
+them (see ``jobs/slurm/common.sh``). The script logic exists once, in the templates.
+Run folders are ``<out_dir>/<model>-n<gpus>-s<seed>``, so ``python -m analysis report
+<out_dir>`` finds every run of the sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from lartpc.errors import LartpcError
+
+log = logging.getLogger(__name__)
+
+MODELS = ("jishnet", "scnet")
+CONFIG_PREFIXES = ("tiny", "paper")
+#: (scheduler, launcher) -> template under jobs/
+TEMPLATES: dict[tuple[str, str], str] = {
+    ("slurm", "horovod"): "slurm/horovod-srun.sbatch",
+    ("slurm", "horovod-gloo"): "slurm/horovod-gloo.sbatch",
+    ("slurm", "torchrun"): "slurm/torchrun.sbatch",
+    ("lsf", "jsrun"): "lsf/summit-jsrun.lsf",
+    ("lsf", "horovod"): "lsf/horovodrun.lsf",
+}
+SUBMIT = {"slurm": "sbatch", "lsf": "bsub"}
+#: GPUs per node when not given: a typical SLURM GPU node, and Summit's 6 V100s.
+DEFAULT_GPUS_PER_NODE = {"slurm": 4, "lsf": 6}
+_DIRECTIVE = re.compile(r"^#(SBATCH|BSUB)\b")
+
+
+@dataclass(kw_only=True, slots=True)
+class JobShape:
+    """How every point's job is laid out and limited."""
+
+    scheduler: str
+    launcher: str
+    time: str = "04:00:00"  #: wall time, SLURM syntax ([D-]HH:MM:SS)
+    gpus_per_node: int | None = None  #: None: DEFAULT_GPUS_PER_NODE[scheduler]
+    cores_per_rank: int = 1
+    cpu: bool = False  #: no GPUs requested (tests, CPU clusters)
+    account: str | None = None
+    queue: str | None = None  #: SLURM partition or LSF queue
+
+
+@dataclass(kw_only=True, slots=True)
+class Point:
+    """One job of the sweep. ``job_id`` is filled in by :func:`submit`."""
+
+    model: str
+    gpus: int
+    seed: int
+    config: str
+    name: str
+    run: str
+    script: str
+    job_id: str | None = None
+
+
+def jobs_dir() -> Path:
+    """The ``jobs/`` folder holding the templates (``LARTPC_JOBS_DIR`` overrides)."""
+    d = Path(os.environ.get("LARTPC_JOBS_DIR") or Path(__file__).resolve().parents[1] / "jobs")
+    if not (d / "slurm" / "common.sh").is_file():
+        raise LartpcError(f"job templates not found in {d} (jobs/slurm/common.sh); "
+                          "use a source checkout or set LARTPC_JOBS_DIR")
+    return d
+
+
+def parse_time_s(text: str) -> int:
+    """Seconds in a SLURM time (``M``, ``M:S``, ``H:M:S``, ``D-H[:M[:S]]``); as in common.sh."""
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
+    if not m:
+        raise LartpcError(f"--time {text!r}: expected [D-]HH:MM:SS, MM:SS or MM")
+    d, a, b, c = (int(x) if x else None for x in m.groups())
+    if d is not None:  # D-H, D-H:M, D-H:M:S
+        h, mi, s = a, b or 0, c or 0
+    elif c is not None:
+        h, mi, s = a, b, c
+    elif b is not None:
+        h, mi, s = 0, a, b
+    else:
+        h, mi, s = 0, a, 0
+    total = (((d or 0) * 24 + h) * 60 + mi) * 60 + s
+    if total <= 0:
+        raise LartpcError(f"--time {text!r}: must be positive")
+    return total
+
+
+def parse_list(text: str, option: str, *, positive: bool = False) -> list[int]:
+    """``"1,2,4"`` -> ``[1, 2, 4]``; clear error naming ``option`` otherwise."""
+    items = [t.strip() for t in text.split(",")]
+    if not text.strip() or any(not re.fullmatch(r"-?\d+", t) for t in items):
+        raise LartpcError(f"{option} {text!r}: expected comma-separated integers, e.g. 1,2,4")
+    values = [int(t) for t in items]
+    if positive and any(v <= 0 for v in values):
+        raise LartpcError(f"{option} {text!r}: every value must be at least 1")
+    if len(set(values)) != len(values):
+        raise LartpcError(f"{option} {text!r}: repeated value")
+    return values
+
+
+def parse_models(text: str) -> list[str]:
+    models = [t.strip().lower() for t in text.split(",") if t.strip()]
+    unknown = [m for m in models if m not in MODELS]
+    if not models or unknown:
+        raise LartpcError(f"--models {text!r}: unknown model {', '.join(unknown) or '(none)'}; "
+                          f"expected some of {', '.join(MODELS)}")
+    if len(set(models)) != len(models):
+        raise LartpcError(f"--models {text!r}: repeated model")
+    return models
+
+
+def plan(models: list[str], gpus: list[int], seeds: list[int], out_dir: Path,
+         scripts_dir: Path, config_prefix: str, scheduler: str) -> list[Point]:
+    """Every (model, gpus, seed) point with its config, run folder and script path."""
+    ext = "sbatch" if scheduler == "slurm" else "lsf"
+    points = []
+    for model in models:
+        for n in gpus:
+            for seed in seeds:
+                name = f"{model}-n{n}-s{seed}"
+                points.append(Point(model=model, gpus=n, seed=seed,
+                                    config=f"{config_prefix}-{model}", name=name,
+                                    run=str(out_dir / name),
+                                    script=str(scripts_dir / f"{name}.{ext}")))
+    return points
+
+
+def layout(n: int, shape: JobShape) -> tuple[int, int]:
+    """(nodes, ranks per node) for ``n`` ranks, filling nodes of ``gpus_per_node``."""
+    per = shape.gpus_per_node or DEFAULT_GPUS_PER_NODE[shape.scheduler]
+    tpn = min(n, per)
+    nodes = math.ceil(n / tpn)
+    if shape.launcher == "torchrun" and n % tpn:
+        raise LartpcError(f"--gpus {n} with {per} GPUs per node: torchrun needs the same number "
+                          "of ranks on every node; choose a multiple of --gpus-per-node")
+    return nodes, tpn
+
+
+def directives(p: Point, shape: JobShape, logs_dir: Path) -> list[str]:
+    """The scheduler lines for one point."""
+    nodes, tpn = layout(p.gpus, shape)
+    c = shape.cores_per_rank
+    if shape.scheduler == "lsf":
+        mins = math.ceil(parse_time_s(shape.time) / 60)
+        lines = [f"-J lartpc-{p.name}", f"-nnodes {nodes}", f"-W {mins // 60}:{mins % 60:02d}",
+                 f"-o {logs_dir / p.name}.%J.out"]
+        lines += [f"-P {shape.account}"] * bool(shape.account)
+        lines += [f"-q {shape.queue}"] * bool(shape.queue)
+        return [f"#BSUB {x}" for x in lines]
+    lines = [f"--job-name=lartpc-{p.name}", f"--nodes={nodes}"]
+    if shape.launcher == "torchrun":  # one torchrun per node starts the node's ranks
+        lines += ["--ntasks-per-node=1", f"--cpus-per-task={tpn * c}"]
+        lines += [f"--gpus-per-node={tpn}"] * (not shape.cpu)
+    else:
+        lines += [f"--ntasks={p.gpus}", f"--ntasks-per-node={tpn}", f"--cpus-per-task={c}"]
+        gpu = "--gpus-per-node" if shape.launcher == "horovod-gloo" else "--gpus-per-task"
+        lines += [f"{gpu}={tpn if gpu == '--gpus-per-node' else 1}"] * (not shape.cpu)
+    lines += [f"--time={shape.time}", f"--output={logs_dir / p.name}-%j.out",
+              "--open-mode=append", "--requeue", "--signal=B:USR1@120"]
+    lines += [f"--account={shape.account}"] * bool(shape.account)
+    lines += [f"--partition={shape.queue}"] * bool(shape.queue)
+    return [f"#SBATCH {x}" for x in lines]
+
+
+def exports(p: Point, shape: JobShape, data: Path, sets: list[str]) -> dict[str, str]:
+    """The ``LARTPC_*`` settings the template reads (see jobs/slurm/common.sh)."""
+    nodes, tpn = layout(p.gpus, shape)
+    env = {
+        "LARTPC_JOBS_DIR": str(jobs_dir()),
+        "LARTPC_CONFIG": p.config, "LARTPC_DATA": str(data), "LARTPC_RUN": p.run,
+        "LARTPC_SET": " ".join([f"train.seed={p.seed}", *sets]),
+        "LARTPC_TIME": shape.time, "LARTPC_NTASKS": str(p.gpus), "LARTPC_NNODES": str(nodes),
+        "LARTPC_TASKS_PER_NODE": str(tpn), "LARTPC_CORES_PER_TASK": str(shape.cores_per_rank),
+        "LARTPC_GPUS_PER_TASK": "0" if shape.cpu else "1", "LARTPC_SCRIPT": p.script,
+    }
+    if sys.prefix != sys.base_prefix:  # a virtual environment: activate it on the node
+        env["LARTPC_VENV"] = sys.prefix
+    return env
+
+
+def render(template: str, lines: list[str], env: dict[str, str]) -> str:
+    """The template with its scheduler lines replaced and ``env`` exported up front."""
+    head, *body = template.splitlines()
+    body = [ln for ln in body if not _DIRECTIVE.match(ln)]
+    block = ["# --- this sweep point (written by `lartpc sweep`) ---"]
+    block += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+    return "\n".join([head, *lines, *block, *body]) + "\n"
+
+
+def build_scripts(points: list[Point], shape: JobShape, data: Path, sets: list[str],
+                  logs_dir: Path) -> dict[str, str]:
+    """Script text per point name."""
+    key = (shape.scheduler, shape.launcher)
+    if key not in TEMPLATES:
+        ok = ", ".join(f"{s}/{lch}" for s, lch in TEMPLATES)
+        raise LartpcError(f"--scheduler {shape.scheduler} --launcher {shape.launcher}: "
+                          f"no such job script; available: {ok}")
+    template = (jobs_dir() / TEMPLATES[key]).read_text()
+    return {p.name: render(template, directives(p, shape, logs_dir),
+                           exports(p, shape, data, sets)) for p in points}
+
+
+def launch_line(script: str) -> str:
+    """The launcher command ``script`` would run, by running it with LARTPC_DRY_RUN=1."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "LSB_", "LARTPC_"))}
+    env["LARTPC_DRY_RUN"] = "1"
+    out = subprocess.run(["bash", "-s"], input=script, text=True, capture_output=True, env=env)
+    if out.returncode != 0:
+        raise LartpcError(f"job script dry run failed: {out.stderr.strip()}")
+    return out.stdout.strip()
+
+
+def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.chmod(mode)
+    os.replace(tmp, path)
+
+
+def write(points: list[Point], scripts: dict[str, str], manifest: Path, meta: dict) -> None:
+    """Write every script, then the manifest (atomic files)."""
+    for p in points:
+        _write_atomic(Path(p.script), scripts[p.name], 0o755)
+    write_manifest(points, manifest, meta)
+
+
+def write_manifest(points: list[Point], manifest: Path, meta: dict) -> None:
+    doc = {**meta, "points": [asdict(p) for p in points]}
+    _write_atomic(manifest, json.dumps(doc, indent=2) + "\n")
+
+
+def submit(points: list[Point], scheduler: str, manifest: Path, meta: dict) -> None:
+    """Submit each script, recording job ids in the manifest as they come."""
+    exe = SUBMIT[scheduler]
+    if shutil.which(exe) is None:
+        raise LartpcError(f"--submit --scheduler {scheduler}: `{exe}` not found on PATH")
+    for p in points:
+        if scheduler == "slurm":
+            out = subprocess.run([exe, "--parsable", p.script], capture_output=True, text=True)
+            job_id = out.stdout.strip().split(";")[0]
+        else:  # bsub reads the script on stdin so its #BSUB lines count
+            with open(p.script) as f:
+                out = subprocess.run([exe], stdin=f, capture_output=True, text=True)
+            m = re.search(r"Job <(\d+)>", out.stdout)
+            job_id = m.group(1) if m else ""
+        if out.returncode != 0 or not job_id:
+            write_manifest(points, manifest, meta)
+            raise LartpcError(f"{exe} {p.script} failed (exit {out.returncode}): "
+                              f"{(out.stderr or out.stdout).strip()}")
+        p.job_id = job_id
+        log.info("submitted %s as job %s", p.name, job_id)
+        write_manifest(points, manifest, meta)

@@ -1,0 +1,36 @@
+"""Shared fixtures: small event sets made by the project's own generator."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def events_dir(tmp_path_factory):
+    """40 generated events, downsampled by 4 (900 x 900), in 2 shards."""
+    from lartpc.sim import write_dataset
+
+    d = tmp_path_factory.mktemp("events_ds4")
+    write_dataset(d, 40, seed=1234, downsample=4, shard_size=20, workers=1)
+    return d
+
+
+@pytest.fixture(scope="session")
+def full_res_events_dir(tmp_path_factory):
+    """10 generated events at full resolution (3600 x 3600), one shard."""
+    from lartpc.sim import write_dataset
+
+    d = tmp_path_factory.mktemp("events_full")
+    write_dataset(d, 10, seed=99, downsample=1, shard_size=10, workers=1)
+    return d
+
+
+@pytest.fixture(scope="session")
+def train_events_dir(tmp_path_factory):
+    """70 generated events downsampled by 9 (400 x 400): small enough to train on in
+    seconds, real enough that the loss moves."""
+    from lartpc.sim import write_dataset
+
+    d = tmp_path_factory.mktemp("events_ds9")
+    write_dataset(d, 70, seed=4321, downsample=9, shard_size=35, workers=1)
+    return d

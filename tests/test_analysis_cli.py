@@ -1,0 +1,153 @@
+"""Run-folder validation errors, the CLI (exit codes, JSON), the report and plots, and the
+promise that the analysis never needs torch."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis.__main__ import main
+from analysis.paper import PAPER
+from analysis.runs import CLASSES, RunFolderError, load_run
+from analysis.synthetic import write_synthetic_run, write_synthetic_study
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def runs_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    for model, b in (("jishnet", -0.7), ("scnet", -0.6)):
+        write_synthetic_study(root / model, model=model, gpus=[1, 2, 4], seeds=1,
+                              rate_c=0.3, rate_b=0.9, ttl_a=400.0, ttl_b=b, dlt_a=30.0,
+                              time_limit_s=500.0, train_events=700, seed=3,
+                              confusion_percent=PAPER[model]["confusion_percent"])
+    return root
+
+
+@pytest.fixture
+def one_run(tmp_path):
+    return write_synthetic_run(tmp_path / "run", model="jishnet", world_size=2,
+                               epoch_rate_per_min=0.5, ttl_s=200, dlt_s=20,
+                               time_limit_s=300, train_events=500)
+
+
+def _corrupt(path: Path, lineno: int, column: int, value: str) -> None:
+    lines = path.read_text().splitlines()
+    cells = lines[lineno - 1].split(",")
+    cells[column] = value
+    lines[lineno - 1] = ",".join(cells)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_non_numeric_value_names_file_and_line(one_run, capsys):
+    _corrupt(one_run / "rank-001.csv", 7, 6, "oops")
+    with pytest.raises(RunFolderError, match=r"rank-001\.csv:7: column 'global_loss': 'oops'"):
+        load_run(one_run)
+    assert main(["fit", str(one_run)]) == 2
+    assert re.search(r"rank-001\.csv:7: .*not a number", capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("edit, pattern", [
+    (lambda p: p.write_text(p.read_text().replace("global_loss", "loss", 1)),
+     r"rank-000\.csv:1: header is"),
+    (lambda p: _corrupt(p, 4, 0, "1,2"), r"rank-000\.csv:4: expected 12 fields, found 13"),
+    (lambda p: _corrupt(p, 5, 1, "1.5"), r"rank-000\.csv:5: column 'epoch'.*whole number"),
+    (lambda p: _corrupt(p, 3, 2, "1"), r"rank-000\.csv:3: column 'rank' is 1"),
+    (lambda p: _corrupt(p, 6, 3, ""), r"rank-000\.csv:6: column 'batchno': ''"),
+])
+def test_malformed_step_csv(one_run, edit, pattern):
+    edit(one_run / "rank-000.csv")
+    with pytest.raises(RunFolderError, match=pattern):
+        load_run(one_run)
+
+
+def test_bad_run_json(one_run):
+    meta = one_run / "run.json"
+    meta.write_text(meta.read_text().replace('"world_size": 2', '"world_size": "2"'))
+    with pytest.raises(RunFolderError, match=r"run\.json: field 'world_size'"):
+        load_run(one_run)
+    meta.write_text("{\n  \"model\": \"jishnet\",\n  oops\n}")
+    with pytest.raises(RunFolderError, match=r"run\.json:3: invalid JSON"):
+        load_run(one_run)
+
+
+def test_confusion_row_order_checked(one_run):
+    conf = one_run / "confusion.csv"
+    conf.write_text(conf.read_text().replace("\nmuon,", "\nmu,", 1))
+    with pytest.raises(RunFolderError, match=r"confusion\.csv:4: row label 'mu'"):
+        load_run(one_run)
+
+
+def test_missing_run_json_exit_2(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main(["fit", str(tmp_path / "empty")]) == 2
+    assert "run.json" in capsys.readouterr().err
+    assert main(["fit", str(tmp_path / "nowhere")]) == 2
+
+
+def test_classes_match_training_package():
+    import lartpc
+
+    assert CLASSES == lartpc.CLASSES
+
+
+def test_fit_json_without_torch(runs_root):
+    """`python -m analysis fit --json` with torch, spconv and horovod unimportable."""
+    code = ("import sys, runpy\n"
+            "for m in ('torch', 'spconv', 'horovod', 'lartpc'): sys.modules[m] = None\n"
+            f"sys.argv = ['analysis', 'fit', {str(runs_root)!r}, '--json']\n"
+            "runpy.run_module('analysis', run_name='__main__')\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    for model in ("jishnet", "scnet"):
+        m = doc["models"][model]
+        for key in ("ttl_exponent", "ttl_exponent_err", "epoch_rate_exponent",
+                    "epoch_rate_exponent_err"):
+            assert isinstance(m[key], float), (model, key)
+        assert [row["gpus"] for row in m["scaling"]] == [1, 2, 4]
+    assert len(doc["runs"]) == 6
+
+
+def test_single_n_json_says_no_fit(one_run, capsys):
+    assert main(["fit", str(one_run), "--json"]) == 0
+    m = json.loads(capsys.readouterr().out)["models"]["jishnet"]
+    assert m["ttl_exponent"] is None and m["epoch_rate_exponent_err"] is None
+    assert "TTL: only one GPU count (N=2): no fit possible" in m["notes"]
+
+
+def test_report_is_self_contained(runs_root, tmp_path):
+    assert main(["report", str(runs_root), "--out", str(tmp_path / "rep")]) == 0
+    html = (tmp_path / "rep" / "report.html").read_text()
+    # 2 models x (loss, epoch rate) + 6 confusion images
+    assert html.count('src="data:image/png;base64,') == 10
+    assert not re.search(r'src="(?!data:)', html)
+    for number in ("78.8 % ± 3.8 %", "76.8 % ± 3.3 %", "66.7%", "57.8%", "67.1%", "-0.7",
+                   "-0.6", "1.5 at 192 GPUs", "2.5 at 128 GPUs"):
+        assert number in html, number
+
+
+def test_curves_and_confusion_files(runs_root, tmp_path, capsys):
+    assert main(["curves", str(runs_root), "--out", str(tmp_path / "c")]) == 0
+    pngs = sorted(p.name for p in (tmp_path / "c").glob("*.png"))
+    assert pngs == ["epoch_rate_jishnet.png", "epoch_rate_scnet.png", "loss_jishnet.png",
+                    "loss_scnet.png"]
+    for p in (tmp_path / "c").glob("*.png"):
+        data = p.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    assert main(["confusion", str(runs_root / "scnet"), "--out", str(tmp_path / "m")]) == 0
+    md = capsys.readouterr().out
+    assert "| true \\ predicted | gamma | electron | muon | pion | kaon | n |" in md
+    assert "binomial SE" in md and "Wilson" in md
+    pct = (tmp_path / "m" / "scnet-n004-s0_confusion_percent.csv").read_text().splitlines()
+    assert pct[0] == "true," + ",".join(CLASSES)
+    for line, cls in zip(pct[1:], CLASSES, strict=True):
+        name, *vals = line.split(",")
+        assert name == cls and sum(map(float, vals)) == pytest.approx(100, abs=0.05)

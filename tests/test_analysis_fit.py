@@ -1,0 +1,126 @@
+"""Fits recover known exponents from synthetic run folders; censoring; single N; scaling."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from analysis.fit import fit_power_law, scaling_table, summarize
+from analysis.metrics import RunMetrics, run_metrics, wilson_interval
+from analysis.runs import load_run, load_runs
+from analysis.synthetic import write_synthetic_run, write_synthetic_study
+
+GPUS = [1, 2, 4, 8, 16]
+NOISE = 0.05
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    root = tmp_path_factory.mktemp("study")
+    write_synthetic_study(root, model="jishnet", gpus=GPUS, seeds=2, rate_c=0.2, rate_b=0.9,
+                          ttl_a=600.0, ttl_b=-0.7, dlt_a=60.0, time_limit_s=900.0,
+                          noise=NOISE, seed=7, train_events=1000, loss_noise=0.02)
+    return root
+
+
+def _expected_se(n_runs_per_n: int) -> float:
+    """Standard error of an OLS slope for log-normal noise NOISE on these GPU counts."""
+    x = np.log(np.repeat(GPUS, n_runs_per_n))
+    return NOISE / math.sqrt(np.sum((x - x.mean()) ** 2))
+
+
+def test_fit_recovers_known_exponents(study):
+    rows = [run_metrics(r, threshold=1.2, smooth=5) for r in load_runs([study])]
+    assert len(rows) == 10 and not any(r.ttl_censored for r in rows)
+    s = summarize(rows)["jishnet"]
+    se = _expected_se(2)
+    for key, truth in (("ttl_exponent", -0.7), ("epoch_rate_exponent", 0.9)):
+        b, err = s[key], s[key + "_err"]
+        assert abs(b - truth) < 3 * err, (key, b, err)
+        # the stated error matches the injected scatter (not absurdly small or large)
+        assert se / 3 < err < 3 * se, (key, err, se)
+        lo, hi = s[key + "_ci95"]
+        assert lo < b < hi and hi - lo < 8 * err
+    assert s["ttl_prefactor_s"] == pytest.approx(600.0, rel=0.2)
+    assert s["epoch_rate_prefactor_per_min"] == pytest.approx(0.2, rel=0.2)
+    assert s["baseline_gpus"] == 1 and s["warnings"] == []
+
+
+def test_epoch_rate_and_dlt_of_a_noiseless_run(tmp_path):
+    run = load_run(write_synthetic_run(tmp_path / "r", model="scnet", world_size=3,
+                                       epoch_rate_per_min=0.75, ttl_s=400, dlt_s=37.5,
+                                       time_limit_s=600, train_events=700, loss_noise=0.0))
+    m = run_metrics(run, threshold=1.2, smooth=1)
+    assert m.epoch_rate_per_min == pytest.approx(0.75, rel=1e-3)
+    assert m.dlt_s == pytest.approx(37.5, abs=2e-3)
+    assert m.dlt_max_s == pytest.approx(37.5 + 2e-3, abs=2e-3)  # rank 2 logs 2 ms later
+    step = 60 / (0.75 * run.meta["steps_per_epoch"])
+    assert 400 <= m.ttl_s < 400 + step + 1e-3  # first logged step at/after the crossing
+    assert m.images_per_s_per_gpu == pytest.approx(0.75 * 700 / 60 / 3, rel=1e-3)
+
+
+def test_censored_runs_reported_and_excluded(tmp_path):
+    for n, limit in ((1, 300.0), (2, 900.0), (4, 900.0), (8, 900.0)):
+        write_synthetic_run(tmp_path / f"n{n}", model="jishnet", world_size=n,
+                            epoch_rate_per_min=0.2 * n, ttl_s=600 * n ** -0.7,
+                            dlt_s=10.0, time_limit_s=limit, train_events=1000, seed=n)
+    rows = [run_metrics(r, smooth=5) for r in load_runs([tmp_path])]
+    cens = [r for r in rows if r.ttl_censored]
+    assert [r.world_size for r in cens] == [1]
+    assert cens[0].ttl_s is None and 250 < cens[0].ttl_lower_bound_s <= 300
+    s = summarize(rows)["jishnet"]
+    assert s["n_censored"] == 1 and s["ttl_fit"]["n_points"] == 3
+    assert s["ttl_fit"]["gpu_counts"] == [2, 4, 8]
+    assert any("n1 (N=1" in note and "censored" in note for note in s["notes"])
+    assert s["scaling"][0]["n_ttl_censored"] == 1
+    assert s["scaling"][1]["ttl_baseline_gpus"] == 2
+
+
+def test_single_gpu_count_gives_no_fit_said_plainly():
+    f = fit_power_law([2, 2, 2], [10.0, 11.0, 9.0], "TTL")
+    assert f.exponent is None and f.exponent_err is None
+    assert f.notes == ["TTL: only one GPU count (N=2): no fit possible"]
+
+
+def test_two_points_have_no_standard_error():
+    f = fit_power_law([1, 4], [8.0, 2.0], "TTL")
+    assert f.exponent == pytest.approx(-1.0) and f.exponent_err is None
+    assert "no standard error" in f.notes[0]
+
+
+def test_curvature_warning_only_for_curved_data():
+    n = np.array([1, 2, 4, 8, 16, 32, 64, 128] * 2, dtype=float)
+    rng = np.random.default_rng(3)
+    noise = np.exp(rng.normal(0, 0.02, n.size))
+    straight = fit_power_law(n, 5 * n ** 0.9 * noise, "epoch rate")
+    assert straight.warnings == [] and abs(straight.exponent - 0.9) < 3 * straight.exponent_err
+    saturating = 5 * n / (1 + n / 16) * noise  # Amdahl-like: rate flattens at large N
+    curved = fit_power_law(n, saturating, "epoch rate")
+    assert len(curved.warnings) == 1 and "breaking down" in curved.warnings[0]
+
+
+def _row(n: int, rate: float) -> RunMetrics:
+    return RunMetrics(name=f"n{n}", path="", model="m", world_size=n, seed=None,
+                      status="completed", n_steps=100, smooth_window=5, dlt_s=1.0,
+                      dlt_max_s=1.0, epoch_rate_per_min=rate, images_per_s_per_gpu=None,
+                      ttl_s=100.0 / n, ttl_censored=False, ttl_lower_bound_s=None,
+                      final_loss_smoothed=1.0, accuracy=None, accuracy_se=None,
+                      accuracy_wilson95=None, n_eval=None)
+
+
+def test_karp_flatt_recovers_amdahl_serial_fraction():
+    f = 0.05  # serial fraction relative to the 2-GPU baseline
+    table = scaling_table([_row(2 * p, 1.0 / (f + (1 - f) / p)) for p in (1, 2, 4, 8)])
+    assert [t["gpus"] for t in table] == [2, 4, 8, 16]
+    assert table[0]["karp_flatt"] is None and table[0]["speedup"] == 1.0
+    for t in table[1:]:
+        assert t["karp_flatt"] == pytest.approx(f)
+        assert t["efficiency"] == pytest.approx(t["speedup"] / t["p"])
+        assert t["ttl_speedup"] == pytest.approx(t["p"])
+
+
+def test_wilson_interval_known_value():
+    lo, hi = wilson_interval(8, 10)
+    assert lo == pytest.approx(0.4902, abs=1e-4) and hi == pytest.approx(0.9433, abs=1e-4)

@@ -1,0 +1,132 @@
+"""Upstream dense layout -> event store (files built here in that layout)."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+
+from lartpc.cli import main
+from lartpc.data import EventStore
+from lartpc.data.convert import convert, label_of
+
+# label/type columns: e-, e+, proton, pi0, pi+, pi-, mu-, mu+, K+, gamma
+ONE_HOT = {"e-": 0, "e+": 1, "pi+": 4, "mu+": 7, "K+": 8, "gamma": 9}
+
+
+def _label(*names):
+    v = np.zeros(10, np.int32)
+    for n in names:
+        v[ONE_HOT.get(n, 2 if n == "proton" else 6)] += 1
+    return v
+
+
+def _write_upstream(path, labels, ticks=96, wires=36, hits=None):
+    n = len(labels)
+    with h5py.File(path, "w") as f:
+        w = f.create_dataset("image/wires", (n, 3, ticks, wires), np.int32,
+                             chunks=(1, 1, ticks, wires), compression="gzip")
+        for i, (t, c, v) in enumerate(hits or []):
+            # write only the hits' bounding block, so untouched chunks stay unallocated
+            t0, t1, c0, c1 = t.min(), t.max() + 1, c.min(), c.max() + 1
+            block = np.zeros((t1 - t0, c1 - c0), np.int32)
+            block[t - t0, c - c0] = v
+            w[i, 2, t0:t1, c0:c1] = block
+            w[i, 0, t0:t1, c0:c1] = 999 * (block > 0)  # induction plane: must be ignored
+        f["label/type"] = np.array(labels, np.int32)
+
+
+def test_label_mapping():
+    assert label_of(_label("e+")) == (1, -11)
+    assert label_of(_label("e-")) == (1, 11)
+    assert label_of(_label("gamma")) == (0, 22)
+    assert label_of(_label("mu+")) == (2, -13)
+    assert label_of(_label("pi+")) == (3, 211)
+    assert label_of(_label("K+")) == (4, 321)
+    assert label_of(_label("mu-")) is None  # not a study class
+    assert label_of(_label("pi+", "proton")) is None  # not exactly one particle
+    assert label_of(np.zeros(10)) is None
+
+
+def test_convert_small_layout(tmp_path, capsys):
+    src = tmp_path / "up.h5"
+    hits = [(np.array([0, 1, 2, 3, 95]), np.array([5, 5, 5, 6, 35]), np.array([10, 20, 30, 7, 4])),
+            (np.array([10]), np.array([0]), np.array([1])),
+            (np.array([50, 51]), np.array([20, 20]), np.array([3, 4]))]
+    _write_upstream(src, [_label("mu+"), _label("pi+", "proton"), _label("K+")], hits=hits)
+    out = tmp_path / "store"
+    assert main(["convert", str(src), "--out", str(out)]) == 0
+    assert "skipped 1" in capsys.readouterr().out
+    s = EventStore(out)
+    assert len(s) == 2 and s.geometry.shape == (3600, 3600)
+    assert s.labels.tolist() == [2, 4]
+    mu = s[0]
+    # ticks 0,1,2 -> time pixel 0 (sum 60), tick 3 -> pixel 1, tick 95 -> pixel 31
+    got = {(int(r), int(c)): float(q) for r, c, q in zip(mu.row, mu.col, mu.charge, strict=True)}
+    assert got == {(0, 5): 60.0, (1, 6): 7.0, (31, 35): 4.0}
+    assert s[1].event_id == 2 and s[1].truth["pdg"] == 321
+    k = s[1]
+    assert k.row.tolist() == [16, 17] and k.charge.tolist() == [3.0, 4.0]
+
+
+def test_convert_downsample(tmp_path):
+    src = tmp_path / "up.h5"
+    hits = [(np.array([0, 3, 30]), np.array([0, 1, 7]), np.array([1, 2, 5]))]
+    _write_upstream(src, [_label("gamma")], hits=hits)
+    res = convert([src], tmp_path / "o", downsample=4)
+    assert (res.converted, res.skipped) == (1, 0)
+    ev = EventStore(tmp_path / "o")[0]
+    # time pixels 0,1 wires 0,1 -> bin (0,0) = 3; time pixel 10, wire 7 -> bin (2,1)
+    assert dict(zip(zip(ev.row.tolist(), ev.col.tolist(), strict=True), ev.charge.tolist(),
+                    strict=True)) == {(0, 0): 3.0, (2, 1): 5.0}
+
+
+def test_convert_true_upstream_shape(tmp_path):
+    # The real per-event shape (3, 9600, 3600) int32, gzip, chunked; mostly unwritten
+    # chunks keep the file tiny.
+    src = tmp_path / "full.h5"
+    t = np.arange(3000, 3300)
+    hits = [(t, 100 + t // 10, np.full(t.shape, 5)), (np.array([9599]), np.array([3599]),
+                                                      np.array([8]))]
+    _write_upstream(src, [_label("e-"), _label("gamma")], ticks=9600, wires=3600, hits=hits)
+    res = convert([src], tmp_path / "o")
+    s = EventStore(tmp_path / "o")
+    assert res.converted == 2
+    e0 = s[0]
+    assert e0.charge.sum() == 5 * 300 and e0.row.min() == 1000 and e0.row.max() == 1099
+    assert s[1].row.tolist() == [3199] and s[1].col.tolist() == [3599]
+
+
+@pytest.mark.parametrize("missing", ["image/wires", "label/type"])
+def test_missing_dataset(tmp_path, capsys, missing):
+    src = tmp_path / "up.h5"
+    _write_upstream(src, [_label("mu+")])
+    with h5py.File(src, "a") as f:
+        del f[missing]
+    out = tmp_path / "o"
+    assert main(["convert", str(src), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "up.h5" in err and missing in err
+    assert not out.exists() or not list(out.iterdir())
+
+
+def test_truncated_upstream(tmp_path, capsys):
+    src = tmp_path / "up.h5"
+    _write_upstream(src, [_label("mu+")] * 2)
+    data = src.read_bytes()
+    src.write_bytes(data[: len(data) // 3])
+    out = tmp_path / "o"
+    assert main(["convert", str(src), "--out", str(out)]) == 2
+    assert "up.h5" in capsys.readouterr().err
+    assert not out.exists() or not list(out.iterdir())
+
+
+def test_second_input_bad_leaves_nothing(tmp_path, capsys):
+    good, bad = tmp_path / "good.h5", tmp_path / "bad.h5"
+    _write_upstream(good, [_label("mu+")] * 3)
+    with h5py.File(bad, "w") as f:
+        f["something"] = np.zeros(3)
+    out = tmp_path / "o"
+    assert main(["convert", str(good), str(bad), "--out", str(out), "--shard-size", "1"]) == 2
+    assert "bad.h5" in capsys.readouterr().err
+    assert not list(out.glob("events-*.h5")) if out.exists() else True

@@ -1,0 +1,201 @@
+"""Dense (Blosc), sparse and device-dense loaders, prefetching and bad shards."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from lartpc.data import EventStore, EventStoreError
+from lartpc.data.blosc_cache import BloscConfig
+from lartpc.data.loaders import build_loader
+from lartpc.data.prefetch import n_slots, prefetch
+from lartpc.data.sharding import ShardPlan
+from lartpc.errors import ConfigError, LartpcError
+
+
+@pytest.fixture(scope="module")
+def store(events_dir):
+    return EventStore(events_dir)
+
+
+def _check_dense(store, batch):
+    assert batch.dense.shape == (batch.batch_size, 1, *store.geometry.shape)
+    for j, ev in enumerate(store.read_many(batch.event_ids)):
+        assert np.array_equal(batch.dense[j, 0].numpy(), ev.dense(store.geometry.shape))
+        assert int(batch.labels[j]) == ev.label
+        assert batch.truth["pdg"][j] == ev.truth["pdg"]
+
+
+@pytest.mark.parametrize("blosc", [
+    BloscConfig(),  # lz4, no shuffle, compressed during epoch 0
+    BloscConfig(compress_at="start", threads=2),
+    BloscConfig(codec="zstd", clevel=3, shuffle="bitshuffle", band_rows=7, compress_at="start"),
+    BloscConfig(codec="blosclz", shuffle="shuffle", band_rows=1000, threads=1),
+])
+def test_dense_images_equal_stored_events(store, blosc):
+    idx = np.arange(0, 40, 3)
+    loader = build_loader(store, "dense", idx, 4, blosc=blosc, seed=1)
+    for epoch in (0, 1):  # epoch 0 may compress, epoch 1 decompresses only
+        loader.set_epoch(epoch)
+        seen = []
+        for b in loader:
+            _check_dense(store, b)
+            seen += b.event_ids.tolist()
+        assert sorted(seen) == idx.tolist()
+    assert loader.cache.compression_ratio > 20
+    assert loader.resident_bytes < 0.05 * len(idx) * 4 * np.prod(store.geometry.shape)
+
+
+def test_dense_full_resolution(full_res_events_dir):
+    store = EventStore(full_res_events_dir)
+    assert store.geometry.shape == (3600, 3600)
+    loader = build_loader(store, "dense", np.arange(len(store)), 7, seed=2)
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        sizes = []
+        for b in loader:
+            _check_dense(store, b)
+            sizes.append(b.batch_size)
+        assert sizes == [7, 3]
+
+
+def test_sparse_batches_equal_events(store):
+    loader = build_loader(store, "sparse", np.arange(len(store)), 7, seed=4)
+    seen = []
+    for b in loader:
+        assert b.dense is None and b.coords.dtype == torch_int32() and b.features.shape[1] == 1
+        coords, feats = b.coords.numpy(), b.features.numpy()[:, 0]
+        for j, ev in enumerate(store.read_many(b.event_ids)):
+            m = coords[:, 0] == j
+            assert np.array_equal(coords[m, 1], ev.row) and np.array_equal(coords[m, 2], ev.col)
+            assert np.array_equal(feats[m], ev.charge)
+        assert np.array_equal(b.labels.numpy(), store.labels[b.event_ids])
+        seen += b.event_ids.tolist()
+    assert sorted(seen) == list(range(len(store)))
+
+
+def torch_int32():
+    import torch
+
+    return torch.int32
+
+
+def test_device_dense_equals_dense(store):
+    idx = np.arange(5, 30)
+    dense = build_loader(store, "dense", idx, 6, seed=9)
+    dev = build_loader(store, "device-dense", idx, 6, seed=9)
+    for epoch in (0, 1):
+        dense.set_epoch(epoch), dev.set_epoch(epoch)
+        n = 0
+        for a, b in zip(dense, dev, strict=True):
+            assert np.array_equal(a.event_ids, b.event_ids)
+            assert np.array_equal(a.dense.numpy(), b.dense.numpy())
+            n += 1
+        assert n == dense.steps_per_epoch == dev.steps_per_epoch == 5
+
+
+@pytest.mark.parametrize("mode", ["dense", "sparse", "device-dense"])
+def test_ranks_cover_the_epoch_once_in_step(store, mode):
+    plan = ShardPlan(len(store), 3, 5, seed=8, eval_fraction=0.1, labels=store.labels)
+    loaders = [build_loader(store, mode, plan.train_indices(r), 5, seed=plan.seed,
+                            steps_per_epoch=plan.steps_per_epoch) for r in range(3)]
+    for epoch in (0, 1):
+        seen = []
+        for r, loader in enumerate(loaders):
+            loader.set_epoch(epoch)
+            ids = [b.event_ids for b in loader]
+            assert len(ids) == plan.steps_per_epoch
+            assert [x.tolist() for x in ids] == [x.tolist() for x in plan.train_batches(r, epoch)]
+            seen += np.concatenate(ids).tolist()
+        assert sorted(seen) == plan.train.tolist()
+    ev = build_loader(store, mode, plan.eval_indices(0), 5, shuffle=False)
+    assert np.concatenate([b.event_ids for b in ev]).tolist() == plan.eval_indices(0).tolist()
+
+
+def test_prefetch_keeps_order_with_slow_consumer_and_rotating_slots():
+    depth = 2
+    slots = [np.zeros(4) for _ in range(n_slots(depth))]
+
+    def produce(k):
+        slots[k % len(slots)][:] = k  # writes a rotating buffer, as the loaders do
+        return k, slots[k % len(slots)]
+
+    got = []
+    for k, buf in prefetch(produce, 12, depth):
+        time.sleep(0.01)  # the producer runs ahead meanwhile
+        assert np.all(buf == k)  # the held buffer was not overwritten
+        got.append(k)
+    assert got == list(range(12))
+
+
+def test_prefetch_reraises_at_the_failing_item_and_stops_the_thread():
+    def produce(k):
+        if k == 5:
+            raise ValueError("bad item 5")
+        return k
+
+    got = []
+    with pytest.raises(ValueError, match="bad item 5"):
+        for k in prefetch(produce, 10, 3):
+            got.append(k)
+    assert got == [0, 1, 2, 3, 4]
+    before = threading.active_count()
+    it = prefetch(lambda k: k, 1000, 2)
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
+    it.close()  # consumer stops early: the thread must end
+    assert threading.active_count() <= before
+    assert list(prefetch(lambda k: k * k, 4, 0)) == [0, 1, 4, 9]
+
+
+def test_empty_shard_and_bad_options(store):
+    with pytest.raises(LartpcError, match="empty shard"):
+        build_loader(store, "dense", np.zeros(0, np.int64), 7)
+    with pytest.raises(ConfigError, match="loader mode 'blosc'"):
+        build_loader(store, "blosc", np.arange(3), 7)
+    with pytest.raises(ConfigError, match="blosc codec 'snappyy'"):
+        build_loader(store, "dense", np.arange(3), 7, blosc=BloscConfig(codec="snappyy"))
+
+
+@pytest.mark.parametrize("damage", ["row", "charge"])
+def test_corrupt_shard_names_file_and_event(events_dir, tmp_path, damage):
+    bad = tmp_path / "events"
+    shutil.copytree(events_dir, bad)
+    target = bad / "events-00001.h5"
+    with h5py.File(target, "r+") as f:
+        a, b = f["offsets"][3], f["offsets"][4]  # pixels of event 3 of that file
+        if damage == "row":
+            f["row"][a] = 30000  # beyond the 900-row image
+        else:
+            f["charge"][b - 1] = np.nan
+    store = EventStore(bad)
+    for mode in ("dense", "sparse", "device-dense"):
+        with pytest.raises(EventStoreError, match=r"events-00001\.h5: event 3 "):
+            build_loader(store, mode, np.arange(15, 30), 7)
+
+
+def test_truncated_shard_names_file(events_dir, tmp_path):
+    bad = tmp_path / "events"
+    shutil.copytree(events_dir, bad)
+    target = bad / "events-00000.h5"
+    target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
+    with pytest.raises(EventStoreError, match=r"events-00000\.h5"):
+        build_loader(EventStore(bad), "dense", np.arange(10), 7)
+
+
+def test_bench_loader_prints_json(events_dir, capsys):
+    from lartpc.cli import main
+
+    rc = main(["bench", "loader", "--data", str(events_dir), "--mode", "dense", "--ranks", "2",
+               "--repeats", "1", "--batches", "2"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["events"] == 20 and out["geometry"] == [900, 900]
+    for key in ("dlt_s", "read_s", "batch_s", "batch_gbps", "compression_ratio",
+                "resident_bytes_per_event"):
+        assert out[key] > 0
+    assert out["dlt_s"] >= out["read_s"]

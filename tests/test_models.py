@@ -1,0 +1,202 @@
+"""JishNet and SCNet: exact sizes, shapes at any image size, training on real events."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from lartpc.data.store import EventStore
+from lartpc.errors import ConfigError
+from lartpc.geometry import Geometry
+from lartpc.models import build, num_parameters
+from lartpc.models.bench import _batch_from_events
+from lartpc.models.losses import build_loss
+from lartpc.sim import simulate_event
+
+
+def events_at(downsample: int, n: int, seed: int = 5):
+    geometry = Geometry(downsample=downsample)
+    return [simulate_event(i, seed, geometry) for i in range(n)], geometry.shape
+
+
+def finite_grads(model) -> bool:
+    return all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name,count", [("jishnet", 1_335_817), ("scnet", 1_703_999)])
+def test_parameter_counts_at_full_resolution(name, count):
+    model = build(name, image_size=3600)
+    assert num_parameters(model) == count
+    assert model.head.in_features == 256 * 9 * 9 == 20736
+
+
+def test_jishnet_spatial_sizes_at_3600():
+    model = build("jishnet", 3600).to("meta")
+    sizes = []
+    for conv in model.convs:
+        conv.register_forward_hook(lambda m, i, o: sizes.append(o.shape[-1]))
+    out = model.forward_tensor(torch.empty(2, 1, 3600, 3600, device="meta"))
+    assert sizes == [3600, 720, 145, 37]  # conv outputs; pools give 720, 144, 36, 9
+    assert out.shape == (2, 5)
+
+
+@pytest.mark.sparse
+def test_scnet_spatial_sizes_at_3600():
+    model = build("scnet", 3600)
+    shapes = []
+    for pool in model.pools:
+        pool.register_forward_hook(lambda m, i, o: shapes.append(list(o.spatial_shape)))
+    events, _ = events_at(1, 2)
+    out = model(_batch_from_events(events, (3600, 3600), "sparse"))
+    assert shapes == [[720, 720], [144, 144], [36, 36], [9, 9]]
+    assert out.shape == (2, 5) and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("name", ["jishnet", "scnet"])
+@pytest.mark.parametrize("size", [450, (450, 620), (533, 450)])
+def test_output_shape_at_other_sizes(name, size):
+    events, _ = events_at(8, 3)  # real 450 x 450 events, placed in larger images too
+    model = build(name, image_size=size)
+    hw = model.image_size
+    batch = _batch_from_events(events, hw, model.input_kind)
+    with torch.no_grad():
+        out = model(batch)
+    assert out.shape == (3, 5) and torch.isfinite(out).all()
+    # the head's width follows from the size, by each library's own pooling arithmetic
+    trunk = (model.trunk(batch.coords, batch.features, 3) if name == "scnet" else None)
+    if trunk is not None:
+        assert trunk.shape[1:] == (256, *model.out_hw)
+    assert model.head.in_features == 256 * model.out_hw[0] * model.out_hw[1]
+
+
+@pytest.mark.parametrize("name", ["jishnet", "scnet"])
+def test_forward_backward_on_real_events_and_training_lowers_loss(name, events_dir):
+    torch.manual_seed(0)
+    store = EventStore(events_dir)
+    events = store.read_many(range(6))
+    model = build(name, image_size=store.geometry.shape)
+    batch = _batch_from_events(events, store.geometry.shape, model.input_kind)
+    assert (batch.features if name == "scnet" else batch.dense).abs().sum() > 0
+    loss_fn = build_loss("ce")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(4):
+        opt.zero_grad()
+        loss = loss_fn(model(batch), batch.labels)
+        loss.backward()
+        assert finite_grads(model)
+        assert any(p.grad.abs().sum() > 0 for p in model.convs[0].parameters())
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("option", ["elu_after_pool", "channels_last"])
+def test_jishnet_speed_options_compute_the_same_function(option):
+    events, shape = events_at(8, 2)
+    batch = _batch_from_events(events, shape, "dense")
+    batch.dense *= 0.05  # charge to O(1) so that ELU's negative side is exercised
+    torch.manual_seed(3)
+    ref = build("jishnet", shape)
+    fast = build("jishnet", shape, **{option: True})
+    fast.load_state_dict(ref.state_dict())
+    outs = []
+    for m in (ref, fast):
+        out = m(batch)
+        out.square().sum().backward()
+        outs.append((out.detach(), m.convs[0].weight.grad))
+    torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(outs[0][1], outs[1][1], rtol=1e-3, atol=1e-5)
+
+
+def test_models_declare_their_input_kind_and_reject_the_other():
+    events, shape = events_at(8, 2)
+    for name, kind, other in [("jishnet", "dense", "sparse"), ("scnet", "sparse", "dense")]:
+        model = build(name, shape)
+        assert model.input_kind == kind
+        with pytest.raises(ConfigError, match=f"needs {kind} batches"):
+            model(_batch_from_events(events, shape, other))
+
+
+def test_registry_errors():
+    assert build("jishnet", 450).image_size == build("jishnet", (450, 450)).image_size
+    with pytest.raises(ConfigError, match="unknown model 'resnet'"):
+        build("resnet", 450)
+    with pytest.raises(ConfigError, match="unknown option.*algo"):
+        build("jishnet", 450, algo="native")
+    with pytest.raises(ConfigError, match="too small for JishNet"):
+        build("jishnet", 100)
+    with pytest.raises(ConfigError, match="too small for SCNet"):
+        build("scnet", (3600, 300))
+    with pytest.raises(ConfigError, match="image_size"):
+        build("scnet", (0, 450))
+    with pytest.raises(ConfigError, match=r"got \(1, 1, 450, 451\)"):
+        build("jishnet", 450).forward_tensor(torch.ones(1, 1, 450, 451))
+
+
+def test_scnet_gpu_options_are_refused_on_cpu():
+    from spconv.cppconstants import CPU_ONLY_BUILD
+
+    events, shape = events_at(8, 2)
+    batch = _batch_from_events(events, shape, "sparse")
+    with pytest.raises(ConfigError, match="half=True needs CUDA"):
+        build("scnet", shape, half=True)(batch)
+    if CPU_ONLY_BUILD:
+        with pytest.raises(ConfigError, match="needs a CUDA build"):
+            build("scnet", shape, algo="implicit_gemm")
+    with pytest.raises(ConfigError, match="expected one of"):
+        build("scnet", shape, algo="fast")
+    out = build("scnet", shape, algo="native")(batch)
+    assert out.shape == (2, 5)
+
+
+def test_scnet_batch_without_pixels_gives_logits():
+    model = build("scnet", 450)
+    batch = _batch_from_events(events_at(8, 2)[0], (450, 450), "sparse")
+    batch.coords, batch.features = batch.coords[:0], batch.features[:0]
+    out = model(batch)
+    assert out.shape == (2, 5)
+    # an empty image is classified by the head's biases alone: same logits for both
+    torch.testing.assert_close(out[0], out[1])
+
+
+def run_bench(capsys, *argv) -> tuple[int, dict | str]:
+    from lartpc.cli import main
+
+    rc = main(["bench", "model", *argv])
+    out, err = capsys.readouterr()
+    return rc, (json.loads(out) if rc == 0 else err)
+
+
+@pytest.mark.parametrize("name", ["jishnet", "scnet"])
+def test_bench_model_prints_json_on_real_events(name, capsys, events_dir):
+    rc, res = run_bench(capsys, "--model", name, "--data", str(events_dir), "--batch", "2",
+                        "--repeats", "1", "--warmup", "0")
+    assert rc == 0
+    assert res["model"] == name and res["size"] == [900, 900] and res["batch"] == 2
+    assert res["active_pixels"] == int(EventStore(events_dir).pixel_counts()[:2].sum()) > 0
+    assert res["forward_ms"] > 0 and res["forward_backward_ms"] > 0
+    assert res["images_per_s"] == pytest.approx(2 / res["forward_backward_ms"] * 1e3, rel=1e-2)
+    assert res["peak_memory_bytes"] >= 0
+
+
+def test_bench_model_generates_events_and_rejects_bad_sizes(capsys):
+    rc, res = run_bench(capsys, "--model", "scnet", "--size", "450", "--batch", "2",
+                        "--repeats", "1")
+    assert rc == 0 and res["size"] == [450, 450] and res["active_pixels"] > 0
+    rc, err = run_bench(capsys, "--model", "scnet", "--size", "1000")
+    assert rc == 2 and "--size 1000" in err
+
+
+def test_batch_from_events_dense_and_sparse_agree():
+    events, shape = events_at(8, 3)
+    dense = _batch_from_events(events, shape, "dense")
+    sparse = _batch_from_events(events, shape, "sparse")
+    rebuilt = torch.zeros_like(dense.dense)
+    c = sparse.coords.long()
+    rebuilt[c[:, 0], 0, c[:, 1], c[:, 2]] = sparse.features[:, 0]
+    assert torch.equal(rebuilt, dense.dense)
+    assert np.array_equal(dense.labels.numpy(), [e.label for e in events])

@@ -1,0 +1,96 @@
+"""Split, shards and epoch plans: disjoint, complete, in step, reproducible."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lartpc.data import EventStore
+from lartpc.data.sharding import ShardPlan, batch_sizes, epoch_batches, split_train_eval
+from lartpc.errors import ConfigError, LartpcError
+
+
+@pytest.fixture(scope="module")
+def labels(events_dir):
+    return EventStore(events_dir).labels
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("batch", [2, 3, 7])
+def test_shards_disjoint_complete_and_in_step(labels, world_size, batch):
+    plan = ShardPlan(len(labels), world_size, batch, seed=3, eval_fraction=0.2, labels=labels)
+    assert len(plan.train) + len(plan.eval) == len(labels)
+    assert not set(plan.train) & set(plan.eval)
+    train = [plan.train_indices(r) for r in range(world_size)]
+    evals = [plan.eval_indices(r) for r in range(world_size)]
+    for parts, whole in ((train, plan.train), (evals, plan.eval)):
+        flat = np.concatenate(parts)
+        assert len(flat) == len(set(flat.tolist())) == len(whole)  # disjoint, no repeats
+        assert sorted(flat.tolist()) == sorted(whole.tolist())  # complete
+        assert max(map(len, parts)) - min(map(len, parts)) <= 1
+    for epoch in range(3):
+        per_rank = [plan.train_batches(r, epoch) for r in range(world_size)]
+        assert {len(b) for b in per_rank} == {plan.steps_per_epoch}  # every rank steps together
+        for r, batches in enumerate(per_rank):
+            assert all(1 <= len(b) <= batch for b in batches)
+            seen = np.concatenate(batches)
+            assert sorted(seen.tolist()) == train[r].tolist()  # each event once per epoch
+    ev = [np.concatenate(plan.eval_batches(r)) if plan.eval_batches(r) else np.zeros(0, int)
+          for r in range(world_size)]
+    assert sorted(np.concatenate(ev).tolist()) == plan.eval.tolist()
+
+
+def test_eval_split_is_stratified_and_seeded(labels):
+    train, held = split_train_eval(len(labels), 0.25, seed=5, labels=labels)
+    for c in np.unique(labels):
+        n_c = int((labels == c).sum())
+        assert int((labels[held] == c).sum()) == round(0.25 * n_c)
+    again = split_train_eval(len(labels), 0.25, seed=5, labels=labels)
+    other = split_train_eval(len(labels), 0.25, seed=6, labels=labels)
+    assert np.array_equal(held, again[1])
+    assert not np.array_equal(held, other[1])
+
+
+def test_remainder_rule_splits_last_batch_of_the_short_rank():
+    # shards of 15 and 14 with batch 7: both ranks must run 3 steps
+    plan = ShardPlan(29, 2, 7, seed=0, eval_fraction=0.0)
+    assert [len(plan.train_indices(r)) for r in range(2)] == [14, 15]
+    assert plan.steps_per_epoch == 3
+    assert [len(b) for b in plan.train_batches(0, 0)] == [7, 6, 1]
+    assert [len(b) for b in plan.train_batches(1, 0)] == [7, 7, 1]
+    assert batch_sizes(20, 7) == [7, 7, 6]
+    with pytest.raises(LartpcError, match="nonempty batches"):
+        batch_sizes(2, 7, steps=3)
+
+
+def test_reshuffle_per_epoch_and_identical_across_processes(labels):
+    a = ShardPlan(len(labels), 3, 4, seed=11, labels=labels)
+    b = ShardPlan(len(labels), 3, 4, seed=11, labels=labels)  # as another rank builds it
+    c = ShardPlan(len(labels), 3, 4, seed=12, labels=labels)
+    for r in range(3):
+        e0, e1 = np.concatenate(a.train_batches(r, 0)), np.concatenate(a.train_batches(r, 1))
+        assert not np.array_equal(e0, e1)
+        assert np.array_equal(e0, np.concatenate(b.train_batches(r, 0)))
+        assert np.array_equal(e1, np.concatenate(b.train_batches(r, 1)))
+    assert any(not np.array_equal(np.concatenate(a.train_batches(r, 0)),
+                                  np.concatenate(c.train_batches(r, 0))) for r in range(3))
+    # evaluation order never changes
+    assert all(np.array_equal(x, y) for x, y in zip(a.eval_batches(0), b.eval_batches(0),
+                                                      strict=True))
+    unshuffled = epoch_batches(np.arange(10), 4, 3, 0, shuffle=False)
+    assert np.concatenate(unshuffled).tolist() == list(range(10))
+
+
+def test_empty_shard_is_a_clear_error():
+    with pytest.raises(LartpcError, match="4 training events for 5 ranks"):
+        ShardPlan(5, 5, 7, eval_fraction=0.2)
+    ShardPlan(5, 5, 7, eval_fraction=0.0)  # one event each is fine
+
+
+def test_bad_options_are_named():
+    with pytest.raises(ConfigError, match="eval_fraction"):
+        ShardPlan(10, 1, 7, eval_fraction=1.0)
+    with pytest.raises(ConfigError, match="batch_size=1"):
+        ShardPlan(11, 2, 1, eval_fraction=0.0)
+    with pytest.raises(ConfigError, match="rank 2 of world size 2"):
+        ShardPlan(10, 2, 7, eval_fraction=0.0).train_indices(2)

@@ -1,0 +1,47 @@
+"""Running ``lartpc train`` in subprocesses for the training tests."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+BIN = Path(sys.executable).parent
+LAUNCHER_VARS = ("HOROVOD_", "OMPI_", "PMI", "SLURM_", "TORCHELASTIC", "JSM_")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without any launcher's variables (tests start their own)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS)
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(extra)
+    return env
+
+
+def train_cmd(data: Path, out: Path, *sets: str, config: str = "tiny-jishnet") -> list[str]:
+    """``lartpc train`` on 400x400 test events (downsample 9), short, deterministic."""
+    base = ["data.downsample=9", "data.eval_fraction=0.2", "train.epochs=2",
+            "train.log_flush_steps=1", "train.threads=1"]
+    cmd = [str(BIN / "lartpc"), "train", "--config", config, "--data", str(data),
+           "--out", str(out)]
+    for s in (*base, *sets):
+        cmd += ["--set", s]
+    return cmd
+
+
+def run(cmd: list[str], timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env=clean_env(**env))
+
+
+def rows(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]

@@ -20,14 +20,17 @@ install:
 	@bash jobs/env/install_horovod.sh $(PY)
 	@$(VENV)/bin/lartpc env
 
+# The venv's bin first: tests call lartpc, horovodrun, torchrun and shellcheck from it.
+RUN_IN_VENV := PATH="$(abspath $(VENV))/bin:$$PATH"
+
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(RUN_IN_VENV) $(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install
-	$(PY) -m pytest -m "not slow and not slurm" $(PYTEST_ARGS)
+	$(RUN_IN_VENV) $(PY) -m pytest -m "not slow and not slurm" $(PYTEST_ARGS)
 
 demo: install
-	$(PY) -m jobs.local.study --out demo
+	$(RUN_IN_VENV) $(PY) -m jobs.local.study --out demo
 
 lint: install
 	$(VENV)/bin/ruff check lartpc analysis jobs tests

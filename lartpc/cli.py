@@ -17,8 +17,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("lartpc.commands.convert", "convert upstream dense HDF5 files to the event store"),
     "inspect": ("lartpc.commands.inspect", "summarise an event file or folder"),
     "display": ("lartpc.commands.display", "draw one event as wire-vs-time image"),
-    "train": ("lartpc.commands.train", "train JishNet or SCNet (single process or under a launcher)"),
-    "bench": ("lartpc.commands.bench", "benchmarks that print JSON (simulate, loader, model, train)"),
+    "train": ("lartpc.commands.train",
+              "train JishNet or SCNet (single process or under a launcher)"),
+    "bench": ("lartpc.commands.bench",
+              "benchmarks that print JSON (simulate, loader, model, train)"),
     "sweep": ("lartpc.commands.sweep", "write job scripts for models x GPU counts x seeds"),
 }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import warnings
 
 log = logging.getLogger(__name__)
 _PATCHED_MODULES = ("spconv.pytorch.ops", "spconv.pytorch.hash")
@@ -38,6 +39,9 @@ def import_spconv():
             "spconv is not installed: run `make install` (CPU build `spconv`) or, on a "
             "CUDA host, `pip install spconv-cu120` matching your CUDA version"
         ) from e
+    # spconv indexes with a list of slices, which torch >= 2.9 warns about on every call.
+    warnings.filterwarnings("ignore", message="Using a non-tuple sequence for multidimensional",
+                            category=UserWarning, module="spconv")
     if not _patched and not torch.cuda.is_available():
         for name in _PATCHED_MODULES:
             mod = importlib.import_module(name)

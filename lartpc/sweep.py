@@ -113,6 +113,7 @@ def parse_list(text: str, option: str, *, positive: bool = False) -> list[int]:
 
 
 def parse_models(text: str) -> list[str]:
+    """``"jishnet,scnet"`` -> ``["jishnet", "scnet"]``; unknown or repeated names are errors."""
     models = [t.strip().lower() for t in text.split(",") if t.strip()]
     unknown = [m for m in models if m not in MODELS]
     if not models or unknown:
@@ -241,6 +242,7 @@ def write(points: list[Point], scripts: dict[str, str], manifest: Path, meta: di
 
 
 def write_manifest(points: list[Point], manifest: Path, meta: dict) -> None:
+    """``manifest``: ``meta`` plus one entry per point (model, gpus, seed, script, run, job id)."""
     doc = {**meta, "points": [asdict(p) for p in points]}
     _write_atomic(manifest, json.dumps(doc, indent=2) + "\n")
 

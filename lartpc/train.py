@@ -42,6 +42,7 @@ class Progress:
     last_ckpt_time: float = field(default_factory=time.time)
     ckpt_s: float = 1.0
     eval_s: float = 0.0
+    out_of_time: bool = False
 
 
 @dataclass
@@ -155,7 +156,8 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def train_one_epoch(p: Parts, prog: Progress, steplog: runlog.StepLog) -> bool:
-    """Run the rest of epoch ``prog.epoch``; False when stopped by the time limit."""
+    """Run the rest of epoch ``prog.epoch``; False when the time limit cut it short
+    (``prog.out_of_time`` is also set when time ran out on its last step)."""
     tc, world = p.cfg.train, p.world
     p.train_loader.set_epoch(prog.epoch)
     p.model.train()
@@ -168,7 +170,6 @@ def train_one_epoch(p: Parts, prog: Progress, steplog: runlog.StepLog) -> bool:
             logits = p.model(batch)
             loss = p.loss_fn(logits.float(), batch.labels)
         loss.backward()
-        t_compute = time.perf_counter()
         comm_s = world.step_optimizer(p.opt)
         local_loss = float(loss.detach())
         local_acc = float((logits.detach().argmax(1) == batch.labels).float().mean())
@@ -190,7 +191,8 @@ def train_one_epoch(p: Parts, prog: Progress, steplog: runlog.StepLog) -> bool:
         prog.global_step += 1
         t_prev = time.perf_counter()
         if g[2] > 0:  # any rank out of time: all stop together
-            return False
+            prog.out_of_time = True
+            return prog.step_in_epoch >= p.plan.steps_per_epoch
         every = tc.checkpoint_every_steps
         if (every and prog.global_step % every == 0) or \
                 (not every and time.time() - prog.last_ckpt_time > tc.checkpoint_every_s):
@@ -249,6 +251,9 @@ def fit(p: Parts, resume: dict | None) -> tuple[str, float]:
             evaluated = True
         prog.epoch, prog.step_in_epoch = prog.epoch + 1, 0
         _save(p, prog, steplog)
+        if prog.out_of_time and prog.epoch < p.cfg.train.epochs:
+            status = "time_limit"
+            break
     if not evaluated and prog.global_step > 0:
         _evaluate(p, prog)
     _save(p, prog, steplog)

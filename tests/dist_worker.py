@@ -54,7 +54,8 @@ def main() -> int:
         print(f"rank {world.rank} failing on purpose", file=sys.stderr, flush=True)
         os._exit(3)
     share = len(x) // world.size
-    xs, ys = x[world.rank * share:(world.rank + 1) * share], y[world.rank * share:(world.rank + 1) * share]
+    mine = slice(world.rank * share, (world.rank + 1) * share)
+    xs, ys = x[mine], y[mine]
     for _ in range(args.steps):
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(xs), ys)

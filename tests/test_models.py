@@ -56,20 +56,29 @@ def test_scnet_spatial_sizes_at_3600():
 
 
 @pytest.mark.parametrize("name", ["jishnet", "scnet"])
-@pytest.mark.parametrize("size", [450, (450, 620), (533, 450)])
+@pytest.mark.parametrize("size", [450, (450, 620), (533, 450), (450, 1199)])
 def test_output_shape_at_other_sizes(name, size):
     events, _ = events_at(8, 3)  # real 450 x 450 events, placed in larger images too
     model = build(name, image_size=size)
-    hw = model.image_size
-    batch = _batch_from_events(events, hw, model.input_kind)
+    seen = []
+    model.head.register_forward_pre_hook(lambda m, args: seen.append(tuple(args[0].shape)))
+    batch = _batch_from_events(events, model.image_size, model.input_kind)
     with torch.no_grad():
         out = model(batch)
     assert out.shape == (3, 5) and torch.isfinite(out).all()
-    # the head's width follows from the size, by each library's own pooling arithmetic
-    trunk = (model.trunk(batch.coords, batch.features, 3) if name == "scnet" else None)
-    if trunk is not None:
-        assert trunk.shape[1:] == (256, *model.out_hw)
+    # the trunk's real output (torch / spconv pooling arithmetic) is what the head expects
+    assert seen == [(3, 256, *model.out_hw)]
     assert model.head.in_features == 256 * model.out_hw[0] * model.out_hw[1]
+
+
+@pytest.mark.parametrize("size,jish,sc", [
+    (3600, (9, 9), (9, 9)), (1800, (4, 4), (4, 4)), (900, (2, 2), (2, 2)),
+    # JishNet's k4/p2 convolutions grow the map by one pixel; the poolings floor
+    (1199, (3, 3), (2, 2)), ((450, 1199), (1, 3), (1, 2))])
+def test_flatten_size_follows_the_image_size(size, jish, sc):
+    assert build("jishnet", size).out_hw == jish
+    assert build("scnet", size).out_hw == sc
+    assert build("scnet", size).head.in_features == 256 * sc[0] * sc[1]
 
 
 @pytest.mark.parametrize("name", ["jishnet", "scnet"])
@@ -189,6 +198,8 @@ def test_bench_model_generates_events_and_rejects_bad_sizes(capsys):
     assert rc == 0 and res["size"] == [450, 450] and res["active_pixels"] > 0
     rc, err = run_bench(capsys, "--model", "scnet", "--size", "1000")
     assert rc == 2 and "--size 1000" in err
+    rc, err = run_bench(capsys, "--model", "scnet", "--size", "450", "--channels-last")
+    assert rc == 2 and "--channels-last: not an option of --model scnet" in err
 
 
 def test_batch_from_events_dense_and_sparse_agree():

@@ -121,6 +121,7 @@ lartpc_hosts() {
 lartpc_host_slots() {
     local -a hosts counts parts
     mapfile -t hosts < <(lartpc_hosts)
+    (( ${#hosts[@]} > 0 )) || lartpc_die "no node names from $SLURM_JOB_NODELIST"
     if [[ -n ${SLURM_TASKS_PER_NODE:-} ]]; then
         IFS=, read -ra parts <<< "$SLURM_TASKS_PER_NODE"  # e.g. 4(x2),2
         local p i
@@ -146,6 +147,7 @@ lartpc_host_slots() {
 lartpc_master() {
     local -a hosts
     mapfile -t hosts < <(lartpc_hosts)
+    (( ${#hosts[@]} > 0 )) || lartpc_die "no node names from $SLURM_JOB_NODELIST"
     MASTER_ADDR=${hosts[0]}
     MASTER_PORT=$(( 20000 + ${SLURM_JOB_ID:-${LSB_JOBID:-0}} % 20000 ))
     export MASTER_ADDR MASTER_PORT

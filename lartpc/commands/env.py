@@ -42,13 +42,14 @@ def env_lines() -> list[str]:
         f"lartpc: {__version__}",
         f"python: {platform.python_version()} ({platform.machine()}, {platform.system()})",
         f"torch: {torch.__version__} (built with CUDA {torch.version.cuda or 'none'})",
-        f"cuda available: {'yes, ' + str(torch.cuda.device_count()) + ' device(s)' if cuda else 'no'}",
+        "cuda available: " + (f"yes, {torch.cuda.device_count()} device(s)" if cuda else "no"),
     ]
     try:
         from lartpc.sparse_compat import import_spconv
 
         import_spconv()
-        lines.append(f"spconv: {_version('spconv')}" + ("" if cuda else " (CPU, stream fix applied)"))
+        note = "" if cuda else " (CPU, stream fix applied)"
+        lines.append(f"spconv: {_version('spconv')}{note}")
     except ImportError as e:
         lines.append(f"spconv: not available ({e})")
     lines += [

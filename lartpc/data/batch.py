@@ -42,6 +42,8 @@ class Batch:
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """Copy tensors to ``device`` (a no-op for tensors already there)."""
-        mv = (lambda t: None if t is None else t.to(device, non_blocking=non_blocking))
+        def mv(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device, non_blocking=non_blocking)
+
         return replace(self, labels=mv(self.labels), dense=mv(self.dense),
                        coords=mv(self.coords), features=mv(self.features))

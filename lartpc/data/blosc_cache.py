@@ -161,17 +161,20 @@ class BloscImageCache:
         return [(b, blosc2.compress2(image[b * band:min((b + 1) * band, h)], cparams=self._cparams))
                 for b in np.unique(np.asarray(rows) // band).tolist()]
 
-    def decompress_into(self, i: int, dst: np.ndarray) -> None:
-        """Write event ``i``'s dense image into ``dst`` (C-contiguous float32 (H, W))."""
+    def decompress_into(self, i: int, dst: np.ndarray, zeroed: bool = False) -> None:
+        """Write event ``i``'s dense image into ``dst`` (C-contiguous float32 (H, W)).
+
+        ``zeroed=True`` promises ``dst`` holds zeros already: hit-free bands are skipped.
+        """
         if self._chunks[i] is None:
             raise KeyError(f"event {i} is not compressed yet")
         band, h = self.config.band_rows, self.shape[0]
         row = 0  # rows below ``row`` are already written
         for b, chunk in self._chunks[i]:
             r0 = b * band
-            if r0 > row:
+            if r0 > row and not zeroed:
                 dst[row:r0] = 0.0
             row = min(r0 + band, h)
             blosc2.decompress2(chunk, dst=dst[r0:row], dparams=self._dparams)
-        if row < h:
+        if row < h and not zeroed:
             dst[row:] = 0.0

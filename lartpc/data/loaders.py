@@ -21,6 +21,7 @@ next batch is requested.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 
@@ -107,9 +108,28 @@ class Loader:
         self.epoch = 0
         self._steps = steps_per_epoch
         self._batches(0)  # validates batch_size / steps_per_epoch before any heavy work
+        # Batch buffers are allocated and first touched (page faults, pinning) in a
+        # thread while the shard is read, so that cost stays off the loading time.
+        self._buffers: list[torch.Tensor] = []  # rotating batch buffers, created zeroed
+        self._zeroed: set[int] = set()  # slots never written since creation
+        failed: list[BaseException] = []
+
+        def allocate() -> None:
+            try:
+                self._slot_buffer(0)  # later slots are made by the prefetch thread
+            except BaseException as e:  # re-raised below, in the caller's thread
+                failed.append(e)
+
+        alloc = threading.Thread(target=allocate, name=f"{self.mode}-alloc", daemon=True)
+        alloc.start()
         t0 = time.perf_counter()
-        events = store.read_many(self.indices)
-        self.read_s = time.perf_counter() - t0
+        try:
+            events = store.read_many(self.indices)
+        finally:
+            self.read_s = time.perf_counter() - t0
+            alloc.join()
+        if failed:
+            raise failed[0]
         self.labels = np.array([e.label for e in events], np.int64)
         self.truth = _stack_truth(events)
         t0 = time.perf_counter()
@@ -120,6 +140,10 @@ class Loader:
                  self.resident_bytes / 1e6)
 
     # -- to be provided by each mode
+    def _new_buffer(self) -> torch.Tensor:
+        """A zeroed (B, 1, H, W) float32 batch buffer (dense modes only)."""
+        raise NotImplementedError
+
     def _prepare(self, events: list[Event]) -> None:
         raise NotImplementedError
 
@@ -151,6 +175,19 @@ class Loader:
         return epoch_batches(np.arange(len(self.indices)), self.batch_size, epoch, self.seed,
                              shuffle=self.shuffle, steps=self._steps)
 
+    def _slot_buffer(self, slot: int) -> torch.Tensor:
+        while len(self._buffers) <= slot:  # slots are first used in order 0, 1, ...
+            self._buffers.append(self._new_buffer())
+            self._zeroed.add(len(self._buffers) - 1)
+        return self._buffers[slot]
+
+    def _take_zeroed(self, slot: int) -> bool:
+        """True (once) if buffer ``slot`` still holds the zeros it was created with."""
+        if slot in self._zeroed:
+            self._zeroed.discard(slot)
+            return True
+        return False
+
     def _host_batch(self, positions: np.ndarray, **tensors) -> Batch:
         return Batch(labels=torch.from_numpy(self.labels[positions]), shape=self.shape,
                      event_ids=self.indices[positions],
@@ -167,10 +204,6 @@ class Loader:
                          self.prefetch_depth, name=f"{self.mode}-loader")
         for b in items:
             yield self._finish(b)
-
-
-def _host_buffer(shape: tuple[int, ...], pin: bool) -> torch.Tensor:
-    return torch.empty(shape, dtype=torch.float32, pin_memory=pin)
 
 
 class DenseBloscLoader(Loader):
@@ -190,11 +223,14 @@ class DenseBloscLoader(Loader):
         else:
             self.cache.reserve(len(events))
             self._pending = list(events)
-        pin = self.device.type == "cuda"
-        h, w = self.shape
-        self._host = [_host_buffer((self.batch_size, 1, h, w), pin)
-                      for _ in range(n_slots(self.prefetch_depth))]
-        self._copied = [None] * len(self._host)  # CUDA event: host slot free again
+        self._copied: dict[int, torch.cuda.Event] = {}  # slot -> its host-to-device copy done
+
+    def _new_buffer(self) -> torch.Tensor:
+        shape = (self.batch_size, 1, *self.shape)
+        if self.device.type == "cuda":
+            return torch.zeros(shape, dtype=torch.float32, pin_memory=True)
+        # calloc'd: pages are mapped on first write, so zero bands cost nothing until reused
+        return torch.from_numpy(np.zeros(shape, np.float32))
 
     @property
     def resident_bytes(self) -> int:
@@ -209,17 +245,21 @@ class DenseBloscLoader(Loader):
         return self.cache.compress_s
 
     def _produce(self, positions: np.ndarray, slot: int) -> Batch:
-        if self._copied[slot] is not None:  # the previous copy out of this slot must be done
-            self._copied[slot].synchronize()
-        buf = self._host[slot][: len(positions)]
+        if slot in self._copied:  # the previous copy out of this slot must be done
+            self._copied.pop(slot).synchronize()
+        buf = self._slot_buffer(slot)[: len(positions)]
         arr = buf.numpy()
+        zeroed = self._take_zeroed(slot)
         for j, p in enumerate(positions):
             p = int(p)
             if self.cache.has(p):
-                self.cache.decompress_into(p, arr[j, 0])
+                self.cache.decompress_into(p, arr[j, 0], zeroed=zeroed)
             else:  # first sight: densify straight into the batch, compress from there
                 ev = self._pending[p]
-                ev.dense(self.shape, out=arr[j, 0])
+                if zeroed:
+                    arr[j, 0][ev.row, ev.col] = ev.charge
+                else:
+                    ev.dense(self.shape, out=arr[j, 0])
                 self.cache.put(p, arr[j, 0], ev.row)
                 self._pending[p] = None
         return self._host_batch(positions, dense=buf)
@@ -228,7 +268,8 @@ class DenseBloscLoader(Loader):
         if self.device.type != "cuda":
             return batch.to(self.device)
         out = batch.to(self.device, non_blocking=True)
-        slot = next(i for i, h in enumerate(self._host) if h.data_ptr() == batch.dense.data_ptr())
+        ptr = batch.dense.data_ptr()
+        slot = next(i for i, h in enumerate(self._buffers) if h.data_ptr() == ptr)
         ev = torch.cuda.Event()
         ev.record()
         self._copied[slot] = ev
@@ -260,36 +301,42 @@ class DeviceDenseLoader(SparseLoader):
 
     mode = "device-dense"
 
-    def _prepare(self, events: list[Event]) -> None:
-        super()._prepare(events)
-        h, w = self.shape
-        self._dev = [torch.empty((self.batch_size, 1, h, w), dtype=torch.float32,
-                                 device=self.device) for _ in range(n_slots(self.prefetch_depth))]
+    def _new_buffer(self) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return torch.from_numpy(np.zeros((self.batch_size, 1, *self.shape), np.float32))
+        return torch.zeros((self.batch_size, 1, *self.shape), dtype=torch.float32,
+                           device=self.device)
 
-    def _produce(self, positions: np.ndarray, slot: int) -> Batch:
+    def _produce(self, positions: np.ndarray, slot: int) -> _Scatter:
         bidx, row, col, charge = self.pixels.gather(positions)
         h, w = self.shape
-        flat = (bidx * (h * w) + row.astype(np.int64) * w + col).astype(np.int64)
-        batch = self._host_batch(positions, features=torch.from_numpy(charge))
-        batch.coords = torch.from_numpy(flat)  # carried to _finish, replaced there
-        batch.dense = self._dev[slot][: len(positions)]
-        if self.device.type == "cpu":
-            return self._scatter(batch)
-        return batch  # device kernels are queued from the consumer's thread and stream
+        flat = torch.from_numpy(bidx * (h * w) + row.astype(np.int64) * w + col)
+        batch = self._host_batch(positions, dense=self._slot_buffer(slot)[: len(positions)])
+        job = _Scatter(batch, flat, torch.from_numpy(charge), self._take_zeroed(slot))
+        if self.device.type == "cpu":  # all host work: do it here, in the prefetch thread
+            job.run()
+        return job  # device kernels are queued from the consumer's thread and stream
 
-    def _scatter(self, batch: Batch) -> Batch:
-        flat = batch.coords.to(self.device, non_blocking=True)
-        vals = batch.features.to(self.device, non_blocking=True)
-        dense = batch.dense
-        dense.zero_()
-        dense.view(-1)[flat] = vals
-        batch.coords = batch.features = None
-        return batch
+    def _finish(self, job: _Scatter) -> Batch:
+        return job.run().to(self.device, non_blocking=True)
 
-    def _finish(self, batch: Batch) -> Batch:
-        if self.device.type != "cpu":
-            batch = self._scatter(batch)
-        return batch.to(self.device, non_blocking=True)
+
+class _Scatter:
+    """A device-dense batch waiting for its pixels to be scattered into ``batch.dense``."""
+
+    __slots__ = ("batch", "flat", "vals", "zeroed", "done")
+
+    def __init__(self, batch: Batch, flat: torch.Tensor, vals: torch.Tensor, zeroed: bool):
+        self.batch, self.flat, self.vals, self.zeroed, self.done = batch, flat, vals, zeroed, False
+
+    def run(self) -> Batch:
+        if not self.done:
+            dense = self.batch.dense
+            if not self.zeroed:
+                dense.zero_()
+            dense.view(-1)[self.flat.to(dense.device)] = self.vals.to(dense.device)
+            self.done = True
+        return self.batch
 
 
 _CLASSES = {"dense": DenseBloscLoader, "sparse": SparseLoader, "device-dense": DeviceDenseLoader}

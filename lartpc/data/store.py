@@ -84,7 +84,8 @@ class Event:
 
 
 def _default_truth() -> dict:
-    return {k: (np.zeros(s, dt) if s else np.zeros((), dt)[()]) for k, (dt, s) in TRUTH_FIELDS.items()}
+    return {k: (np.zeros(s, dt) if s else np.zeros((), dt)[()])
+            for k, (dt, s) in TRUTH_FIELDS.items()}
 
 
 def write_shard(
@@ -103,8 +104,12 @@ def write_shard(
     counts = np.array([len(e) for e in events], np.int64)
     offsets = np.zeros(n + 1, np.int64)
     np.cumsum(counts, out=offsets[1:])
-    cat = (lambda name, dt: np.concatenate([getattr(e, name) for e in events]).astype(dt, copy=False)
-           if n else np.zeros(0, dt))
+
+    def cat(name: str, dt) -> np.ndarray:
+        if not n:
+            return np.zeros(0, dt)
+        return np.concatenate([getattr(e, name) for e in events]).astype(dt, copy=False)
+
     row, col, charge = cat("row", np.int16), cat("col", np.int16), cat("charge", np.float32)
     labels = np.array([e.label for e in events], np.int8)
     if n and (labels.min() < 0 or labels.max() >= NUM_CLASSES):
@@ -261,7 +266,8 @@ class EventStore:
                     from e
             for pos, j in items:
                 a, b = off[j] - lo, off[j + 1] - lo
-                ev = Event(row[a:b], col[a:b], charge[a:b], int(self.labels[self._file_start[fi] + j]),
+                label = int(self.labels[self._file_start[fi] + j])
+                ev = Event(row[a:b], col[a:b], charge[a:b], label,
                            {k: _py(v[j - min(js)]) for k, v in truth_all.items()},
                            int(eids[j - min(js)]) if eids is not None else -1)
                 _validate(ev, self.geometry, path, j)

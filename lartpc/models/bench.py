@@ -47,6 +47,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _model_options(args) -> dict:
+    """The model's speed options; an option meant for the other model is an error."""
+    from lartpc.errors import LartpcError
+
+    foreign = ({"--algo": args.algo, "--half": args.half} if args.model == "jishnet" else
+               {"--amp": args.amp != "none", "--channels-last": args.channels_last,
+                "--elu-after-pool": args.elu_after_pool})
+    used = [flag for flag, value in foreign.items() if value]
+    if used:
+        raise LartpcError(f"{', '.join(used)}: not an option of --model {args.model}")
     if args.model == "jishnet":
         return {"channels_last": args.channels_last, "elu_after_pool": args.elu_after_pool}
     return {"algo": args.algo, "half": args.half}
@@ -98,15 +107,17 @@ def _load_events(args):
     return [simulate_event(i, args.seed, geometry) for i in range(args.batch)], geometry.shape
 
 
-def _timed(fn, repeats: int, sync) -> list[float]:
-    out = []
+def _timed(fn, repeats: int, sync) -> tuple[list[float], list[float]]:
+    """Wall-clock and process CPU seconds of each of ``repeats`` calls."""
+    wall, cpu = [], []
     for _ in range(repeats):
         sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
         sync()
-        out.append(time.perf_counter() - t0)
-    return out
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return wall, cpu
 
 
 def run(args) -> int:
@@ -125,8 +136,9 @@ def run(args) -> int:
     if args.cudnn_benchmark:
         torch.backends.cudnn.benchmark = True
     dev = torch.device(args.device)
+    options = _model_options(args)
     events, shape = _load_events(args)
-    model = build(args.model, image_size=shape, **_model_options(args)).to(dev)
+    model = build(args.model, image_size=shape, **options).to(dev)
     batch = _batch_from_events(events, shape, model.input_kind).to(dev)
     loss_fn = build_loss(args.loss)
     amp = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.amp]
@@ -150,8 +162,8 @@ def run(args) -> int:
         torch.cuda.reset_peak_memory_stats()
     for _ in range(args.warmup):
         train_step()
-    fwd = _timed(infer, args.repeats, sync)
-    fb = _timed(train_step, args.repeats, sync)
+    fwd, _ = _timed(infer, args.repeats, sync)
+    fb, fb_cpu = _timed(train_step, args.repeats, sync)
     if dev.type == "cuda":
         peak, peak_kind = torch.cuda.max_memory_allocated(), "torch.cuda.max_memory_allocated"
     else:  # Linux reports ru_maxrss in KiB
@@ -161,13 +173,15 @@ def run(args) -> int:
     result = {
         "model": args.model, "size": list(shape), "batch": args.batch, "device": args.device,
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-        "threads": torch.get_num_threads(), "options": _model_options(args),
+        "threads": torch.get_num_threads(), "options": options,
         "amp": args.amp, "parameters": num_parameters(model),
         "active_pixels": int(sum(len(e) for e in events)),
         "repeats": args.repeats, "warmup": args.warmup,
         "forward_ms": round(statistics.median(fwd) * 1e3, 3),
         "forward_backward_ms": round(fb_s * 1e3, 3),
         "forward_backward_ms_all": [round(t * 1e3, 3) for t in fb],
+        # CPU seconds of all threads: on a shared host less noisy than wall time
+        "forward_backward_cpu_ms": round(statistics.median(fb_cpu) * 1e3, 3),
         "images_per_s": round(args.batch / fb_s, 3),
         "peak_memory_bytes": int(peak), "peak_memory_kind": peak_kind,
         "torch": torch.__version__,

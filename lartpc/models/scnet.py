@@ -7,6 +7,10 @@ active features after each, sparse max-pools 5, 5, 4, 4 (stride = size), then
 A submanifold convolution only produces outputs at active input sites and only reads
 active neighbours, so unlike JishNet's zero-padded convolutions it never grows the
 image (the "subtly different padding" the paper mentions): 3600 -> 720 -> 144 -> 36 -> 9.
+A sparse max-pool makes an output site wherever its window holds an active site, with
+value ``max(0, max over the active inputs)``: spconv, like SparseConvNet (the original's
+library), starts each output at zero. ``tests/test_scnet_reference.py`` checks both
+layers against dense references.
 """
 
 from __future__ import annotations

@@ -52,6 +52,8 @@ ClusterName=lartpc-local
 SlurmctldHost=$host
 SlurmUser=root
 AuthType=auth/munge
+# A requeued job waits cred_expire seconds before it may start again (default 120).
+AuthInfo=cred_expire=30
 MpiDefault=none
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none

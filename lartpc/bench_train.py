@@ -1,0 +1,109 @@
+"""``lartpc bench train``: short real trainings at several rank counts, one JSON object.
+
+Each point is a real ``horovodrun -np N lartpc train`` on the same events; the numbers
+come from its run folder (the same readers the analysis uses). Threads per rank are
+the machine's cores divided by the ranks, so on a small machine the scaling measured
+is that of sharing the cores, and the output says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from lartpc.errors import LartpcError
+
+BIN = Path(sys.executable).parent
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", choices=("jishnet", "scnet"), required=True)
+    parser.add_argument("--ranks", default="1,2", help="comma-separated rank counts")
+    parser.add_argument("--data", type=Path, help="event folder (default: simulate one)")
+    parser.add_argument("--events", type=int, default=210, help="events to simulate")
+    parser.add_argument("--downsample", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=60.0, help="time limit per training")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--batch", type=int, default=7)
+    parser.add_argument("--compare-torch", action=argparse.BooleanOptionalAction, default=True,
+                        help="also run the largest rank count under torchrun")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="SECTION.KEY=VALUE")
+
+
+def _launch(backend: str, n: int, train_args: list[str]) -> list[str]:
+    if backend == "horovod":
+        return [str(BIN / "horovodrun"), "-np", str(n), "-H", f"localhost:{n}", "--gloo",
+                str(BIN / "lartpc"), *train_args]
+    return [str(BIN / "torchrun"), "--nproc-per-node", str(n), "--master-port", "29733",
+            str(BIN / "lartpc"), *train_args]
+
+
+def _point(args, data: Path, out: Path, n: int, backend: str) -> dict:
+    from analysis.metrics import run_metrics
+    from analysis.runs import load_run
+
+    train_args = ["train", "--config", f"tiny-{args.model}", "--data", str(data),
+                  "--out", str(out)]
+    for s in [f"data.downsample={args.downsample}", "train.epochs=1000",
+              f"train.time_limit_s={args.seconds}", f"train.batch_per_rank={args.batch}",
+              f"train.device={args.device}", f"dist.backend={backend}", *args.overrides]:
+        train_args += ["--set", s]
+    r = subprocess.run(_launch(backend, n, train_args), capture_output=True, text=True)
+    if r.returncode != 0:
+        raise LartpcError(f"training on {n} rank(s) with {backend} failed:\n{r.stderr[-2000:]}")
+    run = load_run(out)
+    m = run_metrics(run)
+    steps = run.steps[0].iloc[1:]  # the first step carries warm-up costs
+    step_s = (steps["data_s"] + steps["compute_s"] + steps["comm_s"])
+    return {
+        "ranks": n, "backend": backend,
+        "threads_per_rank": run.meta.get("threads_per_rank"),
+        "steps": m.n_steps, "dlt_s": m.dlt_s,
+        "epoch_rate_per_min": m.epoch_rate_per_min,
+        "images_per_s": (m.images_per_s_per_gpu or 0.0) * n,
+        "step_s_median": float(step_s.median()),
+        "data_s_median": float(steps["data_s"].median()),
+        "compute_s_median": float(steps["compute_s"].median()),
+        "comm_s_median": float(steps["comm_s"].median()),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    ranks = [int(x) for x in args.ranks.split(",")]
+    with tempfile.TemporaryDirectory(prefix="lartpc-bench-train-") as tmp:
+        tmp = Path(tmp)
+        data = args.data
+        if data is None:
+            from lartpc.sim import write_dataset
+
+            data = tmp / "events"
+            write_dataset(data, args.events, seed=0, downsample=args.downsample)
+        points = [_point(args, data, tmp / f"hvd-{n}", n, "horovod") for n in ranks]
+        base = points[0]
+        for p in points:
+            p["scaling_efficiency"] = (p["images_per_s"] / (base["images_per_s"] * p["ranks"]
+                                                            / base["ranks"])
+                                       if base["images_per_s"] else None)
+        result = {
+            "model": args.model, "device": args.device, "downsample": args.downsample,
+            "batch_per_rank": args.batch, "seconds_per_run": args.seconds,
+            "cores": os.cpu_count(),
+            "note": "threads per rank = cores / ranks; efficiency relative to the first point",
+            "points": points,
+        }
+        if args.compare_torch:
+            n = max(ranks)
+            t = _point(args, data, tmp / f"torch-{n}", n, "torch")
+            h = next(p for p in points if p["ranks"] == n)
+            result["torch_point"] = t
+            result["horovod_over_torch_step_time"] = h["step_s_median"] / t["step_s_median"]
+    print(json.dumps(result, indent=2))
+    return 0
+
+

@@ -1,0 +1,78 @@
+"""A one-node SLURM for the tests: start it, submit, wait for a job's end.
+
+Starting runs ``jobs/slurm/local/start.sh`` (installs slurm-wlm with apt-get when
+missing). Accounting is off there, so a finished job's state comes from
+``scontrol show job`` (kept for MinJobAge = 600 s), not sacct.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+START = ROOT / "jobs" / "slurm" / "local" / "start.sh"
+STOP = ROOT / "jobs" / "slurm" / "local" / "stop.sh"
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+
+
+class SlurmUnavailable(RuntimeError):
+    """SLURM could not be started here; the message says why."""
+
+
+def start(timeout_s: float = 600.0) -> dict[str, str]:
+    """Start the local SLURM; the environment (with SLURM_CONF) to talk to it."""
+    if os.geteuid() != 0:
+        raise SlurmUnavailable("not root: start.sh must install slurm-wlm and run slurmd")
+    try:
+        out = subprocess.run(["bash", str(START)], capture_output=True, text=True,
+                             timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        raise SlurmUnavailable(f"{START} did not finish in {timeout_s:.0f} s") from e
+    m = re.search(r"^export SLURM_CONF=(\S+)$", out.stdout, re.M)
+    if out.returncode != 0 or not m:
+        tail = "\n".join(out.stderr.strip().splitlines()[-15:])
+        raise SlurmUnavailable(f"{START} failed (exit {out.returncode}):\n{tail}")
+    env = dict(os.environ)
+    env["SLURM_CONF"] = m.group(1)
+    for k in [k for k in env if k.startswith(("SLURM_JOB", "SLURM_NTASKS", "LARTPC_"))]:
+        del env[k]  # never inherit an outer job's settings
+    return env
+
+
+def stop() -> None:
+    subprocess.run(["bash", str(STOP)], capture_output=True, text=True, timeout=60)
+
+
+def sbatch(script: Path | str, env: dict[str, str], *args: str) -> str:
+    """Submit ``script``; its job id."""
+    out = subprocess.run(["sbatch", "--parsable", *args, str(script)], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, f"sbatch {script} failed: {out.stderr}"
+    return out.stdout.strip().split(";")[0]
+
+
+def job_info(job_id: str, env: dict[str, str]) -> dict[str, str]:
+    """``scontrol show job`` as key -> value (empty when SLURM forgot the job)."""
+    out = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=env,
+                         capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        return {}
+    return dict(re.findall(r"(\w+)=(\S*)", out.stdout))
+
+
+def wait(job_id: str, env: dict[str, str], timeout_s: float = 600.0) -> dict[str, str]:
+    """Poll until the job reaches a final state (a requeued job is not final); its info."""
+    deadline = time.monotonic() + timeout_s
+    info: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        info = job_info(job_id, env)
+        if info.get("JobState") in FINAL_STATES:
+            return info
+        time.sleep(3)
+    subprocess.run(["scancel", job_id], env=env, timeout=60)
+    raise AssertionError(f"job {job_id} not finished after {timeout_s:.0f} s: {info}")

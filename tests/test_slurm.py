@@ -1,0 +1,112 @@
+"""A real SLURM on this machine runs the job scripts `lartpc sweep` writes.
+
+Needs root (start.sh installs slurm-wlm and starts slurmctld/slurmd). Where SLURM
+cannot be started the tests skip with the reason, unless LARTPC_REQUIRE_SLURM=1 (CI),
+where that is a failure.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import slurm_harness as sh
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def slurm_env():
+    try:
+        env = sh.start()
+    except sh.SlurmUnavailable as e:
+        if os.environ.get("LARTPC_REQUIRE_SLURM") == "1":
+            pytest.fail(f"LARTPC_REQUIRE_SLURM=1 but SLURM did not start: {e}")
+        pytest.skip(f"SLURM not available: {e}")
+    yield env
+    sh.stop()
+
+
+def _sweep(tmp: Path, data: Path, launcher: str, *extra: str, model: str = "jishnet") -> dict:
+    """`lartpc sweep` for one 2-rank CPU point of a tiny model; the manifest."""
+    out = tmp / "runs"
+    cmd = [sys.executable, "-m", "lartpc", "sweep", "--models", model, "--gpus", "2",
+           "--seeds", "0", "--scheduler", "slurm", "--launcher", launcher, "--cpu",
+           "--gpus-per-node", "2", "--config-prefix", "tiny", "--time", "00:15:00",
+           "--data", str(data), "--out-dir", str(out), *extra]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return json.loads((out / "manifest.json").read_text())
+
+
+def _rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _log(tmp: Path) -> str:
+    return "\n".join(p.read_text() for p in sorted((tmp / "runs" / "logs").glob("*.out")))
+
+
+def test_two_task_srun(slurm_env, tmp_path):
+    """The harness itself: two tasks on the one node, each with its own rank."""
+    script = tmp_path / "hello.sbatch"
+    script.write_text("#!/bin/bash\n#SBATCH --ntasks=2 --nodes=1 --time=00:02:00\n"
+                      f"#SBATCH --output={tmp_path}/hello-%j.out\n"
+                      "srun bash -c 'echo task $SLURM_PROCID of $SLURM_NTASKS on $(hostname -s)'\n")
+    job = sh.sbatch(script, slurm_env)
+    info = sh.wait(job, slurm_env, timeout_s=120)
+    out = (tmp_path / f"hello-{job}.out").read_text()
+    assert info["JobState"] == "COMPLETED", out
+    assert sorted(ln.split(" on ")[0] for ln in out.splitlines()) == \
+        ["task 0 of 2", "task 1 of 2"]
+
+
+@pytest.mark.parametrize("launcher,model", [("torchrun", "jishnet"), ("horovod-gloo", "scnet")])
+def test_sweep_job_trains(slurm_env, tmp_path, events_dir, launcher, model):
+    """A generated script runs a 2-rank tiny training to completion."""
+    man = _sweep(tmp_path, events_dir, launcher, "--set", "train.epochs=1", model=model)
+    (point,) = man["points"]
+    job = sh.sbatch(point["script"], slurm_env)
+    info = sh.wait(job, slurm_env)
+    run = Path(point["run"])
+    assert info["JobState"] == "COMPLETED", _log(tmp_path)
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["status"] == "completed"
+    assert meta["world_size"] == 2
+    for rank in (0, 1):
+        rows = _rows(run / f"rank-{rank:03d}.csv")
+        assert rows and {int(r["rank"]) for r in rows} == {rank}
+    assert _rows(run / "eval.csv")
+    assert len(_rows(run / "confusion.csv")) == 5  # one row per true class
+    assert (run / "checkpoint.pt").stat().st_size > 0
+
+
+def test_time_limit_requeues_and_resumes(slurm_env, tmp_path, events_dir):
+    """A run stopped by its time limit is requeued by its script and resumes.
+
+    train.time_limit_s=1 makes every segment stop after its first step (the limit is
+    checked after each step); LARTPC_MAX_REQUEUES=1 allows one requeue, so the job runs
+    exactly two segments of one step each and ends, still at its time limit.
+    """
+    man = _sweep(tmp_path, events_dir, "torchrun", "--set", "train.epochs=5")
+    (point,) = man["points"]
+    env = {**slurm_env, "LARTPC_TIME_LIMIT_S": "1", "LARTPC_MAX_REQUEUES": "1"}
+    job = sh.sbatch(point["script"], env)
+    info = sh.wait(job, slurm_env)
+    run = Path(point["run"])
+    log = _log(tmp_path)
+    assert info["JobState"] == "COMPLETED", log
+    assert info["Restarts"] == "1", log
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["status"] == "time_limit"
+    assert len(meta["segments"]) == 2
+    assert "status before: time_limit" in log  # the second segment saw the first's end
+    for rank in (0, 1):
+        rows = _rows(run / f"rank-{rank:03d}.csv")
+        assert [(int(r["epoch"]), int(r["batchno"])) for r in rows] == [(0, 0), (0, 1)]

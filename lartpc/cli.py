@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from lartpc import __version__
@@ -65,6 +66,10 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # torch and spconv each bring an OpenMP runtime; with both spinning for work on the
+    # same cores, steps run several times slower. Passive waiting avoids that. Must be
+    # set before either library is imported.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)

@@ -28,6 +28,9 @@ class ModelConfig:
     name: str = "jishnet"  #: jishnet | scnet
     loss: str = "ce"  #: ce (cross-entropy on logits) | paper (CE on softmax outputs)
     channels_last: bool = False  #: dense model in NHWC memory layout (GPU speed)
+    #: JishNet: ELU after max-pooling. ELU is increasing, so the output is the same as
+    #: the published order's, for 1/k^2 of the activation work (~2x faster on CPU).
+    elu_after_pool: bool = True
 
 
 @dataclass(kw_only=True, slots=True)

@@ -62,6 +62,14 @@ class Parts:
     autocast: object
 
 
+def model_options(cfg: Config) -> dict:
+    """Speed options of the configured model (they never change its result)."""
+    if cfg.model.name == "jishnet":
+        return {"channels_last": cfg.model.channels_last,
+                "elu_after_pool": cfg.model.elu_after_pool}
+    return {}
+
+
 def loader_mode(cfg: Config, model: torch.nn.Module) -> str:
     """The batch path: the config's, or the one the model's input needs."""
     if cfg.data.loader != "auto":
@@ -79,15 +87,16 @@ def build_parts(cfg: Config, store: EventStore, world: World, run: Path,
     plan = ShardPlan(n, world.size, tc.batch_per_rank, tc.seed, cfg.data.eval_fraction,
                      store.labels[:n])
     torch.manual_seed(tc.seed)
-    model = build(cfg.model.name, image_size=store.geometry.shape).to(world.device)
+    if world.device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # fixed input shapes: autotune once
+    model = build(cfg.model.name, image_size=store.geometry.shape,
+                  **model_options(cfg)).to(world.device)
     mode = loader_mode(cfg, model)
     if (mode == "sparse") != (model.input_kind == "sparse"):
         from lartpc.errors import ConfigError
 
         raise ConfigError(f"data.loader={mode!r} cannot feed {cfg.model.name} "
                           f"(it needs {model.input_kind} batches)")
-    dense_fmt = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
-    model = model.to(memory_format=dense_fmt)
     opt = build_optimizer(tc, model)
     if resume is not None:
         model.load_state_dict(resume["model"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 
@@ -34,3 +36,6 @@ def train_events_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("events_ds9")
     write_dataset(d, 70, seed=4321, downsample=9, shard_size=35, workers=1)
     return d
+
+# Same setting as the `lartpc` command (see lartpc/cli.py), for in-process torch use.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

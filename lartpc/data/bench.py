@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clevel", type=int, default=None, help="dense: Blosc level")
     p.add_argument("--shuffle", default=None, help="dense: noshuffle|shuffle|bitshuffle")
     p.add_argument("--band-rows", type=int, default=None, help="dense: rows per Blosc band")
-    p.add_argument("--threads", type=int, default=0, help="dense: compression threads (0 = all)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="dense: Blosc threads per compression call (0 = all cores)")
     p.add_argument("--compress-at", default=None, choices=("start", "first-epoch"),
                    help="dense: compress the shard before training (paper) or during epoch 0")
 

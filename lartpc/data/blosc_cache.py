@@ -8,22 +8,40 @@ changing what is kept (a Blosc-compressed dense image per event):
   compressed at all (Blosc would reduce it to a 32-byte zero chunk anyway) and is a
   ``memset`` on decompression, so load time scales with the rows a track crosses,
   not with the 51.8 MB image;
-* one dense scratch image per worker thread is reused: after compressing, only the
-  pixels just written are set back to zero instead of clearing the whole image.
+* one dense scratch image is reused: after compressing, only the pixels just written
+  are set back to zero instead of clearing the whole image.
 
-Default codec, measured on full-resolution generated events (see BENCHMARKS.md and
-``lartpc bench loader``): LZ4, clevel 5, no shuffle. Shuffle and bitshuffle cost 2-4x
-in both directions on these mostly-zero images and gain little ratio (float charges of
-isolated hits do not line up bytewise); ZSTD compresses ~2x better but decompresses
-~2x slower, missing the 2 GB/s/core batch target on this 2-core box.
+Default codec: LZ4, clevel 5, no shuffle, bands of 16 rows, chosen by measurement on
+200 full-resolution generated events (~1800 hit pixels each): per-event time of
+:meth:`BloscImageCache.add` and :meth:`decompress_into` (one thread, best of two, 2-core
+shared box, image cache-resident); ``lartpc bench loader --compress-at start --codec C
+--clevel L --shuffle S`` reproduces ``compress_s`` and the ratio:
+
+============================  ===========  =============  ======
+codec, level, shuffle         compress/ev  decompress/ev  ratio
+============================  ===========  =============  ======
+lz4 5 noshuffle (default)     1.7 ms       2.7 ms         1494
+lz4 1 noshuffle               1.8 ms       3.2 ms         1314
+blosclz 5 noshuffle           1.6 ms       2.8 ms         1475
+lz4 5 shuffle                 2.1 ms       3.3 ms         1146
+lz4 5 bitshuffle              2.9 ms       5.1 ms         789
+zstd 1 noshuffle              3.0 ms       4.3 ms         3244
+zstd 3 noshuffle              3.4 ms       4.2 ms         4119
+zstd 1 bitshuffle             4.4 ms       7.7 ms         1466
+============================  ===========  =============  ======
+
+Shuffles cost time and ratio on these mostly-zero images (isolated float charges do
+not line up bytewise); zstd halves the already tiny footprint (0.07 % of dense) at
+~1.8x the compression time, which is the loading time. Even the fastest codec
+compresses ~8x slower than the shard is read (0.2 ms/event), hence ``compress_at``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import blosc2
@@ -48,7 +66,10 @@ class BloscConfig:
     clevel : compression level 0-9.
     shuffle : ``noshuffle``, ``shuffle`` or ``bitshuffle``.
     band_rows : rows per independently compressed band.
-    threads : worker threads compressing events at load (0 = all cores).
+    threads : Blosc's own threads per compression call (0 = all cores). python-blosc2
+        holds the GIL in ``compress2``/``decompress2`` (measured: a Python thread runs at
+        3 % speed meanwhile), so Python threads cannot spread the work; Blosc's threads
+        can, but on 16-row bands 2 threads were 3-4x slower than 1 here, hence 1.
     compress_at : ``start`` compresses the whole shard before the first batch (the
         paper); ``first-epoch`` compresses each event when epoch 0 first densifies it
         for a batch, in the prefetch thread, so the load is overlapped with training
@@ -59,7 +80,7 @@ class BloscConfig:
     clevel: int = 5
     shuffle: str = "noshuffle"
     band_rows: int = 16
-    threads: int = 0
+    threads: int = 1
     compress_at: str = "first-epoch"
 
     def cparams(self) -> blosc2.CParams:
@@ -76,9 +97,8 @@ class BloscConfig:
             raise ConfigError(f"blosc compress_at {self.compress_at!r}: start or first-epoch")
         if self.band_rows < 1:
             raise ConfigError(f"blosc band_rows {self.band_rows}: must be >= 1")
-        # Parallelism is over events (our threads), so each call runs single-threaded.
         return blosc2.CParams(codec=codec, clevel=self.clevel, filters=[_SHUFFLES[self.shuffle]],
-                              typesize=4, nthreads=1)
+                              typesize=4, nthreads=self.n_threads())
 
     def n_threads(self) -> int:
         return self.threads if self.threads > 0 else (os.cpu_count() or 1)
@@ -96,8 +116,10 @@ class BloscImageCache:
     def __init__(self, shape: tuple[int, int], config: BloscConfig | None = None):
         self.shape = shape
         self.config = config or BloscConfig()
-        self._cparams = self.config.cparams()
-        self._dparams = blosc2.DParams(nthreads=1)
+        # Plain dicts: blosc2 converts CParams/DParams with dataclasses.asdict on every
+        # call, which cost more than compressing a band.
+        self._cparams = dataclasses.asdict(self.config.cparams())
+        self._dparams = dataclasses.asdict(blosc2.DParams(nthreads=1))
         # per event: (band, compressed) of its nonzero bands; None = not compressed yet
         self._chunks: list[list[tuple[int, bytes]] | None] = []
         self.compress_s = 0.0  # seconds spent compressing, wherever it happened
@@ -133,28 +155,14 @@ class BloscImageCache:
         return self.dense_bytes / max(self.resident_bytes, 1)
 
     def add(self, events: list[Event]) -> None:
-        """Densify and compress ``events`` (appended in order), spread over threads."""
+        """Densify and compress ``events`` (appended in order) through one scratch image."""
         t0 = time.perf_counter()
-        n_threads = min(self.config.n_threads(), max(len(events), 1))
-        parts = np.array_split(np.arange(len(events)), n_threads)
-        if n_threads == 1:
-            results = [self._compress_part([events[i] for i in parts[0]])]
-        else:
-            with ThreadPoolExecutor(n_threads, thread_name_prefix="blosc") as pool:
-                results = list(pool.map(lambda p: self._compress_part([events[i] for i in p]),
-                                        parts))
-        for r in results:
-            self._chunks.extend(r)
-        self.compress_s += time.perf_counter() - t0
-
-    def _compress_part(self, events: list[Event]) -> list[list[tuple[int, bytes]]]:
         scratch = np.zeros(self.shape, np.float32)
-        out = []
         for ev in events:
             scratch[ev.row, ev.col] = ev.charge
-            out.append(self._compress_bands(scratch, ev.row))
+            self._chunks.append(self._compress_bands(scratch, ev.row))
             scratch[ev.row, ev.col] = 0.0
-        return out
+        self.compress_s += time.perf_counter() - t0
 
     def _compress_bands(self, image: np.ndarray, rows: np.ndarray) -> list[tuple[int, bytes]]:
         band, h = self.config.band_rows, self.shape[0]

@@ -47,37 +47,6 @@ def trunk_shape(image_size: tuple[int, int]) -> tuple[int, int]:
     return sizes[0], sizes[1]
 
 
-_scatter_fixed = False
-
-
-def fix_cpu_scatter_add(spconv_ops=None) -> None:
-    """Replace spconv 2.3.x's CPU ``scatter_add`` with a race-free torch ``index_add_``.
-
-    spconv's CPU kernel (``csrc/sparse/gather.py``) declares its row pointers outside
-    the parallel loop and shares them between threads, so with more than one OpenMP
-    thread convolution outputs are silently wrong (up to ~0.7 absolute on unit
-    inputs; ``tests/test_scnet_reference.py`` catches it). Inside a kernel offset
-    the target rows are distinct, so an ``index_add_`` gives the same sums.
-    It belongs in ``lartpc.sparse_compat``; it lives here until it moves there.
-    """
-    global _scatter_fixed
-    if _scatter_fixed:
-        return
-    if spconv_ops is None:
-        import spconv.pytorch.ops as spconv_ops
-    ops_cls = spconv_ops.SpconvOps
-
-    class _Ops(ops_cls):  # type: ignore[misc, valid-type]
-        @staticmethod
-        def scatter_add_cpu(out, buf, inds) -> None:
-            idx = torch.from_numpy(inds.numpy_view()).long()
-            src = torch.from_numpy(buf.numpy_view())[: idx.shape[0]]
-            torch.from_numpy(out.numpy_view()).index_add_(0, idx, src)
-
-    spconv_ops.SpconvOps = _Ops
-    _scatter_fixed = True
-
-
 def _conv_algo(name: str | None):
     """spconv ``ConvAlgo`` for an option value; None keeps spconv's own default
     (implicit GEMM on CUDA builds, native gather-GEMM-scatter on CPU builds)."""
@@ -114,7 +83,6 @@ class SCNet(nn.Module):
                  half: bool = False):
         super().__init__()
         spconv = import_spconv()
-        fix_cpu_scatter_add()
         self.image_size = (int(image_size[0]), int(image_size[1]))
         self.out_hw = trunk_shape(self.image_size)
         self.algo, self.half = algo, half

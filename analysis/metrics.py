@@ -8,7 +8,9 @@ Definitions (also printed in the report):
 - **Epoch rate** (epochs/min, DLT excluded): on the lowest rank, (rows - 1) step intervals
   divided by ``steps_per_epoch``, over (last step time - first step time). Intervals, not
   rows, because the first step's own duration ends at the first timestamp. Pauses between
-  steps (evaluation, checkpoints) count as training time.
+  steps (evaluation, checkpoints) count as training time; the gaps of a run resumed
+  after a time limit (from one job segment's end to the next one's first step, listed
+  in ``run.json`` ``segments``) do not.
 - **TTL(threshold)**: from ``start_time`` (DLT included) to the first step time at which the
   smoothed global training loss is below the threshold. Smoothing is a *centred* rolling
   mean over ``smooth`` steps, so it adds no time lag; default window min(50, steps // 10).
@@ -91,6 +93,16 @@ def binomial_se(p: float, n: int) -> float:
     return math.sqrt(p * (1 - p) / n) if n > 0 else math.nan
 
 
+def _within_segments(t: np.ndarray, segments: list[dict]) -> np.ndarray:
+    """Mask of the step intervals ``t[i] -> t[i+1]`` that no job restart falls inside."""
+    keep = np.ones(max(len(t) - 1, 0), bool)
+    for seg in segments[1:]:
+        start = seg.get("start_time")
+        if start is not None:
+            keep &= ~((t[:-1] < start) & (t[1:] > start))
+    return keep
+
+
 def primary_steps(run: Run) -> pd.DataFrame | None:
     """Step table of the lowest rank, in time order (None when the run logged no steps)."""
     if not run.steps:
@@ -113,9 +125,10 @@ def run_metrics(run: Run, threshold: float = 1.2, smooth: int | None = None) -> 
         firsts = [float(df["time"].min()) for df in run.steps.values() if not df.empty]
         dlt, dlt_max = min(firsts) - start, max(firsts) - start
         t = steps["time"].to_numpy()
-        span = float(t[-1] - t[0])
+        keep = _within_segments(t, run.meta.get("segments") or [])
+        span = float(np.diff(t)[keep].sum()) if n_steps >= 2 else 0.0
         if n_steps >= 2 and span > 0:
-            rate = (n_steps - 1) / run.meta["steps_per_epoch"] / (span / 60.0)
+            rate = int(keep.sum()) / run.meta["steps_per_epoch"] / (span / 60.0)
             if run.meta.get("train_events"):
                 img_rate = rate * run.meta["train_events"] / 60.0 / run.world_size
         window = smoothing_window(n_steps, smooth)

@@ -38,6 +38,7 @@ def main() -> int:
     ap.add_argument("--single", action="store_true")
     ap.add_argument("--fail-rank", type=int, default=-1)
     ap.add_argument("--backend", default="auto")
+    ap.add_argument("--compression", default="none")
     args = ap.parse_args()
 
     world = init("none" if args.single else args.backend, device="cpu", timeout_s=60)
@@ -49,7 +50,7 @@ def main() -> int:
     opt = torch.optim.Adam(model.parameters(), lr=1e-2, weight_decay=0.01)
     world.broadcast_parameters(model)
     world.broadcast_optimizer_state(opt)
-    opt = world.distributed_optimizer(opt, model)
+    opt = world.distributed_optimizer(opt, model, args.compression)
     if world.rank == args.fail_rank:
         print(f"rank {world.rank} failing on purpose", file=sys.stderr, flush=True)
         os._exit(3)
@@ -60,7 +61,7 @@ def main() -> int:
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(xs), ys)
         loss.backward()
-        opt.step()
+        world.step_optimizer(opt)
     # A collective after training: with a dead peer this is where a hang would happen.
     world.allreduce_mean(torch.ones(1))
     out = Path(args.out)

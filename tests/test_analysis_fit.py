@@ -61,6 +61,29 @@ def test_epoch_rate_and_dlt_of_a_noiseless_run(tmp_path):
     assert m.images_per_s_per_gpu == pytest.approx(0.75 * 700 / 60 / 3, rel=1e-3)
 
 
+def test_epoch_rate_ignores_the_gap_of_a_requeued_run(tmp_path):
+    """A run resumed by a second job: the queue wait between segments is not training."""
+    import json
+
+    import pandas as pd
+
+    folder = write_synthetic_run(tmp_path / "r", model="jishnet", world_size=1,
+                                 epoch_rate_per_min=0.5, ttl_s=400, dlt_s=30,
+                                 time_limit_s=900, train_events=700, loss_noise=0.0)
+    csv = folder / "rank-000.csv"
+    df = pd.read_csv(csv)
+    half = len(df) // 2
+    cut = float(df["time"].iloc[half - 1])
+    df.loc[half:, "time"] += 5000.0  # the job waited 5000 s in the queue, then resumed
+    df.to_csv(csv, index=False)
+    meta = json.loads((folder / "run.json").read_text())
+    meta["segments"] = [{"start_time": meta["start_time"], "end_time": cut + 1.0},
+                        {"start_time": cut + 4000.0, "end_time": None}]
+    (folder / "run.json").write_text(json.dumps(meta))
+    m = run_metrics(load_run(folder), threshold=1.2, smooth=1)
+    assert m.epoch_rate_per_min == pytest.approx(0.5, rel=1e-3)
+
+
 def test_censored_runs_reported_and_excluded(tmp_path):
     for n, limit in ((1, 300.0), (2, 900.0), (4, 900.0), (8, 900.0)):
         write_synthetic_run(tmp_path / f"n{n}", model="jishnet", world_size=n,

@@ -43,13 +43,13 @@ def _single(out: Path) -> dict:
     return torch.load(out / "params-rank0-single.pt")
 
 
-def _check_two_ranks(out: Path) -> None:
+def _check_two_ranks(out: Path, rtol: float = 1e-5, atol: float = 1e-6) -> None:
     p0 = torch.load(out / "params-rank0.pt")
     p1 = torch.load(out / "params-rank1.pt")
     ref = _single(out)
     for k in p0:
         assert torch.equal(p0[k], p1[k]), f"{k} differs between ranks"
-        torch.testing.assert_close(p0[k], ref[k], rtol=1e-5, atol=1e-6,
+        torch.testing.assert_close(p0[k], ref[k], rtol=rtol, atol=atol,
                                    msg=f"{k}: 2-rank run differs from 1 process on the whole batch")
     # The run really trained: parameters moved away from their initial values.
     from dist_worker import model_and_data
@@ -73,6 +73,16 @@ def test_torchrun_two_ranks_match_single_process(tmp_path):
     r = _run(cmd)
     assert r.returncode == 0, r.stdout + r.stderr
     _check_two_ranks(tmp_path)
+
+
+@pytest.mark.horovod
+def test_horovodrun_fp16_gradient_compression(tmp_path):
+    """Gradients sent as float16: ranks stay identical, close to the float32 result."""
+    cmd = [_launcher("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
+           sys.executable, WORKER, "--out", str(tmp_path), "--compression", "fp16"]
+    r = _run(cmd)
+    assert r.returncode == 0, r.stdout + r.stderr
+    _check_two_ranks(tmp_path, rtol=1e-2, atol=1e-3)
 
 
 @pytest.mark.horovod

@@ -56,7 +56,7 @@ if compgen -G "$wheel_dir/horovod-*.whl" >/dev/null; then
     exit 0
 fi
 
-echo "building horovod ${HVD} from source (${features}, torch ${torch_version}, ${py_tag}); a cold build takes ~10 min on 2 cores"
+echo "building horovod ${HVD} from source (${features}, torch ${torch_version}, ${py_tag}); a cold build takes ~3 min on 2 cores"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$PYTHON" -m pip download --no-deps --no-binary :all: "horovod==${HVD}" -d "$work"

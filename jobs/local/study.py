@@ -64,7 +64,10 @@ def _train(data: Path, run: Path, model: str, ranks: int, limit_s: float, seed: 
     _run([_tool("horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo",
           _tool("lartpc"), "train", "--config", f"tiny-{model}", "--data", str(data),
           "--out", str(run), "--set", f"train.time_limit_s={limit_s}",
-          "--set", "train.epochs=1000", "--set", f"train.seed={seed}"])
+          "--set", "train.epochs=1000", "--set", f"train.seed={seed}",
+          # One core per rank, as one GPU per rank in the paper: N ranks use N cores,
+          # so the scaling measured is that of adding workers, not of sharing cores.
+          "--set", "train.threads=1"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,43 @@
+"""Learning-rate scaling, warmup and the optimizer choice of the training protocol."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lartpc.config import TrainConfig, load_config
+from lartpc.optim import build_optimizer, lr_at, scaled_lr
+
+
+@pytest.mark.parametrize("rule,n,expected", [("none", 8, 1e-3), ("linear", 8, 8e-3),
+                                             ("sqrt", 16, 4e-3)])
+def test_scaled_lr(rule, n, expected):
+    assert scaled_lr(TrainConfig(lr_scaling=rule), n) == pytest.approx(expected)
+
+
+def test_warmup_ramps_linearly_to_the_scaled_rate():
+    cfg = TrainConfig(lr=0.1, lr_scaling="linear", warmup_epochs=2)
+    steps = 10  # per epoch: warmup lasts 20 steps
+    assert lr_at(cfg, 4, 0, steps) == pytest.approx(0.1)
+    assert lr_at(cfg, 4, 10, steps) == pytest.approx(0.25)
+    assert lr_at(cfg, 4, 20, steps) == pytest.approx(0.4)
+    assert lr_at(cfg, 4, 500, steps) == pytest.approx(0.4)
+
+
+def test_paper_preset_builds_the_papers_adam():
+    cfg = load_config("paper-jishnet").train
+    opt = build_optimizer(cfg, torch.nn.Linear(3, 2))
+    assert isinstance(opt, torch.optim.Adam)
+    g = opt.param_groups[0]
+    assert (g["lr"], g["betas"], g["eps"], g["weight_decay"]) == (1e-3, (0.9, 0.999), 1e-8, 0.01)
+    assert cfg.batch_per_rank == 7 and cfg.time_limit_s == 14400
+
+
+def test_sgd_for_the_goyal_comparison():
+    cfg = load_config("paper-jishnet", ["train.optimizer=\"sgd\"", "train.lr=0.1"]).train
+    opt = build_optimizer(cfg, torch.nn.Linear(3, 2))
+    assert isinstance(opt, torch.optim.SGD)
+    assert opt.param_groups[0]["momentum"] == 0.9
+    assert not math.isnan(opt.param_groups[0]["lr"])

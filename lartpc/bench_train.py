@@ -2,8 +2,8 @@
 
 Each point is a real ``horovodrun -np N lartpc train`` on the same events; the numbers
 come from its run folder (the same readers the analysis uses). Threads per rank are
-the machine's cores divided by the ranks, so on a small machine the scaling measured
-is that of sharing the cores, and the output says so.
+the configured default (cores divided by ranks; SCNet on CPU one) unless ``--set
+train.threads=K`` says otherwise; each point reports what it used.
 """
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
             "model": args.model, "device": args.device, "downsample": args.downsample,
             "batch_per_rank": args.batch, "seconds_per_run": args.seconds,
             "cores": os.cpu_count(),
-            "note": "threads per rank = cores / ranks; efficiency relative to the first point",
+            "note": "threads_per_rank per point (default cores / ranks, SCNet on CPU 1); "
+                    "efficiency relative to the first point",
             "points": points,
         }
         if args.compare_torch:

@@ -67,7 +67,7 @@ class TrainConfig:
     device: str = "auto"  #: auto | cpu | cuda
     amp: str = "none"  #: none | bf16 (CUDA autocast)
     compile: bool = False  #: torch.compile the dense model (CUDA)
-    threads: int = 0  #: CPU threads per rank (0 = cores / local ranks)
+    threads: int = 0  #: CPU threads per rank (0 = cores / local ranks; SCNet on CPU: 1)
 
 
 @dataclass(kw_only=True, slots=True)

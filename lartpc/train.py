@@ -270,7 +270,14 @@ def fit(p: Parts, resume: dict | None) -> tuple[str, float]:
 
 
 def set_threads(cfg: Config, world: World) -> int:
-    """CPU threads per rank: the config's, or the cores shared by the ranks of a node."""
+    """CPU threads per rank: the config's, or the cores shared by the ranks of a node.
+
+    SCNet on CPU defaults to one thread: spconv's CPU kernels are many small parallel
+    regions, and at full size a 2-thread step measured 6x slower than a 1-thread one
+    (BENCHMARKS.md).
+    """
     n = cfg.train.threads or max(1, (os.cpu_count() or 1) // max(1, world.local_size))
+    if not cfg.train.threads and cfg.model.name == "scnet" and world.device.type == "cpu":
+        n = 1
     torch.set_num_threads(n)
     return n

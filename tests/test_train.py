@@ -145,3 +145,50 @@ def test_data_folder_without_events(tmp_path):
     assert r.returncode == 2
     assert "empty" in r.stderr and "events-NNNNN.h5" in r.stderr
     assert not (tmp_path / "run").exists()
+
+
+def _rank_process(launcher: subprocess.Popen, rank: int):
+    """The `lartpc train` process of ``rank`` under a horovodrun launcher."""
+    import psutil
+
+    for child in psutil.Process(launcher.pid).children(recursive=True):
+        try:
+            env = child.environ()
+            if env.get("HOROVOD_RANK") == str(rank) and "train" in child.cmdline():
+                return child
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.horovod
+def test_dead_rank_fails_the_job_without_hanging(train_events_dir, tmp_path):
+    """SIGKILL one rank mid-training: horovodrun exits non-zero, in bounded time."""
+    out = tmp_path / "run"
+    cmd = [train_cmd(train_events_dir, out)[0].rsplit("/", 1)[0] + "/horovodrun",
+           "-np", "2", "-H", "localhost:2", "--gloo",
+           *train_cmd(train_events_dir, out, "train.epochs=1000")]
+    proc = subprocess.Popen(cmd, env=clean_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 180
+        victim = None
+        while time.monotonic() < deadline:
+            log = out / "rank-001.csv"
+            if log.exists() and len(log.read_text().splitlines()) > 3:
+                victim = _rank_process(proc, 1)
+                if victim is not None:
+                    break
+            time.sleep(0.1)
+        assert victim is not None, "rank 1 never started training"
+        victim.kill()
+        t0 = time.monotonic()
+        code = proc.wait(timeout=180)
+        assert code != 0
+        assert time.monotonic() - t0 < 180
+        info = json.loads((out / "run.json").read_text())
+        assert info["status"] != "completed"
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -1,0 +1,38 @@
+"""The `lartpc` command itself: light help, `lartpc env`, errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+LARTPC = str(Path(sys.executable).parent / "lartpc")
+
+
+def test_help_does_not_import_torch():
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['spconv'] = None\n"
+            "from lartpc.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit as e:\n    sys.exit(e.code)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    for name in ("simulate", "train", "bench", "sweep", "env"):
+        assert name in r.stdout
+
+
+def test_env_reports_horovod_with_pytorch_and_gloo():
+    r = subprocess.run([LARTPC, "env"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = dict(line.split(": ", 1) for line in r.stdout.splitlines())
+    assert lines["horovod"].startswith("0.28")
+    assert "PyTorch" in lines["horovod frameworks"]
+    assert "Gloo=yes" in lines["horovod controllers"]
+    assert lines["torch"].startswith("2.")
+    assert not lines["spconv"].startswith("not available")
+    for key in ("python", "cuda available", "blosc2", "h5py"):
+        assert key in lines
+
+
+def test_unknown_command_is_an_error():
+    r = subprocess.run([LARTPC, "frobnicate"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "invalid choice" in r.stderr

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from train_helpers import clean_env
 
 from lartpc.dist import detect_backend
 
@@ -30,11 +30,8 @@ def _launcher(name: str) -> str:
 
 
 def _run(cmd: list[str], timeout: float = LAUNCH_TIMEOUT_S) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("HOROVOD_", "OMPI_", "PMI", "SLURM_", "TORCHELASTIC"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env["OMP_NUM_THREADS"] = "1"
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env=clean_env(OMP_NUM_THREADS="1"))
 
 
 def _single(out: Path) -> dict:

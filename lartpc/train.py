@@ -263,9 +263,11 @@ def fit(p: Parts, resume: dict | None) -> tuple[str, float]:
         if prog.out_of_time and prog.epoch < p.cfg.train.epochs:
             status = "time_limit"
             break
+    # A run stopped early (or between evaluations) still ends evaluated and saved; a run
+    # that finished its epochs was both at its last epoch's end.
     if not evaluated and prog.global_step > 0:
         _evaluate(p, prog)
-    _save(p, prog, steplog)
+        _save(p, prog, steplog)
     return status, p.world.param_divergence(_unwrap(p.model))
 
 

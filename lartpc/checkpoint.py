@@ -19,7 +19,7 @@ def inner_optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
 
 def save(run: Path, *, model: torch.nn.Module, opt: torch.optim.Optimizer, epoch: int,
          step_in_epoch: int, global_step: int, world_size: int, config: dict,
-         eval_rows: list[dict], train_time_s: float) -> Path:
+         eval_rows: list[dict], train_time_s: float, scaler=None) -> Path:
     """Write ``checkpoint.pt`` atomically (rank 0 only)."""
     path = Path(run) / CHECKPOINT
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -33,6 +33,7 @@ def save(run: Path, *, model: torch.nn.Module, opt: torch.optim.Optimizer, epoch
         "config": config,
         "eval_rows": eval_rows,
         "train_time_s": train_time_s,
+        "scaler": scaler.state_dict() if scaler is not None else None,
         "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
                 "python": random.getstate()},
     }

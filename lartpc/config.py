@@ -31,6 +31,9 @@ class ModelConfig:
     #: JishNet: ELU after max-pooling. ELU is increasing, so the output is the same as
     #: the published order's, for 1/k^2 of the activation work (~2x faster on CPU).
     elu_after_pool: bool = True
+    #: SCNet: spconv algorithm, auto (spconv's choice: implicit GEMM on CUDA builds,
+    #: native on CPU builds) | native | implicit_gemm | split_implicit_gemm
+    algo: str = "auto"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -65,7 +68,9 @@ class TrainConfig:
     checkpoint_every_s: float = 600.0
     log_flush_steps: int = 20  #: buffered CSV rows per write
     device: str = "auto"  #: auto | cpu | cuda
-    amp: str = "none"  #: none | bf16 (CUDA autocast)
+    #: none | bf16 | fp16. JishNet: autocast; SCNet: fp16 only (spconv has no bf16
+    #: kernels), its sparse trunk in float16 on CUDA. fp16 adds dynamic loss scaling.
+    amp: str = "none"
     compile: bool = False  #: torch.compile the dense model (CUDA)
     threads: int = 0  #: CPU threads per rank (0 = cores / local ranks; SCNet on CPU: 1)
 
@@ -96,7 +101,8 @@ CHOICES = {
     "train.lr_scaling": ("none", "linear", "sqrt"),
     "train.grad_compression": ("none", "fp16"),
     "train.device": ("auto", "cpu", "cuda"),
-    "train.amp": ("none", "bf16"),
+    "model.algo": ("auto", "native", "implicit_gemm", "split_implicit_gemm"),
+    "train.amp": ("none", "bf16", "fp16"),
     "dist.backend": ("auto", "horovod", "torch", "none"),
 }
 POSITIVE = ("data.downsample", "train.batch_per_rank", "train.epochs", "train.time_limit_s",

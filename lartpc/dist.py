@@ -16,6 +16,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -142,19 +143,26 @@ class World:
             return AveragingOptimizer(opt, self.size, fp16=compression == "fp16")
         return opt
 
-    def step_optimizer(self, opt: torch.optim.Optimizer) -> float:
-        """Finish the gradient exchange, then update; returns the exchange's seconds."""
+    def step_optimizer(self, opt: torch.optim.Optimizer, scaler=None) -> float:
+        """Finish the gradient exchange, then update; returns the exchange's seconds.
+
+        With a ``torch.amp.GradScaler`` (fp16 training) the averaged gradients are
+        unscaled and the step is skipped when any is inf/NaN; the check runs on the
+        already averaged gradients, so every rank skips the same steps.
+        """
         t0 = time.perf_counter()
-        if self.backend == "horovod":
-            opt.synchronize()
-            comm = time.perf_counter() - t0
-            with opt.skip_synchronize():
-                opt.step()
-            return comm
-        if self.backend == "torch":
+        if self.backend in ("horovod", "torch"):
             opt.synchronize()
         comm = time.perf_counter() - t0
-        opt.step()
+        # Horovod's wrapper would exchange again inside step() without this
+        skip = opt.skip_synchronize() if self.backend == "horovod" else nullcontext()
+        with skip:
+            if scaler is None:
+                opt.step()
+            else:
+                scaler.unscale_(opt)
+                scaler.step(opt)
+                scaler.update()
         return comm
 
     def param_divergence(self, module: torch.nn.Module) -> float:
@@ -189,6 +197,16 @@ class World:
             torch.distributed.destroy_process_group()
 
 
+def device_type(device: str) -> str:
+    """``cuda`` or ``cpu``: what ``device`` (auto | cpu | cuda) means on this host."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"device={device!r}: expected auto, cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device='cuda' but torch sees no CUDA device")
+    return "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) \
+        else "cpu"
+
+
 def init(backend: str = "auto", device: str = "auto", timeout_s: float = 300.0) -> World:
     """Start the distributed backend and pin this rank's device by its local rank.
 
@@ -201,12 +219,8 @@ def init(backend: str = "auto", device: str = "auto", timeout_s: float = 300.0) 
     """
     if backend not in BACKENDS:
         raise ConfigError(f"dist.backend={backend!r}: expected one of {', '.join(BACKENDS)}")
-    if device not in ("auto", "cpu", "cuda"):
-        raise ConfigError(f"device={device!r}: expected auto, cpu or cuda")
     chosen = detect_backend() if backend == "auto" else backend
-    use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
-    if use_cuda and not torch.cuda.is_available():
-        raise ConfigError("device='cuda' but torch sees no CUDA device")
+    use_cuda = device_type(device) == "cuda"
 
     if chosen == "horovod":
         try:

@@ -41,6 +41,8 @@ class AveragingOptimizer(torch.optim.Optimizer):
         return self.inner.step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        # a step skipped (fp16 loss scaling found inf) leaves _synced set: clear it here
+        self._synced = False
         self.inner.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self):

@@ -60,14 +60,41 @@ class Parts:
     eval_loader: object
     process_start: float
     autocast: object
+    scaler: torch.amp.GradScaler | None = None  #: fp16 dynamic loss scaling
 
 
-def model_options(cfg: Config) -> dict:
-    """Speed options of the configured model (they never change its result)."""
-    if cfg.model.name == "jishnet":
-        return {"channels_last": cfg.model.channels_last,
-                "elu_after_pool": cfg.model.elu_after_pool}
-    return {}
+def model_options(cfg: Config, device_type: str) -> dict:
+    """Speed options of the configured model (they never change what it computes,
+    beyond rounding); an option the device cannot run is a :class:`ConfigError`."""
+    from lartpc.errors import ConfigError
+
+    m, amp = cfg.model, cfg.train.amp
+    if m.name == "jishnet":
+        if m.algo != "auto":
+            raise ConfigError(f"model.algo={m.algo!r} is an SCNet option (model.name=jishnet)")
+        return {"channels_last": m.channels_last, "elu_after_pool": m.elu_after_pool}
+    if m.channels_last:
+        raise ConfigError("model.channels_last is a JishNet option (model.name=scnet)")
+    if amp == "bf16":
+        raise ConfigError("train.amp=bf16 with model.name=scnet: spconv has no bfloat16 "
+                          "kernels; use train.amp=fp16 (CUDA) or none")
+    if amp == "fp16" and device_type != "cuda":
+        raise ConfigError("train.amp=fp16 with model.name=scnet needs CUDA (spconv's CPU "
+                          "kernels are float32 only); use train.amp=none on CPU")
+    return {"algo": None if m.algo == "auto" else m.algo, "half": amp == "fp16"}
+
+
+def autocast_and_scaler(cfg: Config, device_type: str):
+    """The forward pass's autocast context factory and the fp16 loss scaler (or None).
+
+    SCNet runs its own float16 trunk (``half``), so it gets no outer autocast.
+    """
+    amp = cfg.train.amp
+    scaler = torch.amp.GradScaler(device_type) if amp == "fp16" else None
+    if amp == "none" or cfg.model.name == "scnet":
+        return nullcontext, scaler
+    dtype = torch.bfloat16 if amp == "bf16" else torch.float16
+    return (lambda: torch.autocast(device_type, dtype=dtype)), scaler
 
 
 def loader_mode(cfg: Config, model: torch.nn.Module) -> str:
@@ -90,7 +117,7 @@ def build_parts(cfg: Config, store: EventStore, world: World, run: Path,
     if world.device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed input shapes: autotune once
     model = build(cfg.model.name, image_size=store.geometry.shape,
-                  **model_options(cfg)).to(world.device)
+                  **model_options(cfg, world.device.type)).to(world.device)
     mode = loader_mode(cfg, model)
     if (mode == "sparse") != (model.input_kind == "sparse"):
         from lartpc.errors import ConfigError
@@ -98,14 +125,20 @@ def build_parts(cfg: Config, store: EventStore, world: World, run: Path,
         raise ConfigError(f"data.loader={mode!r} cannot feed {cfg.model.name} "
                           f"(it needs {model.input_kind} batches)")
     opt = build_optimizer(tc, model)
+    autocast, scaler = autocast_and_scaler(cfg, world.device.type)
     if resume is not None:
         model.load_state_dict(resume["model"])
         opt.load_state_dict(resume["optimizer"])
+        if scaler is not None and resume.get("scaler"):
+            scaler.load_state_dict(resume["scaler"])
     # Every rank starts from rank 0's weights and optimizer state.
     world.broadcast_parameters(model)
     world.broadcast_optimizer_state(opt)
     opt = world.distributed_optimizer(opt, model, tc.grad_compression)
     if tc.compile and model.input_kind == "dense":
+        if world.device.type == "cpu":
+            log.warning("train.compile on CPU: measured no faster than eager at best, and "
+                        "~35x slower with OMP_WAIT_POLICY=PASSIVE (BENCHMARKS.md)")
         model = torch.compile(model)
     t0 = time.time()
     train_loader = make_loader(cfg, store, mode, plan.train_indices(world.rank), world.device,
@@ -115,11 +148,8 @@ def build_parts(cfg: Config, store: EventStore, world: World, run: Path,
     log.info("data ready in %.1f s: %d train / %d eval events on this rank, %d steps/epoch, "
              "%s loader", time.time() - t0, len(plan.train_indices(world.rank)),
              len(plan.eval_indices(world.rank)), plan.steps_per_epoch, mode)
-    use_amp = tc.amp == "bf16"
-    autocast = (lambda: torch.autocast(world.device.type, dtype=torch.bfloat16)) if use_amp \
-        else nullcontext
     return Parts(cfg, world, run, plan, model, build_loss(cfg.model.loss), opt, train_loader,
-                 eval_loader, process_start, autocast)
+                 eval_loader, process_start, autocast, scaler)
 
 
 def make_loader(cfg: Config, store: EventStore, mode: str, indices: np.ndarray,
@@ -155,7 +185,8 @@ def _save(p: Parts, prog: Progress, steplog: runlog.StepLog) -> None:
         checkpoint.save(p.run, model=_unwrap(p.model), opt=p.opt, epoch=prog.epoch,
                         step_in_epoch=prog.step_in_epoch, global_step=prog.global_step,
                         world_size=p.world.size, config=p.cfg.to_dict(),
-                        eval_rows=prog.eval_rows, train_time_s=prog.train_time_s)
+                        eval_rows=prog.eval_rows, train_time_s=prog.train_time_s,
+                        scaler=p.scaler)
         prog.ckpt_s = time.time() - t0
     prog.last_ckpt_time = time.time()
 
@@ -178,8 +209,8 @@ def train_one_epoch(p: Parts, prog: Progress, steplog: runlog.StepLog) -> bool:
         with p.autocast():
             logits = p.model(batch)
             loss = p.loss_fn(logits.float(), batch.labels)
-        loss.backward()
-        comm_s = world.step_optimizer(p.opt)
+        (p.scaler.scale(loss) if p.scaler else loss).backward()
+        comm_s = world.step_optimizer(p.opt, p.scaler)
         local_loss = float(loss.detach())
         local_acc = float((logits.detach().argmax(1) == batch.labels).float().mean())
         t_metric = time.perf_counter()

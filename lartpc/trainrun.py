@@ -24,8 +24,11 @@ def prepare(cfg: Config, data: Path, out: Path) -> tuple[EventStore, dict | None
         raise ConfigError(f"{data}: events are downsampled by {store.geometry.downsample} "
                           f"but the config says data.downsample={cfg.data.downsample}")
     from lartpc.models import build
+    from lartpc.train import model_options
 
-    build(cfg.model.name, image_size=store.geometry.shape)  # raises if the image is too small
+    # raises if the image is too small or a speed option cannot run on this device
+    build(cfg.model.name, image_size=store.geometry.shape,
+          **model_options(cfg, dist.device_type(cfg.train.device)))
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a folder")
@@ -82,7 +85,8 @@ def run_training(cfg: Config, store: EventStore, out: Path, process_start: float
         parts = build_parts(cfg, store, world, out, process_start, resume)
         if world.is_root:
             info.update(steps_per_epoch=parts.plan.steps_per_epoch,
-                        train_events=len(parts.plan.train), eval_events=len(parts.plan.eval))
+                        train_events=len(parts.plan.train), eval_events=len(parts.plan.eval),
+                        loader=parts.train_loader.mode)
             runlog.write_json(info_path, info)
         status, divergence = fit(parts, resume)
         if world.is_root:

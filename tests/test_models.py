@@ -211,3 +211,66 @@ def test_batch_from_events_dense_and_sparse_agree():
     rebuilt[c[:, 0], 0, c[:, 1], c[:, 2]] = sparse.features[:, 0]
     assert torch.equal(rebuilt, dense.dense)
     assert np.array_equal(dense.labels.numpy(), [e.label for e in events])
+
+
+def _conv_flops_by_hand(size: int, batch: int) -> float:
+    """JishNet's convolution work from its STAGES table: forward 2*Cin*Cout*k^2 per output
+    pixel; backward twice that (weight and input gradients), except conv1, whose input
+    needs no gradient."""
+    from lartpc.geometry import pooled_size
+    from lartpc.models.jishnet import STAGES
+
+    total, cin, s = 0.0, 1, size
+    for i, (cout, k, p, pool) in enumerate(STAGES):
+        out = pooled_size(s, k, padding=p, stride=1)
+        fwd = 2.0 * cin * cout * k * k * out * out * batch
+        total += fwd * (2 if i == 0 else 3)
+        cin, s = cout, pooled_size(out, pool)
+    return total
+
+
+@pytest.mark.parametrize("elu_after_pool", [False, True])
+def test_jishnet_training_flops_match_the_layer_table(elu_after_pool):
+    """The FLOP count `lartpc bench model` divides by the step time: at 3600 x 3600 it
+    agrees with the count by hand (the head's few MFLOP aside) and with the issue's
+    'about 90 GFLOP per image'."""
+    from lartpc.models.bench import train_flops
+    from lartpc.models.losses import build_loss
+
+    flops = train_flops("jishnet", (3600, 3600), 7, {"elu_after_pool": elu_after_pool},
+                        build_loss("paper"))
+    by_hand = _conv_flops_by_hand(3600, 7)
+    assert flops == pytest.approx(by_hand, rel=1e-3)
+    assert 75e9 < flops / 7 < 95e9
+    assert train_flops("scnet", (900, 900), 7, {}, build_loss("ce")) is None
+
+
+def test_peak_table_matches_device_names_and_precisions():
+    from lartpc.models.peaks import peak_tflops
+
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.4
+    assert peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.0
+    assert peak_tflops("NVIDIA H200", "tf32") == 494.7
+    assert peak_tflops("Tesla P100-SXM2-16GB", "fp32") == 10.6
+    assert peak_tflops("Tesla V100-SXM2-16GB", "bf16") is None
+    assert peak_tflops("cpu", "fp32") is None
+
+
+@pytest.mark.slow
+def test_bench_model_compile_and_flop_numbers_on_cpu(capsys):
+    """The GPU speed options run on CPU too: torch.compile (inductor's CPU backend)
+    with ELU after pooling, and the achieved TFLOP/s follow from the FLOP count and the
+    measured step (no peak known for a CPU, so no fraction); --peak-tflops gives one."""
+    rc, res = run_bench(capsys, "--model", "jishnet", "--size", "300", "--batch", "2",
+                        "--repeats", "1", "--warmup", "1", "--compile", "--elu-after-pool",
+                        "--peak-tflops", "1.0")
+    assert rc == 0, res
+    assert res["compile"] is True and res["options"]["elu_after_pool"] is True
+    gflop = res["train_gflop_per_image"]
+    assert gflop == pytest.approx(_conv_flops_by_hand(300, 1) / 1e9, rel=1e-2)
+    assert res["achieved_tflops"] == pytest.approx(
+        gflop * res["images_per_s"] / 1e3, rel=2e-2)
+    assert res["fraction_of_peak"] == pytest.approx(res["achieved_tflops"] / 1.0, rel=1e-2)
+    assert res["peak_source"] == "--peak-tflops" and res["precision"] == "fp32"
+    rc, err = run_bench(capsys, "--model", "scnet", "--size", "450", "--compile")
+    assert rc == 2 and "--compile: not an option of --model scnet" in err

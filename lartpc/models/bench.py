@@ -5,6 +5,13 @@ zeros, and prints one JSON object. ``peak_memory_bytes`` is, on CUDA,
 ``torch.cuda.max_memory_allocated`` over warmup and timed steps; on CPU, the growth of
 the process's peak resident set size (``getrusage`` ``ru_maxrss``) over those steps,
 which counts everything the allocator kept (activations, gradients, workspace).
+
+``train_gflop_per_image`` is the convolution and matrix-multiply work of one
+forward+backward pass, counted by ``torch.utils.flop_counter.FlopCounterMode`` on the
+meta device (no compute; elementwise work not counted); ``achieved_tflops`` divides it
+by the measured step time, and ``fraction_of_peak`` by the device's dense peak for the
+step's precision (:mod:`lartpc.models.peaks`, or ``--peak-tflops``). spconv's kernels
+are invisible to the counter, so SCNet reports no FLOP numbers.
 """
 
 from __future__ import annotations
@@ -40,6 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     speed.add_argument("--elu-after-pool", action="store_true",
                        help="JishNet: ELU after max-pool (same result, less work)")
     speed.add_argument("--cudnn-benchmark", action="store_true", help="cuDNN autotuning")
+    speed.add_argument("--compile", action="store_true",
+                       help="JishNet: torch.compile the model (fuses ELU into pooling)")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="the device's peak TFLOP/s for fraction_of_peak (default: "
+                             "from the device name and precision, when known)")
     speed.add_argument("--algo", default=None,
                        choices=("native", "implicit_gemm", "split_implicit_gemm"),
                        help="SCNet: spconv algorithm (default: spconv's choice)")
@@ -52,7 +64,7 @@ def _model_options(args) -> dict:
 
     foreign = ({"--algo": args.algo, "--half": args.half} if args.model == "jishnet" else
                {"--amp": args.amp != "none", "--channels-last": args.channels_last,
-                "--elu-after-pool": args.elu_after_pool})
+                "--elu-after-pool": args.elu_after_pool, "--compile": args.compile})
     used = [flag for flag, value in foreign.items() if value]
     if used:
         raise LartpcError(f"{', '.join(used)}: not an option of --model {args.model}")
@@ -107,6 +119,25 @@ def _load_events(args):
     return [simulate_event(i, args.seed, geometry) for i in range(args.batch)], geometry.shape
 
 
+def train_flops(name: str, shape: tuple[int, int], batch_size: int, options: dict,
+                loss_fn) -> float | None:
+    """FLOPs of one forward+backward of ``batch_size`` images (None for SCNet)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from lartpc.data.batch import Batch
+    from lartpc.models import build
+
+    if name != "jishnet":
+        return None
+    model = build(name, image_size=shape, **options).to("meta")
+    batch = Batch(labels=torch.zeros(batch_size, dtype=torch.int64, device="meta"),
+                  shape=shape, dense=torch.empty(batch_size, 1, *shape, device="meta"))
+    with FlopCounterMode(display=False) as counter:
+        loss_fn(model(batch), batch.labels).backward()
+    return float(counter.get_total_flops())
+
+
 def _timed(fn, repeats: int, sync) -> tuple[list[float], list[float]]:
     """Wall-clock and process CPU seconds of each of ``repeats`` calls."""
     wall, cpu = [], []
@@ -141,6 +172,9 @@ def run(args) -> int:
     model = build(args.model, image_size=shape, **options).to(dev)
     batch = _batch_from_events(events, shape, model.input_kind).to(dev)
     loss_fn = build_loss(args.loss)
+    flops = train_flops(args.model, shape, args.batch, options, loss_fn)
+    if args.compile:
+        model = torch.compile(model)
     amp = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.amp]
 
     def forward():
@@ -170,10 +204,18 @@ def run(args) -> int:
         peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024
         peak_kind = "growth of process peak RSS (ru_maxrss) over warmup and timed steps"
     fb_s = statistics.median(fb)
+    from lartpc.models.peaks import peak_tflops
+
+    precision = {"none": "tf32" if dev.type == "cuda" else "fp32", "bf16": "bf16",
+                 "fp16": "fp16"}[args.amp] if args.model == "jishnet" else \
+        ("fp16" if args.half else "fp32")
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    peak_tf = args.peak_tflops or peak_tflops(name, precision)
+    achieved = flops / fb_s / 1e12 if flops else None
     result = {
         "model": args.model, "size": list(shape), "batch": args.batch, "device": args.device,
-        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-        "threads": torch.get_num_threads(), "options": options,
+        "device_name": name,
+        "threads": torch.get_num_threads(), "options": options, "compile": args.compile,
         "amp": args.amp, "parameters": num_parameters(model),
         "active_pixels": int(sum(len(e) for e in events)),
         "repeats": args.repeats, "warmup": args.warmup,
@@ -183,6 +225,12 @@ def run(args) -> int:
         # CPU seconds of all threads: on a shared host less noisy than wall time
         "forward_backward_cpu_ms": round(statistics.median(fb_cpu) * 1e3, 3),
         "images_per_s": round(args.batch / fb_s, 3),
+        "train_gflop_per_image": round(flops / args.batch / 1e9, 3) if flops else None,
+        "achieved_tflops": round(achieved, 4) if achieved else None,
+        "precision": precision, "peak_tflops": peak_tf,
+        "peak_source": "--peak-tflops" if args.peak_tflops else
+        ("lartpc.models.peaks" if peak_tf else None),
+        "fraction_of_peak": round(achieved / peak_tf, 5) if achieved and peak_tf else None,
         "peak_memory_bytes": int(peak), "peak_memory_kind": peak_kind,
         "torch": torch.__version__,
     }

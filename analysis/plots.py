@@ -164,3 +164,34 @@ def confusion(counts: np.ndarray, title: str, out: Path) -> Path:
     ax.set_title(title, fontsize=10)
     fig.colorbar(im, ax=ax, label="% of true class", fraction=0.046, pad=0.04)
     return _save(fig, out)
+
+
+def minibatch_scan(result: dict, out: Path) -> Path:
+    """Images/s and time-to-loss against the minibatch size (``lartpc bench minibatch``):
+    every run's TTL as a dot, censored runs as an upward triangle at their bound."""
+    rows = result["rows"]
+    batches = [r["batch"] for r in rows]
+    fig, (ax_rate, ax_ttl) = plt.subplots(1, 2, figsize=(10, 4))
+    ax_rate.plot(batches, [r["images_per_s"] for r in rows], "o-", color="C0")
+    ax_rate.set_ylabel("images / s (median step)")
+    for p in result["points"]:
+        if p["ttl_censored"]:
+            ax_ttl.plot(p["batch"], p["ttl_lower_bound_s"], "^", color="C3", mfc="none")
+        else:
+            ax_ttl.plot(p["batch"], p["ttl_s"], "o", color="C1", alpha=0.7)
+    done = [r for r in rows if r["ttl_s"] is not None]
+    if done:
+        ax_ttl.plot([r["batch"] for r in done], [r["ttl_s"] for r in done], "-", color="C1",
+                    label="median over seeds")
+        ax_ttl.legend(loc="best", fontsize=8)
+    ax_ttl.set_ylabel(f"time to loss < {result['threshold']:g} (s); ^ = not reached")
+    for ax in (ax_rate, ax_ttl):
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(FixedLocator(batches))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticklabels([str(b) for b in batches])
+        ax.set_xlabel("minibatch size")
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{result['model']} on {result['device']}, {result['image_size']}^2 images, "
+                 f"lr scaling {result['lr_scaling']}", fontsize=10)
+    return _save(fig, out)

@@ -9,4 +9,5 @@ KINDS: dict[str, tuple[str, str]] = {
     "loader": ("lartpc.data.bench", "data loading time and batch assembly rate"),
     "model": ("lartpc.models.bench", "forward / forward+backward time of one model"),
     "train": ("lartpc.bench_train", "short trainings at several rank counts"),
+    "minibatch": ("lartpc.bench_minibatch", "throughput and time-to-loss vs minibatch size"),
 }

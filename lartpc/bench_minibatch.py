@@ -1,0 +1,177 @@
+"""``lartpc bench minibatch``: throughput and time-to-loss against the minibatch size.
+
+The paper left open whether SCNet, cheap per image, would reach a loss sooner with
+larger minibatches than its 7 per GPU. Each point here is a real single-process
+``lartpc train`` of ``--seconds`` on the same events, at minibatch B and learning rate
+``lr x f(B / base)`` (``--lr-scaling``: none, linear or sqrt), one run per seed. From
+its run folder come images/s (median step time, and the epoch rate) and TTL, the wall
+time from process start (data loading included) to the smoothed training loss below
+``--threshold``, censored when the time ran out first.
+
+One JSON object goes to stdout; with ``--out DIR`` the run folders are kept there with
+``minibatch.csv``, ``minibatch.md`` and ``minibatch.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+from lartpc.errors import LartpcError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", choices=("jishnet", "scnet"), default="scnet")
+    parser.add_argument("--batches", default="7,14,28,56,112,256",
+                        help="comma-separated minibatch sizes")
+    parser.add_argument("--seeds", default="0", help="comma-separated seeds (runs per size)")
+    parser.add_argument("--base-batch", type=int, default=7,
+                        help="the minibatch the config's learning rate is meant for")
+    parser.add_argument("--lr-scaling", choices=("none", "linear", "sqrt"), default="sqrt",
+                        help="learning rate x (B / base)^p, p = 0, 1 or 1/2 (default sqrt)")
+    parser.add_argument("--threshold", type=float, default=1.2,
+                        help="TTL loss threshold (the paper's 1.2 with its loss)")
+    parser.add_argument("--data", type=Path, help="event folder (default: simulate one)")
+    parser.add_argument("--events", type=int, default=700, help="events to simulate")
+    parser.add_argument("--downsample", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=120.0, help="time limit per run")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--config", default=None,
+                        help="training preset or TOML file (default tiny-MODEL)")
+    parser.add_argument("--loader", default="auto",
+                        choices=("auto", "blosc", "device-dense", "sparse"))
+    parser.add_argument("--out", type=Path, default=None,
+                        help="keep run folders, table and plot here (a new folder)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="SECTION.KEY=VALUE")
+
+
+def _ints(text: str, option: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        raise LartpcError(f"{option} {text!r}: expected comma-separated integers") from e
+    if not values or min(values) < (0 if option == "--seeds" else 1):
+        raise LartpcError(f"{option} {text!r}: expected positive integers")
+    return values
+
+
+def scaled_lr(base_lr: float, batch: int, base_batch: int, scaling: str) -> float:
+    power = {"none": 0.0, "linear": 1.0, "sqrt": 0.5}[scaling]
+    return base_lr * (batch / base_batch) ** power
+
+
+def summarise(points: list[dict]) -> list[dict]:
+    """One row per minibatch size: medians over seeds; TTL median only when every seed
+    got there, else the number that did and the smallest censored bound."""
+    rows = []
+    for b in sorted({p["batch"] for p in points}):
+        ps = [p for p in points if p["batch"] == b]
+        ttls = [p["ttl_s"] for p in ps if not p["ttl_censored"]]
+        bounds = [p["ttl_lower_bound_s"] for p in ps if p["ttl_censored"]]
+        rows.append({
+            "batch": b, "lr": ps[0]["lr"], "runs": len(ps),
+            "images_per_s": statistics.median(p["images_per_s_steps"] for p in ps),
+            "images_per_s_epochs": statistics.median(p["images_per_s"] for p in ps),
+            "step_s": statistics.median(p["step_s_median"] for p in ps),
+            "data_wait_fraction": statistics.median(p["data_wait_fraction"] for p in ps),
+            "ttl_reached": len(ttls),
+            "ttl_s": statistics.median(ttls) if len(ttls) == len(ps) else None,
+            "ttl_s_all": [p["ttl_s"] for p in ps],
+            "ttl_censored_bound_s": min(bounds) if bounds else None,
+            "final_loss_smoothed": statistics.median(
+                p["final_loss_smoothed"] for p in ps if p["final_loss_smoothed"] is not None)
+            if any(p["final_loss_smoothed"] is not None for p in ps) else None,
+            "accuracy": statistics.median(p["accuracy"] for p in ps
+                                          if p["accuracy"] is not None)
+            if any(p["accuracy"] is not None for p in ps) else None,
+        })
+    return rows
+
+
+def markdown(result: dict) -> str:
+    head = (f"{result['model']} minibatch scan on {result['device']} "
+            f"({result['image_size']}x{result['image_size']}, {result['seconds_per_run']:g} s "
+            f"per run, lr x (B/{result['base_batch']})^"
+            f"{ {'none': 0, 'linear': 1, 'sqrt': 0.5}[result['lr_scaling']]}, "
+            f"TTL threshold {result['threshold']:g})\n\n")
+    lines = ["| minibatch | lr | images/s | step ms | data wait | TTL s | final loss | "
+             "accuracy |", "|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        if r["ttl_s"] is not None:
+            ttl = f"{r['ttl_s']:.0f}"
+        elif r["ttl_reached"]:
+            ttl = f"{r['ttl_reached']}/{r['runs']} reached"
+        else:
+            ttl = f"> {r['ttl_censored_bound_s']:.0f} (censored)"
+        loss = "–" if r["final_loss_smoothed"] is None else f"{r['final_loss_smoothed']:.3f}"
+        acc = "–" if r["accuracy"] is None else f"{100 * r['accuracy']:.0f} %"
+        lines.append(f"| {r['batch']} | {r['lr']:.3g} | {r['images_per_s']:.1f} | "
+                     f"{1e3 * r['step_s']:.1f} | {100 * r['data_wait_fraction']:.1f} % | "
+                     f"{ttl} | {loss} | {acc} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    from lartpc.bench_train import train_point
+    from lartpc.config import load_config
+
+    batches, seeds = _ints(args.batches, "--batches"), _ints(args.seeds, "--seeds")
+    if args.seconds <= 0:
+        raise LartpcError("--seconds must be > 0")
+    config = args.config or f"tiny-{args.model}"
+    base_lr = load_config(config, args.overrides).train.lr
+    if args.out is not None and args.out.exists():
+        raise LartpcError(f"--out {args.out}: exists; choose a new folder "
+                          "(nothing there is overwritten)")
+    with tempfile.TemporaryDirectory(prefix="lartpc-bench-minibatch-") as tmp:
+        work = Path(tmp) if args.out is None else args.out
+        data = args.data
+        if data is None:
+            from lartpc.sim import write_dataset
+
+            data = Path(tmp) / "events"
+            write_dataset(data, args.events, seed=0, downsample=args.downsample, workers=1)
+        points = []
+        for b in batches:
+            lr = scaled_lr(base_lr, b, args.base_batch, args.lr_scaling)
+            point_args = copy.copy(args)
+            point_args.batch, point_args.config = b, config
+            for s in seeds:
+                p = train_point(point_args, data, work / "runs" / f"b{b:03d}-s{s}", 1, "none",
+                                extra=(f"train.lr={lr!r}", f"train.seed={s}"),
+                                threshold=args.threshold)
+                p.update(batch=b, seed=s, lr=lr, images_per_s_steps=b / p["step_s_median"])
+                points.append(p)
+        result = {
+            "model": args.model, "config": config, "device": args.device,
+            "image_size": 3600 // args.downsample, "seconds_per_run": args.seconds,
+            "base_batch": args.base_batch, "base_lr": base_lr, "lr_scaling": args.lr_scaling,
+            "threshold": args.threshold, "seeds": seeds,
+            "note": "images_per_s = B / median step time (steps after the first); "
+                    "images_per_s_epochs from the epoch rate (evaluation and checkpoint "
+                    "pauses count); TTL from process start, data loading included",
+            "rows": summarise(points), "points": points,
+        }
+        if args.out is not None:
+            _write_outputs(result, args.out)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def _write_outputs(result: dict, out: Path) -> None:
+    import pandas as pd
+
+    from analysis.plots import minibatch_scan
+
+    table = pd.DataFrame([{k: v for k, v in r.items() if k != "ttl_s_all"}
+                          for r in result["rows"]])
+    table.to_csv(out / "minibatch.csv", index=False)
+    (out / "minibatch.md").write_text(markdown(result))
+    (out / "minibatch.json").write_text(json.dumps(result, indent=2))
+    minibatch_scan(result, out / "minibatch.png")
+

@@ -10,7 +10,7 @@ TORCH_VERSION ?= 2.13.0
 SPCONV ?= auto
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast demo lint clean-venv
+.PHONY: install test test-fast demo bench-gpu lint clean-venv
 
 install:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ test-fast: install
 
 demo: install
 	$(RUN_IN_VENV) $(PY) -m jobs.local.study --out demo
+
+# Every GPU speed measurement (issue 9) on this host's GPU, into a new folder.
+GPU_BENCH_OUT ?= gpu-bench
+bench-gpu: install
+	$(RUN_IN_VENV) $(PY) -m jobs.local.gpu_bench --out $(GPU_BENCH_OUT)
 
 lint: install
 	$(VENV)/bin/ruff check lartpc analysis jobs tests

@@ -1,0 +1,169 @@
+"""Every GPU speed measurement of the project in one command, for one GPU host.
+
+    python -m jobs.local.gpu_bench --out gpu-bench            # on the GPU host
+    python -m jobs.local.gpu_bench --out /tmp/gb --device cpu --quick   # smoke run
+
+Runs, each as its own ``lartpc bench`` process, writing its JSON into ``--out``:
+
+1. ``model-jishnet-*``: JishNet forward+backward at 3600 x 3600, minibatch 7, from the
+   published layer order up through ELU-after-pool, cuDNN autotuning, bf16 autocast,
+   channels_last and torch.compile (each step adds one option), with TFLOP/s and the
+   fraction of the device's peak.
+2. ``model-scnet-*``: SCNet with spconv's default, implicit GEMM, and implicit GEMM in
+   float16.
+3. ``train-*``: one-GPU trainings through the real loaders (JishNet from Blosc and from
+   device-dense, SCNet sparse) with the fastest options: images/s and the share of each
+   step spent waiting for data.
+4. ``minibatch-scnet``: SCNet throughput and time-to-loss for minibatch 7 ... 256.
+
+``summary.md`` collects the headline numbers. A failing step is reported and the rest
+still run; the exit status is non-zero if any failed. Options a CPU cannot run (spconv
+float16 and implicit GEMM) are listed as skipped with ``--device cpu``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+JISHNET_STEPS = (  # (name, added flags): each step keeps the previous ones
+    ("published", []),
+    ("elu-after-pool", ["--elu-after-pool"]),
+    ("cudnn-benchmark", ["--cudnn-benchmark"]),
+    ("bf16", ["--amp", "bf16"]),
+    ("channels-last", ["--channels-last"]),
+    ("compile", ["--compile"]),
+)
+SCNET_VARIANTS = (  # (name, flags, needs CUDA)
+    ("default", [], False),
+    ("implicit-gemm", ["--algo", "implicit_gemm"], True),
+    ("implicit-gemm-fp16", ["--algo", "implicit_gemm", "--half"], True),
+)
+
+
+def _say(msg: str) -> None:
+    print(f"[gpu-bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _lartpc(out: Path, name: str, argv: list[str], timeout: float) -> dict:
+    """Run ``lartpc ARGV``; its JSON is written to OUT/NAME.json and returned."""
+    cmd = [str(BIN / "lartpc"), *argv]
+    _say(f"{name}: {' '.join(cmd)}")
+    t0 = time.time()
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"name": name, "error": f"timed out after {timeout:.0f} s", "command": cmd}
+    if r.returncode != 0:
+        _say(f"{name}: failed (exit {r.returncode})")
+        return {"name": name, "error": r.stderr[-3000:], "command": cmd}
+    res = json.loads(r.stdout)
+    res.update(name=name, command=cmd, wall_s=round(time.time() - t0, 1))
+    (out / f"{name}.json").write_text(json.dumps(res, indent=2))
+    return res
+
+
+def plan(args) -> list[tuple[str, list[str] | None, str]]:
+    """(name, lartpc arguments or None when skipped, why skipped) in running order."""
+    size = ["--size", str(args.size)]
+    dev = ["--device", args.device]
+    reps = ["--repeats", str(args.repeats), "--warmup", str(args.warmup)]
+    steps: list[tuple[str, list[str] | None, str]] = []
+    flags: list[str] = []
+    for name, added in JISHNET_STEPS:
+        flags = flags + added
+        if name == "cudnn-benchmark" and args.device == "cpu":
+            continue  # no cuDNN on CPU: the step would repeat the previous one
+        steps.append((f"model-jishnet-{name}",
+                      ["bench", "model", "--model", "jishnet", *size, *dev, *reps, *flags], ""))
+    for name, extra, needs_cuda in SCNET_VARIANTS:
+        argv = ["bench", "model", "--model", "scnet", *size, *dev, *reps, *extra]
+        skip = needs_cuda and args.device != "cuda"
+        steps.append((f"model-scnet-{name}", None if skip else argv,
+                      "spconv's CPU build has no implicit GEMM or float16" if skip else ""))
+    downsample = str(3600 // args.size)
+    fast_jish = ["--set", "train.amp=bf16", "--set", "model.channels_last=true"] \
+        if args.device == "cuda" else []
+    fast_scnet = ["--set", "train.amp=fp16", "--set", "model.algo=implicit_gemm"] \
+        if args.device == "cuda" else []
+    train = ["bench", "train", "--ranks", "1", "--no-compare-torch", *dev, "--downsample",
+             downsample, "--events", str(args.events), "--seconds", str(args.train_seconds)]
+    for model, loader, fast in (("jishnet", "blosc", fast_jish),
+                                ("jishnet", "device-dense", fast_jish),
+                                ("scnet", "sparse", fast_scnet)):
+        steps.append((f"train-{model}-{loader}",
+                      [*train, "--model", model, "--loader", loader, *fast], ""))
+    steps.append(("minibatch-scnet",
+                  ["bench", "minibatch", "--model", "scnet", *dev, "--downsample", downsample,
+                   "--events", str(args.events), "--batches", args.batches, "--seeds",
+                   args.seeds, "--seconds", str(args.scan_seconds),
+                   "--out", str(args.out / "minibatch"), *fast_scnet], ""))
+    return steps
+
+
+def summary(results: list[dict], skipped: list[tuple[str, str]]) -> str:
+    lines = ["| measurement | images/s | TFLOP/s | fraction of peak | data wait | note |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['name']} | – | – | – | – | failed |")
+            continue
+        point = (r.get("points") or [{}])[0]
+        rate = r.get("images_per_s", point.get("images_per_s"))
+        wait = point.get("data_wait_fraction")
+        cells = [f"{rate:.1f}" if rate else "–",
+                 f"{r['achieved_tflops']:.2f}" if r.get("achieved_tflops") else "–",
+                 f"{100 * r['fraction_of_peak']:.1f} %" if r.get("fraction_of_peak") else "–",
+                 f"{100 * wait:.1f} %" if wait is not None else "–",
+                 r.get("device_name", r.get("device", ""))]
+        if r["name"] == "minibatch-scnet":
+            cells = ["see minibatch/minibatch.md", "–", "–", "–", ""]
+        lines.append(f"| {r['name']} | " + " | ".join(cells) + " |")
+    lines += [f"| {name} | – | – | – | – | skipped: {why} |" for name, why in skipped]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True, help="a new folder for the results")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--quick", action="store_true",
+                    help="small images and short runs: checks that every step runs")
+    args = ap.parse_args(argv)
+    if args.out.exists():
+        ap.error(f"--out {args.out}: exists; choose a new folder")
+    quick = args.quick
+    args.size = 450 if quick else 3600
+    args.repeats, args.warmup = (1, 1) if quick else (10, 3)
+    args.events = 40 if quick else 700
+    args.train_seconds = 10 if quick else 120
+    args.scan_seconds = 8 if quick else 90
+    args.batches = "4,8" if quick else "7,14,28,56,112,256"
+    args.seeds = "0" if quick else "0,1"
+    if args.device == "cuda" and not shutil.which("nvidia-smi"):
+        _say("no nvidia-smi on PATH; torch will still be asked for a CUDA device")
+    args.out.mkdir(parents=True)
+    results, skipped = [], []
+    for name, cmd, why in plan(args):
+        if cmd is None:
+            skipped.append((name, why))
+            continue
+        results.append(_lartpc(args.out, name, cmd, timeout=600 if quick else 3600))
+    (args.out / "summary.md").write_text(summary(results, skipped))
+    failed = [r["name"] for r in results if "error" in r]
+    (args.out / "failures.json").write_text(json.dumps(
+        [r for r in results if "error" in r], indent=2))
+    _say(f"done: {len(results) - len(failed)} measured, {len(skipped)} skipped, "
+         f"{len(failed)} failed; see {args.out / 'summary.md'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

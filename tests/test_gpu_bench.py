@@ -1,0 +1,66 @@
+"""`python -m jobs.local.gpu_bench`: the one-command GPU measurement set. Its plan for a
+CUDA host is checked option by option; on CPU every step that a CPU can run runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from train_helpers import clean_env
+
+from jobs.local.gpu_bench import plan
+
+
+def _args(device: str) -> argparse.Namespace:
+    return argparse.Namespace(device=device, size=3600, repeats=10, warmup=3, events=700,
+                              train_seconds=120, scan_seconds=90, batches="7,14,28,56,112,256",
+                              seeds="0,1", out=Path("gb"))
+
+
+def test_cuda_plan_measures_every_issue_target():
+    steps = {name: argv for name, argv, _ in plan(_args("cuda"))}
+    assert all(argv is not None for argv in steps.values())
+    last = steps["model-jishnet-compile"]
+    for flag in ("--elu-after-pool", "--cudnn-benchmark", "--channels-last", "--compile"):
+        assert flag in last
+    assert last[last.index("--amp") + 1] == "bf16" and "--size" in last
+    assert steps["model-scnet-implicit-gemm-fp16"][-3:] == ["--algo", "implicit_gemm",
+                                                            "--half"]
+    for name in ("train-jishnet-blosc", "train-jishnet-device-dense", "train-scnet-sparse"):
+        argv = steps[name]
+        assert argv[argv.index("--device") + 1] == "cuda"
+        assert argv[argv.index("--downsample") + 1] == "1"
+    assert "train.amp=fp16" in steps["train-scnet-sparse"]
+    assert "model.algo=implicit_gemm" in steps["train-scnet-sparse"]
+    scan = steps["minibatch-scnet"]
+    assert scan[scan.index("--batches") + 1] == "7,14,28,56,112,256"
+
+
+def test_cpu_plan_skips_only_what_spconv_cpu_cannot_run():
+    skipped = [name for name, argv, why in plan(_args("cpu")) if argv is None]
+    assert skipped == ["model-scnet-implicit-gemm", "model-scnet-implicit-gemm-fp16"]
+
+
+@pytest.mark.slow
+def test_quick_cpu_run_measures_every_step(tmp_path):
+    out = tmp_path / "gb"
+    r = subprocess.run([sys.executable, "-m", "jobs.local.gpu_bench", "--out", str(out),
+                        "--device", "cpu", "--quick"], capture_output=True, text=True,
+                       timeout=900, env=clean_env(), cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((out / "failures.json").read_text()) == []
+    compiled = json.loads((out / "model-jishnet-compile.json").read_text())
+    assert compiled["compile"] is True and compiled["amp"] == "bf16"
+    assert compiled["achieved_tflops"] > 0 and compiled["fraction_of_peak"] is None
+    for name in ("train-jishnet-blosc", "train-jishnet-device-dense", "train-scnet-sparse"):
+        point = json.loads((out / f"{name}.json").read_text())["points"][0]
+        assert point["steps"] > 1 and 0 <= point["data_wait_fraction"] < 1
+    assert {p["loader"] for n in ("blosc", "device-dense") for p in json.loads(
+        (out / f"train-jishnet-{n}.json").read_text())["points"]} == {"dense", "device-dense"}
+    assert (out / "minibatch" / "minibatch.png").exists()
+    summary = (out / "summary.md").read_text()
+    assert "skipped: spconv's CPU build" in summary and "failed" not in summary

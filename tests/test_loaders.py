@@ -32,6 +32,17 @@ def _check_dense(store, batch):
         assert batch.truth["pdg"][j] == ev.truth["pdg"]
 
 
+def _check_epochs(store, loader, epochs, indices):
+    """Every dense batch of each epoch equals its events; each epoch covers ``indices``."""
+    for epoch in epochs:
+        loader.set_epoch(epoch)
+        seen = []
+        for b in loader:
+            _check_dense(store, b)
+            seen += b.event_ids.tolist()
+        assert sorted(seen) == list(indices)
+
+
 @pytest.mark.parametrize("blosc", [
     BloscConfig(),  # lz4, no shuffle, compressed during epoch 0
     BloscConfig(compress_at="start", threads=2),
@@ -41,13 +52,7 @@ def _check_dense(store, batch):
 def test_dense_images_equal_stored_events(store, blosc):
     idx = np.arange(0, 40, 3)
     loader = build_loader(store, "dense", idx, 4, blosc=blosc, seed=1)
-    for epoch in (0, 1):  # epoch 0 may compress, epoch 1 decompresses only
-        loader.set_epoch(epoch)
-        seen = []
-        for b in loader:
-            _check_dense(store, b)
-            seen += b.event_ids.tolist()
-        assert sorted(seen) == idx.tolist()
+    _check_epochs(store, loader, (0, 1), idx)  # epoch 0 may compress, 1 decompresses only
     assert all(loader.cache.has(i) for i in range(len(idx)))  # epoch 0 compressed them all
     assert loader.resident_bytes == loader.cache.resident_bytes  # no sparse copy left
     assert loader.cache.compression_ratio > 20
@@ -132,6 +137,50 @@ def test_device_dense_equals_dense(store):
             assert np.array_equal(a.dense.numpy(), b.dense.numpy())
             n += 1
         assert n == dense.steps_per_epoch == dev.steps_per_epoch == 5
+
+
+def test_device_dense_images_equal_stored_events_as_slots_are_reused(store):
+    """A reused slot clears only the pixels its last batch wrote: every image is still
+    exactly the event's, epoch after epoch (short last batches included)."""
+    idx = np.arange(3, 36, 2)
+    _check_epochs(store, build_loader(store, "device-dense", idx, 5, seed=4), range(3), idx)
+
+
+@pytest.mark.parametrize("mode", ["dense", "device-dense"])
+def test_batch_failing_half_way_leaves_no_stale_pixels(store, mode, monkeypatch):
+    """A batch that fails after writing part of its buffer (here: garbage over a whole
+    image, then an error) must not let the slot's next batch trust an old record."""
+    loader = build_loader(store, mode, np.arange(12), 4, seed=3, prefetch_depth=0)
+    list(loader)  # epoch 0 (the dense mode compresses here)
+    calls = {"n": 0}
+    if mode == "dense":
+        real = loader.cache.decompress_into
+
+        def flaky(i, dst, stale=None):
+            calls["n"] += 1
+            if calls["n"] == 2:
+                dst[:] = 7.0
+                raise OSError("read error")
+            return real(i, dst, stale)
+
+        monkeypatch.setattr(loader.cache, "decompress_into", flaky)
+    else:
+        real = loader.pixels.gather
+
+        def flaky(positions):
+            calls["n"] += 1
+            if calls["n"] == 2:
+                loader._slot_buffer(1).fill_(7.0)
+                loader._begin_write(1)  # as a scatter interrupted after its clear
+                raise OSError("read error")
+            return real(positions)
+
+        monkeypatch.setattr(loader.pixels, "gather", flaky)
+    loader.set_epoch(1)
+    with pytest.raises(OSError, match="read error"):
+        list(loader)
+    monkeypatch.undo()
+    _check_epochs(store, loader, (2, 3), range(12))
 
 
 @pytest.mark.parametrize("mode", ["dense", "sparse", "device-dense"])

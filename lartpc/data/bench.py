@@ -5,8 +5,9 @@ start to first batch in hand), ``read_s`` the HDF5 read alone; both are medians 
 ``--repeats`` fresh loaders (the read is timed on its own, before each loader is
 built; ``loader_read_s`` is the same read inside the loader, overlapping buffer setup).
 ``batch_s`` is the median time to assemble one batch with
-prefetching off (so nothing is hidden behind another thread); ``batch_gbps`` the dense
-float32 bytes that produces per second per assembling thread (one).
+prefetching off (so nothing is hidden behind another thread; on CUDA the device is
+synchronised after each batch, so the host-to-device copy counts); ``batch_gbps`` the
+dense float32 bytes that produces per second per assembling thread (one).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def _blosc_config(args):
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from lartpc.data.loaders import build_loader
     from lartpc.data.sharding import ShardPlan
     from lartpc.data.store import EventStore
@@ -63,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     plan = ShardPlan(len(store), args.ranks, args.batch, seed=0, eval_fraction=0.0)
     indices = plan.train_indices(0)
     blosc = _blosc_config(args) if args.mode == "dense" else None
+    sync = torch.cuda.synchronize if torch.device(args.device).type == "cuda" else (lambda: None)
     dlts, reads, loader_reads, preps, times, firsts, compress = [], [], [], [], [], [], []
     for rep in range(args.repeats):
         # The HDF5 read alone, from a fresh store, with nothing else running.
@@ -74,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
                               steps_per_epoch=plan.steps_per_epoch, prefetch_depth=0, blosc=blosc)
         it = iter(loader)
         first = next(it)
+        sync()
         dlts.append(time.perf_counter() - t0)
         loader_reads.append(loader.read_s)
         preps.append(loader.prepare_s)
@@ -81,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         first_epoch = []
         tb = time.perf_counter()
         for b in it:  # finish epoch 0: with lazy compression it also compresses
+            sync()
             if b.batch_size == args.batch:
                 first_epoch.append(time.perf_counter() - tb)
             tb = time.perf_counter()
@@ -92,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
             loader.set_epoch(epoch)
             tb = time.perf_counter()
             for b in loader:
+                sync()
                 if b.batch_size == args.batch:  # short remainder batches would skew the rate
                     times.append(time.perf_counter() - tb)
                 if len(times) >= args.batches * (rep + 1):

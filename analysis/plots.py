@@ -166,25 +166,47 @@ def confusion(counts: np.ndarray, title: str, out: Path) -> Path:
     return _save(fig, out)
 
 
-def minibatch_scan(result: dict, out: Path) -> Path:
-    """Images/s and time-to-loss against the minibatch size (``lartpc bench minibatch``):
-    every run's TTL as a dot, censored runs as an upward triangle at their bound."""
-    rows = result["rows"]
+def minibatch_scan(result: dict, runs: list[Run], out: Path) -> Path:
+    """``lartpc bench minibatch``: images/s against the minibatch size; the smoothed
+    training loss of every run against wall time, one colour per size; TTL against the
+    size, censored runs as open triangles at their bound (the axis starts at zero, so a
+    scan where no run reached the threshold reads as such)."""
+    rows, points = result["rows"], result["points"]
     batches = [r["batch"] for r in rows]
-    fig, (ax_rate, ax_ttl) = plt.subplots(1, 2, figsize=(10, 4))
+    threshold = result["threshold"]
+    colour = _colours(batches)
+    fig, (ax_rate, ax_loss, ax_ttl) = plt.subplots(1, 3, figsize=(15, 4.3))
     ax_rate.plot(batches, [r["images_per_s"] for r in rows], "o-", color="C0")
     ax_rate.set_ylabel("images / s (median step)")
-    for p in result["points"]:
-        if p["ttl_censored"]:
-            ax_ttl.plot(p["batch"], p["ttl_lower_bound_s"], "^", color="C3", mfc="none")
-        else:
-            ax_ttl.plot(p["batch"], p["ttl_s"], "o", color="C1", alpha=0.7)
+    ax_rate.set_ylim(bottom=0)
+    labelled: set[int] = set()
+    for p, run in zip(points, runs, strict=True):
+        steps = primary_steps(run)
+        if steps is None:
+            continue
+        t = steps["time"].to_numpy() - run.meta["start_time"]
+        b = p["batch"]
+        ax_loss.plot(t, smoothed_loss(steps, p["smooth_window"] or 1).to_numpy(),
+                     color=colour[b], lw=1.2, label=None if b in labelled else f"B = {b}")
+        labelled.add(b)
+    ax_loss.axhline(threshold, color="crimson", ls="--", lw=1, label=f"threshold {threshold:g}")
+    ax_loss.set_xlabel("wall time since start (s; data loading included)")
+    ax_loss.set_ylabel("training loss (smoothed)")
+    ax_loss.legend(fontsize=8, ncol=2, loc="upper right")
+    ax_loss.grid(alpha=0.3)
+    reached = [p for p in points if not p["ttl_censored"]]
+    cens = [p for p in points if p["ttl_censored"] and p["ttl_lower_bound_s"]]
+    ax_ttl.plot([p["batch"] for p in reached], [p["ttl_s"] for p in reached], "o",
+                color="C1", alpha=0.7, label="reached")
+    ax_ttl.plot([p["batch"] for p in cens], [p["ttl_lower_bound_s"] for p in cens], "^",
+                color="C3", mfc="none", label="not reached (lower bound)")
     done = [r for r in rows if r["ttl_s"] is not None]
     if done:
         ax_ttl.plot([r["batch"] for r in done], [r["ttl_s"] for r in done], "-", color="C1",
                     label="median over seeds")
-        ax_ttl.legend(loc="best", fontsize=8)
-    ax_ttl.set_ylabel(f"time to loss < {result['threshold']:g} (s); ^ = not reached")
+    ax_ttl.set_ylim(bottom=0)
+    ax_ttl.set_ylabel(f"time to loss < {threshold:g} (s)")
+    ax_ttl.legend(fontsize=8, loc="lower left")
     for ax in (ax_rate, ax_ttl):
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_locator(FixedLocator(batches))
@@ -193,5 +215,6 @@ def minibatch_scan(result: dict, out: Path) -> Path:
         ax.set_xlabel("minibatch size")
         ax.grid(alpha=0.3)
     fig.suptitle(f"{result['model']} on {result['device']}, {result['image_size']}^2 images, "
-                 f"lr scaling {result['lr_scaling']}", fontsize=10)
+                 f"lr scaling {result['lr_scaling']}, {result['seconds_per_run']:g} s per run",
+                 fontsize=10)
     return _save(fig, out)

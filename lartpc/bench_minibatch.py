@@ -9,7 +9,10 @@ time from process start (data loading included) to the smoothed training loss be
 ``--threshold``, censored when the time ran out first.
 
 One JSON object goes to stdout; with ``--out DIR`` the run folders are kept there with
-``minibatch.csv``, ``minibatch.md`` and ``minibatch.png``.
+``minibatch.json``, ``minibatch.csv``, ``minibatch.md`` and ``minibatch.png`` (images/s,
+smoothed loss against wall time, TTL). ``--from DIR`` measures the runs of such a
+finished scan again, without training, at another ``--threshold``: a scan whose runs
+all stayed above 1.2 can still be compared at a loss they reached.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -46,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         choices=("auto", "blosc", "device-dense", "sparse"))
     parser.add_argument("--out", type=Path, default=None,
                         help="keep run folders, table and plot here (a new folder)")
+    parser.add_argument("--from", dest="from_dir", type=Path, default=None,
+                        help="a finished scan's --out folder: measure its runs again at "
+                             "--threshold instead of training")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.KEY=VALUE")
 
@@ -117,6 +124,16 @@ def markdown(result: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out is not None and args.out.exists():
+        raise LartpcError(f"--out {args.out}: exists; choose a new folder "
+                          "(nothing there is overwritten)")
+    result = _remeasure(args) if args.from_dir is not None else _scan(args)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def _scan(args: argparse.Namespace) -> dict:
+    """Train every (minibatch, seed) point; write the outputs when ``--out`` is given."""
     from lartpc.bench_train import train_point
     from lartpc.config import load_config
 
@@ -125,9 +142,6 @@ def run(args: argparse.Namespace) -> int:
         raise LartpcError("--seconds must be > 0")
     config = args.config or f"tiny-{args.model}"
     base_lr = load_config(config, args.overrides).train.lr
-    if args.out is not None and args.out.exists():
-        raise LartpcError(f"--out {args.out}: exists; choose a new folder "
-                          "(nothing there is overwritten)")
     with tempfile.TemporaryDirectory(prefix="lartpc-bench-minibatch-") as tmp:
         work = Path(tmp) if args.out is None else args.out
         data = args.data
@@ -135,43 +149,80 @@ def run(args: argparse.Namespace) -> int:
             from lartpc.sim import write_dataset
 
             data = Path(tmp) / "events"
-            write_dataset(data, args.events, seed=0, downsample=args.downsample, workers=1)
+            write_dataset(data, args.events, seed=0, downsample=args.downsample,
+                          workers=os.cpu_count() or 1)
         points = []
         for b in batches:
             lr = scaled_lr(base_lr, b, args.base_batch, args.lr_scaling)
             point_args = copy.copy(args)
             point_args.batch, point_args.config = b, config
             for s in seeds:
-                p = train_point(point_args, data, work / "runs" / f"b{b:03d}-s{s}", 1, "none",
+                run = run_folder(b, s)
+                p = train_point(point_args, data, work / run, 1, "none",
                                 extra=(f"train.lr={lr!r}", f"train.seed={s}"),
                                 threshold=args.threshold)
-                p.update(batch=b, seed=s, lr=lr, images_per_s_steps=b / p["step_s_median"])
-                points.append(p)
+                points.append(_point(p, run, b, s, lr))
         result = {
             "model": args.model, "config": config, "device": args.device,
             "image_size": 3600 // args.downsample, "seconds_per_run": args.seconds,
             "base_batch": args.base_batch, "base_lr": base_lr, "lr_scaling": args.lr_scaling,
-            "threshold": args.threshold, "seeds": seeds,
-            "note": "images_per_s = B / median step time (steps after the first); "
-                    "images_per_s_epochs from the epoch rate (evaluation and checkpoint "
-                    "pauses count); TTL from process start, data loading included",
+            "threshold": args.threshold, "seeds": seeds, "note": NOTE,
             "rows": summarise(points), "points": points,
         }
         if args.out is not None:
-            _write_outputs(result, args.out)
-    print(json.dumps(result, indent=2))
-    return 0
+            _write_outputs(result, args.out, work)
+    return result
 
 
-def _write_outputs(result: dict, out: Path) -> None:
+def _remeasure(args: argparse.Namespace) -> dict:
+    """The runs of the finished scan in ``--from``, measured again at ``--threshold``."""
+    from lartpc.bench_train import measure_run
+
+    src = args.from_dir
+    try:
+        old = json.loads((src / "minibatch.json").read_text())
+        points = []
+        for p in old["points"]:
+            run = run_folder(p["batch"], p["seed"])
+            points.append(_point(measure_run(src / run, args.threshold), run, p["batch"],
+                                 p["seed"], p["lr"]))
+    except (OSError, ValueError, KeyError) as e:
+        raise LartpcError(f"--from {src}: not a finished `lartpc bench minibatch --out` "
+                          f"folder ({e})") from e
+    result = {**old, "threshold": args.threshold, "remeasured_from": str(src),
+              "rows": summarise(points), "points": points}
+    if args.out is not None:
+        args.out.mkdir(parents=True)
+        _write_outputs(result, args.out, src)
+    return result
+
+
+NOTE = ("images_per_s = B / median step time (steps after the first); images_per_s_epochs "
+        "from the epoch rate (evaluation and checkpoint pauses count); TTL from process "
+        "start, data loading included")
+
+
+def run_folder(batch: int, seed: int) -> str:
+    """Where a scan keeps the run of one point, relative to its ``--out``."""
+    return f"runs/b{batch:03d}-s{seed}"
+
+
+def _point(measured: dict, run: str, batch: int, seed: int, lr: float) -> dict:
+    measured.update(run=run, batch=batch, seed=seed, lr=lr,
+                    images_per_s_steps=batch / measured["step_s_median"])
+    return measured
+
+
+def _write_outputs(result: dict, out: Path, scan_dir: Path) -> None:
     import pandas as pd
 
     from analysis.plots import minibatch_scan
+    from analysis.runs import load_run
 
     table = pd.DataFrame([{k: v for k, v in r.items() if k != "ttl_s_all"}
                           for r in result["rows"]])
     table.to_csv(out / "minibatch.csv", index=False)
     (out / "minibatch.md").write_text(markdown(result))
     (out / "minibatch.json").write_text(json.dumps(result, indent=2))
-    minibatch_scan(result, out / "minibatch.png")
-
+    runs = [load_run(scan_dir / p["run"]) for p in result["points"]]
+    minibatch_scan(result, runs, out / "minibatch.png")

@@ -1,7 +1,9 @@
 """``lartpc bench train``: short real trainings at several rank counts, one JSON object.
 
-Each point is a real ``horovodrun -np N lartpc train`` on the same events; the numbers
-come from its run folder (the same readers the analysis uses). Threads per rank are
+Each point is a real ``horovodrun -np N lartpc train`` on the same events (``--backend
+torch``: ``torchrun``; ``none``: one plain ``lartpc train`` process, for one-GPU
+throughput where Horovod is not built); the numbers come from its run folder (the same
+readers the analysis uses). Threads per rank are
 the configured default (cores divided by ranks; SCNet on CPU one) unless ``--set
 train.threads=K`` says otherwise; each point reports what it used.
 """
@@ -35,8 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loader", default="auto",
                         choices=("auto", "blosc", "device-dense", "sparse"),
                         help="batch path (data.loader); auto = the preset's")
+    parser.add_argument("--backend", choices=("horovod", "torch", "none"), default="horovod",
+                        help="launcher of each point (none: one plain process, --ranks 1)")
     parser.add_argument("--compare-torch", action=argparse.BooleanOptionalAction, default=True,
-                        help="also run the largest rank count under torchrun")
+                        help="also run the largest rank count under torchrun "
+                             "(with --backend horovod)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.KEY=VALUE")
 
@@ -55,9 +60,6 @@ def train_point(args, data: Path, out: Path, n: int, backend: str,
                 extra: tuple[str, ...] = (), threshold: float = 1.2) -> dict:
     """One real training on ``n`` ranks (``backend`` none: one plain process) with the
     bench's settings in ``args`` plus ``extra`` overrides; its measured numbers."""
-    from analysis.metrics import run_metrics
-    from analysis.runs import load_run
-
     train_args = ["train", "--config", args.config or f"tiny-{args.model}", "--data",
                   str(data), "--out", str(out)]
     loader = [] if args.loader == "auto" else [f"data.loader={args.loader}"]
@@ -71,12 +73,22 @@ def train_point(args, data: Path, out: Path, n: int, backend: str,
         # Horovod's launcher prints the rank's own error on stdout, its summary on stderr
         raise LartpcError(f"training on {n} rank(s) with {backend} failed:\n"
                           f"{r.stdout[-1500:]}{r.stderr[-1500:]}")
+    return measure_run(out, threshold)
+
+
+def measure_run(out: Path, threshold: float = 1.2) -> dict:
+    """The bench numbers of one finished run folder (rank 0's steps, the first one left
+    out: it carries warm-up costs); ``threshold`` is the TTL loss."""
+    from analysis.metrics import run_metrics
+    from analysis.runs import load_run
+
     run = load_run(out)
     m = run_metrics(run, threshold=threshold)
-    steps = run.steps[0].iloc[1:]  # the first step carries warm-up costs
+    n = int(run.meta["world_size"])
+    steps = run.steps[0].iloc[1:]
     step_s = (steps["data_s"] + steps["compute_s"] + steps["comm_s"])
     return {
-        "ranks": n, "backend": backend,
+        "ranks": n, "backend": run.meta.get("backend"),
         "threads_per_rank": run.meta.get("threads_per_rank"),
         "steps": m.n_steps, "dlt_s": m.dlt_s,
         "epoch_rate_per_min": m.epoch_rate_per_min,
@@ -90,12 +102,18 @@ def train_point(args, data: Path, out: Path, n: int, backend: str,
         "loader": run.meta.get("loader"),
         "ttl_threshold": threshold, "ttl_s": m.ttl_s, "ttl_censored": m.ttl_censored,
         "ttl_lower_bound_s": m.ttl_lower_bound_s, "final_loss_smoothed": m.final_loss_smoothed,
-        "accuracy": m.accuracy, "n_eval": m.n_eval,
+        "smooth_window": m.smooth_window, "accuracy": m.accuracy, "n_eval": m.n_eval,
     }
 
 
 def run(args: argparse.Namespace) -> int:
-    ranks = [int(x) for x in args.ranks.split(",")]
+    try:
+        ranks = [int(x) for x in args.ranks.split(",")]
+    except ValueError:
+        raise LartpcError(f"--ranks {args.ranks!r}: expected comma-separated integers") from None
+    if min(ranks) < 1 or (args.backend == "none" and ranks != [1]):
+        raise LartpcError(f"--ranks {args.ranks}: expected positive rank counts "
+                          "(only 1 with --backend none)")
     with tempfile.TemporaryDirectory(prefix="lartpc-bench-train-") as tmp:
         tmp = Path(tmp)
         data = args.data
@@ -103,8 +121,10 @@ def run(args: argparse.Namespace) -> int:
             from lartpc.sim import write_dataset
 
             data = tmp / "events"
-            write_dataset(data, args.events, seed=0, downsample=args.downsample)
-        points = [train_point(args, data, tmp / f"hvd-{n}", n, "horovod") for n in ranks]
+            write_dataset(data, args.events, seed=0, downsample=args.downsample,
+                          workers=os.cpu_count() or 1)
+        points = [train_point(args, data, tmp / f"{args.backend}-{n}", n, args.backend)
+                  for n in ranks]
         base = points[0]
         for p in points:
             p["scaling_efficiency"] = (p["images_per_s"] / (base["images_per_s"] * p["ranks"]
@@ -112,14 +132,14 @@ def run(args: argparse.Namespace) -> int:
                                        if base["images_per_s"] else None)
         result = {
             "model": args.model, "config": args.config or f"tiny-{args.model}",
-            "device": args.device, "downsample": args.downsample,
+            "device": args.device, "backend": args.backend, "downsample": args.downsample,
             "batch_per_rank": args.batch, "seconds_per_run": args.seconds,
             "cores": os.cpu_count(),
             "note": "threads_per_rank per point (default cores / ranks, SCNet on CPU 1); "
                     "efficiency relative to the first point",
             "points": points,
         }
-        if args.compare_torch:
+        if args.compare_torch and args.backend == "horovod":
             n = max(ranks)
             t = train_point(args, data, tmp / f"torch-{n}", n, "torch")
             h = next(p for p in points if p["ranks"] == n)

@@ -1,4 +1,4 @@
-"""`lartpc bench minibatch` and `lartpc bench train`'s data-wait numbers: real short
+"""`lartpc bench minibatch` and `lartpc bench train`: real short
 trainings, their table, plot and the summary's censoring rules."""
 
 from __future__ import annotations
@@ -35,6 +35,21 @@ def test_minibatch_scan_trains_each_size_and_writes_table_and_plot(train_events_
     for name in ("minibatch.csv", "minibatch.md", "minibatch.json"):
         assert (out / name).stat().st_size > 0
     assert (out / "minibatch.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # measured again without training: the paper's loss lies in [0.905, 1.905], so every
+    # run is below 2.0 from its first smoothed step and none ever gets below 0.9
+    for threshold, censored in (("2.0", False), ("0.9", True)):
+        again = tmp_path / f"again-{threshold}"
+        r = run([str(BIN / "lartpc"), "bench", "minibatch", "--from", str(out),
+                 "--threshold", threshold, "--out", str(again)], timeout=120)
+        assert r.returncode == 0, r.stderr
+        res2 = json.loads(r.stdout)
+        assert res2["threshold"] == float(threshold)
+        assert {p["ttl_censored"] for p in res2["points"]} == {censored}
+        assert [p["images_per_s_steps"] for p in res2["points"]] == \
+            [p["images_per_s_steps"] for p in res["points"]]
+        assert (again / "minibatch.png").exists() and not (again / "runs").exists()
+    r = run([str(BIN / "lartpc"), "bench", "minibatch", "--from", str(tmp_path)], timeout=60)
+    assert r.returncode == 2 and "not a finished `lartpc bench minibatch --out`" in r.stderr
     # a second scan never writes into the first one's folder
     r = run([str(BIN / "lartpc"), "bench", "minibatch", "--data", str(train_events_dir),
              "--downsample", "9", "--batches", "4", "--out", str(out)], timeout=120)
@@ -72,3 +87,14 @@ def test_learning_rate_scaling_rules():
 def test_bad_batch_list_is_one_clear_error():
     r = run([str(BIN / "lartpc"), "bench", "minibatch", "--batches", "7,x"], timeout=60)
     assert r.returncode == 2 and "--batches '7,x'" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--backend", "none", "--ranks", "1,2"], "only 1 with --backend none"),
+    (["--ranks", "1,two"], "--ranks '1,two'"),
+    (["--ranks", "0"], "expected positive rank counts"),
+])
+def test_bench_train_rank_list_errors_before_any_work(argv, message):
+    r = run([str(BIN / "lartpc"), "bench", "train", "--model", "scnet", *argv], timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr

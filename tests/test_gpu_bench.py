@@ -18,7 +18,7 @@ from jobs.local.gpu_bench import plan
 def _args(device: str) -> argparse.Namespace:
     return argparse.Namespace(device=device, size=3600, repeats=10, warmup=3, events=700,
                               train_seconds=120, scan_seconds=90, batches="7,14,28,56,112,256",
-                              seeds="0,1", out=Path("gb"))
+                              scan_seeds="0,1", out=Path("gb"))
 
 
 def test_cuda_plan_measures_every_issue_target():
@@ -34,6 +34,8 @@ def test_cuda_plan_measures_every_issue_target():
         argv = steps[name]
         assert argv[argv.index("--device") + 1] == "cuda"
         assert argv[argv.index("--downsample") + 1] == "1"
+        # one plain process per training: a GPU host need not have Horovod built
+        assert argv[argv.index("--backend") + 1] == "none"
     assert "train.amp=fp16" in steps["train-scnet-sparse"]
     assert "model.algo=implicit_gemm" in steps["train-scnet-sparse"]
     scan = steps["minibatch-scnet"]
@@ -64,3 +66,38 @@ def test_quick_cpu_run_measures_every_step(tmp_path):
     assert (out / "minibatch" / "minibatch.png").exists()
     summary = (out / "summary.md").read_text()
     assert "skipped: spconv's CPU build" in summary and "failed" not in summary
+
+
+def _gpu_bench(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "jobs.local.gpu_bench", *argv],
+                          capture_output=True, text=True, timeout=600, env=clean_env(),
+                          cwd=Path(__file__).resolve().parents[1])
+
+
+@pytest.mark.slow
+def test_steps_run_in_parts_into_one_folder_and_none_runs_twice(tmp_path):
+    """--only picks steps by glob; a second call into the same --out keeps what the
+    first measured (its JSON untouched) and the summary covers both calls' steps."""
+    out = tmp_path / "gb"
+    r = _gpu_bench("--out", str(out), "--device", "cpu", "--quick", "--only",
+                   "model-scnet-*")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(f.name for f in out.glob("model-*.json")) == ["model-scnet-default.json"]
+    first = (out / "model-scnet-default.json").read_text()
+    r = _gpu_bench("--out", str(out), "--device", "cpu", "--quick", "--only",
+                   "model-scnet-default,model-jishnet-published")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "model-scnet-default: kept" in r.stderr
+    assert (out / "model-scnet-default.json").read_text() == first
+    summary = (out / "summary.md").read_text()
+    assert "| model-jishnet-published |" in summary and "| model-scnet-default |" in summary
+    assert summary.index("model-jishnet-published") < summary.index("model-scnet-default")
+
+
+def test_only_that_matches_nothing_and_list():
+    r = _gpu_bench("--out", "unused", "--only", "model-resnet*")
+    assert r.returncode == 2 and "matches no step" in r.stderr
+    r = _gpu_bench("--list", "--device", "cpu")
+    assert r.returncode == 0
+    assert "model-scnet-implicit-gemm: skipped: spconv's CPU build" in r.stdout
+    assert "minibatch-scnet: lartpc bench minibatch" in r.stdout

@@ -2,6 +2,15 @@
 
     python -m jobs.local.gpu_bench --out gpu-bench            # on the GPU host
     python -m jobs.local.gpu_bench --out /tmp/gb --device cpu --quick   # smoke run
+    python -m jobs.local.gpu_bench --list                     # the steps, not run
+
+The whole set takes about half an hour on one GPU, mostly the minibatch scan. To run
+it in parts (a job with a short time limit), name steps with ``--only`` (globs) and
+the same ``--out``: a step whose JSON is already there is kept, never run again, and
+``summary.md`` always covers every step in the folder::
+
+    python -m jobs.local.gpu_bench --out gb --only 'model-*,train-*' --train-seconds 60
+    python -m jobs.local.gpu_bench --out gb --only minibatch-scnet --scan-seeds 0
 
 Runs, each as its own ``lartpc bench`` process, writing its JSON into ``--out``:
 
@@ -13,7 +22,7 @@ Runs, each as its own ``lartpc bench`` process, writing its JSON into ``--out``:
    float16.
 3. ``train-*``: one-GPU trainings through the real loaders (JishNet from Blosc and from
    device-dense, SCNet sparse) with the fastest options: images/s and the share of each
-   step spent waiting for data.
+   step spent waiting for data. One plain process each: Horovod need not be built.
 4. ``minibatch-scnet``: SCNet throughput and time-to-loss for minibatch 7 ... 256.
 
 ``summary.md`` collects the headline numbers. A failing step is reported and the rest
@@ -24,6 +33,7 @@ float16 and implicit GEMM) are listed as skipped with ``--device cpu``.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import shutil
 import subprocess
@@ -93,7 +103,7 @@ def plan(args) -> list[tuple[str, list[str] | None, str]]:
         if args.device == "cuda" else []
     fast_scnet = ["--set", "train.amp=fp16", "--set", "model.algo=implicit_gemm"] \
         if args.device == "cuda" else []
-    train = ["bench", "train", "--ranks", "1", "--no-compare-torch", *dev, "--downsample",
+    train = ["bench", "train", "--ranks", "1", "--backend", "none", *dev, "--downsample",
              downsample, "--events", str(args.events), "--seconds", str(args.train_seconds)]
     for model, loader, fast in (("jishnet", "blosc", fast_jish),
                                 ("jishnet", "device-dense", fast_jish),
@@ -103,7 +113,7 @@ def plan(args) -> list[tuple[str, list[str] | None, str]]:
     steps.append(("minibatch-scnet",
                   ["bench", "minibatch", "--model", "scnet", *dev, "--downsample", downsample,
                    "--events", str(args.events), "--batches", args.batches, "--seeds",
-                   args.seeds, "--seconds", str(args.scan_seconds),
+                   args.scan_seeds, "--seconds", str(args.scan_seconds),
                    "--out", str(args.out / "minibatch"), *fast_scnet], ""))
     return steps
 
@@ -130,36 +140,63 @@ def summary(results: list[dict], skipped: list[tuple[str, str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _selected(name: str, only: str | None) -> bool:
+    return only is None or any(fnmatch.fnmatchcase(name, g.strip())
+                               for g in only.split(",") if g.strip())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True, help="a new folder for the results")
+    ap.add_argument("--out", type=Path, help="results folder (new, or one to add steps to)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--quick", action="store_true",
                     help="small images and short runs: checks that every step runs")
+    ap.add_argument("--only", default=None,
+                    help="comma-separated globs of step names to run (see --list)")
+    ap.add_argument("--list", action="store_true", help="print the steps and exit")
+    ap.add_argument("--train-seconds", type=float, default=None,
+                    help="time limit of each train-* run (default 120; --quick 10)")
+    ap.add_argument("--scan-seconds", type=float, default=None,
+                    help="time limit of each minibatch-scan run (default 90; --quick 8)")
+    ap.add_argument("--scan-seeds", default=None,
+                    help="seeds of the minibatch scan (default 0,1; --quick 0)")
     args = ap.parse_args(argv)
-    if args.out.exists():
-        ap.error(f"--out {args.out}: exists; choose a new folder")
     quick = args.quick
     args.size = 450 if quick else 3600
     args.repeats, args.warmup = (1, 1) if quick else (10, 3)
     args.events = 40 if quick else 700
-    args.train_seconds = 10 if quick else 120
-    args.scan_seconds = 8 if quick else 90
+    args.train_seconds = args.train_seconds or (10 if quick else 120)
+    args.scan_seconds = args.scan_seconds or (8 if quick else 90)
     args.batches = "4,8" if quick else "7,14,28,56,112,256"
-    args.seeds = "0" if quick else "0,1"
+    args.scan_seeds = args.scan_seeds or ("0" if quick else "0,1")
+    if args.list:
+        args.out = args.out or Path("OUT")
+        for name, cmd, why in plan(args):
+            print(f"{name}: " + (f"skipped: {why}" if cmd is None else "lartpc " + " ".join(cmd)))
+        return 0
+    if args.out is None:
+        ap.error("--out is required (unless --list)")
+    steps = [step for step in plan(args) if _selected(step[0], args.only)]
+    if not steps:
+        ap.error(f"--only {args.only!r}: matches no step (see --list)")
     if args.device == "cuda" and not shutil.which("nvidia-smi"):
         _say("no nvidia-smi on PATH; torch will still be asked for a CUDA device")
-    args.out.mkdir(parents=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     results, skipped = [], []
-    for name, cmd, why in plan(args):
+    for name, cmd, why in steps:
         if cmd is None:
             skipped.append((name, why))
-            continue
-        results.append(_lartpc(args.out, name, cmd, timeout=600 if quick else 3600))
-    (args.out / "summary.md").write_text(summary(results, skipped))
-    failed = [r["name"] for r in results if "error" in r]
-    (args.out / "failures.json").write_text(json.dumps(
-        [r for r in results if "error" in r], indent=2))
+        elif (args.out / f"{name}.json").exists():
+            _say(f"{name}: kept from an earlier run ({args.out / name}.json)")
+        else:
+            results.append(_lartpc(args.out, name, cmd, timeout=600 if quick else 3600))
+    failed = [r for r in results if "error" in r]
+    done = [json.loads(f.read_text()) for f in sorted(args.out.glob("*.json"))
+            if f.name != "failures.json"]
+    order = [name for name, *_ in plan(args)]
+    done.sort(key=lambda r: order.index(r["name"]) if r.get("name") in order else len(order))
+    (args.out / "summary.md").write_text(summary(done + failed, skipped))
+    (args.out / "failures.json").write_text(json.dumps(failed, indent=2))
     _say(f"done: {len(results) - len(failed)} measured, {len(skipped)} skipped, "
          f"{len(failed)} failed; see {args.out / 'summary.md'}")
     return 1 if failed else 0

@@ -71,7 +71,7 @@ class TrainConfig:
     #: none | bf16 | fp16. JishNet: autocast; SCNet: fp16 only (spconv has no bf16
     #: kernels), its sparse trunk in float16 on CUDA. fp16 adds dynamic loss scaling.
     amp: str = "none"
-    compile: bool = False  #: torch.compile the dense model (CUDA)
+    compile: bool = False  #: torch.compile the dense model (aimed at CUDA; runs on CPU)
     threads: int = 0  #: CPU threads per rank (0 = cores / local ranks; SCNet on CPU: 1)
 
 

@@ -136,9 +136,6 @@ def build_parts(cfg: Config, store: EventStore, world: World, run: Path,
     world.broadcast_optimizer_state(opt)
     opt = world.distributed_optimizer(opt, model, tc.grad_compression)
     if tc.compile and model.input_kind == "dense":
-        if world.device.type == "cpu":
-            log.warning("train.compile on CPU: measured no faster than eager at best, and "
-                        "~35x slower with OMP_WAIT_POLICY=PASSIVE (BENCHMARKS.md)")
         model = torch.compile(model)
     t0 = time.time()
     train_loader = make_loader(cfg, store, mode, plan.train_indices(world.rank), world.device,

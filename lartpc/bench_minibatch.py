@@ -57,16 +57,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="SECTION.KEY=VALUE")
 
 
-def _ints(text: str, option: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError as e:
-        raise LartpcError(f"{option} {text!r}: expected comma-separated integers") from e
-    if not values or min(values) < (0 if option == "--seeds" else 1):
-        raise LartpcError(f"{option} {text!r}: expected positive integers")
-    return values
-
-
 def scaled_lr(base_lr: float, batch: int, base_batch: int, scaling: str) -> float:
     power = {"none": 0.0, "linear": 1.0, "sqrt": 0.5}[scaling]
     return base_lr * (batch / base_batch) ** power
@@ -134,10 +124,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _scan(args: argparse.Namespace) -> dict:
     """Train every (minibatch, seed) point; write the outputs when ``--out`` is given."""
-    from lartpc.bench_train import train_point
+    from lartpc.bench_train import int_list, train_point
     from lartpc.config import load_config
 
-    batches, seeds = _ints(args.batches, "--batches"), _ints(args.seeds, "--seeds")
+    batches = int_list(args.batches, "--batches")
+    seeds = int_list(args.seeds, "--seeds", minimum=0)
     if args.seconds <= 0:
         raise LartpcError("--seconds must be > 0")
     config = args.config or f"tiny-{args.model}"

@@ -46,6 +46,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="SECTION.KEY=VALUE")
 
 
+def int_list(text: str, option: str, minimum: int = 1) -> list[int]:
+    """The comma-separated integers of ``option``, each at least ``minimum``."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        raise LartpcError(f"{option} {text!r}: expected comma-separated integers") from e
+    if not values or min(values) < minimum:
+        raise LartpcError(f"{option} {text!r}: expected integers >= {minimum}")
+    return values
+
+
 def _launch(backend: str, n: int, train_args: list[str]) -> list[str]:
     if backend == "none":
         return [str(BIN / "lartpc"), *train_args]
@@ -107,13 +118,9 @@ def measure_run(out: Path, threshold: float = 1.2) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        ranks = [int(x) for x in args.ranks.split(",")]
-    except ValueError:
-        raise LartpcError(f"--ranks {args.ranks!r}: expected comma-separated integers") from None
-    if min(ranks) < 1 or (args.backend == "none" and ranks != [1]):
-        raise LartpcError(f"--ranks {args.ranks}: expected positive rank counts "
-                          "(only 1 with --backend none)")
+    ranks = int_list(args.ranks, "--ranks")
+    if args.backend == "none" and ranks != [1]:
+        raise LartpcError(f"--ranks {args.ranks}: only 1 with --backend none")
     with tempfile.TemporaryDirectory(prefix="lartpc-bench-train-") as tmp:
         tmp = Path(tmp)
         data = args.data

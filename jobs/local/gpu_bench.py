@@ -176,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.out is None:
         ap.error("--out is required (unless --list)")
-    steps = [step for step in plan(args) if _selected(step[0], args.only)]
+    everything = plan(args)
+    steps = [step for step in everything if _selected(step[0], args.only)]
     if not steps:
         ap.error(f"--only {args.only!r}: matches no step (see --list)")
     if args.device == "cuda" and not shutil.which("nvidia-smi"):
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = [r for r in results if "error" in r]
     done = [json.loads(f.read_text()) for f in sorted(args.out.glob("*.json"))
             if f.name != "failures.json"]
-    order = [name for name, *_ in plan(args)]
+    order = [name for name, *_ in everything]
     done.sort(key=lambda r: order.index(r["name"]) if r.get("name") in order else len(order))
     (args.out / "summary.md").write_text(summary(done + failed, skipped))
     (args.out / "failures.json").write_text(json.dumps(failed, indent=2))

@@ -138,6 +138,12 @@ def train_flops(name: str, shape: tuple[int, int], batch_size: int, options: dic
     return float(counter.get_total_flops())
 
 
+def _sig(x: float, digits: int = 5) -> float:
+    """Round to significant digits, not decimals: a ratio of two rounded numbers then
+    stays within 1e-4 of the ratio of the unrounded ones at any magnitude."""
+    return float(f"{x:.{digits}g}")
+
+
 def _timed(fn, repeats: int, sync) -> tuple[list[float], list[float]]:
     """Wall-clock and process CPU seconds of each of ``repeats`` calls."""
     wall, cpu = [], []
@@ -224,13 +230,13 @@ def run(args) -> int:
         "forward_backward_ms_all": [round(t * 1e3, 3) for t in fb],
         # CPU seconds of all threads: on a shared host less noisy than wall time
         "forward_backward_cpu_ms": round(statistics.median(fb_cpu) * 1e3, 3),
-        "images_per_s": round(args.batch / fb_s, 3),
-        "train_gflop_per_image": round(flops / args.batch / 1e9, 3) if flops else None,
-        "achieved_tflops": round(achieved, 4) if achieved else None,
+        "images_per_s": _sig(args.batch / fb_s),
+        "train_gflop_per_image": _sig(flops / args.batch / 1e9) if flops else None,
+        "achieved_tflops": _sig(achieved) if achieved else None,
         "precision": precision, "peak_tflops": peak_tf,
         "peak_source": "--peak-tflops" if args.peak_tflops else
         ("lartpc.models.peaks" if peak_tf else None),
-        "fraction_of_peak": round(achieved / peak_tf, 5) if achieved and peak_tf else None,
+        "fraction_of_peak": _sig(achieved / peak_tf) if achieved and peak_tf else None,
         "peak_memory_bytes": int(peak), "peak_memory_kind": peak_kind,
         "torch": torch.__version__,
     }

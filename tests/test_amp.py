@@ -74,7 +74,7 @@ def test_scaler_skips_the_same_step_on_every_backend_path():
     ``zero_grad`` exchanges gradients again (the torch backend's wrapper kept a stale
     'already synchronized' flag across a skipped step)."""
     from lartpc.dist import World
-    from lartpc.dist_optim import AveragingOptimizer
+    from lartpc.dist.optim import AveragingOptimizer
 
     class _Single(AveragingOptimizer):  # the wrapper's bookkeeping without a process group
         exchanges = 0

@@ -9,7 +9,7 @@ import math
 import pytest
 from train_helpers import BIN, run
 
-from lartpc.bench_minibatch import markdown, scaled_lr, summarise
+from lartpc.bench.minibatch import markdown, scaled_lr, summarise
 
 
 @pytest.mark.slow

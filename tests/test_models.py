@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from lartpc.bench.model import _batch_from_events
 from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError
 from lartpc.geometry import Geometry
 from lartpc.models import build, num_parameters
-from lartpc.models.bench import _batch_from_events
 from lartpc.models.losses import build_loss
 from lartpc.sim import simulate_event
 
@@ -234,7 +234,7 @@ def test_jishnet_training_flops_match_the_layer_table(elu_after_pool):
     """The FLOP count `lartpc bench model` divides by the step time: at 3600 x 3600 it
     agrees with the count by hand (the head's few MFLOP aside) and with the issue's
     'about 90 GFLOP per image'."""
-    from lartpc.models.bench import train_flops
+    from lartpc.bench.model import train_flops
     from lartpc.models.losses import build_loss
 
     flops = train_flops("jishnet", (3600, 3600), 7, {"elu_after_pool": elu_after_pool},

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lartpc.config import TrainConfig, load_config
-from lartpc.optim import build_optimizer, lr_at, scaled_lr
+from lartpc.train.optim import build_optimizer, lr_at, scaled_lr
 
 
 @pytest.mark.parametrize("rule,n,expected", [("none", 8, 1e-3), ("linear", 8, 8e-3),

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from lartpc.models.scnet import SCNet, spconv_output_size
-from lartpc.sparse_compat import import_spconv
+from lartpc.models.sparse_compat import import_spconv
 
 pytestmark = pytest.mark.sparse
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from train_helpers import clean_env, final_params, rows, run, train_cmd
 
-from lartpc.runlog import EVAL_COLUMNS, STEP_COLUMNS
+from lartpc.train.runlog import EVAL_COLUMNS, STEP_COLUMNS
 
 
 def _assert_complete(out, world_size: int) -> dict:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install spconv matching the torch in the environment: the CUDA build (spconv-cu12x)
 # when torch has CUDA, else the CPU build `spconv` (patched at import, see
-# lartpc/sparse_compat.py). Usage: install_spconv.sh PYTHON [auto|PACKAGE]
+# lartpc/models/sparse_compat.py). Usage: install_spconv.sh PYTHON [auto|PACKAGE]
 set -euo pipefail
 PYTHON=${1:-python}
 want=${2:-auto}

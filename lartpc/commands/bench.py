@@ -5,9 +5,9 @@ imported only when its kind is chosen.
 """
 
 KINDS: dict[str, tuple[str, str]] = {
-    "simulate": ("lartpc.sim.bench", "event generation rate at full resolution"),
-    "loader": ("lartpc.data.bench", "data loading time and batch assembly rate"),
-    "model": ("lartpc.models.bench", "forward / forward+backward time of one model"),
-    "train": ("lartpc.bench_train", "short trainings at several rank counts"),
-    "minibatch": ("lartpc.bench_minibatch", "throughput and time-to-loss vs minibatch size"),
+    "simulate": ("lartpc.bench.simulate", "event generation rate at full resolution"),
+    "loader": ("lartpc.bench.loader", "data loading time and batch assembly rate"),
+    "model": ("lartpc.bench.model", "forward / forward+backward time of one model"),
+    "train": ("lartpc.bench.train", "short trainings at several rank counts"),
+    "minibatch": ("lartpc.bench.minibatch", "throughput and time-to-loss vs minibatch size"),
 }

@@ -45,7 +45,7 @@ def env_lines() -> list[str]:
         "cuda available: " + (f"yes, {torch.cuda.device_count()} device(s)" if cuda else "no"),
     ]
     try:
-        from lartpc.sparse_compat import import_spconv
+        from lartpc.models.sparse_compat import import_spconv
 
         import_spconv()
         note = "" if cuda else " (CPU, stream fix applied)"

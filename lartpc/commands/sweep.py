@@ -44,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lartpc import sweep
+    from jobs import sweep
 
     models = sweep.parse_models(args.models)
     gpus = sweep.parse_list(args.gpus, "--gpus", positive=True)

@@ -36,7 +36,7 @@ def _process_start() -> float:
 def run(args: argparse.Namespace) -> int:
     process_start = _process_start()
     from lartpc.config import load_config
-    from lartpc.trainrun import prepare, run_training
+    from lartpc.train.run import prepare, run_training
 
     cfg = load_config(args.config, args.overrides)
     store, resume = prepare(cfg, args.data, args.out)

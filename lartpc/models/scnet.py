@@ -21,7 +21,7 @@ from torch import nn
 
 from lartpc.errors import ConfigError
 from lartpc.models.head import Head
-from lartpc.sparse_compat import import_spconv
+from lartpc.models.sparse_compat import import_spconv
 
 CHANNELS = (10, 64, 128, 256)
 KERNEL = 5

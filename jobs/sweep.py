@@ -72,7 +72,7 @@ class Point:
 
 def jobs_dir() -> Path:
     """The ``jobs/`` folder holding the templates (``LARTPC_JOBS_DIR`` overrides)."""
-    d = Path(os.environ.get("LARTPC_JOBS_DIR") or Path(__file__).resolve().parents[1] / "jobs")
+    d = Path(os.environ.get("LARTPC_JOBS_DIR") or Path(__file__).resolve().parent)
     if not (d / "slurm" / "common.sh").is_file():
         raise LartpcError(f"job templates not found in {d} (jobs/slurm/common.sh); "
                           "use a source checkout or set LARTPC_JOBS_DIR")

@@ -6,10 +6,11 @@ import logging
 import time
 from pathlib import Path
 
-from lartpc import checkpoint, dist, runinfo, runlog
+from lartpc import dist
 from lartpc.config import Config
 from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError
+from lartpc.train import checkpoint, runinfo, runlog
 
 log = logging.getLogger(__name__)
 # Changing these on resume would change what the run means.
@@ -24,7 +25,7 @@ def prepare(cfg: Config, data: Path, out: Path) -> tuple[EventStore, dict | None
         raise ConfigError(f"{data}: events are downsampled by {store.geometry.downsample} "
                           f"but the config says data.downsample={cfg.data.downsample}")
     from lartpc.models import build
-    from lartpc.train import model_options
+    from lartpc.train.parts import model_options
 
     # raises if the image is too small or a speed option cannot run on this device
     build(cfg.model.name, image_size=store.geometry.shape,
@@ -55,7 +56,8 @@ def _get(d: dict, dotted: str):
 def run_training(cfg: Config, store: EventStore, out: Path, process_start: float,
                  resume: dict | None) -> int:
     from lartpc.logs import setup_logging
-    from lartpc.train import build_parts, fit, set_threads
+    from lartpc.train.loop import fit
+    from lartpc.train.parts import build_parts, set_threads
 
     world = dist.init(cfg.dist.backend, cfg.train.device, cfg.dist.timeout_s)
     setup_logging(rank=world.rank)

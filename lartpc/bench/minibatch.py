@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _scan(args: argparse.Namespace) -> dict:
     """Train every (minibatch, seed) point; write the outputs when ``--out`` is given."""
-    from lartpc.bench_train import int_list, train_point
+    from lartpc.bench.train import int_list, train_point
     from lartpc.config import load_config
 
     batches = int_list(args.batches, "--batches")
@@ -167,7 +167,7 @@ def _scan(args: argparse.Namespace) -> dict:
 
 def _remeasure(args: argparse.Namespace) -> dict:
     """The runs of the finished scan in ``--from``, measured again at ``--threshold``."""
-    from lartpc.bench_train import measure_run
+    from lartpc.bench.train import measure_run
 
     src = args.from_dir
     try:

@@ -138,7 +138,7 @@ class World:
             return hvd.DistributedOptimizer(opt, named_parameters=module.named_parameters(),
                                             compression=comp, op=hvd.Average)
         if self.backend == "torch":
-            from lartpc.dist_optim import AveragingOptimizer
+            from lartpc.dist.optim import AveragingOptimizer
 
             return AveragingOptimizer(opt, self.size, fp16=compression == "fp16")
         return opt

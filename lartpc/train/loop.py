@@ -1,0 +1,183 @@
+"""The training loop: the paper's protocol, one process per rank.
+
+:func:`fit` runs epochs of :func:`train_one_epoch` and evaluation until the epochs or
+the time limit run out; the parts it drives come from :mod:`lartpc.train.parts`.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from lartpc.train import checkpoint, runlog
+from lartpc.train.evaluate import evaluate
+from lartpc.train.optim import lr_at, set_lr
+from lartpc.train.parts import Parts
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Progress:
+    """Where the run stands; what a checkpoint restores."""
+
+    epoch: int = 0
+    step_in_epoch: int = 0
+    global_step: int = 0
+    train_time_s: float = 0.0
+    eval_rows: list[dict] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)
+    last_ckpt_time: float = field(default_factory=time.time)
+    ckpt_s: float = 1.0
+    eval_s: float = 0.0
+    out_of_time: bool = False
+
+
+def _time_left(p: Parts, prog: Progress) -> bool:
+    """True while another step, an evaluation and a checkpoint still fit the limit."""
+    step = statistics.median(prog.step_times[-20:]) if prog.step_times else 0.0
+    eval_s = prog.eval_s or 0.5 * step * max(1, len(p.plan.eval_indices(0)) / p.plan.batch_size)
+    reserve = 1.5 * (2 * step + eval_s + prog.ckpt_s) + 2.0
+    return time.time() - p.process_start + reserve < p.cfg.train.time_limit_s
+
+
+def _save(p: Parts, prog: Progress, steplog: runlog.StepLog) -> None:
+    """Flush every rank's log, agree, then rank 0 writes the checkpoint."""
+    steplog.flush()
+    p.world.allreduce_sum(torch.zeros(1))  # all logs are on disk before the checkpoint
+    if p.world.is_root:
+        t0 = time.time()
+        checkpoint.save(p.run, model=_unwrap(p.model), opt=p.opt, epoch=prog.epoch,
+                        step_in_epoch=prog.step_in_epoch, global_step=prog.global_step,
+                        world_size=p.world.size, config=p.cfg.to_dict(),
+                        eval_rows=prog.eval_rows, train_time_s=prog.train_time_s,
+                        scaler=p.scaler)
+        prog.ckpt_s = time.time() - t0
+    prog.last_ckpt_time = time.time()
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return getattr(model, "_orig_mod", model)
+
+
+def train_one_epoch(p: Parts, prog: Progress, steplog: runlog.StepLog) -> bool:
+    """Run the rest of epoch ``prog.epoch``; False when the time limit cut it short
+    (``prog.out_of_time`` is also set when time ran out on its last step)."""
+    tc, world = p.cfg.train, p.world
+    p.train_loader.set_epoch(prog.epoch)
+    p.model.train()
+    t_prev = time.perf_counter()
+    for batch in p.train_loader.iterate(start=prog.step_in_epoch):  # resumes mid-epoch
+        t_data = time.perf_counter()
+        set_lr(p.opt, lr_at(tc, world.size, prog.global_step, p.plan.steps_per_epoch))
+        p.opt.zero_grad()  # Horovod's wrapper takes no arguments
+        with p.autocast():
+            logits = p.model(batch)
+            loss = p.loss_fn(logits.float(), batch.labels)
+        (p.scaler.scale(loss) if p.scaler else loss).backward()
+        comm_s = world.step_optimizer(p.opt, p.scaler)
+        local_loss = float(loss.detach())
+        local_acc = float((logits.detach().argmax(1) == batch.labels).float().mean())
+        t_metric = time.perf_counter()
+        stop_vote = 0.0 if _time_left(p, prog) else 1.0
+        g = world.allreduce_mean(torch.tensor([local_loss, local_acc, stop_vote],
+                                              dtype=torch.float64))
+        t_end = time.perf_counter()
+        comm_s += t_end - t_metric
+        compute_s = (t_end - t_data) - comm_s
+        steplog.log(time=time.time(), epoch=prog.epoch, rank=world.rank,
+                    batchno=prog.step_in_epoch, data_size=batch.batch_size,
+                    local_loss=local_loss, global_loss=float(g[0]), local_acc=local_acc,
+                    global_acc=float(g[1]), data_s=t_data - t_prev, compute_s=compute_s,
+                    comm_s=comm_s)
+        prog.step_times.append(t_end - t_prev)
+        prog.train_time_s += t_end - t_prev
+        prog.step_in_epoch += 1
+        prog.global_step += 1
+        t_prev = time.perf_counter()
+        if g[2] > 0:  # any rank out of time: all stop together
+            prog.out_of_time = True
+            return prog.step_in_epoch >= p.plan.steps_per_epoch
+        if _checkpoint_due(p, prog):
+            _save(p, prog, steplog)
+        _log_progress(p, prog, float(g[0]), float(g[1]))
+    return True
+
+
+def _checkpoint_due(p: Parts, prog: Progress) -> bool:
+    """Every ``checkpoint_every_steps`` steps, else every ``checkpoint_every_s`` seconds."""
+    every = p.cfg.train.checkpoint_every_steps
+    if every:
+        return prog.global_step % every == 0
+    return time.time() - prog.last_ckpt_time > p.cfg.train.checkpoint_every_s
+
+
+def _log_progress(p: Parts, prog: Progress, loss: float, acc: float) -> None:
+    """Four log lines an epoch, from rank 0."""
+    if p.world.is_root and prog.global_step % max(1, p.plan.steps_per_epoch // 4) == 0:
+        log.info("epoch %d step %d/%d  loss %.4f  acc %.3f", prog.epoch,
+                 prog.step_in_epoch, p.plan.steps_per_epoch, loss, acc)
+
+
+def _evaluate(p: Parts, prog: Progress) -> np.ndarray:
+    t0 = time.time()
+    res = evaluate(p.model, p.eval_loader, p.world, p.loss_fn, p.autocast)
+    prog.eval_s = time.time() - t0
+    row = {"epoch": prog.epoch, "time": time.time(), **res.row()}
+    prog.eval_rows = [r for r in prog.eval_rows if r["epoch"] != prog.epoch] + [row]
+    if p.world.is_root:
+        runlog.write_eval(p.run, prog.eval_rows)
+        runlog.write_confusion(p.run, res.confusion)
+        log.info("eval epoch %d: loss %.4f accuracy %.3f on %d events", prog.epoch,
+                 row["loss"], row["accuracy"], row["n_events"])
+    return res.confusion
+
+
+def fit(p: Parts, resume: dict | None) -> tuple[str, float]:
+    """Train until ``epochs`` are done or the time limit.
+
+    Returns the run status and the final parameter divergence between ranks (0.0
+    when the distributed optimizer kept every rank identical, as it must).
+    """
+    prog = Progress()
+    if resume is not None:
+        checkpoint.restore_rng(resume)
+        prog = Progress(epoch=resume["epoch"], step_in_epoch=resume["step_in_epoch"],
+                        global_step=resume["global_step"], train_time_s=resume["train_time_s"],
+                        eval_rows=resume["eval_rows"])
+        log.info("resuming at epoch %d step %d (global step %d)", prog.epoch,
+                 prog.step_in_epoch, prog.global_step)
+    steplog = runlog.StepLog(p.run, p.world.rank, keep_steps=prog.global_step,
+                             flush_every=p.cfg.train.log_flush_steps)
+    status, evaluated = "completed", False
+    while prog.epoch < p.cfg.train.epochs:
+        if prog.step_in_epoch >= p.plan.steps_per_epoch:  # resumed at an epoch's end
+            prog.epoch, prog.step_in_epoch = prog.epoch + 1, 0
+            continue
+        finished = train_one_epoch(p, prog, steplog)
+        evaluated = False
+        if not finished:
+            status = "time_limit"
+            log.warning("time limit %.0f s near: stopping at epoch %d step %d",
+                        p.cfg.train.time_limit_s, prog.epoch, prog.step_in_epoch)
+            break
+        if (prog.epoch + 1) % p.cfg.train.eval_every_epochs == 0 \
+                or prog.epoch + 1 == p.cfg.train.epochs:
+            _evaluate(p, prog)
+            evaluated = True
+        prog.epoch, prog.step_in_epoch = prog.epoch + 1, 0
+        _save(p, prog, steplog)
+        if prog.out_of_time and prog.epoch < p.cfg.train.epochs:
+            status = "time_limit"
+            break
+    # A run stopped early (or between evaluations) still ends evaluated and saved; a run
+    # that finished its epochs was both at its last epoch's end.
+    if not evaluated and prog.global_step > 0:
+        _evaluate(p, prog)
+        _save(p, prog, steplog)
+    return status, p.world.param_divergence(_unwrap(p.model))

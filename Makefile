@@ -10,7 +10,7 @@ TORCH_VERSION ?= 2.13.0
 SPCONV ?= auto
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast demo bench-gpu lint clean-venv
+.PHONY: install test test-fast demo bench-gpu gpu-bundle lint clean-venv
 
 install:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,11 @@ GPU_BENCH_OUT ?= gpu-bench
 GPU_BENCH_ARGS ?=
 bench-gpu: install
 	$(RUN_IN_VENV) $(PY) -m jobs.local.gpu_bench --out $(GPU_BENCH_OUT) $(GPU_BENCH_ARGS)
+
+# The packages an offline GPU host lacks (spconv-cu126, blosc2, ...), repacked to travel
+# under 64 MiB with the working tree; on the host: bash gpu-bundle/install.sh (README).
+gpu-bundle: install
+	$(PY) -m jobs.gpu_bundle --out gpu-bundle
 
 lint: install
 	$(VENV)/bin/ruff check lartpc analysis jobs tests

@@ -41,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-BIN = Path(sys.executable).parent
+from lartpc.bench.train import LARTPC
 
 JISHNET_STEPS = (  # (name, added flags): each step keeps the previous ones
     ("published", []),
@@ -64,7 +64,7 @@ def _say(msg: str) -> None:
 
 def _lartpc(out: Path, name: str, argv: list[str], timeout: float) -> dict:
     """Run ``lartpc ARGV``; its JSON is written to OUT/NAME.json and returned."""
-    cmd = [str(BIN / "lartpc"), *argv]
+    cmd = [*LARTPC, *argv]
     _say(f"{name}: {' '.join(cmd)}")
     t0 = time.time()
     try:

@@ -21,6 +21,9 @@ from pathlib import Path
 from lartpc.errors import LartpcError
 
 BIN = Path(sys.executable).parent
+#: ``lartpc`` through this interpreter: works in a venv and from a bare working tree on
+#: PYTHONPATH (an offline GPU host with the GPU bundle), where no ``lartpc`` script exists.
+LARTPC = [sys.executable, "-m", "lartpc"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,12 +62,12 @@ def int_list(text: str, option: str, minimum: int = 1) -> list[int]:
 
 def _launch(backend: str, n: int, train_args: list[str]) -> list[str]:
     if backend == "none":
-        return [str(BIN / "lartpc"), *train_args]
+        return [*LARTPC, *train_args]
     if backend == "horovod":
         return [str(BIN / "horovodrun"), "-np", str(n), "-H", f"localhost:{n}", "--gloo",
-                str(BIN / "lartpc"), *train_args]
+                *LARTPC, *train_args]
     return [str(BIN / "torchrun"), "--nproc-per-node", str(n), "--master-port", "29733",
-            str(BIN / "lartpc"), *train_args]
+            "-m", "lartpc", *train_args]
 
 
 def train_point(args, data: Path, out: Path, n: int, backend: str,

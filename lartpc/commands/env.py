@@ -48,7 +48,10 @@ def env_lines() -> list[str]:
         from lartpc.models.sparse_compat import import_spconv
 
         import_spconv()
-        note = "" if cuda else " (CPU, stream fix applied)"
+        from spconv.cppconstants import CPU_ONLY_BUILD
+
+        build = "CPU build" if CPU_ONLY_BUILD else "CUDA build"
+        note = f" ({build})" if cuda else f" ({build}, stream fix applied)"
         lines.append(f"spconv: {_version('spconv')}{note}")
     except ImportError as e:
         lines.append(f"spconv: not available ({e})")

@@ -67,7 +67,7 @@ def test_watch_once_shows_the_csv_numbers(trained, tmp_path, capsys, monkeypatch
         assert cells[3].strip() == steps and cells[5].strip() == loss
     assert done[2].strip() == "completed" and running[2].strip() == "running"
     assert done[4].strip() == "2/2"
-    assert done[9].strip() == f"{ev['epoch']}: {float(ev['loss']):.4f} / " \
+    assert done[9].strip() == f"epoch {int(ev['epoch']) + 1}: {float(ev['loss']):.4f} / " \
                               f"{float(ev['accuracy']):.3f}"
     assert running[9].strip() == "-"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from lartpc.errors import LartpcError
 
 COLUMNS = ("run", "status", "step", "epoch", "loss", "acc", "images/s", "ETA",
-           "last eval (epoch: loss / acc)")
+           "last eval (loss / acc)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,10 +35,11 @@ def _duration(s: float | None) -> str:
 
 
 def row(s) -> list[str]:
-    """One table row of an :class:`analysis.live.Snapshot`."""
+    """One table row of an :class:`analysis.live.Snapshot` (epochs counted from 1, as
+    in "epoch 3/3"; the CSVs count from 0)."""
     epoch = "-" if s.epoch is None else f"{s.epoch + 1}/{s.epochs or '?'}"
     ev = "-" if s.eval_epoch is None else \
-        f"{s.eval_epoch}: {s.eval_loss:.4f} / {s.eval_acc:.3f}"
+        f"epoch {s.eval_epoch + 1}: {s.eval_loss:.4f} / {s.eval_acc:.3f}"
     return [s.name, s.status, str(s.step), epoch, _num(s.loss, ".4f"), _num(s.acc, ".3f"),
             _num(s.images_s, ".1f"), _duration(s.eta_s), ev]
 

@@ -7,6 +7,7 @@ user can get wrong raises :class:`RunFolderError` naming the file and, for table
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import math
@@ -179,6 +180,16 @@ def _scan_for_error(path: Path, columns: tuple[str, ...]) -> None:
                                          "not a number") from None
 
 
+def _complete_lines(path: Path) -> Path | io.BytesIO:
+    """``path``, or its text without a last line that lacks its newline: a running
+    training is writing that line (or a kill tore it), so it is not data yet."""
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return path
+    log.debug("%s: leaving out a partial last line", path)
+    return io.BytesIO(data[:data.rfind(b"\n") + 1])
+
+
 def read_table(path: Path, columns: tuple[str, ...],
                int_columns: tuple[str, ...] = ()) -> pd.DataFrame:
     """Read a numeric CSV whose header must be exactly ``columns``.
@@ -197,7 +208,7 @@ def read_table(path: Path, columns: tuple[str, ...],
         raise RunFolderError(f"{path}:1: header is {','.join(header)!r}, expected "
                              f"{','.join(columns)!r}")
     try:
-        df = pd.read_csv(path, dtype=np.float64, keep_default_na=False,
+        df = pd.read_csv(_complete_lines(path), dtype=np.float64, keep_default_na=False,
                          na_values=["nan", "NaN"], index_col=False, on_bad_lines="error")
     except (ValueError, pd.errors.ParserError) as e:
         _scan_for_error(path, columns)

@@ -20,6 +20,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "display": ("lartpc.commands.display", "draw one event as wire-vs-time image"),
     "train": ("lartpc.commands.train",
               "train JishNet or SCNet (single process or under a launcher)"),
+    "watch": ("lartpc.commands.watch",
+              "live table of running trainings: step, loss, accuracy, images/s, ETA"),
     "bench": ("lartpc.commands.bench",
               "benchmarks that print JSON (simulate, loader, model, train)"),
     "sweep": ("lartpc.commands.sweep", "write job scripts for models x GPU counts x seeds"),

@@ -73,6 +73,8 @@ class TrainConfig:
     amp: str = "none"
     compile: bool = False  #: torch.compile the dense model (aimed at CUDA; runs on CPU)
     threads: int = 0  #: CPU threads per rank (0 = cores / local ranks; SCNet on CPU: 1)
+    #: rank 0 writes TensorBoard scalars into <run>/tb/ (needs the tensorboard extra)
+    tensorboard: bool = False
 
 
 @dataclass(kw_only=True, slots=True)

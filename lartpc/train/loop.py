@@ -49,6 +49,7 @@ def _time_left(p: Parts, prog: Progress) -> bool:
 def _save(p: Parts, prog: Progress, steplog: runlog.StepLog) -> None:
     """Flush every rank's log, agree, then rank 0 writes the checkpoint."""
     steplog.flush()
+    p.tb.flush()
     p.world.allreduce_sum(torch.zeros(1))  # all logs are on disk before the checkpoint
     if p.world.is_root:
         t0 = time.time()
@@ -95,6 +96,9 @@ def train_one_epoch(p: Parts, prog: Progress, steplog: runlog.StepLog) -> bool:
                     local_loss=local_loss, global_loss=float(g[0]), local_acc=local_acc,
                     global_acc=float(g[1]), data_s=t_data - t_prev, compute_s=compute_s,
                     comm_s=comm_s)
+        p.tb.step(prog.global_step, loss=float(g[0]), acc=float(g[1]),
+                  lr=p.opt.param_groups[0]["lr"], images=batch.batch_size * world.size,
+                  step_s=t_end - t_prev, data_s=t_data - t_prev)
         prog.step_times.append(t_end - t_prev)
         prog.train_time_s += t_end - t_prev
         prog.step_in_epoch += 1
@@ -133,6 +137,7 @@ def _evaluate(p: Parts, prog: Progress) -> np.ndarray:
     if p.world.is_root:
         runlog.write_eval(p.run, prog.eval_rows)
         runlog.write_confusion(p.run, res.confusion)
+        p.tb.evaluation(prog.global_step - 1, row)  # at the last step it evaluated
         log.info("eval epoch %d: loss %.4f accuracy %.3f on %d events", prog.epoch,
                  row["loss"], row["accuracy"], row["n_events"])
     return res.confusion
@@ -180,4 +185,5 @@ def fit(p: Parts, resume: dict | None) -> tuple[str, float]:
     if not evaluated and prog.global_step > 0:
         _evaluate(p, prog)
         _save(p, prog, steplog)
+    p.tb.close()
     return status, p.world.param_divergence(_unwrap(p.model))

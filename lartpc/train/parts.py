@@ -10,7 +10,7 @@ import logging
 import os
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +22,7 @@ from lartpc.data.store import EventStore
 from lartpc.dist import World
 from lartpc.errors import ConfigError
 from lartpc.train.optim import build_optimizer
+from lartpc.train.tblog import TBLog, open_tblog
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ class Parts:
     process_start: float
     autocast: object
     scaler: torch.amp.GradScaler | None = None  #: fp16 dynamic loss scaling
+    tb: TBLog = field(default_factory=TBLog)  #: TensorBoard scalars (no-op unless enabled)
 
 
 def model_options(cfg: Config, device_type: str) -> dict:
@@ -123,7 +125,9 @@ def build_parts(cfg: Config, store: EventStore, world: World, run: Path,
              "%s loader", time.time() - t0, len(plan.train_indices(world.rank)),
              len(plan.eval_indices(world.rank)), plan.steps_per_epoch, mode)
     return Parts(cfg, world, run, plan, model, build_loss(cfg.model.loss), opt, train_loader,
-                 eval_loader, process_start, autocast, scaler)
+                 eval_loader, process_start, autocast, scaler,
+                 tb=open_tblog(tc.tensorboard, world.is_root, run,
+                               resume["global_step"] if resume else 0))
 
 
 def make_loader(cfg: Config, store: EventStore, mode: str, indices: np.ndarray,

@@ -10,7 +10,7 @@ from lartpc import dist
 from lartpc.config import Config
 from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError
-from lartpc.train import checkpoint, runinfo, runlog
+from lartpc.train import checkpoint, runinfo, runlog, tblog
 
 log = logging.getLogger(__name__)
 # Changing these on resume would change what the run means.
@@ -20,6 +20,8 @@ _FIXED_ON_RESUME = ("model", "data.downsample", "data.eval_fraction", "data.max_
 
 def prepare(cfg: Config, data: Path, out: Path) -> tuple[EventStore, dict | None]:
     """Open and check the data and run folder; the checkpoint to resume, if any."""
+    if cfg.train.tensorboard:
+        tblog.require()  # before any work: a missing extra is a config error
     store = EventStore(data)
     if store.geometry.downsample != cfg.data.downsample:
         raise ConfigError(f"{data}: events are downsampled by {store.geometry.downsample} "

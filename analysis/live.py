@@ -1,0 +1,168 @@
+"""Live state of run folders that may still be training (for ``lartpc watch``).
+
+A :class:`LiveRun` remembers how far it has read ``rank-000.csv`` and reads only what
+was appended since, keeping the last rows; a line without its newline (being written,
+or torn by a kill) waits for the next refresh. A resumed run rewrites its CSV (a new
+file, cut back to the checkpoint), which is noticed and read again from the start.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+CHUNK = 1 << 20
+SMOOTH_STEPS = 20  #: rows averaged for the smoothed loss/accuracy and for images/s
+
+
+class CsvTail:
+    """Rows appended to a CSV since the last :meth:`poll`, parsed to floats by name.
+
+    Parameters
+    ----------
+    path : Path
+        The CSV; it may not exist yet.
+    keep : int
+        How many of the last complete rows to hold in :attr:`rows`.
+    """
+
+    def __init__(self, path: Path, keep: int = 200):
+        self.path, self.keep = Path(path), keep
+        self._reset(None)
+
+    def _reset(self, inode: int | None) -> None:
+        self.inode, self.offset, self.partial = inode, 0, b""
+        self.header: list[str] | None = None
+        self.n_rows = 0
+        self.rows: deque[dict[str, float]] = deque(maxlen=self.keep)
+
+    def poll(self) -> int:
+        """Read what was appended; the number of new complete rows."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return 0
+        if st.st_ino != self.inode or st.st_size < self.offset:  # rewritten (resume)
+            self._reset(st.st_ino)
+        before = self.n_rows
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            while chunk := f.read(CHUNK):
+                self.offset += len(chunk)
+                lines = (self.partial + chunk).split(b"\n")
+                self.partial = lines.pop()
+                self._take(lines)
+        return self.n_rows - before
+
+    def _take(self, lines: list[bytes]) -> None:
+        if self.header is None and lines:
+            self.header = lines.pop(0).decode().strip().split(",")
+        lines = [ln for ln in lines if ln.strip()]
+        self.n_rows += len(lines)
+        for ln in lines[-self.keep:]:  # parse only the rows that are kept
+            cells = ln.decode(errors="replace").split(",")
+            try:
+                self.rows.append(dict(zip(self.header, map(float, cells), strict=True)))
+            except ValueError:
+                continue  # a malformed row is the analysis' business, not the view's
+
+
+@dataclass
+class Snapshot:
+    """What ``lartpc watch`` shows for one run; None where not known yet."""
+
+    name: str
+    status: str
+    step: int
+    epoch: int | None
+    epochs: int | None
+    loss: float | None
+    acc: float | None
+    images_s: float | None
+    eta_s: float | None
+    eval_epoch: int | None = None
+    eval_loss: float | None = None
+    eval_acc: float | None = None
+
+
+class LiveRun:
+    """One run folder, refreshed incrementally by :meth:`snapshot`."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.steps = CsvTail(self.path / "rank-000.csv", keep=SMOOTH_STEPS)
+        self._eval: tuple[float, dict | None] = (-1.0, None)
+
+    def meta(self) -> dict:
+        """``run.json`` (rewritten atomically, so always whole); {} before it exists."""
+        try:
+            return json.loads((self.path / "run.json").read_text())
+        except FileNotFoundError:
+            return {}
+
+    def last_eval(self) -> dict | None:
+        """The last row of ``eval.csv``, read again only when the file changed."""
+        p = self.path / "eval.csv"
+        try:
+            mtime = p.stat().st_mtime
+        except FileNotFoundError:
+            return None
+        if mtime != self._eval[0]:
+            with open(p, newline="") as f:
+                rows = list(csv.DictReader(f))
+            self._eval = (mtime, rows[-1] if rows else None)
+        return self._eval[1]
+
+    def snapshot(self, now: float | None = None) -> Snapshot:
+        """Poll the files and summarise the run at time ``now`` (default: the clock)."""
+        now = time.time() if now is None else now
+        meta = self.meta()
+        self.steps.poll()
+        rows = list(self.steps.rows)
+        train = (meta.get("config") or {}).get("train") or {}
+        ev = self.last_eval()
+        snap = Snapshot(
+            name=self.path.name, status=str(meta.get("status", "starting")),
+            step=self.steps.n_rows, epoch=int(rows[-1]["epoch"]) if rows else None,
+            epochs=train.get("epochs"),
+            loss=_mean(r["global_loss"] for r in rows), acc=_mean(r["global_acc"] for r in rows),
+            images_s=images_per_s(rows, int(meta.get("world_size", 1))),
+            eta_s=eta_s(meta, self.steps.n_rows, rows, now))
+        if ev:
+            snap.eval_epoch = int(ev["epoch"])
+            snap.eval_loss, snap.eval_acc = float(ev["loss"]), float(ev["accuracy"])
+        return snap
+
+
+def _mean(values) -> float | None:
+    v = list(values)
+    return sum(v) / len(v) if v else None
+
+
+def images_per_s(rows: list[dict], world_size: int) -> float | None:
+    """Events per second over all ranks, across the kept rows (rank 0's batch sizes
+    times the world size: shards differ by at most one event)."""
+    if len(rows) < 2 or rows[-1]["time"] <= rows[0]["time"]:
+        return None
+    events = sum(r["data_size"] for r in rows[1:]) * world_size
+    return events / (rows[-1]["time"] - rows[0]["time"])
+
+
+def eta_s(meta: dict, step: int, rows: list[dict], now: float) -> float | None:
+    """Seconds until the run ends: the time limit of its current segment (the limit
+    counts from each process start), or sooner when the remaining epochs need less."""
+    if meta.get("status") != "running" or not meta.get("segments"):
+        return None
+    train = (meta.get("config") or {}).get("train") or {}
+    left = train.get("time_limit_s", math.inf) - (now - meta["segments"][-1]["start_time"])
+    spe, epochs = meta.get("steps_per_epoch"), train.get("epochs")
+    if spe and epochs and len(rows) >= 2 and rows[-1]["time"] > rows[0]["time"]:
+        step_s = (rows[-1]["time"] - rows[0]["time"]) / (len(rows) - 1)
+        left = min(left, (epochs * spe - step) * step_s)
+    return max(0.0, left)

@@ -29,7 +29,7 @@ DEFINITIONS = {
     "scaling": "relative to the smallest N (baseline_gpus): p = N/N0, speedup = "
                "rate(N)/rate(N0), efficiency = speedup/p, Karp-Flatt = "
                "(1/speedup - 1/p)/(1 - 1/p); ttl_speedup = TTL(N0)/TTL(N)",
-    "accuracy": "last eval.csv row; accuracy_se = binomial sqrt(p(1-p)/n), "
+    "accuracy": "last eval.csv row that evaluated events; accuracy_se = binomial sqrt(p(1-p)/n), "
                 "accuracy_wilson95 = 95 % Wilson score interval",
 }
 

@@ -252,3 +252,12 @@ def test_report_with_a_hostile_model_writes_only_under_out(run, tmp_path):
     assert "field &#x27;model&#x27; must be a model name" in html
     assert np.isin(["loss_scnet.png", "epoch_rate_scnet.png"],
                    [p.name for p in out.iterdir()]).all()
+
+
+def test_confusion_of_a_run_folder_with_a_hostile_name(run, tmp_path, capsys):
+    """Folder names are input too: '$' (matplotlib mathtext) and spaces are harmless."""
+    odd = run.rename(run.parent / "r $x^$ 1")
+    assert main(["confusion", str(odd), "--out", str(tmp_path / "m")]) == 0
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == [
+        f"r__x___1_confusion{s}" for s in (".md", ".png", "_counts.csv", "_percent.csv")]
+    assert "### jishnet, 1 GPUs" in capsys.readouterr().out

@@ -20,6 +20,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="time-to-loss threshold on the smoothed global loss (default 1.2)")
     p.add_argument("--smooth", type=int, default=None, metavar="STEPS",
                    help="centred rolling-mean window in steps (default min(50, steps//10))")
+    p.add_argument("--strict", action="store_true",
+                   help="fail on an unusable run folder instead of skipping it with a note")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         raise RunFolderError(f"--smooth must be at least 1 step, got {args.smooth}")
     from analysis.tables import analyse, to_json, to_text
 
-    a = analyse(args.runs, args.threshold, args.smooth)
+    a = analyse(args.runs, args.threshold, args.smooth, args.strict)
     if args.command == "fit":
         if args.json:
             print(json.dumps(to_json(a), indent=2, allow_nan=False))

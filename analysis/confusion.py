@@ -15,6 +15,7 @@ import numpy as np
 
 from analysis import plots
 from analysis.metrics import binomial_se, wilson_interval
+from analysis.runcheck import safe_name
 from analysis.runs import CLASSES, Run
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ def write_run_confusion(run: Run, out: Path) -> dict | None:
         log.warning("%s: no confusion.csv, skipped", run.path)
         return None
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"{run.name}_confusion"
+    stem = safe_name(f"{run.name}_confusion")  # the folder name is input too
     title = run_title(run)
     md = markdown_table(run.confusion, title)
     _write_text(out / f"{stem}_percent.csv", _csv(row_percent(run.confusion), "{:.2f}"))

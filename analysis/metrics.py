@@ -8,27 +8,31 @@ Definitions (also printed in the report):
 - **Epoch rate** (epochs/min, DLT excluded): on the lowest rank, (rows - 1) step intervals
   divided by ``steps_per_epoch``, over (last step time - first step time). Intervals, not
   rows, because the first step's own duration ends at the first timestamp. Pauses between
-  steps (evaluation, checkpoints) count as training time; the gaps of a run resumed
-  after a time limit (from one job segment's end to the next one's first step, listed
-  in ``run.json`` ``segments``) do not.
-- **TTL(threshold)**: from ``start_time`` (DLT included) to the first step time at which the
-  smoothed global training loss is below the threshold. Smoothing is a *centred* rolling
-  mean over ``smooth`` steps, so it adds no time lag; default window min(50, steps // 10).
-  A run that never gets there is *censored*: ``ttl_s`` is None and ``ttl_lower_bound_s`` is
-  its last step time minus ``start_time``.
-- **Accuracy**: last row of ``eval.csv``; uncertainty is the binomial standard error
-  sqrt(p(1-p)/n) and the 95 % Wilson score interval.
+  steps (evaluation, checkpoints) count as training time; the step interval holding a
+  job restart (a run resumed by a later job, ``run.json`` ``segments``) does not, neither
+  its steps nor its seconds (see :mod:`analysis.segments`).
+- **TTL(threshold)**: the run's own wall time from ``start_time`` (DLT included) to the
+  first step time at which the smoothed global training loss is below the threshold.
+  Own wall time is the time the run's jobs ran: waits in the queue between job segments
+  (one segment's ``end_time`` to the next one's ``start_time``) are excluded and given
+  as ``queue_wait_s``. Smoothing is a *centred* rolling mean over ``smooth`` steps, so
+  it adds no time lag; default window min(50, steps // 10). A run that never gets there
+  is *censored*: ``ttl_s`` is None and ``ttl_lower_bound_s`` is its own wall time to
+  its last step.
+- **Accuracy**: last row of ``eval.csv`` that evaluated events; uncertainty is the
+  binomial standard error sqrt(p(1-p)/n) and the 95 % Wilson score interval.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from analysis.runs import Run
+from analysis.segments import Restarts, find_restarts
 
 DEFAULT_SMOOTH_MAX = 50
 
@@ -57,6 +61,8 @@ class RunMetrics:
     accuracy_se: float | None
     accuracy_wilson95: tuple[float, float] | None
     n_eval: int | None
+    queue_wait_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -93,16 +99,6 @@ def binomial_se(p: float, n: int) -> float:
     return math.sqrt(p * (1 - p) / n) if n > 0 else math.nan
 
 
-def _within_segments(t: np.ndarray, segments: list[dict]) -> np.ndarray:
-    """Mask of the step intervals ``t[i] -> t[i+1]`` that no job restart falls inside."""
-    keep = np.ones(max(len(t) - 1, 0), bool)
-    for seg in segments[1:]:
-        start = seg.get("start_time")
-        if start is not None:
-            keep &= ~((t[:-1] < start) & (t[1:] > start))
-    return keep
-
-
 def primary_steps(run: Run) -> pd.DataFrame | None:
     """Step table of the lowest rank, in time order (None when the run logged no steps)."""
     if not run.steps:
@@ -113,44 +109,73 @@ def primary_steps(run: Run) -> pd.DataFrame | None:
     return df.sort_values("time", kind="stable").reset_index(drop=True)
 
 
+def _accuracy(run: Run, notes: list[str]) -> tuple:
+    """(accuracy, se, wilson95, n) of the last eval.csv row with events, else Nones."""
+    if run.evals is None or run.evals.empty:
+        return None, None, None, None
+    rows = run.evals[run.evals["n_events"] > 0]
+    if len(rows) < len(run.evals):
+        notes.append(f"{run.name}: {len(run.evals) - len(rows)} eval.csv row(s) evaluated "
+                     "0 events; ignored")
+    if rows.empty:
+        return None, None, None, None
+    last = rows.iloc[-1]
+    acc, n_eval = float(last["accuracy"]), int(last["n_events"])
+    return acc, binomial_se(acc, n_eval), wilson_interval(round(acc * n_eval), n_eval), n_eval
+
+
+def _epoch_rate(run: Run, t: np.ndarray, restarts: Restarts) -> float | None:
+    """Epochs/min over the step intervals that hold no restart (None below 2 steps)."""
+    if len(t) < 2:
+        return None
+    keep = np.ones(len(t) - 1, bool)
+    keep[restarts.intervals] = False
+    span = float(np.diff(t)[keep].sum())
+    if span <= 0:
+        return None
+    return int(keep.sum()) / run.meta["steps_per_epoch"] / (span / 60.0)
+
+
+def _no_step_bound(run: Run, restarts: Restarts, start: float) -> float | None:
+    end = run.meta.get("end_time")
+    return None if end is None else restarts.own_time(float(end), start)
+
+
 def run_metrics(run: Run, threshold: float = 1.2, smooth: int | None = None) -> RunMetrics:
     """Derive DLT, epoch rate, TTL and final accuracy of one run (see module docstring)."""
     start = float(run.meta["start_time"])
     steps = primary_steps(run)
     n_steps = 0 if steps is None else len(steps)
-    dlt = dlt_max = rate = img_rate = ttl = bound = final = None
-    window = None
+    t = np.empty(0) if steps is None else steps["time"].to_numpy()
+    restarts = find_restarts(t, run.meta.get("segments") or [])
+    notes = list(run.notes) + [f"{run.name}: {n}" for n in restarts.notes]
+    if restarts.wait_s > 0:
+        notes.append(f"{run.name}: {len(restarts.waits)} restart(s); {restarts.wait_s:.0f} s "
+                     "waiting between job segments excluded from TTL")
+    dlt = dlt_max = rate = img_rate = ttl = bound = final = window = None
     censored = True
     if steps is not None:
         firsts = [float(df["time"].min()) for df in run.steps.values() if not df.empty]
         dlt, dlt_max = min(firsts) - start, max(firsts) - start
-        t = steps["time"].to_numpy()
-        keep = _within_segments(t, run.meta.get("segments") or [])
-        span = float(np.diff(t)[keep].sum()) if n_steps >= 2 else 0.0
-        if n_steps >= 2 and span > 0:
-            rate = int(keep.sum()) / run.meta["steps_per_epoch"] / (span / 60.0)
-            if run.meta.get("train_events"):
-                img_rate = rate * run.meta["train_events"] / 60.0 / run.world_size
+        rate = _epoch_rate(run, t, restarts)
+        if rate is not None and run.meta.get("train_events"):
+            img_rate = rate * run.meta["train_events"] / 60.0 / run.world_size
         window = smoothing_window(n_steps, smooth)
         sm = smoothed_loss(steps, window).to_numpy()
         below = np.flatnonzero(sm < threshold)
         if below.size:
-            ttl, censored = float(t[below[0]] - start), False
+            ttl, censored = restarts.own_time(float(t[below[0]]), start), False
         else:
-            bound = float(t[-1] - start)
+            bound = restarts.own_time(float(t[-1]), start)
         valid = sm[np.isfinite(sm)]
         final = float(valid[-1]) if valid.size else None
-    elif run.meta.get("end_time") is not None:
-        bound = float(run.meta["end_time"]) - start
-    acc = se = wilson = n_eval = None
-    if run.evals is not None and not run.evals.empty:
-        last = run.evals.iloc[-1]
-        acc, n_eval = float(last["accuracy"]), int(last["n_events"])
-        se = binomial_se(acc, n_eval)
-        wilson = wilson_interval(round(acc * n_eval), n_eval)
+    else:
+        bound = _no_step_bound(run, restarts, start)
+    acc, se, wilson, n_eval = _accuracy(run, notes)
     return RunMetrics(
         name=run.name, path=str(run.path), model=run.model, world_size=run.world_size,
         seed=run.seed, status=str(run.meta["status"]), n_steps=n_steps, smooth_window=window,
         dlt_s=dlt, dlt_max_s=dlt_max, epoch_rate_per_min=rate, images_per_s_per_gpu=img_rate,
         ttl_s=ttl, ttl_censored=censored, ttl_lower_bound_s=bound, final_loss_smoothed=final,
-        accuracy=acc, accuracy_se=se, accuracy_wilson95=wilson, n_eval=n_eval)
+        accuracy=acc, accuracy_se=se, accuracy_wilson95=wilson, n_eval=n_eval,
+        queue_wait_s=restarts.wait_s, notes=notes)

@@ -161,7 +161,8 @@ def confusion(counts: np.ndarray, title: str, out: Path) -> Path:
                                         zip(CLASSES, totals[:, 0], strict=True)])
     ax.set_xlabel("predicted class")
     ax.set_ylabel("true class")
-    ax.set_title(title, fontsize=10)
+    # the title holds a folder name: a '$' in it must not start matplotlib's mathtext
+    ax.set_title(title.replace("$", r"\$"), fontsize=10)
     fig.colorbar(im, ax=ax, label="% of true class", fraction=0.046, pad=0.04)
     return _save(fig, out)
 

@@ -16,6 +16,7 @@ from analysis import plots
 from analysis.confusion import write_run_confusion
 from analysis.fit import PowerLawFit
 from analysis.paper import PAPER, SOURCE, TTL_THRESHOLD
+from analysis.runcheck import safe_name
 from analysis.runs import CLASSES
 from analysis.tables import DEFINITIONS, Analysis, to_text
 
@@ -28,16 +29,20 @@ pre{background:#f6f6f6;padding:0.6em;overflow-x:auto;font-size:12px}"""
 
 
 def write_curves(a: Analysis, out: Path) -> dict[str, list[Path]]:
-    """Per model: ``loss_<model>.png`` (with TTL inset) and ``epoch_rate_<model>.png``."""
+    """Per model: ``loss_<model>.png`` (with TTL inset) and ``epoch_rate_<model>.png``.
+
+    The model name comes from run.json, so it goes through :func:`safe_name`: a file
+    name, never a path.
+    """
     made: dict[str, list[Path]] = {}
     for model, s in a.models.items():
         pairs = [(r, m) for r, m in zip(a.runs, a.rows, strict=True) if r.model == model]
         runs, rows = [p[0] for p in pairs], [p[1] for p in pairs]
         made[model] = [
             plots.loss_curves(runs, rows, PowerLawFit(**s["ttl_fit"]), model, a.threshold,
-                              out / f"loss_{model}.png"),
+                              out / safe_name(f"loss_{model}.png")),
             plots.epoch_rate(rows, PowerLawFit(**s["epoch_rate_fit"]), model,
-                             out / f"epoch_rate_{model}.png"),
+                             out / safe_name(f"epoch_rate_{model}.png")),
         ]
     return made
 
@@ -167,6 +172,9 @@ def write_report(a: Analysis, out: Path) -> Path:
             f"<p>Generated {time.strftime('%Y-%m-%d %H:%M:%S')}. TTL threshold "
             f"{a.threshold:g}; smoothing {a.smooth or 'auto'} steps. Paper: "
             f"{html.escape(SOURCE)}.</p>"]
+    if a.notes:
+        body.append('<h2>Notes on the input</h2><ul>' + "".join(
+            f'<li class="warn">{html.escape(n)}</li>' for n in a.notes) + "</ul>")
     body += [_model_section(a, m, s, figs[m]) for m, s in a.models.items()]
     body.append(_confusion_section(a, out))
     for model, p in PAPER.items():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from analysis.fit import summarize
@@ -13,12 +13,15 @@ from analysis.runs import Run, load_runs
 DEFINITIONS = {
     "dlt": "earliest first-step time over ranks minus start_time (first loss visible); "
            "dlt_max_s uses the latest rank",
-    "epoch_rate": "epochs/min on the lowest rank: (steps - 1) / steps_per_epoch over "
-                  "(last - first step time); data loading excluded",
-    "ttl": "start_time to the first step where the centred rolling mean of global_loss "
-           "over smooth_window steps is below the threshold; data loading included; runs "
-           "that never get there are censored (ttl_lower_bound_s = last step time - start) "
-           "and excluded from the TTL fit",
+    "epoch_rate": "epochs/min on the lowest rank: step intervals / steps_per_epoch over "
+                  "their summed duration; data loading and the interval holding a job "
+                  "restart excluded",
+    "ttl": "the run's own wall time from start_time to the first step where the centred "
+           "rolling mean of global_loss over smooth_window steps is below the threshold; "
+           "data loading included; waits in the queue between job segments of a resumed "
+           "run (a segment's end_time to the next start_time) excluded (queue_wait_s); "
+           "runs that never get there are censored (ttl_lower_bound_s = own wall time to "
+           "the last step) and excluded from the TTL fit",
     "smooth_window": f"--smooth STEPS, or min({DEFAULT_SMOOTH_MAX}, steps // 10) per run",
     "fit": "least squares of log y on log N over all runs; exponent_err from the "
            "covariance; ci95 from a bootstrap resampling runs within each N",
@@ -26,7 +29,7 @@ DEFINITIONS = {
     "scaling": "relative to the smallest N (baseline_gpus): p = N/N0, speedup = "
                "rate(N)/rate(N0), efficiency = speedup/p, Karp-Flatt = "
                "(1/speedup - 1/p)/(1 - 1/p); ttl_speedup = TTL(N0)/TTL(N)",
-    "accuracy": "last eval.csv row; accuracy_se = binomial sqrt(p(1-p)/n), "
+    "accuracy": "last eval.csv row that evaluated events; accuracy_se = binomial sqrt(p(1-p)/n), "
                 "accuracy_wilson95 = 95 % Wilson score interval",
 }
 
@@ -40,14 +43,25 @@ class Analysis:
     models: dict[str, dict]
     threshold: float
     smooth: int | None
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def notes(self) -> list[str]:
+        """Skipped run folders, then what was tolerated in the runs that were read."""
+        return ([f"skipped: {s}" for s in self.skipped]
+                + [n for r in self.rows for n in r.notes])
 
 
-def analyse(paths: list[str | Path], threshold: float = 1.2,
-            smooth: int | None = None) -> Analysis:
-    """Read all run folders under ``paths`` and compute metrics and per-model fits."""
-    runs = load_runs(paths)
+def analyse(paths: list[str | Path], threshold: float = 1.2, smooth: int | None = None,
+            strict: bool = False) -> Analysis:
+    """Read all run folders under ``paths`` and compute metrics and per-model fits.
+
+    Unusable run folders are skipped with a note (``Analysis.skipped``) unless ``strict``.
+    """
+    skipped: list[str] | None = None if strict else []
+    runs = load_runs(paths, skipped)
     rows = [run_metrics(r, threshold, smooth) for r in runs]
-    return Analysis(runs, rows, summarize(rows), threshold, smooth)
+    return Analysis(runs, rows, summarize(rows), threshold, smooth, skipped or [])
 
 
 def _clean(obj):
@@ -69,6 +83,7 @@ def to_json(a: Analysis) -> dict:
         "definitions": DEFINITIONS,
         "models": a.models,
         "runs": [r.to_dict() for r in a.rows],
+        "skipped": a.skipped,
     })
 
 
@@ -122,4 +137,6 @@ def to_text(a: Analysis) -> str:
                        f"{_f(row['ttl_speedup'], '{:.2f}'):>9} {row['n_ttl_censored']:>4}")
         out += [f"note: {n}" for n in s["notes"]]
         out += [f"WARNING: {w}" for w in s["warnings"]]
+    if a.notes:
+        out += ["", "Run notes:"] + [f"note: {n}" for n in a.notes]
     return "\n".join(out) + "\n"

@@ -15,6 +15,7 @@ from analysis.__main__ import main
 from analysis.paper import PAPER
 from analysis.runs import CLASSES, RunFolderError, load_run
 from analysis.synthetic import write_synthetic_run, write_synthetic_study
+from analysis.tables import analyse
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -129,9 +130,24 @@ def test_report_is_self_contained(runs_root, tmp_path):
     # 2 models x (loss, epoch rate) + 6 confusion images
     assert html.count('src="data:image/png;base64,') == 10
     assert not re.search(r'src="(?!data:)', html)
-    for number in ("78.8 % ± 3.8 %", "76.8 % ± 3.3 %", "66.7%", "57.8%", "67.1%", "-0.7",
-                   "-0.6", "1.5 at 192 GPUs", "2.5 at 128 GPUs"):
+    for number in ("78.8 % ± 3.8 %", "76.8 % ± 3.3 %", "66.7%", "57.8%", "67.1%",
+                   "1.5 at 192 GPUs", "2.5 at 128 GPUs"):
         assert number in html, number
+    models = analyse([runs_root]).models
+    sections = html.split("<h2>")
+    for model, truth, label in (("jishnet", -0.7, "JishNet"), ("scnet", -0.6, "SCNet")):
+        s = models[model]
+        (sec,) = [x for x in sections if x.startswith(PAPER[model]["label"])]
+        assert label in sec
+        # the fit recovers the injected exponent, and the report shows it beside the paper's
+        b, err = s["ttl_exponent"], s["ttl_exponent_err"]
+        assert abs(b - truth) < 2 * err < 0.3, (model, b, err)
+        assert (f'<td class="l">TTL(1.2) exponent b</td><td class="">{b:+.2f} ± {err:.2f}'
+                f'</td><td class="">{truth:+.1f} (threshold 1.2)</td>') in sec
+        rate, rerr = s["epoch_rate_exponent"], s["epoch_rate_exponent_err"]
+        assert abs(rate - 0.9) < 2 * rerr, (model, rate, rerr)
+        assert (f'<td class="l">epoch-rate exponent b</td><td class="">{rate:+.2f} ± '
+                f'{rerr:.2f}</td><td class="">+0.9</td>') in sec
 
 
 def test_curves_and_confusion_files(runs_root, tmp_path, capsys):

@@ -2,14 +2,37 @@
 
 from __future__ import annotations
 
+import matplotlib.image as mpimg
+import numpy as np
+
 from lartpc.cli import main
+
+FIGURE_PX = (770, 880)  # 8 x 7 inches at 110 dpi
+
+
+def _charge_pixels(png) -> np.ndarray:
+    """Coloured (viridis, not grey/black/white) pixels of the plot area, left of the
+    colour bar."""
+    rgb = mpimg.imread(png)[..., :3]
+    coloured = (rgb.max(axis=-1) - rgb.min(axis=-1)) > 0.15
+    return coloured[:, : int(0.75 * rgb.shape[1])]
 
 
 def test_display_full_resolution(full_res_events_dir, tmp_path):
-    out = tmp_path / "ev.png"
-    assert main(["display", str(full_res_events_dir), "--event", "2", "--out", str(out)]) == 0
-    data = out.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    pngs = {}
+    for name, extra in (("ev2", []), ("ev3", []), ("ev2_full", ["--no-crop"])):
+        out = tmp_path / f"{name}.png"
+        event = name[2]
+        assert main(["display", str(full_res_events_dir), "--event", event, "--out",
+                     str(out), *extra]) == 0
+        img = mpimg.imread(out)
+        assert img.shape == (*FIGURE_PX, 4)
+        pngs[name] = _charge_pixels(out)
+    # the event's charge is drawn; cropped to it, it covers far more of the plot than in
+    # the whole 3600 x 3600 frame, and another event draws other pixels
+    assert pngs["ev2"].sum() > 500
+    assert pngs["ev2"].sum() > 3 * pngs["ev2_full"].sum()
+    assert (pngs["ev2"] != pngs["ev3"]).sum() > 500
 
 
 def test_display_bad_event(full_res_events_dir, tmp_path, capsys):

@@ -19,6 +19,7 @@ from analysis.paper import PAPER, SOURCE, TTL_THRESHOLD
 from analysis.runcheck import safe_name
 from analysis.runs import CLASSES
 from analysis.tables import DEFINITIONS, Analysis, to_text
+from analysis.truth_limits import truth_limits_html
 
 log = logging.getLogger(__name__)
 CSS = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}
@@ -155,6 +156,7 @@ def _confusion_section(a: Analysis, out: Path) -> str:
                      f"{100 * first['accuracy']:.1f} % ± {100 * first['binomial_se']:.1f} % "
                      f"[{100 * lo:.1f}, {100 * hi:.1f}] (n = {first['n_events']})</p></div>"
                      f"{paper}</div>")
+        parts.append(truth_limits_html(r.path for r in a.runs if r.model == model))
         if rest:
             parts.append(f"<details><summary>{len(rest)} more {html.escape(model)} "
                          "run(s)</summary>" + "".join(_img(c["png"], c["title"])

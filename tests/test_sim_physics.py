@@ -26,14 +26,18 @@ def test_minimum_ionising_dedx():
 
 
 def test_simulated_muon_track_is_minimum_ionising():
-    # energy deposited per cm by a 3 GeV muon crossing the detector (ionisation with
-    # fluctuations + delta rays): the 2.1 MeV/cm minimum plus a few % relativistic rise
-    rng = np.random.default_rng(5)
-    deps, length, end = transport("mu+", np.array([128.0, 0, 10]), np.array([0, 0, 1.0]),
-                                  3000.0, rng)
-    assert end == "exit"
-    a, b, e = deps.arrays()
-    assert 2.0 < e.sum() / length < 2.6
+    # energy deposited per cm by a 3 GeV muon crossing the detector (restricted loss with
+    # fluctuations + delta rays): the 2.1 MeV/cm minimum plus the relativistic rise
+    # (Bethe 2.53 MeV/cm at 3 GeV/c), less delta energy that escapes. The median of 8
+    # tracks: one 10 m track varies by +-10 % with its few deltas of 50-700 MeV.
+    per_cm = []
+    for seed in range(8):
+        rng = np.random.default_rng(seed)
+        deps, length, end = transport("mu+", np.array([128.0, 0, 10]), np.array([0, 0, 1.0]),
+                                      3000.0, rng)
+        assert end == "exit"
+        per_cm.append(deps.total_mev() / length)
+    assert 2.0 < np.median(per_cm) < 2.6
 
 
 # PDG muon table for liquid argon (muonloss_289, Groom, Mokhov & Striganov 2001):

@@ -29,8 +29,9 @@ def test_full_resolution_fixture(full_res_events_dir):
     assert s.geometry.shape == (3600, 3600) and len(s) == 10
     rows = np.concatenate([s[i].row for i in range(len(s))])
     cols = np.concatenate([s[i].col for i in range(len(s))])
-    # time pixels: pretrigger 1066.7 + x / 0.176 cm <= 2522; wires < 3456
-    assert rows.min() >= 1066 and rows.max() <= 2523 and cols.max() < 3456
+    # time pixels: pretrigger 1066.7 + x / 0.176 cm <= 2522, widened by the readout's
+    # time response (3 sigma of 2.7 ticks = 3 pixels); wires < 3456
+    assert rows.min() >= 1066 - 3 and rows.max() <= 2523 + 3 and cols.max() < 3456
 
 
 def test_truncated_file(events_dir, tmp_path, capsys):

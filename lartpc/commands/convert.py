@@ -11,6 +11,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--downsample", type=int, default=1, help="bin factor K (default 1)")
     p.add_argument("--shard-size", type=int, default=1000, help="events per file")
     p.add_argument("--overwrite", action="store_true", help="replace shards already in --out")
+    p.add_argument("--time-origin", choices=("file", "generator"), default="file",
+                   help="file: keep the file's ticks (upstream: x=0 at time pixel ~267); "
+                        "generator: shift so x=0 lands on the generator's pixel ~1067")
+    p.add_argument("--trigger-tick", type=int, default=800,
+                   help="tick of x=0 in the input files (upstream: 800 = -400 us at 2 MHz)")
+    p.add_argument("--charge-scale", type=float, default=1.0,
+                   help="factor on summed ADC; (electrons per ADC)/1000 gives the "
+                        "generator's unit of 10^3 electrons (default 1: raw ADC sums)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -19,7 +27,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         res = convert(args.inputs, args.out, downsample=args.downsample,
-                      shard_size=args.shard_size, overwrite=args.overwrite, progress=True)
+                      shard_size=args.shard_size, overwrite=args.overwrite, progress=True,
+                      time_origin=args.time_origin, trigger_tick=args.trigger_tick,
+                      charge_scale=args.charge_scale)
     except ValueError as e:  # Geometry rejects a bad downsample
         raise LartpcError(f"--downsample: {e}") from None
     print(f"converted {res.converted} events into {len(res.paths)} file(s) in {args.out}; "

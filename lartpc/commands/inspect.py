@@ -9,6 +9,9 @@ import json
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="event file or folder of events-*.h5 shards")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--truth-limits", action="store_true",
+                   help="also report, from generator truth, the share of events per class "
+                        "no image can classify (exiting MIP stubs, invisible energy)")
 
 
 def summary(path) -> dict:
@@ -40,6 +43,13 @@ def summary(path) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     s = summary(args.path)
+    lim = None
+    if args.truth_limits:
+        from lartpc.data import EventStore
+        from lartpc.sim.limits import format_limits, truth_limits
+
+        lim = truth_limits(EventStore(args.path))
+        s["truth_limits"] = lim
     if args.json:
         print(json.dumps(s))
         return 0
@@ -53,4 +63,6 @@ def run(args: argparse.Namespace) -> int:
         f"{k} {v:.0f}" for k, v in s["active_pixels_percentiles"].items())
         + f" (median occupancy {100 * s['occupancy_median']:.3f} %)")
     print(f"bytes per event on disk: {s['bytes_per_event']}")
+    if lim is not None:
+        print(format_limits(lim))
     return 0

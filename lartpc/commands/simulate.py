@@ -28,14 +28,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=1, help="processes (output is identical)")
     p.add_argument("--shard-size", type=int, default=1000, help="events per file")
     p.add_argument("--overwrite", action="store_true", help="replace shards already in --out")
+    p.add_argument("--geometry", default="isotropic",
+                   help="isotropic (default: vertex uniform in the volume, any direction) "
+                        "or beam (fixed vertex 10 cm inside the upstream face, within 5 "
+                        "degrees of the beam axis)")
+    p.add_argument("--dead-wire-fraction", type=float, default=0.0,
+                   help="fraction of collection wires that read nothing (default 0)")
 
 
 def run(args: argparse.Namespace) -> int:
     from lartpc.sim import write_dataset
+    from lartpc.sim.readout import ReadoutConfig
 
+    try:
+        readout = ReadoutConfig(dead_wire_fraction=args.dead_wire_fraction)
+    except ValueError as e:
+        raise LartpcError(f"--dead-wire-fraction: {e}") from None
     paths = write_dataset(args.out, args.events, seed=args.seed, downsample=args.downsample,
                           classes=args.classes, momentum_gev=parse_range(args.momentum_gev),
                           workers=args.workers, shard_size=args.shard_size,
-                          progress=args.events >= 200, overwrite=args.overwrite)
+                          progress=args.events >= 200, overwrite=args.overwrite,
+                          source_geometry=args.geometry, readout=readout)
     print(f"wrote {args.events} events to {len(paths)} file(s) in {args.out}")
     return 0

@@ -5,6 +5,21 @@ chunk, and ``label/type`` int32 (N, 10) per-event *counts* of
 ``e-, e+, proton, pi0, pi+, pi-, mu-, mu+, K+, gamma``. The study's image is the last
 (collection) plane with ticks summed in groups of 3, zero-padded to 3600 x 3600. Smaller
 tick/wire counts (test files) are accepted and padded the same way.
+
+The real files are chunked ten events per chunk (10 x 3 x 9600 x 3600 int32, ~4 GB
+before deflate). Reading one event at a time through HDF5's default 1 MiB chunk cache
+would decompress every chunk ten times, so events are read in blocks aligned with the
+chunks along the event axis: each chunk is decompressed once, at the cost of holding one
+block of collection planes (10 x 9600 x 3600 int32 = 1.4 GB) in memory.
+
+Time origin: upstream recorded 6,400 ticks with a -400 us trigger offset, so x = 0 sits
+at tick 800 (time pixel ~267); the generator puts it at tick 3,200 (pixel ~1,067, the
+SPEC's 2.2-drift-time window with a pretrigger of one third). ``time_origin="file"``
+keeps the file's ticks; ``"generator"`` shifts them so x = 0 lands where the generator
+puts it. Charge: the file holds ADC counts, summed over 3 ticks here; the generator
+stores 10^3 electrons. ``charge_scale`` multiplies the summed ADC (1 = raw sums); to
+compare with simulation use (electrons per ADC count) / 1000, a calibration the user
+supplies for their files.
 """
 
 from __future__ import annotations
@@ -28,6 +43,9 @@ UPSTREAM_PARTICLES = ("e-", "e+", "proton", "pi0", "pi+", "pi-", "mu-", "mu+", "
 #: upstream particle column -> (class name, PDG code); anything else is not a study class
 CLASS_OF_COLUMN = {0: ("electron", 11), 1: ("electron", -11), 9: ("gamma", 22),
                    7: ("muon", -13), 4: ("pion", 211), 8: ("kaon", 321)}
+#: upstream trigger: -400 us at 2 MHz, i.e. x = 0 arrives at tick 800
+UPSTREAM_TRIGGER_TICK = 800
+TIME_ORIGINS = ("file", "generator")
 
 
 @dataclass(slots=True)
@@ -50,13 +68,22 @@ def label_of(counts: np.ndarray) -> tuple[int, int] | None:
     return CLASSES.index(name), pdg
 
 
-def dense_to_sparse(plane: np.ndarray, geom: Geometry) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Collection-plane (ticks, wires) ADC array -> sparse pixels of ``geom``."""
+def dense_to_sparse(plane: np.ndarray, geom: Geometry, *, row_shift: int = 0,
+                    charge_scale: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Collection-plane (ticks, wires) ADC array -> sparse pixels of ``geom``.
+
+    ``row_shift`` moves every time pixel (full resolution); pixels pushed outside the
+    image are dropped. ``charge_scale`` multiplies the summed ADC.
+    """
     g = geom.tick_group
     n_t = plane.shape[0] // g
     img = plane[: n_t * g].reshape(n_t, g, plane.shape[1]).sum(axis=1, dtype=np.int64)
     row, col = np.nonzero(img > 0)
-    q = img[row, col].astype(np.float64)
+    q = img[row, col].astype(np.float64) * charge_scale
+    if row_shift:
+        row = row + row_shift
+        ok = (row >= 0) & (row < geom.full_size)
+        row, col, q = row[ok], col[ok], q[ok]
     k = geom.downsample
     if k > 1:
         flat = (row // k) * geom.width + col // k
@@ -86,10 +113,35 @@ def _open_upstream(path: Path):
     return f
 
 
+def row_shift_for(time_origin: str, geom: Geometry,
+                  trigger_tick: int = UPSTREAM_TRIGGER_TICK) -> int:
+    """Full-resolution time-pixel shift that implements ``time_origin``.
+
+    ``"file"``: 0. ``"generator"``: (generator pretrigger - file trigger tick) / tick
+    group, e.g. (3200 - 800) / 3 = 800 pixels, moving x = 0 from pixel ~267 to ~1,067.
+    """
+    if time_origin not in TIME_ORIGINS:
+        raise LartpcError(f"--time-origin {time_origin!r}: choose one of {', '.join(TIME_ORIGINS)}")
+    if time_origin == "file":
+        return 0
+    if trigger_tick < 0:
+        raise LartpcError(f"--trigger-tick: must be >= 0, got {trigger_tick}")
+    return round((geom.pretrigger_ticks - trigger_tick) / geom.tick_group)
+
+
+def _blocks(wires) -> list[tuple[int, int]]:
+    """Event ranges ``[b0, b1)`` aligned with the dataset's chunks along the event axis."""
+    n = wires.shape[0]
+    step = wires.chunks[0] if wires.chunks else 1
+    return [(b0, min(b0 + step, n)) for b0 in range(0, n, step)]
+
+
 def convert(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
             downsample: int = 1, shard_size: int = 1000, overwrite: bool = False,
-            progress: bool = False) -> ConvertResult:
-    """Convert upstream files into ``out_dir/events-NNNNN.h5``, reading event by event.
+            progress: bool = False, time_origin: str = "file",
+            trigger_tick: int = UPSTREAM_TRIGGER_TICK, charge_scale: float = 1.0
+            ) -> ConvertResult:
+    """Convert upstream files into ``out_dir/events-NNNNN.h5``, one chunk-row at a time.
 
     Parameters
     ----------
@@ -99,6 +151,11 @@ def convert(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
     shard_size : events per output file.
     overwrite : remove shards already in ``out_dir``.
     progress : show a progress bar.
+    time_origin : ``"file"`` (keep the file's ticks) or ``"generator"`` (shift so that
+        x = 0 lands on the generator's time pixel; see :func:`row_shift_for`).
+    trigger_tick : tick of x = 0 in the files (upstream: 800 = 400 us at 2 MHz).
+    charge_scale : factor on the summed ADC (e.g. electrons per ADC / 1000 to compare
+        with simulated charge in 10^3 electrons); 1 keeps raw sums.
 
     Returns
     -------
@@ -108,6 +165,9 @@ def convert(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
     geom = Geometry(downsample=downsample)
     if shard_size <= 0:
         raise LartpcError(f"--shard-size: must be positive, got {shard_size}")
+    if not (np.isfinite(charge_scale) and charge_scale > 0):
+        raise LartpcError(f"--charge-scale: must be a positive number, got {charge_scale}")
+    shift = row_shift_for(time_origin, geom, trigger_tick)
     files = [Path(p) for p in inputs]
     if not files:
         raise LartpcError("convert: no input files given")
@@ -131,40 +191,25 @@ def convert(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
         p.unlink()
     written: list[Path] = []
     buf: list[Event] = []
-    converted = skipped = source_index = 0
+    counts = {"converted": 0, "skipped": 0, "source": 0}
+    attrs = {"time_origin": time_origin, "time_shift_rows": shift,
+             "charge_scale": float(charge_scale)}
 
     def flush() -> None:
         path = out / SHARD_PATTERN.format(len(written))
         write_shard(path, buf, geom, generator="lartpc.data.convert",
-                    generator_version=",".join(p.name for p in files)[:1000])
+                    generator_version=",".join(p.name for p in files)[:1000], attrs=attrs)
         written.append(path)
         buf.clear()
 
+    def take(ev: Event) -> None:
+        buf.append(ev)
+        if len(buf) == shard_size:
+            flush()
+
     try:
         for p in files:
-            f = _open_upstream(p)
-            try:
-                wires, labels = f["image/wires"], f["label/type"]
-                it = range(wires.shape[0])
-                if progress:
-                    from tqdm import tqdm
-
-                    it = tqdm(it, desc=p.name, unit="ev")
-                for i in it:
-                    lab = label_of(labels[i])
-                    if lab is None:
-                        skipped += 1
-                    else:
-                        row, col, q = dense_to_sparse(wires[i, -1], geom)
-                        buf.append(Event(row, col, q, lab[0], {"pdg": lab[1]}, source_index))
-                        converted += 1
-                        if len(buf) == shard_size:
-                            flush()
-                    source_index += 1
-            except OSError as e:
-                raise LartpcError(f"{p}: cannot read event {source_index} ({e})") from None
-            finally:
-                f.close()
+            _convert_file(p, geom, shift, charge_scale, counts, take, progress)
         if buf or not written:
             flush()
     except BaseException:
@@ -172,5 +217,39 @@ def convert(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
             path.unlink(missing_ok=True)
         raise
     log.info("converted %d events, skipped %d (label not exactly one of %s)",
-             converted, skipped, ", ".join(CLASSES))
-    return ConvertResult(written, converted, skipped)
+             counts["converted"], counts["skipped"], ", ".join(CLASSES))
+    return ConvertResult(written, counts["converted"], counts["skipped"])
+
+
+def _convert_file(p: Path, geom: Geometry, shift: int, charge_scale: float, counts: dict,
+                  take, progress: bool) -> None:
+    f = _open_upstream(p)
+    bar = None
+    try:
+        wires = f["image/wires"]
+        labels = f["label/type"][:]
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=wires.shape[0], desc=p.name, unit="ev")
+        for b0, b1 in _blocks(wires):
+            labs = [label_of(v) for v in labels[b0:b1]]
+            # one read per chunk-row: HDF5 decompresses each chunk once
+            block = wires[b0:b1, -1] if any(lab is not None for lab in labs) else None
+            for j, lab in enumerate(labs):
+                if lab is None:
+                    counts["skipped"] += 1
+                else:
+                    row, col, q = dense_to_sparse(block[j], geom, row_shift=shift,
+                                                  charge_scale=charge_scale)
+                    take(Event(row, col, q, lab[0], {"pdg": lab[1]}, counts["source"]))
+                    counts["converted"] += 1
+                counts["source"] += 1
+            if bar:
+                bar.update(b1 - b0)
+    except OSError as e:
+        raise LartpcError(f"{p}: cannot read event {counts['source']} ({e})") from None
+    finally:
+        if bar:
+            bar.close()
+        f.close()

@@ -1,6 +1,6 @@
 """Sparse HDF5 event store: sharded files ``events-00000.h5``, ``events-00001.h5``, ...
 
-Schema (version 1), per file:
+Schema (version 2; version 1 files still load), per file:
 
 ======================  ===========  ==================================================
 dataset                 dtype/shape  meaning
@@ -18,10 +18,13 @@ dataset                 dtype/shape  meaning
 ``truth/direction``     float32 (n,3) unit vector
 ``truth/path_length_cm`` float32 (n,) primary's path until stop/decay/interaction/exit
 ``truth/end_process``   S8 (n,)      one of ``stop, decay, interact, exit`` ('' if unknown)
+``truth/visible_energy_mev`` float32 deposited in the active volume (v2; -1 if unknown)
 ======================  ===========  ==================================================
 
 File attributes: ``schema_version``, the :class:`~lartpc.geometry.Geometry` fields
-(plus ``height``, ``width``), ``classes``, ``generator``, ``generator_version``, ``seed``.
+(plus ``height``, ``width``), ``classes``, ``generator``, ``generator_version``, ``seed``,
+and (v2) any extra attributes the writer records (the generator's ``source_geometry``,
+readout options; the converter's time origin and charge scale).
 Shards are written to a temporary name and renamed, so a killed writer never leaves a
 torn ``events-*.h5``.
 """
@@ -41,7 +44,9 @@ from lartpc import CLASSES, NUM_CLASSES
 from lartpc.errors import LartpcError
 from lartpc.geometry import Geometry
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: versions this reader accepts; v1 lacks truth/visible_energy_mev and extra attributes
+READABLE_SCHEMA_VERSIONS = (1, 2)
 SHARD_PATTERN = "events-{:05d}.h5"
 _SHARD_RE = re.compile(r"^events-\d{5}\.h5$")
 END_PROCESSES = ("stop", "decay", "interact", "exit")
@@ -53,7 +58,10 @@ TRUTH_FIELDS = {
     "direction": (np.float32, (3,)),
     "path_length_cm": (np.float32, ()),
     "end_process": ("S8", ()),
+    "visible_energy_mev": (np.float32, ()),
 }
+#: truth values written when an event does not provide the field
+_MISSING = {"visible_energy_mev": -1.0}
 
 
 class EventStoreError(LartpcError, ValueError):
@@ -84,8 +92,10 @@ class Event:
 
 
 def _default_truth() -> dict:
-    return {k: (np.zeros(s, dt) if s else np.zeros((), dt)[()])
-            for k, (dt, s) in TRUTH_FIELDS.items()}
+    out = {k: (np.zeros(s, dt) if s else np.zeros((), dt)[()])
+           for k, (dt, s) in TRUTH_FIELDS.items()}
+    out.update(_MISSING)
+    return out
 
 
 def write_shard(
@@ -97,8 +107,13 @@ def write_shard(
     generator_version: str = "",
     seed: int = -1,
     compression: str | None = "gzip",
+    attrs: dict | None = None,
 ) -> Path:
-    """Write ``events`` to ``path`` atomically (temporary file, then rename)."""
+    """Write ``events`` to ``path`` atomically (temporary file, then rename).
+
+    ``attrs`` are extra file attributes (str, int or float values), e.g. how the events
+    were made; they may not replace the schema's own attributes.
+    """
     path = Path(path)
     n = len(events)
     counts = np.array([len(e) for e in events], np.int64)
@@ -140,6 +155,10 @@ def write_shard(
             f.attrs["generator"] = generator
             f.attrs["generator_version"] = generator_version
             f.attrs["seed"] = seed
+            for k, v in (attrs or {}).items():
+                if k in f.attrs:
+                    raise EventStoreError(f"{path}: extra attribute {k!r} clashes with the schema")
+                f.attrs[k] = v
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -173,10 +192,11 @@ class EventStore:
         for p in self.paths:
             try:
                 with h5py.File(p, "r") as f:
-                    if f.attrs.get("schema_version") != SCHEMA_VERSION:
+                    ver = _py(f.attrs.get("schema_version"))
+                    if ver not in READABLE_SCHEMA_VERSIONS:
                         raise EventStoreError(
-                            f"{p}: not a lartpc event file (schema_version "
-                            f"{f.attrs.get('schema_version')!r}, expected {SCHEMA_VERSION})")
+                            f"{p}: not a lartpc event file (schema_version {ver!r}, "
+                            f"expected one of {READABLE_SCHEMA_VERSIONS})")
                     for name in ("offsets", "row", "col", "charge", "label"):
                         if name not in f:
                             raise EventStoreError(f"{p}: missing dataset '{name}'")

@@ -21,12 +21,20 @@ from lartpc.data.store import SHARD_PATTERN, Event, write_shard
 from lartpc.errors import LartpcError
 from lartpc.geometry import ACTIVE_X_CM, ACTIVE_Y_CM, ACTIVE_Z_CM, Geometry
 from lartpc.sim import materials as mat
-from lartpc.sim.readout import digitise
+from lartpc.sim.readout import ReadoutConfig, digitise
 from lartpc.sim.tracks import inside, isotropic
 from lartpc.sim.transport import transport
 
 log = logging.getLogger(__name__)
-GENERATOR_VERSION = f"{__version__}+sim1"
+# sim2: restricted dE/dx under delta rays, fluctuating e+-, readout time response and
+# regions of interest, published hadronic inputs, K+ decay in flight, beam geometry,
+# truth/visible_energy_mev
+GENERATOR_VERSION = f"{__version__}+sim2"
+SOURCE_GEOMETRIES = ("isotropic", "beam")
+#: beam-like gun (the upstream generator configurations): fixed vertex at mid drift and
+#: mid height, 10 cm inside the upstream face, direction within 5 degrees of +z
+BEAM_VERTEX_CM = (128.0, 0.0, 10.0)
+BEAM_HALF_ANGLE_DEG = 5.0
 MIN_VISIBLE_MEV = 10.0  # an event must deposit at least this in the active volume
 MAX_TRIES = 20
 _MASS = {"gamma": 0.0, "e-": mat.ME_MEV, "e+": mat.ME_MEV, "mu+": mat.MASS_MEV["mu"],
@@ -53,9 +61,36 @@ def _check_momentum(momentum_gev: Sequence[float]) -> tuple[float, float]:
     return lo, hi
 
 
+def check_source_geometry(name: str) -> str:
+    """``name`` if it is one of :data:`SOURCE_GEOMETRIES`, else a clear error."""
+    if name not in SOURCE_GEOMETRIES:
+        raise LartpcError(f"--geometry {name!r}: choose one of {', '.join(SOURCE_GEOMETRIES)}")
+    return name
+
+
+def draw_source(rng: np.random.Generator, source_geometry: str) -> tuple[np.ndarray, np.ndarray]:
+    """(vertex cm, unit direction) of the primary.
+
+    ``isotropic``: vertex uniform in the active volume, direction uniform on the sphere
+    (the SPEC's generation). ``beam``: the fixed :data:`BEAM_VERTEX_CM`, direction
+    uniform in solid angle within :data:`BEAM_HALF_ANGLE_DEG` of the beam axis (+z).
+    """
+    if source_geometry == "beam":
+        cos_min = np.cos(np.radians(BEAM_HALF_ANGLE_DEG))
+        c = rng.uniform(cos_min, 1.0)
+        phi = rng.uniform(0, 2 * np.pi)
+        s = np.sqrt(1 - c * c)
+        return np.array(BEAM_VERTEX_CM), np.array([s * np.cos(phi), s * np.sin(phi), c])
+    vertex = np.array([rng.uniform(*ACTIVE_X_CM), rng.uniform(*ACTIVE_Y_CM),
+                       rng.uniform(*ACTIVE_Z_CM)])
+    return vertex, isotropic(rng)
+
+
 def simulate_event(index: int, seed: int, geometry: Geometry,
                    classes: Sequence[str] | None = None,
-                   momentum_gev: Sequence[float] = (1.5, 4.5)) -> Event:
+                   momentum_gev: Sequence[float] = (1.5, 4.5),
+                   source_geometry: str = "isotropic",
+                   readout: ReadoutConfig | None = None) -> Event:
     """Generate event ``index`` of ``seed``.
 
     Parameters
@@ -65,6 +100,8 @@ def simulate_event(index: int, seed: int, geometry: Geometry,
     geometry : image geometry (``downsample`` bins the pixels).
     classes : class names to cycle through (default all five).
     momentum_gev : (low, high) of the uniform momentum distribution.
+    source_geometry : ``"isotropic"`` or ``"beam"`` (see :func:`draw_source`).
+    readout : detector response (default :class:`ReadoutConfig`).
 
     Returns
     -------
@@ -72,6 +109,7 @@ def simulate_event(index: int, seed: int, geometry: Geometry,
     """
     classes = parse_classes(classes)
     lo, hi = _check_momentum(momentum_gev)
+    check_source_geometry(source_geometry)
     rng = np.random.default_rng([int(seed), int(index)])
     cls = classes[index % len(classes)]
     kind = {"gamma": "gamma", "muon": "mu+", "pion": "pi+", "kaon": "K+"}.get(cls)
@@ -83,26 +121,28 @@ def simulate_event(index: int, seed: int, geometry: Geometry,
     # empty image; like a trigger requirement, such draws are repeated with a new vertex
     # and direction (same random stream, so still deterministic in (seed, index)).
     for _ in range(MAX_TRIES):
-        vertex = np.array([rng.uniform(*ACTIVE_X_CM), rng.uniform(*ACTIVE_Y_CM),
-                           rng.uniform(*ACTIVE_Z_CM)])
-        d = isotropic(rng)
+        vertex, d = draw_source(rng, source_geometry)
         deps, length, end = transport(kind, vertex, d, t, rng)
         a, b, e = deps.arrays()
         # the criterion must not depend on downsample, so it looks at energy, not pixels
-        if e[inside(0.5 * (a + b))].sum() >= MIN_VISIBLE_MEV:
+        visible = float(e[inside(0.5 * (a + b))].sum())
+        if visible >= MIN_VISIBLE_MEV:
             break
-    row, col, charge = digitise(a, b, e, geometry, rng)
+    row, col, charge = digitise(a, b, e, geometry, rng, readout)
     truth = {"pdg": mat.PDG_CODE[kind], "momentum_mev": p, "kinetic_energy_mev": t,
              "vertex_cm": vertex, "direction": d, "path_length_cm": length,
-             "end_process": end}
+             "end_process": end, "visible_energy_mev": visible}
     return Event(row, col, charge, CLASSES.index(cls), truth, int(index))
 
 
 def _make_shard(job: tuple) -> str:
-    path, start, stop, seed, geometry, classes, momentum_gev = job
-    events = [simulate_event(i, seed, geometry, classes, momentum_gev) for i in range(start, stop)]
+    path, start, stop, seed, geometry, classes, momentum_gev, source, readout = job
+    events = [simulate_event(i, seed, geometry, classes, momentum_gev, source, readout)
+              for i in range(start, stop)]
+    attrs = {"source_geometry": source,
+             "dead_wire_fraction": float((readout or ReadoutConfig()).dead_wire_fraction)}
     write_shard(path, events, geometry, generator="lartpc.sim",
-                generator_version=GENERATOR_VERSION, seed=seed)
+                generator_version=GENERATOR_VERSION, seed=seed, attrs=attrs)
     return str(path)
 
 
@@ -110,7 +150,8 @@ def write_dataset(out_dir: str | os.PathLike, n_events: int, *, seed: int = 0,
                   downsample: int = 1, classes: Sequence[str] | str | None = None,
                   momentum_gev: Sequence[float] = (1.5, 4.5), workers: int = 1,
                   shard_size: int = 1000, progress: bool = False,
-                  overwrite: bool = False) -> list[Path]:
+                  overwrite: bool = False, source_geometry: str = "isotropic",
+                  readout: ReadoutConfig | None = None) -> list[Path]:
     """Generate ``n_events`` events into ``out_dir/events-00000.h5, ...``.
 
     Parameters
@@ -126,6 +167,8 @@ def write_dataset(out_dir: str | os.PathLike, n_events: int, *, seed: int = 0,
     shard_size : events per file; the output events do not depend on it.
     progress : show a progress bar.
     overwrite : delete existing shards in ``out_dir`` first.
+    source_geometry : ``"isotropic"`` (default, as in the study) or ``"beam"``.
+    readout : detector response (default :class:`ReadoutConfig`).
 
     Returns
     -------
@@ -134,6 +177,7 @@ def write_dataset(out_dir: str | os.PathLike, n_events: int, *, seed: int = 0,
     """
     classes = parse_classes(classes)
     momentum_gev = _check_momentum(momentum_gev)
+    check_source_geometry(source_geometry)
     if int(n_events) <= 0:
         raise LartpcError(f"--events: must be positive, got {n_events}")
     if int(workers) <= 0:
@@ -159,7 +203,8 @@ def write_dataset(out_dir: str | os.PathLike, n_events: int, *, seed: int = 0,
         p.unlink()
     n = int(n_events)
     jobs = [(out / SHARD_PATTERN.format(j), a, min(n, a + shard_size), int(seed), geometry,
-             classes, momentum_gev) for j, a in enumerate(range(0, n, shard_size))]
+             classes, momentum_gev, source_geometry, readout)
+            for j, a in enumerate(range(0, n, shard_size))]
     written: list[Path] = []
     bar = None
     if progress:

@@ -3,10 +3,18 @@
 The hadronic model is schematic but keeps what an image shows: an interaction ends the
 track in a kink (quasi-elastic), a few prongs (inelastic: leading hadron, extra pions,
 short heavily-ionising protons, sometimes a pi0 whose photons shower) or protons only
-(pion absorption). Stopped particles decay at rest with PDG branching ratios.
+(pion absorption). Stopped particles decay at rest, and K+/pi+ also decay in flight
+(PDG lifetimes), with PDG branching ratios.
+
+A fast stand-in for Geant4/LArSoft: interaction lengths and decays follow published
+numbers (sources beside them); the final-state mix is :class:`HadronicParameters`,
+labelled as assumed.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -14,14 +22,47 @@ from lartpc.sim import materials as mat
 from lartpc.sim.tracks import Track, heavy_track, isotropic, rotate
 
 MASS = {"mu+": mat.MASS_MEV["mu"], "mu-": mat.MASS_MEV["mu"], "pi+": mat.MASS_MEV["pi"],
-        "pi-": mat.MASS_MEV["pi"], "K+": mat.MASS_MEV["K"], "p": mat.MASS_MEV["p"]}
+        "pi-": mat.MASS_MEV["pi"], "K+": mat.MASS_MEV["K"], "p": mat.MASS_MEV["p"],
+        "pi0": mat.MASS_MEV["pi0"], "e+": mat.ME_MEV, "nu": 0.0}
 LAMBDA_CM = {"pi+": mat.LAMBDA_INT_PION_CM, "pi-": mat.LAMBDA_INT_PION_CM,
              "K+": mat.LAMBDA_INT_KAON_CM, "p": mat.LAMBDA_INT_PROTON_CM}
-# K+ decays (PDG): mu nu, pi pi0, pi pi pi, pi0 e nu, pi0 mu nu, pi pi0 pi0
-K_MODES = ("munu", "pipi0", "3pi", "ke3", "kmu3", "pi2pi0")
-K_BR = np.array([0.6356, 0.2067, 0.0558, 0.0507, 0.0335, 0.0176])
+# Decay modes with PDG branching fractions; the kinematics (two-body, or three-body
+# phase space without matrix elements or form factors) follow from the masses, so the
+# Q values are Ke3 358.2, Kmu3 253.0, K -> 3 pi 75.0 and K -> pi 2pi0 84.2 MeV.
+DECAYS = {
+    "K+": (("munu", 0.6356, ("mu+", "nu")), ("pipi0", 0.2067, ("pi+", "pi0")),
+           ("3pi", 0.0558, ("pi+", "pi+", "pi-")), ("ke3", 0.0507, ("pi0", "e+", "nu")),
+           ("kmu3", 0.0335, ("pi0", "mu+", "nu")), ("pi2pi0", 0.0176, ("pi+", "pi0", "pi0"))),
+    "pi+": (("munu", 1.0, ("mu+", "nu")),),
+}
 P_MU_KMU2 = 235.5  # MeV/c, muon momentum in K+ -> mu+ nu at rest
 P_MU_PIMU2 = 29.79  # MeV/c, muon momentum in pi+ -> mu+ nu at rest (T = 4.1 MeV)
+
+
+@dataclass(frozen=True, slots=True)
+class HadronicParameters:
+    """Final states of pi+/K+ argon interactions: ASSUMED PARAMETERS, not measurements.
+
+    Nothing here is fitted to data (Geant4's cascade models or LArIAT/ProtoDUNE-SP
+    exclusive cross sections would be the place to take them from); they keep what an
+    image shows: kinks, prongs, short protons and pi0 showers.
+    """
+
+    # interaction type probabilities: quasi-elastic, charge exchange, absorption, else
+    # inelastic (pion absorption matters mostly below ~0.5 GeV, taken flat here)
+    pion_mix: tuple[float, float, float] = (0.25, 0.10, 0.10)
+    kaon_mix: tuple[float, float, float] = (0.40, 0.12, 0.0)
+    qe_energy_kept: tuple[float, float] = (0.6, 0.97)  # uniform range
+    qe_knockout_proton: float = 0.6
+    inel_lead_share: tuple[float, float] = (0.2, 0.7)  # leading hadron's share of T
+    inel_kaon_keeps_lead: float = 0.6  # else a K0 carries it away unseen
+    inel_visible_share: tuple[float, float] = (0.4, 0.8)  # of the rest; neutrons take the remainder
+    inel_mean_extra_pions: float = 0.7
+    inel_mean_extra_protons: float = 1.2
+    inel_pi0_probability: float = 0.4
+
+
+HADRONIC = HadronicParameters()
 
 
 def michel_energy(rng: np.random.Generator) -> float:
@@ -32,16 +73,38 @@ def michel_energy(rng: np.random.Generator) -> float:
             return x * mat.MICHEL_ENDPOINT_MEV
 
 
+def decay_distance_cm(rng: np.random.Generator, kind: str, t_mev: float) -> float:
+    """Path length after which a K+/pi+ of kinetic energy ``t_mev`` decays in flight
+    (inf if it stops first or does not decay): a proper length drawn from c tau,
+    converted along the slowing-down track (d(proper length) = ds / beta gamma)."""
+    ctau = mat.CTAU_CM.get(kind)
+    if ctau is None:
+        return np.inf
+    target = rng.exponential(ctau)
+    m = MASS[kind]
+    r0 = float(mat.csda_range_cm(t_mev, m))
+    s = np.linspace(0.0, r0, 257)
+    mid = 0.5 * (s[1:] + s[:-1])
+    bg = mat.momentum(mat.energy_at_range(r0 - mid, m), m) / m
+    proper = np.concatenate([[0.0], np.cumsum(np.diff(s) / np.maximum(bg, 1e-3))])
+    return float(np.interp(target, proper, s)) if target < proper[-1] else np.inf
+
+
 def hadron(ctx, kind: str, pos, d, t_mev: float) -> Track:
     """Transport one heavy charged particle; secondaries go to ``ctx.queue``."""
     rng = ctx.rng
     lam = LAMBDA_CM.get(kind)
-    max_len = rng.exponential(lam) if lam else np.inf
-    tr = heavy_track(pos, d, t_mev, MASS[kind], rng, ctx.deps, ctx.queue, max_len_cm=max_len)
+    s_int = rng.exponential(lam) if lam else np.inf
+    s_dec = decay_distance_cm(rng, kind, t_mev)
+    tr = heavy_track(pos, d, t_mev, MASS[kind], rng, ctx.deps, ctx.queue,
+                     max_len_cm=min(s_int, s_dec))
     end = tr.points[-1].copy()
     if tr.end == "interact":
         t_end = float(tr.t_mev[-1])
-        if t_end > 5.0 and ctx.hadronic_budget > 0:
+        if s_dec < s_int:
+            tr.end = "decay"
+            decay(ctx, kind, end, tr.direction * float(mat.momentum(t_end, MASS[kind])))
+        elif t_end > 5.0 and ctx.hadronic_budget > 0:
             ctx.hadronic_budget -= 1
             _interact(ctx, kind, end, tr.direction, t_end)
     elif tr.end == "stop":
@@ -69,36 +132,37 @@ def _emit_protons(ctx, pos, d, energy: float, n: int) -> None:
 
 
 def _interact(ctx, kind: str, pos, d, t: float) -> None:
-    rng = ctx.rng
-    r = rng.random()
+    rng, par = ctx.rng, HADRONIC
     is_kaon = kind == "K+"
-    if r < (0.40 if is_kaon else 0.25):
+    qe, cex, absorb = par.kaon_mix if is_kaon else par.pion_mix
+    r = rng.random()
+    if r < qe:
         # quasi-elastic: the same hadron continues at an angle (a kink), maybe a knock-out p
-        t2 = t * rng.uniform(0.6, 0.97)
+        t2 = t * rng.uniform(*par.qe_energy_kept)
         ctx.queue.append((kind, pos, _forward(rng, d, 0.5), t2))
-        if rng.random() < 0.6:
+        if rng.random() < par.qe_knockout_proton:
             _emit_protons(ctx, pos, d, min(t - t2, 250.0) * rng.uniform(0.3, 0.9), 1)
         return
-    if r < (0.52 if is_kaon else 0.35):
+    if r < qe + cex:
         # charge exchange: K+ n -> K0 p (K0 unseen), pi+ n -> pi0 p
         if is_kaon:
             _emit_protons(ctx, pos, d, min(0.3 * t, 200.0), 1)
         else:
             pi0(ctx, pos, d, 0.9 * t)
         return
-    if not is_kaon and r < 0.45:
+    if r < qe + cex + absorb:
         # pion absorption on a nucleon cluster: protons only
         _emit_protons(ctx, pos, d, min(0.5 * t, 400.0), int(rng.integers(2, 5)))
         return
     # inelastic: leading hadron, extra pions, protons, sometimes a pi0
-    lead = t * rng.uniform(0.2, 0.7)
-    lead_kind = kind if not is_kaon or rng.random() < 0.6 else None  # K0 carries it away
+    lead = t * rng.uniform(*par.inel_lead_share)
+    lead_kind = kind if not is_kaon or rng.random() < par.inel_kaon_keeps_lead else None
     if lead_kind:
         ctx.queue.append((lead_kind, pos, _forward(rng, d, 0.35), lead))
-    rest = (t - lead) * rng.uniform(0.4, 0.8)  # the rest: neutrons, binding, nuclear excitation
-    n_pi = int(rng.poisson(0.7))
-    n_p = 1 + int(rng.poisson(1.2))
-    has_pi0 = rng.random() < 0.4
+    rest = (t - lead) * rng.uniform(*par.inel_visible_share)
+    n_pi = int(rng.poisson(par.inel_mean_extra_pions))
+    n_p = 1 + int(rng.poisson(par.inel_mean_extra_protons))
+    has_pi0 = rng.random() < par.inel_pi0_probability
     shares = _dirichlet_split(rng, rest, n_pi + 2)
     for i in range(n_pi):
         if shares[i] > 5.0:
@@ -134,37 +198,64 @@ def _two_body(rng, m_parent, p_parent, m1, m2) -> list[np.ndarray]:
     return out
 
 
-def _at_rest(ctx, kind: str, pos, t_mev: float, d=None) -> None:
-    d = isotropic(ctx.rng) if d is None else d
-    if t_mev > 0.05:
-        ctx.queue.append((kind, pos, d, float(t_mev)))
+def _pstar(m: float, a: float, b: float) -> float:
+    """Momentum of the daughters of a two-body decay m -> a b at rest."""
+    return max((m * m - (a + b) ** 2) * (m * m - (a - b) ** 2), 0.0) ** 0.5 / (2 * m)
+
+
+@lru_cache(maxsize=16)
+def _m23_weight_max(m: float, m1: float, m2: float, m3: float) -> float:
+    grid = np.linspace(m2 + m3, m - m1, 129)
+    return 1.05 * max(_pstar(m, m1, x) * _pstar(x, m2, m3) for x in grid)
+
+
+def three_body(rng: np.random.Generator, m: float, p_parent: np.ndarray, m1: float,
+               m2: float, m3: float) -> list[np.ndarray]:
+    """Lab four-vectors of m -> 1 2 3 distributed by phase space (no matrix element).
+
+    The (23) mass is drawn with weight p*(1) p*(2 in 23), then two chained two-body decays.
+    """
+    wmax = _m23_weight_max(m, m1, m2, m3)
+    while True:
+        m23 = rng.uniform(m2 + m3, m - m1)
+        if rng.random() * wmax <= _pstar(m, m1, m23) * _pstar(m23, m2, m3):
+            break
+    p1, p23 = _two_body(rng, m, p_parent, m1, m23)
+    return [p1, *_two_body(rng, m23, p23[1:], m2, m3)]
+
+
+def decay(ctx, kind: str, pos, p_parent: np.ndarray) -> None:
+    """Decay ``kind`` (K+ or pi+) with lab momentum ``p_parent`` (zeros: at rest)."""
+    rng = ctx.rng
+    modes = DECAYS[kind]
+    br = np.array([b for _, b, _ in modes])
+    _, _, products = modes[rng.choice(len(modes), p=br / br.sum())]
+    masses = [MASS[k] for k in products]
+    fn = _two_body if len(products) == 2 else three_body
+    for k, p4 in zip(products, fn(rng, MASS[kind], np.asarray(p_parent, float), *masses),
+                     strict=True):
+        _emit(ctx, k, pos, p4)
+
+
+def _emit(ctx, kind: str, pos, p4: np.ndarray) -> None:
+    if kind == "nu":
+        return
+    p = float(np.sqrt(p4[1:] @ p4[1:]))
+    d = p4[1:] / p if p > 0 else isotropic(ctx.rng)
+    t = float(p4[0]) - MASS[kind]
+    if kind == "pi0":
+        pi0(ctx, pos, d, max(t, 0.0))
+    elif t > 0.05:
+        ctx.queue.append((kind, pos, d, t))
 
 
 def _decay_at_rest(ctx, kind: str, pos) -> None:
     rng = ctx.rng
-    mmu, mpi = mat.MASS_MEV["mu"], mat.MASS_MEV["pi"]
     if kind == "mu+" or (kind == "mu-" and rng.random() < 0.25):  # mu- is mostly captured
-        _at_rest(ctx, "e+" if kind == "mu+" else "e-", pos, michel_energy(rng) - mat.ME_MEV)
-    elif kind == "pi+":
-        _at_rest(ctx, "mu+", pos, float(mat.kinetic(P_MU_PIMU2, mmu)))
+        t = michel_energy(rng) - mat.ME_MEV
+        if t > 0.05:
+            ctx.queue.append(("e+" if kind == "mu+" else "e-", pos, isotropic(rng), float(t)))
+    elif kind in DECAYS:
+        decay(ctx, kind, pos, np.zeros(3))
     elif kind == "pi-":  # nuclear capture: a small star of protons
         _emit_protons(ctx, pos, isotropic(rng), rng.uniform(20, 60), int(rng.integers(1, 3)))
-    elif kind == "K+":
-        mode = K_MODES[rng.choice(len(K_MODES), p=K_BR / K_BR.sum())]
-        d = isotropic(rng)
-        if mode == "munu":
-            _at_rest(ctx, "mu+", pos, float(mat.kinetic(P_MU_KMU2, mmu)), d)
-        elif mode == "pipi0":
-            p = 205.14  # MeV/c
-            _at_rest(ctx, "pi+", pos, float(mat.kinetic(p, mpi)), d)
-            pi0(ctx, pos, -d, float(mat.kinetic(p, mat.MASS_MEV["pi0"])))
-        else:  # three-body modes: share the kinetic energy, no neutrino tracking needed
-            q = mat.MASS_MEV["K"] - 3 * mpi
-            t = _dirichlet_split(rng, q, 3)
-            kinds = {"3pi": ("pi+", "pi+", "pi-"), "pi2pi0": ("pi+", "pi0", "pi0"),
-                     "ke3": ("e+", "pi0", None), "kmu3": ("mu+", "pi0", None)}[mode]
-            for k, ti in zip(kinds, t, strict=True):
-                if k == "pi0":
-                    pi0(ctx, pos, isotropic(rng), float(ti))
-                elif k:
-                    _at_rest(ctx, k, pos, float(ti))

@@ -22,9 +22,20 @@ K_MEV_CM2_MOL = 0.307075
 ME_MEV = 0.51099895
 # Sternheimer density-effect parameters for liquid argon (PDG table)
 _C_BAR, _X0_D, _X1_D, _A_D, _K_D = 5.2146, 0.2, 3.0, 0.19559, 3.0
-LAMBDA_INT_PION_CM = 86.0  # nuclear interaction length (SPEC)
-LAMBDA_INT_KAON_CM = 125.0  # K+ N cross-section is ~2/3 of pi+ N at a few GeV
+# Hadronic interaction lengths (inelastic), taken as energy independent above ~1 GeV.
+# Nucleons: PDG "Atomic and nuclear properties", liquid argon, nuclear interaction
+# length 119.7 g/cm2 = 85.8 cm (the SPEC's 86 cm). Pions: the PDG pion interaction
+# length is ~1.25x the nucleon one (pi-N cross sections ~25 mb vs N-N ~40 mb at a few
+# GeV), ~150 g/cm2 = 107 cm, i.e. sigma_inel(pi+ Ar) ~ 0.45 b; LArIAT's pi-Ar
+# cross-section measurements are at lower energy (< 1 GeV) and are not used here.
+LAMBDA_INT_PION_CM = 107.0
+# Kaons: PARAMETER, not a measurement. K+ N ~ 17.5 mb vs pi+ N ~ 25 mb at a few GeV
+# (PDG cross-section plots); scaled to argon as sqrt of that ratio (nuclear shadowing
+# weakens the dependence), 107 * sqrt(25 / 17.5) = 128 cm.
+LAMBDA_INT_KAON_CM = 128.0
 LAMBDA_INT_PROTON_CM = 84.0
+# Decay in flight (PDG): c tau of K+ 371.2 cm, pi+ 780.45 cm (muons: 659 m, ignored)
+CTAU_CM = {"K+": 371.2, "pi+": 780.45}
 
 MASS_MEV = {
     "e": ME_MEV, "mu": 105.6583755, "pi": 139.57039, "K": 493.677, "p": 938.27208,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from lartpc.sim import materials as mat
-from lartpc.sim.tracks import STEP_CM, Deposits, inside, rotate, trajectory
+from lartpc.sim.tracks import STEP_CM, Deposits, deposit_restricted, inside, rotate, trajectory
 
 E_TRACK_MEV = 8.0  # follow e+- above this with a scattered trajectory
 K_CUT_MEV = 6.0  # bremsstrahlung photons above this are emitted as particles
@@ -63,8 +63,13 @@ class Cascade:
         self.followed = 0
         self.stubs: list[tuple[np.ndarray, np.ndarray, float]] = []
 
-    def electron(self, pos: np.ndarray, d: np.ndarray, t_mev: float) -> float:
-        """Transport one e+-; returns its path length (cm)."""
+    def electron(self, pos: np.ndarray, d: np.ndarray, t_mev: float, kind: str = "e-") -> float:
+        """Transport one e+- (``kind`` "e-" or "e+"); returns its path length (cm).
+
+        Collision loss goes through the heavy-track code: the restricted share with
+        Landau-like fluctuations on every step, plus Moller (e-) or Bhabha (e+) delta
+        electrons above the delta-ray cut.
+        """
         rng = self.rng
         if t_mev < E_TRACK_MEV or self.followed >= MAX_FOLLOWED:
             self.stubs.append((pos, d, t_mev))
@@ -96,7 +101,11 @@ class Cascade:
         de = -np.diff(t) - np.diff(emitted)
         ok = inside(pts)
         stop = len(pts) if ok.all() else int(np.argmin(ok)) + 1
-        self.deps.add_polyline(pts[:stop], np.maximum(de[:stop - 1], 0.0))
+        de = np.maximum(de[:stop - 1], 0.0)
+        if len(de):
+            de = deposit_restricted(pts[:stop], t[:stop], mat.ME_MEV, de, rng, self.queue,
+                                    kind, dedx_mev_cm=np.maximum(de / ds, 1e-6))
+        self.deps.add_polyline(pts[:stop], de)
         for si, k in zip(em_s, em_k, strict=True):
             i = min(int(si / ds), n - 1)
             if i + 1 < stop:

@@ -139,8 +139,9 @@ def heavy_track(start, direction, t0_mev: float, mass_mev: float, rng: np.random
                 step_cm: float = STEP_CM) -> Track:
     """Propagate a muon/pion/kaon/proton until it stops, interacts or leaves the volume.
 
-    Deposits ionisation (with Landau-like fluctuations and delta rays) into ``deps`` and
-    appends tracked delta electrons to ``queue`` as ``("e-", pos, dir, T)``.
+    Deposits the restricted ionisation loss (with Landau-like fluctuations) into ``deps``
+    and appends delta electrons above ``DELTA_CUT_MEV`` to ``queue`` as
+    ``("e-", pos, dir, T)``.
     """
     r0 = float(mat.csda_range_cm(t0_mev, mass_mev))
     length = min(r0, max_len_cm)
@@ -162,44 +163,105 @@ def heavy_track(start, direction, t0_mev: float, mass_mev: float, rng: np.random
             if len(pts) > 1 else direction
     de = -np.diff(t)
     if len(de):
-        # Landau-like fluctuation of the visible energy per step (mean preserved); the
-        # high tail comes from the explicit delta rays below.
-        de = de * rng.gamma(8.0, 1 / 8.0, size=len(de))
-        de = _delta_rays(pts, t, mass_mev, rng, de, queue)
+        de = deposit_restricted(pts, t, mass_mev, de, rng, queue)
     deps.add_polyline(pts, de)
     return Track(pts, t, end, dlast)
 
 
-def _delta_rays(pts, t, mass_mev, rng, de, queue) -> np.ndarray:
-    tm = 0.5 * (t[1:] + t[:-1])
-    gamma = 1 + tm / mass_mev
-    bg2 = gamma**2 - 1
-    beta2 = bg2 / gamma**2
+def delta_tmax_mev(t_mev: np.ndarray, mass_mev: float, kind: str = "") -> np.ndarray:
+    """Largest kinetic energy a delta electron can take from a particle of ``t_mev``.
+
+    Heavy particles: the PDG kinematic maximum. Electrons (Moller, identical particles):
+    half the kinetic energy. Positrons (Bhabha): all of it.
+    """
+    if kind == "e-":
+        return 0.5 * t_mev
+    if kind == "e+":
+        return np.asarray(t_mev, float)
+    gamma = 1 + t_mev / mass_mev
     r = mat.ME_MEV / mass_mev
-    tmax = 2 * mat.ME_MEV * bg2 / (1 + 2 * gamma * r + r * r)
+    return 2 * mat.ME_MEV * (gamma**2 - 1) / (1 + 2 * gamma * r + r * r)
+
+
+def _beta2(t_mev: np.ndarray, mass_mev: float) -> np.ndarray:
+    gamma = 1 + t_mev / mass_mev
+    return 1 - 1 / gamma**2
+
+
+def _delta_prefactor(beta2: np.ndarray) -> np.ndarray:
+    # K/2 Z/A rho / beta^2: dN/dT dx = this / T^2 (1 - beta^2 T / Tmax), spin-0 form
+    return 0.5 * mat.K_MEV_CM2_MOL * mat.Z_OVER_A * mat.DENSITY_G_CM3 / beta2
+
+
+def delta_loss_mev_cm(t_mev: np.ndarray, mass_mev: float, kind: str = "") -> np.ndarray:
+    """Mean energy loss per cm into delta electrons above ``DELTA_CUT_MEV``.
+
+    The integral of T dN/dT dx from the cut to Tmax; the Bethe mean loss minus this is
+    the restricted loss (PDG review, "Passage of particles through matter", the
+    restricted energy loss formula).
+    """
+    t_mev = np.asarray(t_mev, float)
+    tmax = delta_tmax_mev(t_mev, mass_mev, kind)
+    beta2 = _beta2(t_mev, mass_mev)
+    w = np.maximum(tmax, DELTA_CUT_MEV)
+    val = _delta_prefactor(beta2) * (np.log(w / DELTA_CUT_MEV) - beta2 * (1 - DELTA_CUT_MEV / w))
+    return np.where(tmax > DELTA_CUT_MEV, np.maximum(val, 0.0), 0.0)
+
+
+def deposit_restricted(pts: np.ndarray, t: np.ndarray, mass_mev: float, de: np.ndarray,
+                       rng: np.random.Generator, queue, kind: str = "",
+                       dedx_mev_cm: np.ndarray | None = None) -> np.ndarray:
+    """Visible ionisation per step: the restricted loss, fluctuated, plus sampled deltas.
+
+    Parameters
+    ----------
+    pts : (n+1, 3) step points.
+    t : (n+1,) kinetic energy at the points.
+    mass_mev : particle mass.
+    de : (n,) mean collision loss per step (MeV).
+    rng, queue : random stream; tracked delta electrons are appended to ``queue``.
+    kind : ``"e-"``/``"e+"`` for Moller/Bhabha kinematics, else a heavy particle.
+    dedx_mev_cm : (n,) mean collision stopping power per step (default Bethe).
+
+    Returns
+    -------
+    (n,) energy deposited locally per step. Every step keeps its restricted share of the
+    mean loss whatever deltas were drawn, so a track is never dimmed by its deltas; the
+    mean total (local + deltas) is still the full collision loss.
+    """
+    tm = 0.5 * (t[1:] + t[:-1])
+    if dedx_mev_cm is None:
+        dedx_mev_cm = mat.bethe_dedx(tm, mass_mev)
+    frac = np.clip(1 - delta_loss_mev_cm(tm, mass_mev, kind) / dedx_mev_cm, 0.0, 1.0)
+    # Landau-like fluctuation of the restricted part (mean preserved); the high tail
+    # comes from the explicit delta rays
+    out = de * frac * rng.gamma(8.0, 1 / 8.0, size=len(de))
+    _delta_rays(pts, tm, mass_mev, rng, queue, kind)
+    return out
+
+
+def _delta_rays(pts, tm, mass_mev, rng, queue, kind: str = "") -> None:
+    tmax = delta_tmax_mev(tm, mass_mev, kind)
     ok = tmax > DELTA_CUT_MEV
     if not ok.any():
-        return de
+        return
+    beta2 = _beta2(tm, mass_mev)
     seg = np.linalg.norm(np.diff(pts, axis=0), axis=1)
-    # dN/dT dx = K/2 Z/A rho / beta^2 / T^2 (spin-0 form), integrated over T > cut
-    rate = 0.5 * mat.K_MEV_CM2_MOL * mat.Z_OVER_A * mat.DENSITY_G_CM3 / beta2 \
-        * (1 / DELTA_CUT_MEV - 1 / np.maximum(tmax, DELTA_CUT_MEV))
+    # Poisson counts from the 1/T^2 envelope, each kept with probability
+    # 1 - beta^2 T / Tmax (thinning a Poisson process keeps it Poisson)
+    rate = _delta_prefactor(beta2) * (1 / DELTA_CUT_MEV - 1 / np.maximum(tmax, DELTA_CUT_MEV))
     counts = rng.poisson(np.where(ok, rate * seg, 0.0))
-    total = 0.0
     for i in np.flatnonzero(counts):
         for _ in range(counts[i]):
             te = 1 / (1 / DELTA_CUT_MEV - rng.random() * (1 / DELTA_CUT_MEV - 1 / tmax[i]))
-            te = min(te, 0.5 * tm[i])
-            pe = mat.momentum(te, mat.ME_MEV)
-            pmax = mat.momentum(tmax[i], mat.ME_MEV)
-            cos = min(1.0, te / pe * pmax / tmax[i])
+            if rng.random() > 1 - beta2[i] * te / tmax[i]:
+                continue
+            # cos = (T_e / p_e)(p_ref / T_ref): T_ref = Tmax for a heavy particle, the
+            # primary's own T for e+- (two-body elastic kinematics in both cases)
+            ref = tm[i] if kind in ("e-", "e+") else tmax[i]
+            cos = min(1.0, te / mat.momentum(te, mat.ME_MEV)
+                      * mat.momentum(ref, mat.ME_MEV) / ref)
             d = pts[i + 1] - pts[i]
             d = d / max(np.linalg.norm(d), 1e-9)
             d = rotate(d, float(np.arccos(cos)), rng.uniform(0, 2 * np.pi))
-            total += te
             queue.append(("e-", pts[i].copy(), d, float(te)))
-    # the deltas' energy comes out of the continuous loss (restricted dE/dx), spread
-    # along the track so the mean loss stays the CSDA one
-    if total > 0 and de.sum() > 0:
-        de = de * max(1.0 - total / de.sum(), 0.0)
-    return de

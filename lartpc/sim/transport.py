@@ -28,7 +28,7 @@ class Context:
 
 def _one(ctx: Context, kind: str, pos, d, t: float) -> tuple[float, str]:
     if kind in ("e-", "e+"):
-        length = ctx.cascade.electron(pos, d, t)
+        length = ctx.cascade.electron(pos, d, t, kind)
         return length, "stop"
     if kind == "gamma":
         return ctx.cascade.photon(pos, d, t)

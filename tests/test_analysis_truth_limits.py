@@ -1,0 +1,46 @@
+"""The analysis report shows truth limits (from `lartpc inspect --truth-limits`) beside
+the measured confusion matrix."""
+
+from __future__ import annotations
+
+import json
+
+from analysis.__main__ import main as analysis_main
+from analysis.paper import PAPER
+from analysis.synthetic import write_synthetic_run
+from analysis.truth_limits import load_truth_limits
+from lartpc.cli import main as lartpc_main
+
+
+def _run(tmp_path):
+    return write_synthetic_run(tmp_path / "run", model="jishnet", world_size=2,
+                               epoch_rate_per_min=0.5, ttl_s=200, dlt_s=20,
+                               time_limit_s=300, train_events=500,
+                               confusion_percent=PAPER["jishnet"]["confusion_percent"])
+
+
+def test_report_shows_truth_limits(tmp_path, capsys):
+    data = tmp_path / "data"
+    assert lartpc_main(["simulate", "--out", str(data), "--events", "45", "--seed", "5",
+                        "--downsample", "12", "--classes", "muon,pion,kaon"]) == 0
+    capsys.readouterr()
+    assert lartpc_main(["inspect", str(data), "--truth-limits", "--json"]) == 0
+    run = _run(tmp_path)
+    (run / "truth_limits.json").write_text(capsys.readouterr().out)
+    lim = load_truth_limits(run)
+    pion = lim["classes"]["pion"]
+    assert pion["events"] == 15 and 0 < pion["exit_without_interaction"] < 1
+    assert analysis_main(["report", str(run), "--out", str(tmp_path / "rep")]) == 0
+    html = (tmp_path / "rep" / "report.html").read_text()
+    assert "Truth limits of the evaluation data (source geometry isotropic" in html
+    assert f"<td>{100 * pion['exit_without_interaction']:.1f}</td>" in html
+    assert f"{100 * lim['muon_purity_ceiling']:.1f} %" in html
+
+
+def test_bad_truth_limits_file_is_ignored(tmp_path, caplog):
+    run = _run(tmp_path)
+    (run / "truth_limits.json").write_text(json.dumps({"events": 3}))
+    assert load_truth_limits(run) is None
+    assert "not a truth-limits file" in caplog.text
+    assert analysis_main(["report", str(run), "--out", str(tmp_path / "rep")]) == 0
+    assert "Truth limits" not in (tmp_path / "rep" / "report.html").read_text()

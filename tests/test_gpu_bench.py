@@ -18,7 +18,7 @@ from jobs.local.gpu_bench import plan
 def _args(device: str) -> argparse.Namespace:
     return argparse.Namespace(device=device, size=3600, repeats=10, warmup=3, events=700,
                               train_seconds=120, scan_seconds=90, batches="7,14,28,56,112,256",
-                              scan_seeds="0,1", out=Path("gb"))
+                              scan_seeds="0,1", out=Path("gb"), quick=False)
 
 
 def test_cuda_plan_measures_every_issue_target():

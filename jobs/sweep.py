@@ -40,6 +40,11 @@ SUBMIT = {"slurm": "sbatch", "lsf": "bsub"}
 #: GPUs per node when not given: a typical SLURM GPU node, and Summit's 6 V100s.
 DEFAULT_GPUS_PER_NODE = {"slurm": 4, "lsf": 6}
 _DIRECTIVE = re.compile(r"^#(SBATCH|BSUB)\b")
+#: A scheduler name (partition, queue, account): what SLURM and LSF accept, nothing a
+#: shell or a directive line could read as more than one word.
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,+-]{0,127}")
+#: A path that goes into a directive line (--output, -o), where no quoting exists.
+_DIRECTIVE_PATH = re.compile(r"[\w./+,=@:~-]+")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -81,7 +86,7 @@ def jobs_dir() -> Path:
 
 def parse_time_s(text: str) -> int:
     """Seconds in a SLURM time (``M``, ``M:S``, ``H:M:S``, ``D-H[:M[:S]]``); as in common.sh."""
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
     if not m:
         raise LartpcError(f"--time {text!r}: expected [D-]HH:MM:SS, MM:SS or MM")
     d, a, b, c = (int(x) if x else None for x in m.groups())
@@ -97,6 +102,62 @@ def parse_time_s(text: str) -> int:
     if total <= 0:
         raise LartpcError(f"--time {text!r}: must be positive")
     return total
+
+
+def check_name(value: str | None, option: str) -> None:
+    """Refuse a queue/account name that is not one plain word (it goes into a directive).
+
+    Raises
+    ------
+    LartpcError
+        Naming ``option`` when ``value`` holds spaces, newlines, quotes or other
+        characters outside ``[A-Za-z0-9_.,+-]``.
+    """
+    if value is not None and not _NAME.fullmatch(value):
+        raise LartpcError(f"{option} {value!r}: expected a scheduler name of letters, digits "
+                          "and _.,+- (no spaces, quotes or newlines)")
+
+
+def check_path(path: Path, option: str, *, directive: bool) -> None:
+    """Refuse a path a job script cannot carry safely.
+
+    Every path is exported shell-quoted, which holds anything but control characters;
+    a path that also goes into a ``#SBATCH``/``#BSUB`` line (``directive``), where
+    there is no quoting, must be one plain word.
+    """
+    text = str(path)
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise LartpcError(f"{option} {text!r}: control characters (newline, tab...) in a path")
+    if directive and not _DIRECTIVE_PATH.fullmatch(text):
+        raise LartpcError(f"{option} {text!r}: goes into #SBATCH/#BSUB lines, so it must be "
+                          "letters, digits and ./_+,=@:~- only (no spaces, quotes or %)")
+
+
+def check_sets(sets: list[str], models: list[str], seeds: list[int],
+               config_prefix: str) -> None:
+    """Resolve every point's config with ``sets`` now, so a typo fails before any job queues.
+
+    Raises
+    ------
+    LartpcError
+        For a ``--set`` with whitespace (the job splits them on spaces) or one the
+        config rejects (unknown key, wrong type, out of range), naming the preset.
+    """
+    from lartpc.config import load_config
+    from lartpc.errors import ConfigError
+
+    for kv in sets:
+        if "=" not in kv or re.search(r"\s", kv) or "." not in kv.split("=", 1)[0]:
+            raise LartpcError(f"--set {kv!r}: expected section.key=value without spaces")
+        if kv.split("=", 1)[0].strip() == "train.seed":
+            raise LartpcError(f"--set {kv!r}: the sweep sets train.seed; use --seeds")
+    for model in models:
+        for seed in seeds:
+            try:
+                load_config(f"{config_prefix}-{model}", [f"train.seed={seed}", *sets])
+            except ConfigError as e:
+                raise LartpcError(f"--config-prefix {config_prefix} --models {model} "
+                                  f"--seeds {seed}: {e}") from e
 
 
 def parse_list(text: str, option: str, *, positive: bool = False) -> list[int]:
@@ -195,6 +256,9 @@ def exports(p: Point, shape: JobShape, data: Path, sets: list[str]) -> dict[str,
 
 def render(template: str, lines: list[str], env: dict[str, str]) -> str:
     """The template with its scheduler lines replaced and ``env`` exported up front."""
+    bad = [ln for ln in lines if "\n" in ln or "\r" in ln]
+    if bad:  # a value that slipped past the checks would start a shell line of its own
+        raise LartpcError(f"scheduler line {bad[0]!r}: holds a line break")
     head, *body = template.splitlines()
     body = [ln for ln in body if not _DIRECTIVE.match(ln)]
     block = ["# --- this sweep point (written by `lartpc sweep`) ---"]
@@ -202,27 +266,48 @@ def render(template: str, lines: list[str], env: dict[str, str]) -> str:
     return "\n".join([head, *lines, *block, *body]) + "\n"
 
 
-def build_scripts(points: list[Point], shape: JobShape, data: Path, sets: list[str],
-                  logs_dir: Path) -> dict[str, str]:
-    """Script text per point name."""
+def template_path(shape: JobShape) -> Path:
+    """The job script under jobs/ for the shape's scheduler and launcher."""
     key = (shape.scheduler, shape.launcher)
     if key not in TEMPLATES:
         ok = ", ".join(f"{s}/{lch}" for s, lch in TEMPLATES)
         raise LartpcError(f"--scheduler {shape.scheduler} --launcher {shape.launcher}: "
                           f"no such job script; available: {ok}")
-    template = (jobs_dir() / TEMPLATES[key]).read_text()
+    return jobs_dir() / TEMPLATES[key]
+
+
+def build_scripts(points: list[Point], shape: JobShape, data: Path, sets: list[str],
+                  logs_dir: Path) -> dict[str, str]:
+    """Script text per point name."""
+    template = template_path(shape).read_text()
     return {p.name: render(template, directives(p, shape, logs_dir),
                            exports(p, shape, data, sets)) for p in points}
 
 
-def launch_line(script: str) -> str:
-    """The launcher command ``script`` would run, by running it with LARTPC_DRY_RUN=1."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SLURM_", "LSB_", "LARTPC_"))}
-    env["LARTPC_DRY_RUN"] = "1"
-    out = subprocess.run(["bash", "-s"], input=script, text=True, capture_output=True, env=env)
+def check_syntax(script: str, name: str) -> None:
+    """Parse ``script`` with ``bash -n``: a syntax check that executes nothing."""
+    bash = shutil.which("bash")
+    if bash is None:
+        raise LartpcError("bash not found on PATH: cannot check the job scripts")
+    out = subprocess.run([bash, "-n"], input=script, text=True, capture_output=True)
     if out.returncode != 0:
-        raise LartpcError(f"job script dry run failed: {out.stderr.strip()}")
+        raise LartpcError(f"job script {name}: bash syntax error: {out.stderr.strip()}")
+
+
+def launch_line(template: Path, env: dict[str, str]) -> str:
+    """The launcher command a point's job would run.
+
+    Runs the unmodified ``template`` with the point's settings as environment variables
+    and ``LARTPC_DRY_RUN=1``, under which it prints the command and launches nothing.
+    The rendered script is never run: its directive and export lines hold the values
+    the user typed, and environment values are data to bash, never code.
+    """
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("SLURM_", "LSB_", "LARTPC_"))}
+    out = subprocess.run(["bash", str(template)], text=True, capture_output=True,
+                         env={**base, **env, "LARTPC_DRY_RUN": "1"}, stdin=subprocess.DEVNULL)
+    if out.returncode != 0:
+        raise LartpcError(f"{template} dry run failed: {out.stderr.strip()}")
     return out.stdout.strip()
 
 

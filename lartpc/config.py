@@ -9,6 +9,7 @@ starts working.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -108,7 +109,15 @@ CHOICES = {
     "dist.backend": ("auto", "horovod", "torch", "none"),
 }
 POSITIVE = ("data.downsample", "train.batch_per_rank", "train.epochs", "train.time_limit_s",
-            "train.lr", "train.eval_every_epochs", "train.log_flush_steps")
+            "train.lr", "train.eps", "train.eval_every_epochs", "train.log_flush_steps",
+            "dist.timeout_s")
+NON_NEGATIVE = ("data.max_events", "data.prefetch", "train.seed", "train.weight_decay",
+                "train.momentum", "train.warmup_epochs", "train.checkpoint_every_steps",
+                "train.checkpoint_every_s", "train.threads")
+#: Floats that must be finite (inf passes "> 0"; NaN fails every comparison anyway).
+#: train.time_limit_s may be inf: no limit.
+FINITE = ("train.lr", "train.eps", "train.weight_decay", "train.momentum",
+          "train.warmup_epochs", "train.checkpoint_every_s", "dist.timeout_s")
 
 
 def preset_names() -> list[str]:
@@ -139,6 +148,8 @@ def _coerce(key: str, value, typ, origin: str):
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if hint is list and isinstance(value, list):
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{origin}: {key} = {value!r}: expected a list of numbers")
         return [float(v) for v in value]
     if not isinstance(value, hint) or (hint in (int, float) and isinstance(value, bool)):
         raise ConfigError(f"{origin}: {key} = {value!r} has type {type(value).__name__}, "
@@ -176,25 +187,32 @@ def parse_override(item: str) -> dict:
 
 
 def validate(cfg: Config) -> None:
-    """Check choices and ranges that types alone cannot."""
+    """Check choices and ranges that types alone cannot.
+
+    Raises
+    ------
+    ConfigError
+        Naming the first field out of range, e.g. ``train.eps = -1.0: must be > 0``.
+    """
     d = cfg.to_dict()
     for key, allowed in CHOICES.items():
         s, k = key.split(".")
         if d[s][k] not in allowed:
             raise ConfigError(f"{key} = {d[s][k]!r}: expected one of {', '.join(allowed)}")
-    for key in POSITIVE:
-        s, k = key.split(".")
-        if not d[s][k] > 0:
-            raise ConfigError(f"{key} = {d[s][k]!r}: must be > 0")
+    for keys, ok, rule in ((POSITIVE, lambda v: v > 0, "must be > 0"),
+                           (NON_NEGATIVE, lambda v: v >= 0, "must be >= 0"),
+                           (FINITE, math.isfinite, "must be finite")):
+        for key in keys:
+            s, k = key.split(".")
+            if not ok(d[s][k]):
+                raise ConfigError(f"{key} = {d[s][k]!r}: {rule}")
     if not 0.0 < cfg.data.eval_fraction < 1.0:
         raise ConfigError(f"data.eval_fraction = {cfg.data.eval_fraction}: must be in (0, 1)")
-    if len(cfg.train.betas) != 2:
-        raise ConfigError(f"train.betas = {cfg.train.betas}: expected two numbers")
-    for key in ("max_events",):
-        if getattr(cfg.data, key) < 0:
-            raise ConfigError(f"data.{key} must be >= 0")
-    if cfg.train.warmup_epochs < 0 or cfg.train.threads < 0:
-        raise ConfigError("train.warmup_epochs and train.threads must be >= 0")
+    if not 0 <= cfg.data.blosc_clevel <= 9:
+        raise ConfigError(f"data.blosc_clevel = {cfg.data.blosc_clevel}: must be in 0..9")
+    betas = cfg.train.betas
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ConfigError(f"train.betas = {betas}: expected two numbers in [0, 1)")
 
 
 def load_config(name_or_file: str, overrides: list[str] | None = None) -> Config:

@@ -172,3 +172,67 @@ def test_missing_data_folder(tmp_path):
                  "--models", "jishnet",
                  "--gpus", "1", "--scheduler", "slurm", "--launcher", "horovod")
     assert res.returncode == 2 and "--data" in res.stderr and "no such folder" in res.stderr
+
+
+@pytest.mark.parametrize("option,scheduler,launcher", [
+    ("--queue", "slurm", "horovod"), ("--account", "slurm", "torchrun"),
+    ("--queue", "lsf", "jsrun"), ("--account", "lsf", "horovod")])
+def test_newline_in_queue_or_account_is_refused_and_runs_nothing(tmp_path, option, scheduler,
+                                                                 launcher):
+    marker = tmp_path / "pwned"
+    res = sweep(tmp_path, "--models", "jishnet", "--gpus", "1", "--scheduler", scheduler,
+                "--launcher", launcher, option, f"gpu\ntouch {marker}", "--dry-run")
+    assert res.returncode == 2
+    assert f"{option} 'gpu\\ntouch {marker}': expected a scheduler name" in res.stderr
+    assert not marker.exists() and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--queue", "gpu debug"], "--queue 'gpu debug': expected a scheduler name"),
+    (["--account", "a'b"], "--account \"a'b\": expected a scheduler name"),
+    (["--time", "01:00:00\n#SBATCH --x"], "--time '01:00:00\\n#SBATCH --x'"),
+    (["--set", "train.epohcs=2"], "unknown key train.epohcs"),
+    (["--set", "train.lr=-1"], "train.lr = -1.0: must be > 0"),
+    (["--set", "train.epochs=2\ttrain.lr=1"], "without spaces"),
+    (["--set", "train.seed=3"], "the sweep sets train.seed; use --seeds"),
+    (["--seeds", "-1"], "train.seed = -1: must be >= 0"),
+])
+def test_sweep_validates_before_writing(tmp_path, args, message):
+    res = sweep(tmp_path, "--models", "jishnet,scnet", "--gpus", "1", "--scheduler", "slurm",
+                "--launcher", "horovod", *args)
+    assert res.returncode == 2, res.stderr
+    assert message in res.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_out_dir_for_directives_must_be_one_word(tmp_path):
+    res = lartpc("sweep", "--data", str(tmp_path), "--out-dir", str(tmp_path / "my runs"),
+                 "--models", "jishnet", "--gpus", "1", "--scheduler", "slurm",
+                 "--launcher", "horovod")
+    assert res.returncode == 2
+    assert "--out-dir" in res.stderr and "goes into #SBATCH/#BSUB lines" in res.stderr
+    assert not (tmp_path / "my runs").exists()
+
+
+def test_dry_run_launch_line_treats_settings_as_data(tmp_path):
+    """The launch line comes from the template with settings in the environment: a value
+    holding shell syntax is printed quoted, never run."""
+    from jobs import sweep as sw
+
+    marker = tmp_path / "pwned"
+    env = {"LARTPC_CONFIG": "tiny-jishnet", "LARTPC_DATA": f"/d$(touch {marker})",
+           "LARTPC_RUN": f"/r;touch {marker}", "LARTPC_SET": f"train.epochs=2`touch {marker}`",
+           "LARTPC_TIME": "01:00:00", "LARTPC_JOBS_DIR": str(ROOT / "jobs")}
+    line = sw.launch_line(ROOT / "jobs/lsf/summit-jsrun.lsf", env)
+    assert not marker.exists()
+    assert line.startswith("jsrun -n 1 -a 1 -c 1 -g 1 --bind=packed:1 lartpc train "
+                           "--config tiny-jishnet --data ")
+    assert f"--out /r\\;touch\\ {str(marker).replace('/', '/')}" in line
+
+
+def test_render_refuses_a_line_break_in_a_directive():
+    from jobs import sweep as sw
+    from lartpc.errors import LartpcError
+
+    with pytest.raises(LartpcError, match="holds a line break"):
+        sw.render("#!/bin/bash\necho hi\n", ["#SBATCH --partition=a\nrm -rf x"], {})

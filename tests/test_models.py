@@ -187,9 +187,42 @@ def test_bench_model_prints_json_on_real_events(name, capsys, events_dir):
     assert rc == 0
     assert res["model"] == name and res["size"] == [900, 900] and res["batch"] == 2
     assert res["active_pixels"] == int(EventStore(events_dir).pixel_counts()[:2].sum()) > 0
-    assert res["forward_ms"] > 0 and res["forward_backward_ms"] > 0
+    if name == "jishnet":  # 5 significant digits of the hand count
+        assert res["train_gflop_per_image"] == pytest.approx(
+            jishnet_train_flops(2, 900) / 2 / 1e9, rel=1e-5)
+    else:  # spconv's kernels are invisible to the counter
+        assert res["train_gflop_per_image"] is None and res["achieved_tflops"] is None
     assert res["images_per_s"] == pytest.approx(2 / res["forward_backward_ms"] * 1e3, rel=1e-2)
-    assert res["peak_memory_bytes"] >= 0
+    assert res["peak_memory_kind"].startswith("growth of process peak RSS")
+    assert isinstance(res["peak_memory_bytes"], int) and res["peak_memory_bytes"] >= 0
+
+
+def jishnet_train_flops(batch: int, size: int) -> int:
+    """Hand count of JishNet's forward+backward multiply-adds x 2 on a square image.
+
+    Each conv and linear layer costs ``2 * MACs`` forward, as much again for the weight
+    gradient, and again for the input gradient, except the first conv (the image needs
+    none). Elementwise work (ELU, pooling, loss) is not counted, as FlopCounterMode.
+    """
+    from lartpc.models.jishnet import STAGES
+
+    total, cin, s = 0, 1, size
+    for i, (cout, k, p, pool) in enumerate(STAGES):
+        o = s + 2 * p - k + 1
+        total += 2 * batch * cout * o * o * cin * k * k * (2 if i == 0 else 3)
+        s, cin = o // pool, cout
+    for a, b in ((cin * s * s, 32), (32, 5)):
+        total += 3 * 2 * batch * a * b
+    return total
+
+
+def test_jishnet_flop_count_equals_hand_count():
+    from lartpc.bench.model import train_flops
+    from lartpc.models.losses import build_loss
+
+    # 900 -> conv 900 -> pool 180 -> 180 -> 36 -> 37 -> 9 -> 10 -> 2: flat 256*2*2
+    assert jishnet_train_flops(2, 900) == 10_623_591_552
+    assert train_flops("jishnet", (900, 900), 2, {}, build_loss("ce")) == 10_623_591_552
 
 
 def test_bench_model_generates_events_and_rejects_bad_sizes(capsys):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -40,4 +38,19 @@ def test_sgd_for_the_goyal_comparison():
     opt = build_optimizer(cfg, torch.nn.Linear(3, 2))
     assert isinstance(opt, torch.optim.SGD)
     assert opt.param_groups[0]["momentum"] == 0.9
-    assert not math.isnan(opt.param_groups[0]["lr"])
+    g = opt.param_groups[0]
+    assert (g["lr"], g["weight_decay"], g["nesterov"]) == (0.1, 0.01, False)
+    # Two steps by hand: d = grad + wd * w; buf = 0.9 * buf + d; w -= lr * buf.
+    lin = torch.nn.Linear(1, 1, bias=False)
+    opt = build_optimizer(cfg, lin)
+    with torch.no_grad():
+        lin.weight.fill_(2.0)
+    w, buf = 2.0, 0.0
+    for _ in range(2):
+        opt.zero_grad()
+        (3.0 * lin.weight).sum().backward()  # gradient 3
+        opt.step()
+        buf = 0.9 * buf + (3.0 + 0.01 * w)
+        w -= 0.1 * buf
+    assert lin.weight.item() == pytest.approx(w, rel=1e-6)
+    assert w == pytest.approx(1.124502)

@@ -11,6 +11,7 @@ import pytest
 import torch
 from train_helpers import clean_env, final_params, rows, run, train_cmd
 
+from lartpc.train import checkpoint
 from lartpc.train.runlog import EVAL_COLUMNS, STEP_COLUMNS
 
 
@@ -33,7 +34,8 @@ def _assert_complete(out, world_size: int) -> dict:
     assert int(ev[-1]["n_events"]) == info["eval_events"]
     conf = rows(out / "confusion.csv")
     assert sum(int(v) for r in conf for k, v in r.items() if k != "true") == info["eval_events"]
-    assert (out / "checkpoint.pt").exists()
+    ck = checkpoint.load(out)  # the final state: every step of every epoch, these ranks
+    assert (ck["global_step"], ck["world_size"]) == (len(log), world_size)
     return info
 
 
@@ -120,7 +122,11 @@ def test_time_limit_stops_cleanly(train_events_dir, tmp_path):
     log = rows(out / "rank-000.csv")
     assert 0 < len(log) < 1000 * info["steps_per_epoch"]
     assert rows(out / "eval.csv"), "no evaluation before stopping"
-    assert (out / "checkpoint.pt").exists() and (out / "confusion.csv").exists()
+    # The checkpoint holds the last logged step; the confusion matrix the last evaluation.
+    assert checkpoint.load(out)["global_step"] == len(log)
+    conf = rows(out / "confusion.csv")
+    n_conf = sum(int(v) for r in conf for k, v in r.items() if k != "true")
+    assert n_conf == int(rows(out / "eval.csv")[-1]["n_events"]) == info["eval_events"]
 
 
 @pytest.mark.parametrize("sets,message", [

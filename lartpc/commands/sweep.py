@@ -2,9 +2,11 @@
 
 Writes ``<out-dir>/jobs/<model>-n<N>-s<seed>.<sbatch|lsf>``, ``<out-dir>/logs/`` for the
 scheduler's output and ``<out-dir>/manifest.json``; each job trains into
-``<out-dir>/<model>-n<N>-s<seed>``. ``--dry-run`` prints the scripts and the launcher
-line each would run, writing nothing; ``--submit`` also submits them (sbatch/bsub) and
-records the job ids in the manifest.
+``<out-dir>/<model>-n<N>-s<seed>``. ``--dry-run`` prints the scripts (checked with
+``bash -n``, never run) and the launcher line each would run, writing nothing;
+``--submit`` also submits them (sbatch/bsub) and records the job ids in the manifest.
+Every value that goes into a script (queue, account, time, paths, ``--set``) is
+checked first; ``--set`` against each point's resolved config.
 """
 
 from __future__ import annotations
@@ -53,11 +55,13 @@ def run(args: argparse.Namespace) -> int:
         raise LartpcError(f"--gpus-per-node {args.gpus_per_node}: must be at least 1")
     if args.cores_per_rank < 1:
         raise LartpcError(f"--cores-per-rank {args.cores_per_rank}: must be at least 1")
-    for kv in args.sets:
-        if "=" not in kv or " " in kv or "." not in kv.split("=", 1)[0]:
-            raise LartpcError(f"--set {kv!r}: expected section.key=value without spaces")
+    sweep.check_name(args.queue, "--queue")
+    sweep.check_name(args.account, "--account")
     sweep.parse_time_s(args.time)
+    sweep.check_sets(args.sets, models, seeds, args.config_prefix)
     data = args.data.resolve()
+    sweep.check_path(data, "--data", directive=False)
+    sweep.check_path(args.out_dir.resolve(), "--out-dir", directive=True)
     if not args.dry_run and not data.is_dir():
         raise LartpcError(f"--data {args.data}: no such folder")
     shape = sweep.JobShape(scheduler=args.scheduler, launcher=args.launcher, time=args.time,
@@ -70,20 +74,24 @@ def run(args: argparse.Namespace) -> int:
     scripts = sweep.build_scripts(points, shape, data, args.sets, logs_dir)
     submit_cmd = sweep.SUBMIT[args.scheduler] + (" <" if args.scheduler == "lsf" else "")
 
-    if args.dry_run:
-        for p in points:
-            print(f"### {p.name}: {p.script} -> run {p.run}")
-            print(scripts[p.name], end="")
-            print(f"### submit: {submit_cmd} {p.script}")
-            print(f"### launch: {sweep.launch_line(scripts[p.name])}\n")
-        return 0
-
     if args.submit:  # fail before writing anything if it cannot be submitted
         import shutil
 
         exe = sweep.SUBMIT[args.scheduler]
         if shutil.which(exe) is None:
             raise LartpcError(f"--submit --scheduler {args.scheduler}: `{exe}` not found on PATH")
+    for p in points:
+        sweep.check_syntax(scripts[p.name], p.name)
+    if args.dry_run:  # render and check only: no script is run
+        template = sweep.template_path(shape)
+        for p in points:
+            env = sweep.exports(p, shape, data, args.sets)
+            print(f"### {p.name}: {p.script} -> run {p.run}")
+            print(scripts[p.name], end="")
+            print(f"### submit: {submit_cmd} {p.script}")
+            print(f"### launch: {sweep.launch_line(template, env)}\n")
+        return 0
+
     meta = {"created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             "scheduler": args.scheduler, "launcher": args.launcher, "data": str(data),
             "config_prefix": args.config_prefix, "time": args.time, "sets": args.sets}

@@ -31,6 +31,8 @@ torn ``events-*.h5``.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -131,6 +133,8 @@ def write_shard(
         raise EventStoreError(f"{path}: label out of range 0..{NUM_CLASSES - 1}")
     if len(charge) and not np.all(np.isfinite(charge)):
         raise EventStoreError(f"{path}: non-finite charge")
+    if len(charge) and charge.min() < 0:
+        raise EventStoreError(f"{path}: negative charge")
     if len(row) and (row.min() < 0 or row.max() >= geometry.height
                      or col.min() < 0 or col.max() >= geometry.width):
         raise EventStoreError(f"{path}: pixel outside the {geometry.shape} image")
@@ -178,6 +182,44 @@ def shard_paths(path_or_dir: str | os.PathLike) -> list[Path]:
     return files
 
 
+def shard_geometry(path: Path, attrs) -> Geometry:
+    """The shard's :class:`Geometry`, every attribute checked first.
+
+    Raises
+    ------
+    EventStoreError
+        Naming ``path`` and the attribute, for a geometry attribute that is not a
+        finite positive number (``pretrigger_ticks``: >= 0; integer fields: whole),
+        a downsample that does not divide the image, or ``height``/``width`` that
+        disagree with the other fields.
+    """
+    kw = {}
+    for f in dataclasses.fields(Geometry):
+        if f.name not in attrs:
+            continue
+        v = attrs[f.name]
+        v = v.item() if hasattr(v, "item") else v
+        whole = f.type in (int, "int")
+        ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        ok = ok and (v >= 0 if f.name == "pretrigger_ticks" else v > 0)
+        if not ok or (whole and v != int(v)):
+            kind = "a whole number" if whole else "a number"
+            raise EventStoreError(f"{path}: attribute {f.name}={v!r}: expected {kind} "
+                                  f"{'>= 0' if f.name == 'pretrigger_ticks' else '> 0'}")
+        kw[f.name] = int(v) if whole else float(v)
+    try:
+        geom = Geometry(**kw)
+    except ValueError as e:
+        raise EventStoreError(f"{path}: attribute {e}") from e
+    for name, want in (("height", geom.height), ("width", geom.width)):
+        got = attrs.get(name)
+        got = got.item() if hasattr(got, "item") else got
+        if got is not None and got != want:
+            raise EventStoreError(f"{path}: attribute {name}={got!r} disagrees with the "
+                                  f"geometry ({want} = full_size / downsample)")
+    return geom
+
+
 class EventStore:
     """Read-only random access over one shard file or a folder of shards.
 
@@ -203,7 +245,7 @@ class EventStore:
                     off = f["offsets"][:]
                     lab = f["label"][:]
                     npix = f["charge"].shape[0]
-                    geoms.append(Geometry.from_attrs(f.attrs))
+                    geoms.append(shard_geometry(p, f.attrs))
                     if not self.attrs:
                         self.attrs = {k: (v.item() if hasattr(v, "item") else v)
                                       for k, v in f.attrs.items()}
@@ -284,13 +326,16 @@ class EventStore:
             except (OSError, KeyError) as e:
                 raise EventStoreError(f"{path}: cannot read events {min(js)}..{max(js)} ({e})") \
                     from e
+            # One vectorised check of the whole span; per event only if it fails.
+            span_ok = _pixels_ok(row, col, charge, self.geometry)
             for pos, j in items:
                 a, b = off[j] - lo, off[j + 1] - lo
                 label = int(self.labels[self._file_start[fi] + j])
                 ev = Event(row[a:b], col[a:b], charge[a:b], label,
                            {k: _py(v[j - min(js)]) for k, v in truth_all.items()},
                            int(eids[j - min(js)]) if eids is not None else -1)
-                _validate(ev, self.geometry, path, j)
+                if not span_ok or not 0 <= label < NUM_CLASSES:
+                    _validate(ev, self.geometry, path, j)
                 out[pos] = ev
         return out  # type: ignore[return-value]
 
@@ -303,11 +348,23 @@ def _py(v):
     return v.item() if hasattr(v, "item") else v
 
 
+def _pixels_ok(row: np.ndarray, col: np.ndarray, charge: np.ndarray, geom: Geometry) -> bool:
+    """Pixels inside the image and charges finite and >= 0 (NaN fails ``>=``)."""
+    if not len(charge):
+        return True
+    return bool(row.min() >= 0 and row.max() < geom.height and col.min() >= 0
+                and col.max() < geom.width and charge.min() >= 0
+                and np.isfinite(charge.max()))
+
+
 def _validate(ev: Event, geom: Geometry, path: Path, j: int) -> None:
     if len(ev.row) and (ev.row.min() < 0 or ev.row.max() >= geom.height
                         or ev.col.min() < 0 or ev.col.max() >= geom.width):
         raise EventStoreError(f"{path}: event {j} has pixels outside the {geom.shape} image")
     if not np.all(np.isfinite(ev.charge)):
         raise EventStoreError(f"{path}: event {j} has non-finite charge")
+    if len(ev.charge) and ev.charge.min() < 0:
+        raise EventStoreError(f"{path}: event {j} has negative charge "
+                              f"(min {float(ev.charge.min()):.4g}); charges must be >= 0")
     if not 0 <= ev.label < NUM_CLASSES:
         raise EventStoreError(f"{path}: event {j} label {ev.label} out of range")

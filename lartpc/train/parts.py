@@ -85,15 +85,34 @@ def loader_mode(cfg: Config, model: torch.nn.Module) -> str:
     return "sparse" if model.input_kind == "sparse" else "blosc"
 
 
+def build_plan(cfg: Config, store: EventStore, world_size: int) -> ShardPlan:
+    """The run's split and shards; cheap, so it is checked before run.json is written.
+
+    Raises
+    ------
+    ConfigError
+        When ``data.max_events``, ``data.eval_fraction`` and the store leave no
+        evaluation event (eval.csv would report loss and accuracy 0 over nothing).
+    LartpcError
+        When there are fewer training events than ranks.
+    """
+    n = min(len(store), cfg.data.max_events) if cfg.data.max_events else len(store)
+    plan = ShardPlan(n, world_size, cfg.train.batch_per_rank, cfg.train.seed,
+                     cfg.data.eval_fraction, store.labels[:n])
+    if len(plan.eval) == 0:
+        raise ConfigError(f"{n} events (data.max_events={cfg.data.max_events}, store "
+                          f"{len(store)}) with data.eval_fraction={cfg.data.eval_fraction} "
+                          "leave no evaluation event; use more events or a larger fraction")
+    return plan
+
+
 def build_parts(cfg: Config, store: EventStore, world: World, run: Path,
                 process_start: float, resume: dict | None) -> Parts:
     from lartpc.models import build
     from lartpc.models.losses import build_loss
 
     tc = cfg.train
-    n = min(len(store), cfg.data.max_events) if cfg.data.max_events else len(store)
-    plan = ShardPlan(n, world.size, tc.batch_per_rank, tc.seed, cfg.data.eval_fraction,
-                     store.labels[:n])
+    plan = build_plan(cfg, store, world.size)
     torch.manual_seed(tc.seed)
     if world.device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed input shapes: autotune once

@@ -27,11 +27,12 @@ def prepare(cfg: Config, data: Path, out: Path) -> tuple[EventStore, dict | None
         raise ConfigError(f"{data}: events are downsampled by {store.geometry.downsample} "
                           f"but the config says data.downsample={cfg.data.downsample}")
     from lartpc.models import build
-    from lartpc.train.parts import model_options
+    from lartpc.train.parts import build_plan, model_options
 
     # raises if the image is too small or a speed option cannot run on this device
     build(cfg.model.name, image_size=store.geometry.shape,
           **model_options(cfg, dist.device_type(cfg.train.device)))
+    build_plan(cfg, store, 1)  # empty splits; run_training checks again for its world size
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a folder")
@@ -59,7 +60,7 @@ def run_training(cfg: Config, store: EventStore, out: Path, process_start: float
                  resume: dict | None) -> int:
     from lartpc.logs import setup_logging
     from lartpc.train.loop import fit
-    from lartpc.train.parts import build_parts, set_threads
+    from lartpc.train.parts import build_parts, build_plan, set_threads
 
     world = dist.init(cfg.dist.backend, cfg.train.device, cfg.dist.timeout_s)
     setup_logging(rank=world.rank)
@@ -67,6 +68,7 @@ def run_training(cfg: Config, store: EventStore, out: Path, process_start: float
     if resume is not None and resume["world_size"] != world.size:
         raise ConfigError(f"--out {out}: checkpoint was written by {resume['world_size']} "
                           f"ranks, this job has {world.size}")
+    build_plan(cfg, store, world.size)  # before run.json: too few events for these ranks
     threads = set_threads(cfg, world)
     info_path = out / "run.json"
     if world.is_root:

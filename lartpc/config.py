@@ -73,6 +73,10 @@ class TrainConfig:
     amp: str = "none"
     compile: bool = False  #: torch.compile the dense model (aimed at CUDA; runs on CPU)
     threads: int = 0  #: CPU threads per rank (0 = cores / local ranks; SCNet on CPU: 1)
+    #: gradient noise scale to noise.csv: off | ranks (local vs averaged gradient, >= 2
+    #: ranks) | halves (two halves of the minibatch, one rank) | auto (ranks, or halves)
+    noise_scale: str = "off"
+    noise_every_steps: int = 10  #: measure every K steps (cost measured in BENCHMARKS.md)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -103,10 +107,12 @@ CHOICES = {
     "train.device": ("auto", "cpu", "cuda"),
     "model.algo": ("auto", "native", "implicit_gemm", "split_implicit_gemm"),
     "train.amp": ("none", "bf16", "fp16"),
+    "train.noise_scale": ("off", "auto", "ranks", "halves"),
     "dist.backend": ("auto", "horovod", "torch", "none"),
 }
 POSITIVE = ("data.downsample", "train.batch_per_rank", "train.epochs", "train.time_limit_s",
-            "train.lr", "train.eval_every_epochs", "train.log_flush_steps")
+            "train.lr", "train.eval_every_epochs", "train.log_flush_steps",
+            "train.noise_every_steps")
 
 
 def preset_names() -> list[str]:

@@ -6,8 +6,9 @@ sizes that data-parallel training already has:
 * ``ranks``: each rank's local gradient (B_small = its minibatch, taken by tensor hooks
   *before* Horovod or torch.distributed averages it) and the averaged gradient
   (B_big = the sum of the minibatches, read after the exchange);
-* ``halves``: one rank, the minibatch split in two halves, each with its own backward
-  pass (B_small = a half), and their weighted sum (B_big = the minibatch).
+* ``halves``: each rank's minibatch split in two halves, each with its own backward
+  pass (B_small = a half), and the averaged gradient (B_big = the minibatches summed);
+  the one-rank estimator.
 
 Unbiased estimates of the true gradient's squared norm and the per-example covariance
 trace follow from E|g_B|^2 = |G|^2 + tr(Sigma)/B; rank 0 appends them to ``noise.csv``.
@@ -62,13 +63,9 @@ def harmonic_mean(sizes: list[float]) -> float:
     return len(sizes) / sum(1.0 / b for b in sizes)
 
 
-def resolve_mode(mode: str, world_size: int, backend: str) -> str:
-    """The estimator a run uses: ``auto`` is ``ranks`` on several ranks, else ``halves``.
-
-    ``halves`` needs two backward passes per measured step, which Horovod's
-    DistributedOptimizer refuses (it exchanges after each), so it is for one rank
-    without a launcher; ``ranks`` needs two ranks.
-    """
+def resolve_mode(mode: str, world_size: int) -> str:
+    """The estimator a run uses: ``auto`` is ``ranks`` on several ranks, else ``halves``
+    (which works with any number of ranks and either backend); ``ranks`` needs two ranks."""
     if mode not in MODES:
         raise ConfigError(f"train.noise_scale={mode!r}: expected one of {', '.join(MODES)}")
     if mode == "auto":
@@ -76,10 +73,6 @@ def resolve_mode(mode: str, world_size: int, backend: str) -> str:
     if mode == "ranks" and world_size < 2:
         raise ConfigError("train.noise_scale=ranks needs at least 2 ranks; use halves (or "
                           "auto) on one rank")
-    if mode == "halves" and (world_size > 1 or backend == "horovod"):
-        raise ConfigError("train.noise_scale=halves is the one-rank estimator, without a "
-                          "launcher (Horovod's optimizer allows one backward pass per step); "
-                          "use ranks on several ranks")
     return mode
 
 
@@ -93,11 +86,12 @@ class NoiseMeter:
 
     def __init__(self, mode: str, every: int, world, model: torch.nn.Module,
                  run: Path | None, scaler=None, start_step: int = 0):
-        self.mode = resolve_mode(mode, world.size, world.backend) if mode != "off" else "off"
+        self.mode = resolve_mode(mode, world.size) if mode != "off" else "off"
         self.every, self.world, self.scaler = every, world, scaler
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.path = Path(run) / "noise.csv" if run is not None else None
         self._active = False
+        self._part: int | None = None  # which piece's backward the hook is summing
         self._parts: list[float] = []  # squared norm of each backward pass's gradient
         self._handles = [p.register_hook(self._hook) for p in self.params] \
             if self.mode != "off" else []
@@ -110,33 +104,41 @@ class NoiseMeter:
     def _hook(self, grad: torch.Tensor) -> None:
         # Runs as each parameter's gradient is computed, before it is accumulated and
         # before any averaging hook of the distributed optimizer sees it.
-        if self._active:
-            self._parts[-1] += float(grad.detach().float().pow(2).sum())
+        if self._active and self._part is not None:
+            self._parts[self._part] += float(grad.detach().float().pow(2).sum())
 
     def forward_backward(self, model, loss_fn, batch, autocast, step: int):
         """Forward and backward of one step; returns (logits, mean loss).
 
         On a measured ``halves`` step the minibatch goes through as two halves, each
-        backward weighted by its share so the accumulated gradient is the minibatch's.
+        weighted by its share so the gradient is the minibatch's. The first half's
+        gradient comes from ``torch.autograd.grad`` (no accumulation, so no averaging
+        hook fires) and is placed in ``.grad``; the second half's ordinary backward then
+        accumulates onto it before Horovod's per-parameter hook sends the sum.
         """
         self._active = self.due(step)
-        self._parts = []
         halves = self._active and self.mode == "halves" and batch.batch_size >= 2
         pieces = split_batch(batch) if halves else [batch]
+        self._sizes = [pc.batch_size for pc in pieces]
+        self._weights = [n / batch.batch_size for n in self._sizes]
+        self._scale = float(self.scaler.get_scale()) if self.scaler else 1.0
+        self._parts = [0.0] * len(pieces)
         logits, loss = [], 0.0
-        for piece in pieces:
-            self._parts.append(0.0)
+        for i, (piece, w) in enumerate(zip(pieces, self._weights, strict=True)):
             with autocast():
                 out = model(piece)
                 piece_loss = loss_fn(out.float(), piece.labels)
-            w = piece.batch_size / batch.batch_size
             scaled = self.scaler.scale(piece_loss * w) if self.scaler else piece_loss * w
-            scaled.backward()
+            if i < len(pieces) - 1:
+                self._part = None  # the hook ignores this pass; the norm is taken here
+                grads = torch.autograd.grad(scaled, self.params, allow_unused=True)
+                self._parts[i] = _sq_norm(grads)
+                _add_to_grad(self.params, grads)
+            else:
+                self._part = i
+                scaled.backward()
             logits.append(out)
             loss = loss + piece_loss.detach() * w
-        self._sizes = [pc.batch_size for pc in pieces]
-        self._weights = [s / batch.batch_size for s in self._sizes]
-        self._scale = float(self.scaler.get_scale()) if self.scaler else 1.0
         return torch.cat(logits) if len(logits) > 1 else logits[0], loss
 
     def record(self, step: int, epoch: int, global_loss: float) -> dict | None:
@@ -147,21 +149,20 @@ class NoiseMeter:
         if not self._active:
             return None
         self._active = False
-        # Undo the loss scale and each half's weight: norms of mean gradients.
+        # Undo the loss scale and each piece's weight: norms of mean gradients.
         s2 = self._scale ** 2
         local = [g2 / s2 / w ** 2 for g2, w in zip(self._parts, self._weights, strict=True)]
-        g2_big = sum(float(p.grad.detach().float().pow(2).sum()) for p in self.params
-                     if p.grad is not None)
-        if self.mode == "halves":
-            b_small, b_big, g2_small = harmonic_mean(self._sizes), sum(self._sizes), \
-                sum(local) / len(local)
-        else:
-            t = self.world.allreduce_sum(torch.tensor([local[0], 1.0 / self._sizes[0]],
-                                                      dtype=torch.float64))
-            n = self.world.size
-            g2_small, b_small = float(t[0]) / n, n / float(t[1])
-            # both backends average the ranks' mean gradients: 1/B_big = mean(1/b_i) / N
-            b_big = n * b_small
+        # the averaged gradient, read after the exchange (and after the fp16 unscale);
+        # Adam and SGD do not modify .grad in place
+        g2_big = _sq_norm([p.grad for p in self.params])
+        n_local = sum(self._sizes)
+        t = self.world.allreduce_sum(torch.tensor(
+            [sum(local) / len(local), 1.0 / harmonic_mean(self._sizes), 1.0 / n_local],
+            dtype=torch.float64))
+        n = self.world.size
+        g2_small, b_small = float(t[0]) / n, n / float(t[1])
+        # both backends average the ranks' mean gradients: 1/B_big = mean(1/n_i) / N
+        b_big = n * n / float(t[2])
         row = _row(step, epoch, global_loss, b_small, b_big, g2_small, g2_big)
         if row is not None and self.world.is_root and self.path is not None:
             append_row(self.path, row)
@@ -170,6 +171,20 @@ class NoiseMeter:
     def close(self) -> None:
         for h in self._handles:
             h.remove()
+
+
+def _sq_norm(tensors) -> float:
+    return sum(float(t.detach().float().pow(2).sum()) for t in tensors if t is not None)
+
+
+def _add_to_grad(params: list[torch.Tensor], grads) -> None:
+    for p, g in zip(params, grads, strict=True):
+        if g is None:
+            continue
+        if p.grad is None:
+            p.grad = g.detach()
+        else:
+            p.grad.add_(g)
 
 
 def _row(step: int, epoch: int, loss: float, b_small: float, b_big: float,

@@ -1,0 +1,375 @@
+"""Predict time-to-loss and epoch rate to many GPUs from a few small runs.
+
+Statistical half (measured): synchronous data parallelism at ``b`` images per rank is
+one optimizer at B = b N. Steps to a loss follow S(B) = S_min (1 + B_noise / B)
+(McCandlish et al. 2018), with B_noise measured in training (``noise.csv``, see
+:mod:`analysis.noise`) at the loss threshold and S_min from the base runs' measured steps
+to that loss: S_min = S_base / (1 + B_noise / B_base). Critical GPU count
+N_crit = B_noise / b.
+
+Hardware half (modelled): t_step(N) = t_compute + t_data + t_allreduce(N), with
+
+* ring allreduce (default): 2 (N-1)/N bytes / beta + 2 (N-1) alpha;
+* tree allreduce: 2 log2(N) alpha + 2 bytes / beta;
+
+beta and alpha of the slowest link in use (between GPUs of a node while N fits one node,
+else the network). Gradient bytes: the model's float32 parameters (2 bytes each with
+fp16 gradient compression). t_compute + t_data come from the runs (measured), from a
+profile's measured per-GPU throughput (SummitDev, the paper's), from it scaled by FP32
+peak (assumed), or from ``--compute-ms`` (given).
+
+TTL(N) = DLT + S(b N) t_step(N); DLT is the base runs' measured data-loading time when
+compute is measured on the same machine, otherwise not modelled (0). Epoch rate
+= 60 / (ceil(events / (b N)) t_step(N)) epochs/min. Efficiency = TTL(1) / (N TTL(N)).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from analysis.metrics import primary_steps, smoothed_loss, smoothing_window
+from analysis.noise import DEFAULT_SPAN, NoiseAtLoss, b_noise_at_loss, pooled_b_noise, read_noise
+from analysis.runs import Run, RunFolderError
+
+CLUSTERS_FILE = Path(__file__).with_name("clusters.json")
+#: float32 parameters of the published models (shared/SPEC.md)
+PARAMETERS = {"jishnet": 1_335_817, "scnet": 1_703_999}
+REFERENCE_PROFILE = "summitdev"  # whose measured throughput FP32-scaled profiles start from
+FIT_RANGE = (32, 192)  # the paper's GPU counts
+FIT_GPUS = (32, 48, 64, 96, 128, 160, 192)
+DEFAULT_GPUS = tuple(2**k for k in range(11))
+
+
+class PredictError(RunFolderError):
+    """Bad input to ``analysis predict`` (one line; the CLI exits 2)."""
+
+
+@dataclass
+class Profile:
+    """A cluster: links, GPUs per node, and where the per-step compute time comes from."""
+
+    name: str
+    gpus_per_node: int
+    alpha_intra_us: float
+    beta_intra_GBps: float
+    alpha_inter_us: float
+    beta_inter_GBps: float
+    compute: str  #: runs | images_per_s | fp32_scaled | given
+    gpu: str = ""
+    fp32_tflops: float | None = None
+    images_per_s: dict[str, float] = field(default_factory=dict)
+    compute_ms: float | None = None
+    sources: list[str] = field(default_factory=list)
+
+
+def load_profiles(path: Path = CLUSTERS_FILE) -> dict[str, Profile]:
+    data = json.loads(Path(path).read_text())
+    return {k: Profile(name=k, **v) for k, v in data.items() if not k.startswith("_")}
+
+
+def choose_profile(name: str | None, alpha_us: float | None, beta_gbps: float | None,
+                   compute_ms: float | None) -> Profile:
+    """A named profile, optionally overridden by hand, or one given wholly by hand."""
+    profiles = load_profiles()
+    if name is None:
+        if alpha_us is None or beta_gbps is None:
+            raise PredictError("give --cluster NAME, or --alpha-us and --beta-gbps "
+                               f"(clusters: {', '.join(profiles)})")
+        prof = Profile(name="custom", gpus_per_node=1, alpha_intra_us=alpha_us,
+                       beta_intra_GBps=beta_gbps, alpha_inter_us=alpha_us,
+                       beta_inter_GBps=beta_gbps, compute="runs",
+                       sources=["alpha, beta given on the command line"])
+    elif name not in profiles:
+        raise PredictError(f"unknown cluster {name!r}; known: {', '.join(profiles)}")
+    else:
+        prof = profiles[name]
+    for flag, v in (("alpha-us", alpha_us), ("beta-gbps", beta_gbps),
+                    ("compute-ms", compute_ms)):
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise PredictError(f"--{flag} must be a positive number, got {v}")
+    if alpha_us is not None:
+        prof = replace(prof, alpha_intra_us=alpha_us, alpha_inter_us=alpha_us)
+    if beta_gbps is not None:
+        prof = replace(prof, beta_intra_GBps=beta_gbps, beta_inter_GBps=beta_gbps)
+    if compute_ms is not None:
+        prof = replace(prof, compute="given", compute_ms=compute_ms)
+    return prof
+
+
+def parse_gpus(text: str) -> list[int]:
+    """``"1,2,4"`` -> [1, 2, 4]; each a whole number >= 1."""
+    try:
+        ns = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        raise PredictError(f"--gpus {text!r}: expected comma-separated whole numbers") from e
+    if not ns or min(ns) < 1:
+        raise PredictError(f"--gpus {text!r}: GPU counts must be >= 1")
+    return sorted(set(ns))
+
+
+def allreduce_s(n: int, nbytes: float, prof: Profile, algo: str = "ring") -> float:
+    """Seconds for one allreduce of ``nbytes`` over ``n`` GPUs (0 for one GPU)."""
+    if n <= 1:
+        return 0.0
+    inside = n <= prof.gpus_per_node
+    alpha = 1e-6 * (prof.alpha_intra_us if inside else max(prof.alpha_intra_us,
+                                                           prof.alpha_inter_us))
+    beta = 1e9 * (prof.beta_intra_GBps if inside else min(prof.beta_intra_GBps,
+                                                          prof.beta_inter_GBps))
+    if algo == "ring":
+        return 2 * (n - 1) / n * nbytes / beta + 2 * (n - 1) * alpha
+    if algo == "tree":
+        return 2 * math.log2(n) * alpha + 2 * nbytes / beta
+    raise PredictError(f"--allreduce {algo!r}: expected ring or tree")
+
+
+@dataclass
+class Inputs:
+    """What the base runs of one model measured (times in seconds)."""
+
+    model: str
+    base_gpus: int
+    batch_per_rank: int
+    b_noise: float
+    noise: list[NoiseAtLoss]
+    steps_to_loss: float | None  #: None when no base run reached the threshold
+    compute_s: float
+    data_s: float
+    dlt_s: float
+    train_events: int
+    grad_bytes: float
+    runs: list[str]
+
+
+def _median_col(runs: list[Run], col: str) -> float:
+    vals = np.concatenate([df[col].to_numpy()[1:] for r in runs for df in r.steps.values()
+                           if len(df) > 1])
+    return float(np.median(vals)) if vals.size else math.nan
+
+
+def _steps_to_loss(run: Run, threshold: float, smooth: int | None) -> int | None:
+    steps = primary_steps(run)
+    if steps is None:
+        return None
+    sm = smoothed_loss(steps, smoothing_window(len(steps), smooth)).to_numpy()
+    below = np.flatnonzero(sm < threshold)
+    return int(below[0]) + 1 if below.size else None
+
+
+def gather_inputs(runs: list[Run], threshold: float, smooth: int | None = None,
+                  span: int = DEFAULT_SPAN, base_gpus: int | None = None) -> dict[str, Inputs]:
+    """Per model, the inputs measured by its base runs: the runs at ``base_gpus`` (default
+    the smallest world size with a noise.csv). Runs at other sizes are not used."""
+    out = {}
+    for model in sorted({r.model for r in runs}):
+        mine = [r for r in runs if r.model == model]
+        noisy = [(r, df) for r in mine if (df := read_noise(r.path)) is not None]
+        if not noisy:
+            raise PredictError(f"no {model} run has a noise.csv (train with --set "
+                               "train.noise_scale=auto); runs: "
+                               + ", ".join(r.name for r in mine))
+        base = base_gpus or min(r.world_size for r, _ in noisy)
+        noisy = [(r, df) for r, df in noisy if r.world_size == base]
+        if not noisy:
+            raise PredictError(f"no {model} run at {base} GPU(s) has a noise.csv")
+        at = [b_noise_at_loss(r.name, df, threshold, span) for r, df in noisy]
+        base_runs = [r for r, _ in noisy]
+        reached = [s for r in base_runs if (s := _steps_to_loss(r, threshold, smooth))]
+        b = int(base_runs[0].meta.get("batch_per_rank", 7))
+        dlts = [min(float(df["time"].min()) for df in r.steps.values()) - r.meta["start_time"]
+                for r in base_runs if r.steps]
+        params = base_runs[0].meta.get("parameters") or PARAMETERS.get(model)
+        if params is None:
+            raise PredictError(f"unknown parameter count for model {model!r}")
+        fp16 = (base_runs[0].meta.get("config") or {}).get("train", {}).get(
+            "grad_compression") == "fp16"
+        out[model] = Inputs(
+            model=model, base_gpus=base, batch_per_rank=b, b_noise=pooled_b_noise(at),
+            noise=at, steps_to_loss=float(np.mean(reached)) if reached else None,
+            compute_s=_median_col(base_runs, "compute_s"), data_s=_median_col(base_runs,
+                                                                            "data_s"),
+            dlt_s=float(np.mean(dlts)) if dlts else 0.0,
+            train_events=int(base_runs[0].meta.get("train_events") or 0),
+            grad_bytes=params * (2 if fp16 else 4), runs=[r.name for r in base_runs])
+    return out
+
+
+def compute_time_s(inp: Inputs, prof: Profile) -> tuple[float, str]:
+    """Compute + data seconds per step on ``prof``'s GPU, and where the number comes from."""
+    if prof.compute == "given":
+        return prof.compute_ms / 1e3, "given (--compute-ms)"
+    if prof.compute == "runs":
+        return inp.compute_s + inp.data_s, "measured (median compute_s + data_s of the runs)"
+    ref = prof if prof.compute == "images_per_s" else load_profiles()[REFERENCE_PROFILE]
+    if inp.model not in ref.images_per_s:
+        raise PredictError(f"cluster {prof.name}: no per-GPU throughput for {inp.model}")
+    t = inp.batch_per_rank / ref.images_per_s[inp.model]
+    if prof.compute == "images_per_s":
+        return t, f"measured on {prof.name} (paper's {ref.images_per_s[inp.model]} images/s)"
+    return t * ref.fp32_tflops / prof.fp32_tflops, (
+        f"assumed: {ref.name}'s measured step scaled by FP32 peak "
+        f"{ref.fp32_tflops}/{prof.fp32_tflops} TFLOP/s")
+
+
+def fit_exponent(ns, ys) -> float | None:
+    """Slope of log y on log N (None with fewer than two finite positive points)."""
+    pts = [(n, y) for n, y in zip(ns, ys, strict=True) if y and y > 0 and math.isfinite(y)]
+    if len(pts) < 2:
+        return None
+    x, y = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def predict(inp: Inputs, prof: Profile, gpus: list[int], algo: str = "ring",
+            train_events: int | None = None) -> dict:
+    """The prediction for one model on one cluster, as a JSON-ready dict."""
+    events = train_events or inp.train_events
+    if events < 1:
+        raise PredictError(f"{inp.model}: number of training events unknown; give "
+                           "--train-events")
+    t_comp, comp_src = compute_time_s(inp, prof)
+    dlt = inp.dlt_s if prof.compute == "runs" else 0.0
+    b = inp.batch_per_rank
+    s_min = None if inp.steps_to_loss is None else \
+        inp.steps_to_loss / (1 + inp.b_noise / (b * inp.base_gpus))
+
+    def point(n: int) -> dict:
+        t_ar = allreduce_s(n, inp.grad_bytes, prof, algo)
+        t_step = t_comp + t_ar
+        steps = None if s_min is None else s_min * (1 + inp.b_noise / (b * n))
+        return {"gpus": n, "batch": b * n, "step_s": t_step, "allreduce_s": t_ar,
+                "steps_to_loss": steps, "ttl_s": None if steps is None else dlt + steps * t_step,
+                "epochs_per_min": 60.0 / (math.ceil(events / (b * n)) * t_step)}
+
+    pts = [point(n) for n in gpus]
+    ttl1 = point(1)["ttl_s"]
+    for p in pts:
+        p["efficiency"] = None if ttl1 is None else ttl1 / (p["gpus"] * p["ttl_s"])
+        p["step_efficiency"] = t_comp / p["step_s"]
+    fit = [point(n) for n in FIT_GPUS]
+    return {
+        "model": inp.model, "cluster": prof.name, "gpu": prof.gpu, "allreduce": algo,
+        "threshold_loss": None, "b_noise": inp.b_noise, "n_crit": inp.b_noise / b,
+        "batch_per_rank": b, "s_min": s_min, "train_events": events,
+        "gradient_bytes": inp.grad_bytes, "compute_s_per_step": t_comp,
+        "dlt_s": dlt, "predicted": pts,
+        "ttl_exponent": fit_exponent(FIT_GPUS, [p["ttl_s"] for p in fit]),
+        "epoch_rate_exponent": fit_exponent(FIT_GPUS, [p["epochs_per_min"] for p in fit]),
+        "fit_range": list(FIT_RANGE),
+        "measured": {
+            "b_noise": f"noise.csv of {', '.join(inp.runs)} ({inp.base_gpus} GPU(s)), EMA "
+                       "span %d rows; B_noise taken as B_simple" % DEFAULT_SPAN,
+            "noise_per_run": [vars(v) for v in inp.noise],
+            "s_min": "steps to the threshold in the base runs" if s_min else
+                     "not available: no base run reached the threshold",
+            "compute": comp_src,
+            "dlt": "measured in the base runs" if dlt else "not modelled (0)"},
+        "assumed": {
+            "steps": "S(B) = S_min (1 + B_noise / B), fitted for SGD; here Adam, fixed lr",
+            "allreduce": f"{algo} allreduce, links from {prof.name}: "
+                         + "; ".join(prof.sources),
+            "gradient_bytes": "parameters x 4 (x 2 with fp16 compression), one allreduce "
+                              "per step, no overlap with compute"},
+    }
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def to_text(results: list[dict], measured: dict[tuple[str, int], dict]) -> str:
+    """A table per model; measured points (other runs of the same model) beside."""
+    lines = []
+    for r in results:
+        exps = (f"fitted over {r['fit_range'][0]}-{r['fit_range'][1]} GPUs: TTL ~ N^"
+                f"{_fmt(r['ttl_exponent'], '.2f')}, epoch rate ~ N^"
+                f"{_fmt(r['epoch_rate_exponent'], '.2f')}")
+        lines += [f"{r['model']} on {r['cluster']} ({r['allreduce']} allreduce): "
+                  f"B_noise {r['b_noise']:.3g} at loss {r['threshold_loss']}, "
+                  f"N_crit {r['n_crit']:.3g}, step {r['compute_s_per_step'] * 1e3:.1f} ms "
+                  "+ allreduce", exps,
+                  f"{'GPUs':>6} {'TTL s':>10} {'epochs/min':>11} {'effic.':>7} "
+                  f"{'allreduce ms':>13} {'meas. TTL s':>12} {'meas. ep/min':>13}"]
+        for p in r["predicted"]:
+            m = measured.get((r["model"], p["gpus"]), {})
+            lines.append(f"{p['gpus']:>6} {_fmt(p['ttl_s'], '10.1f')} "
+                         f"{p['epochs_per_min']:>11.3g} {_fmt(p['efficiency'], '7.2f')} "
+                         f"{p['allreduce_s'] * 1e3:>13.3f} {_fmt(m.get('ttl_s'), '12.1f')} "
+                         f"{_fmt(m.get('epochs_per_min'), '13.3g')}")
+        lines += [f"  measured: {v}" for k, v in r["measured"].items() if k != "noise_per_run"]
+        lines += [f"  assumed: {v}" for v in r["assumed"].values()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_figure(results: list[dict], measured: dict[tuple[str, int], dict],
+                 out: Path) -> Path:
+    """``predict-<cluster>.png``: predicted TTL and epoch rate vs N, measured points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for r in results:
+        ns = [p["gpus"] for p in r["predicted"]]
+        for ax, key in zip(axes, ("ttl_s", "epochs_per_min"), strict=True):
+            line, = ax.plot(ns, [p[key] for p in r["predicted"]], "-",
+                            label=f"{r['model']} predicted")
+            pts = [(n, m[key]) for (model, n), m in measured.items()
+                   if model == r["model"] and m.get(key)]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), "o", color=line.get_color(),
+                        label=f"{r['model']} measured")
+        axes[0].axvline(r["n_crit"], ls=":", color=line.get_color())
+    for ax, title in zip(axes, ("time to loss (s); dotted: N_crit", "epochs / min"),
+                         strict=True):
+        ax.set(xscale="log", yscale="log", xlabel="GPUs", title=title)
+        ax.axvspan(*FIT_RANGE, color="0.9")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"predicted on {results[0]['cluster']} (grey: the paper's 32-192 GPUs)")
+    path = out / f"predict-{results[0]['cluster']}.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def measured_points(runs: list[Run], threshold: float, smooth: int | None) -> dict:
+    """(model, N) -> measured mean TTL and epoch rate over the runs at that N."""
+    from analysis.metrics import run_metrics
+
+    acc: dict[tuple[str, int], list] = {}
+    for r in runs:
+        acc.setdefault((r.model, r.world_size), []).append(run_metrics(r, threshold, smooth))
+    out = {}
+    for key, ms in acc.items():
+        ttl = [m.ttl_s for m in ms if m.ttl_s is not None]
+        rate = [m.epoch_rate_per_min for m in ms if m.epoch_rate_per_min is not None]
+        out[key] = {"ttl_s": float(np.mean(ttl)) if ttl else None,
+                    "epochs_per_min": float(np.mean(rate)) if rate else None}
+    return out
+
+
+def run_predict(runs: list[Run], args) -> tuple[list[dict], dict]:
+    """Everything ``python -m analysis predict`` computes, from parsed arguments."""
+    if args.span < 1:
+        raise PredictError(f"--span must be at least 1 row, got {args.span}")
+    if args.train_events is not None and args.train_events < 1:
+        raise PredictError(f"--train-events must be >= 1, got {args.train_events}")
+    gpus = parse_gpus(args.gpus)
+    prof = choose_profile(args.cluster, args.alpha_us, args.beta_gbps, args.compute_ms)
+    inputs = gather_inputs(runs, args.threshold, args.smooth, args.span, args.base_gpus)
+    results = []
+    for inp in inputs.values():
+        res = predict(inp, prof, gpus, args.allreduce, args.train_events)
+        res["threshold_loss"] = args.threshold
+        results.append(res)
+    measured = measured_points(runs, args.threshold, args.smooth)
+    return results, measured

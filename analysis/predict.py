@@ -14,13 +14,15 @@ Hardware half (modelled): t_step(N) = t_compute + t_data + t_allreduce(N), with
 
 beta and alpha of the slowest link in use (between GPUs of a node while N fits one node,
 else the network). Gradient bytes: the model's float32 parameters (2 bytes each with
-fp16 gradient compression). t_compute + t_data come from the runs (measured), from a
-profile's measured per-GPU throughput (SummitDev, the paper's), from it scaled by FP32
-peak (assumed), or from ``--compute-ms`` (given).
+fp16 gradient compression). t_compute + t_data come from the runs (measured: their mean
+per-step time), from a profile's measured per-GPU throughput (SummitDev, the paper's),
+from it scaled by FP32 peak (assumed), or from ``--compute-ms`` (given).
 
-TTL(N) = DLT + S(b N) t_step(N); DLT is the base runs' measured data-loading time when
-compute is measured on the same machine, otherwise not modelled (0). Epoch rate
-= 60 / (ceil(events / (b N)) t_step(N)) epochs/min. Efficiency = TTL(1) / (N TTL(N)).
+Epoch time = ceil(events / (b N)) t_step(N) + P and TTL(N) = DLT + S(b N) (t_step(N)
++ P / steps per epoch), where P (evaluation and checkpoint pauses per epoch) and DLT
+are measured in the base runs when compute is measured on the same machine (assumed
+independent of N), and not modelled (0) on other clusters. Epoch rate = 60 / epoch
+time. Efficiency = TTL(1) / (N TTL(N)); step efficiency = t_step(1) / t_step(N).
 """
 
 from __future__ import annotations
@@ -138,18 +140,32 @@ class Inputs:
     b_noise: float
     noise: list[NoiseAtLoss]
     steps_to_loss: float | None  #: None when no base run reached the threshold
-    compute_s: float
-    data_s: float
+    step_s: float  #: mean data_s + compute_s (+ comm_s on one GPU, where nothing is exchanged)
+    pause_s_per_epoch: float  #: time between steps not in them (evaluation, checkpoints)
     dlt_s: float
     train_events: int
     grad_bytes: float
     runs: list[str]
 
 
-def _median_col(runs: list[Run], col: str) -> float:
-    vals = np.concatenate([df[col].to_numpy()[1:] for r in runs for df in r.steps.values()
-                           if len(df) > 1])
-    return float(np.median(vals)) if vals.size else math.nan
+def _step_and_pause(runs: list[Run]) -> tuple[float, float]:
+    """Mean step time and mean pause per epoch (evaluation, checkpoint) of the runs' first
+    ranks, the first step (warm-up) left out."""
+    steps, pauses = [], []
+    for r in runs:
+        df = primary_steps(r)
+        if df is None or len(df) < 3:
+            continue
+        cols = ["data_s", "compute_s"] + (["comm_s"] if r.world_size == 1 else [])
+        each = df[cols].sum(axis=1).to_numpy()[1:]
+        steps.append(each.mean())
+        wall = np.diff(df["time"].to_numpy())
+        epochs = max(1, int(df["epoch"].iloc[-1] - df["epoch"].iloc[0]))
+        pauses.append(max(0.0, float(wall.sum() - df[cols + ["comm_s"] * (r.world_size > 1)]
+                                     .sum(axis=1).to_numpy()[1:].sum())) / epochs)
+    if not steps:
+        raise PredictError("the base runs have fewer than 3 logged steps: no step time")
+    return float(np.mean(steps)), float(np.mean(pauses))
 
 
 def _steps_to_loss(run: Run, threshold: float, smooth: int | None) -> int | None:
@@ -188,11 +204,11 @@ def gather_inputs(runs: list[Run], threshold: float, smooth: int | None = None,
             raise PredictError(f"unknown parameter count for model {model!r}")
         fp16 = (base_runs[0].meta.get("config") or {}).get("train", {}).get(
             "grad_compression") == "fp16"
+        step_s, pause_s = _step_and_pause(base_runs)
         out[model] = Inputs(
             model=model, base_gpus=base, batch_per_rank=b, b_noise=pooled_b_noise(at),
             noise=at, steps_to_loss=float(np.mean(reached)) if reached else None,
-            compute_s=_median_col(base_runs, "compute_s"), data_s=_median_col(base_runs,
-                                                                            "data_s"),
+            step_s=step_s, pause_s_per_epoch=pause_s,
             dlt_s=float(np.mean(dlts)) if dlts else 0.0,
             train_events=int(base_runs[0].meta.get("train_events") or 0),
             grad_bytes=params * (2 if fp16 else 4), runs=[r.name for r in base_runs])
@@ -204,7 +220,7 @@ def compute_time_s(inp: Inputs, prof: Profile) -> tuple[float, str]:
     if prof.compute == "given":
         return prof.compute_ms / 1e3, "given (--compute-ms)"
     if prof.compute == "runs":
-        return inp.compute_s + inp.data_s, "measured (median compute_s + data_s of the runs)"
+        return inp.step_s, "measured (mean data_s + compute_s per step of the base runs)"
     ref = prof if prof.compute == "images_per_s" else load_profiles()[REFERENCE_PROFILE]
     if inp.model not in ref.images_per_s:
         raise PredictError(f"cluster {prof.name}: no per-GPU throughput for {inp.model}")
@@ -233,7 +249,8 @@ def predict(inp: Inputs, prof: Profile, gpus: list[int], algo: str = "ring",
         raise PredictError(f"{inp.model}: number of training events unknown; give "
                            "--train-events")
     t_comp, comp_src = compute_time_s(inp, prof)
-    dlt = inp.dlt_s if prof.compute == "runs" else 0.0
+    local = prof.compute == "runs"
+    dlt, pause = (inp.dlt_s, inp.pause_s_per_epoch) if local else (0.0, 0.0)
     b = inp.batch_per_rank
     s_min = None if inp.steps_to_loss is None else \
         inp.steps_to_loss / (1 + inp.b_noise / (b * inp.base_gpus))
@@ -242,9 +259,11 @@ def predict(inp: Inputs, prof: Profile, gpus: list[int], algo: str = "ring",
         t_ar = allreduce_s(n, inp.grad_bytes, prof, algo)
         t_step = t_comp + t_ar
         steps = None if s_min is None else s_min * (1 + inp.b_noise / (b * n))
+        per_epoch = math.ceil(events / (b * n))
+        ttl = None if steps is None else dlt + steps * (t_step + pause / per_epoch)
         return {"gpus": n, "batch": b * n, "step_s": t_step, "allreduce_s": t_ar,
-                "steps_to_loss": steps, "ttl_s": None if steps is None else dlt + steps * t_step,
-                "epochs_per_min": 60.0 / (math.ceil(events / (b * n)) * t_step)}
+                "steps_to_loss": steps, "ttl_s": ttl,
+                "epochs_per_min": 60.0 / (per_epoch * t_step + pause)}
 
     pts = [point(n) for n in gpus]
     ttl1 = point(1)["ttl_s"]
@@ -257,7 +276,7 @@ def predict(inp: Inputs, prof: Profile, gpus: list[int], algo: str = "ring",
         "threshold_loss": None, "b_noise": inp.b_noise, "n_crit": inp.b_noise / b,
         "batch_per_rank": b, "s_min": s_min, "train_events": events,
         "gradient_bytes": inp.grad_bytes, "compute_s_per_step": t_comp,
-        "dlt_s": dlt, "predicted": pts,
+        "dlt_s": dlt, "pause_s_per_epoch": pause, "predicted": pts,
         "ttl_exponent": fit_exponent(FIT_GPUS, [p["ttl_s"] for p in fit]),
         "epoch_rate_exponent": fit_exponent(FIT_GPUS, [p["epochs_per_min"] for p in fit]),
         "fit_range": list(FIT_RANGE),
@@ -268,7 +287,9 @@ def predict(inp: Inputs, prof: Profile, gpus: list[int], algo: str = "ring",
             "s_min": "steps to the threshold in the base runs" if s_min else
                      "not available: no base run reached the threshold",
             "compute": comp_src,
-            "dlt": "measured in the base runs" if dlt else "not modelled (0)"},
+            "dlt": "measured in the base runs" if local else "not modelled (0)",
+            "pauses": "evaluation/checkpoint time per epoch measured in the base runs, "
+                      "assumed the same at every N" if local else "not modelled (0)"},
         "assumed": {
             "steps": "S(B) = S_min (1 + B_noise / B), fitted for SGD; here Adam, fixed lr",
             "allreduce": f"{algo} allreduce, links from {prof.name}: "

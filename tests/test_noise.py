@@ -177,3 +177,9 @@ def test_single_rank_halves_training_writes_noise_csv(train_events_dir, tmp_path
     got = _assert_noise_csv(out / "noise.csv", len(rows(out / "rank-000.csv")), 2)
     assert float(got[0]["batch_small"]) == pytest.approx(24 / 7)  # halves of 3 and 4
     assert float(got[0]["batch_big"]) == 7
+
+
+def test_analysis_reads_the_columns_training_writes():
+    from analysis.noise import NOISE_COLUMNS as READ
+
+    assert READ == NOISE_COLUMNS

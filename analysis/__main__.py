@@ -64,7 +64,8 @@ def _predict_parser(sub) -> None:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from analysis.predict import run_predict, to_text, write_figure
+    from analysis.predict import run_predict
+    from analysis.predict_report import to_text, write_figure
     from analysis.runs import load_runs
 
     runs = load_runs(args.runs)

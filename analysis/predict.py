@@ -299,69 +299,6 @@ def predict(inp: Inputs, prof: Profile, gpus: list[int], algo: str = "ring",
     }
 
 
-def _fmt(v, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
-
-
-def to_text(results: list[dict], measured: dict[tuple[str, int], dict]) -> str:
-    """A table per model; measured points (other runs of the same model) beside."""
-    lines = []
-    for r in results:
-        exps = (f"fitted over {r['fit_range'][0]}-{r['fit_range'][1]} GPUs: TTL ~ N^"
-                f"{_fmt(r['ttl_exponent'], '.2f')}, epoch rate ~ N^"
-                f"{_fmt(r['epoch_rate_exponent'], '.2f')}")
-        lines += [f"{r['model']} on {r['cluster']} ({r['allreduce']} allreduce): "
-                  f"B_noise {r['b_noise']:.3g} at loss {r['threshold_loss']}, "
-                  f"N_crit {r['n_crit']:.3g}, step {r['compute_s_per_step'] * 1e3:.1f} ms "
-                  "+ allreduce", exps,
-                  f"{'GPUs':>6} {'TTL s':>10} {'epochs/min':>11} {'effic.':>7} "
-                  f"{'allreduce ms':>13} {'meas. TTL s':>12} {'meas. ep/min':>13}"]
-        for p in r["predicted"]:
-            m = measured.get((r["model"], p["gpus"]), {})
-            lines.append(f"{p['gpus']:>6} {_fmt(p['ttl_s'], '10.1f')} "
-                         f"{p['epochs_per_min']:>11.3g} {_fmt(p['efficiency'], '7.2f')} "
-                         f"{p['allreduce_s'] * 1e3:>13.3f} {_fmt(m.get('ttl_s'), '12.1f')} "
-                         f"{_fmt(m.get('epochs_per_min'), '13.3g')}")
-        lines += [f"  measured: {v}" for k, v in r["measured"].items() if k != "noise_per_run"]
-        lines += [f"  assumed: {v}" for v in r["assumed"].values()]
-        lines.append("")
-    return "\n".join(lines)
-
-
-def write_figure(results: list[dict], measured: dict[tuple[str, int], dict],
-                 out: Path) -> Path:
-    """``predict-<cluster>.png``: predicted TTL and epoch rate vs N, measured points."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out.mkdir(parents=True, exist_ok=True)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for r in results:
-        ns = [p["gpus"] for p in r["predicted"]]
-        for ax, key in zip(axes, ("ttl_s", "epochs_per_min"), strict=True):
-            line, = ax.plot(ns, [p[key] for p in r["predicted"]], "-",
-                            label=f"{r['model']} predicted")
-            pts = [(n, m[key]) for (model, n), m in measured.items()
-                   if model == r["model"] and m.get(key)]
-            if pts:
-                ax.plot(*zip(*pts, strict=True), "o", color=line.get_color(),
-                        label=f"{r['model']} measured")
-        axes[0].axvline(r["n_crit"], ls=":", color=line.get_color())
-    for ax, title in zip(axes, ("time to loss (s); dotted: N_crit", "epochs / min"),
-                         strict=True):
-        ax.set(xscale="log", yscale="log", xlabel="GPUs", title=title)
-        ax.axvspan(*FIT_RANGE, color="0.9")
-        ax.legend(fontsize=8)
-    fig.suptitle(f"predicted on {results[0]['cluster']} (grey: the paper's 32-192 GPUs)")
-    path = out / f"predict-{results[0]['cluster']}.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
 def measured_points(runs: list[Run], threshold: float, smooth: int | None) -> dict:
     """(model, N) -> measured mean TTL and epoch rate over the runs at that N."""
     from analysis.metrics import run_metrics

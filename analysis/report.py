@@ -168,6 +168,9 @@ def write_report(a: Analysis, out: Path) -> Path:
             f"{a.threshold:g}; smoothing {a.smooth or 'auto'} steps. Paper: "
             f"{html.escape(SOURCE)}.</p>"]
     body += [_model_section(a, m, s, figs[m]) for m, s in a.models.items()]
+    from analysis.predict_report import noise_section  # '' when no run measured the noise
+
+    body.append(noise_section(a.runs, a.threshold, a.smooth, out, _img))
     body.append(_confusion_section(a, out))
     for model, p in PAPER.items():
         if model not in a.models:

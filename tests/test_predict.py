@@ -133,3 +133,11 @@ def test_noise_csv_without_positive_estimates_is_an_error(runs, capsys):
     path.write_text("\n".join([lines[0], "0,0,1.5,7.0,14.0,1.0,1.0,2.0,-3.0,-1.5"]) + "\n")
     assert main(["predict", str(runs), "--cluster", "summit"]) == 2
     assert "no row with positive smoothed" in capsys.readouterr().err
+
+
+def test_report_shows_noise_scale_and_prediction(runs, tmp_path):
+    assert main(["report", str(runs), "--out", str(tmp_path / "rep")]) == 0
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert "Gradient noise scale and predicted scaling" in page and "N_crit" in page
+    assert (tmp_path / "rep" / "noise_scale.png").stat().st_size > 0
+    assert (tmp_path / "rep" / "predict-local-cpu.png").stat().st_size > 0

@@ -92,7 +92,7 @@ class NoiseMeter:
         self.path = Path(run) / "noise.csv" if run is not None else None
         self._active = False
         self._part: int | None = None  # which piece's backward the hook is summing
-        self._parts: list[float] = []  # squared norm of each backward pass's gradient
+        self._parts: list = []  # per piece |g|^2: a float, or a 0-d tensor the hook sums
         self._handles = [p.register_hook(self._hook) for p in self.params] \
             if self.mode != "off" else []
         if self.path is not None and world.is_root and self.mode != "off":
@@ -105,7 +105,8 @@ class NoiseMeter:
         # Runs as each parameter's gradient is computed, before it is accumulated and
         # before any averaging hook of the distributed optimizer sees it.
         if self._active and self._part is not None:
-            self._parts[self._part] += float(grad.detach().float().pow(2).sum())
+            # stays on the device: no synchronisation inside the backward pass
+            self._parts[self._part] = self._parts[self._part] + grad.detach().float().pow(2).sum()
 
     def forward_backward(self, model, loss_fn, batch, autocast, step: int):
         """Forward and backward of one step; returns (logits, mean loss).
@@ -151,7 +152,8 @@ class NoiseMeter:
         self._active = False
         # Undo the loss scale and each piece's weight: norms of mean gradients.
         s2 = self._scale ** 2
-        local = [g2 / s2 / w ** 2 for g2, w in zip(self._parts, self._weights, strict=True)]
+        local = [float(g2) / s2 / w ** 2 for g2, w in zip(self._parts, self._weights,
+                                                           strict=True)]
         # the averaged gradient, read after the exchange (and after the fp16 unscale);
         # Adam and SGD do not modify .grad in place
         g2_big = _sq_norm([p.grad for p in self.params])
@@ -174,7 +176,9 @@ class NoiseMeter:
 
 
 def _sq_norm(tensors) -> float:
-    return sum(float(t.detach().float().pow(2).sum()) for t in tensors if t is not None)
+    """Sum of squares of all ``tensors`` (None skipped), one device-to-host copy."""
+    parts = [t.detach().float().pow(2).sum() for t in tensors if t is not None]
+    return float(torch.stack(parts).sum()) if parts else 0.0
 
 
 def _add_to_grad(params: list[torch.Tensor], grads) -> None:

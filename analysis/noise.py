@@ -2,11 +2,13 @@
 
 Training writes one row per measured step with unbiased single-step estimates of
 |G|^2 (``g2_est``) and tr(Sigma) (``trace_est``) (McCandlish et al. 2018, appendix A).
-Both are noisy and either can be negative on one step, so each is smoothed on its own
-with a bias-corrected exponential moving average, and B_noise is their ratio. As the
+Both are noisy and either can be negative on one step, so they are averaged separately
+before the ratio is taken: a bias-corrected exponential moving average for the curve over
+training, and a ratio of means over the rows nearest the threshold loss (with a
+delta-method standard error) for the B_noise the prediction uses. As the
 paper does, B_simple = tr(Sigma)/|G|^2 stands for the critical batch B_noise (equal for
-a well-conditioned Hessian; an assumption here). B_noise grows as the loss falls, so it
-is taken where the smoothed loss first reaches the study's threshold.
+a well-conditioned Hessian; an assumption here). B_noise changes as the loss falls, so it
+is taken where the smoothed loss is nearest the study's threshold.
 """
 
 from __future__ import annotations
@@ -64,38 +66,74 @@ def smoothed(df: pd.DataFrame, span: int = DEFAULT_SPAN) -> pd.DataFrame:
 
 @dataclass
 class NoiseAtLoss:
-    """B_noise of one run where its smoothed loss first reaches ``threshold``."""
+    """B_noise of one run near the loss ``threshold``."""
 
     run: str
     b_noise: float
-    loss: float
-    step: int
-    reached: bool  #: False: the run never got there; the value is at its lowest loss
-    rows: int
+    b_noise_se: float  #: delta-method standard error of the ratio of means
+    loss: float  #: mean smoothed loss of the rows used
+    rows: int  #: rows used (those nearest the threshold in smoothed loss)
+    reached: bool  #: False: the run never got there; the rows are its lowest-loss ones
+    lower_bound: bool = False  #: |G|^2 not resolved: b_noise is a 2-sigma lower bound
+
+
+def ratio_of_means(g2: np.ndarray, trace: np.ndarray) -> tuple[float, float]:
+    """mean(trace) / mean(g2) and its delta-method standard error (nan if mean g2 <= 0)."""
+    mg, mt = float(np.mean(g2)), float(np.mean(trace))
+    if mg <= 0 or mt <= 0 or len(g2) < 2:
+        return math.nan, math.nan
+    r = mt / mg
+    cov = np.cov(trace, g2)
+    var = (cov[0, 0] / mt**2 + cov[1, 1] / mg**2 - 2 * cov[0, 1] / (mt * mg)) / len(g2)
+    return r, r * math.sqrt(max(var, 0.0))
 
 
 def b_noise_at_loss(name: str, df: pd.DataFrame, threshold: float,
-                    span: int = DEFAULT_SPAN) -> NoiseAtLoss:
-    """Smoothed B_noise at the first row whose smoothed loss is at or below ``threshold``.
+                    span: int = DEFAULT_SPAN, rows: int | None = None) -> NoiseAtLoss:
+    """B_noise from the ``rows`` rows (default max(20, n/5)) whose smoothed loss is
+    nearest ``threshold``: the ratio of their mean tr(Sigma) and mean |G|^2 estimates.
+
+    Single-step |G|^2 estimates are often negative when the gradient is small against its
+    noise, so a ratio of means over many rows is used, not a running ratio.
 
     Raises
     ------
     RunFolderError
-        No row has a positive smoothed |G|^2 and tr(Sigma) (no usable estimate).
+        The mean |G|^2 or tr(Sigma) of those rows is not positive (not resolved).
     """
-    s = smoothed(df, span)
-    ok = np.isfinite(s["b_noise"].to_numpy()) & (s["trace"].to_numpy() > 0)
-    if not ok.any():
-        raise RunFolderError(f"{name}: noise.csv has no row with positive smoothed |G|^2 and "
-                             "tr(Sigma); too few measured steps?")
-    below = np.flatnonzero((s["loss"].to_numpy() <= threshold) & ok)
-    reached = below.size > 0
-    i = int(below[0]) if reached else int(np.flatnonzero(ok)[np.argmin(s["loss"][ok])])
+    loss = ema(df["loss"].to_numpy(float), span)
+    reached = bool((loss <= threshold).any())
+    k = min(len(df), rows or max(20, len(df) // 5))
+    near = np.argsort(np.abs(loss - threshold), kind="stable")[:k]
+    g2, tr = df["g2_est"].to_numpy(float)[near], df["trace_est"].to_numpy(float)[near]
+    b, se = ratio_of_means(g2, tr)
+    bound = not math.isfinite(b)
+    if bound:  # |G|^2 within its noise of 0: B_noise is only bounded from below
+        g2_hi = g2.mean() + 2 * g2.std(ddof=1) / math.sqrt(k) if k > 1 else math.nan
+        b, se = (tr.mean() / g2_hi, math.nan) if tr.mean() > 0 and g2_hi > 0 else (b, se)
+        if not math.isfinite(b):
+            raise RunFolderError(f"{name}: noise.csv: no positive noise-scale estimate in "
+                                 f"the {k} rows nearest loss {threshold:g}")
+        log.warning("%s: |G|^2 not resolved from its noise near loss %.3g: B_noise > %.3g "
+                    "(2-sigma lower bound)", name, threshold, b)
     if not reached:
-        log.warning("%s: smoothed loss never reaches %.3g (lowest %.3g): B_noise taken there",
-                    name, threshold, s["loss"][i])
-    return NoiseAtLoss(run=name, b_noise=float(s["b_noise"][i]), loss=float(s["loss"][i]),
-                       step=int(s["step"][i]), reached=reached, rows=len(df))
+        log.warning("%s: smoothed loss never reaches %.3g (lowest %.3g): B_noise taken at "
+                    "the lowest losses", name, threshold, loss.min())
+    return NoiseAtLoss(run=name, b_noise=float(b), b_noise_se=float(se),
+                       loss=float(loss[near].mean()), rows=k, reached=reached,
+                       lower_bound=bound)
+
+
+def binned(df: pd.DataFrame, bins: int = 6, span: int = DEFAULT_SPAN) -> pd.DataFrame:
+    """B_noise against loss: ratio of means in ``bins`` equal-count bins of smoothed loss."""
+    loss = ema(df["loss"].to_numpy(float), span)
+    order = np.argsort(loss)
+    out = []
+    for idx in np.array_split(order, min(bins, max(1, len(df) // 10))):
+        b, se = ratio_of_means(df["g2_est"].to_numpy(float)[idx],
+                               df["trace_est"].to_numpy(float)[idx])
+        out.append({"loss": float(loss[idx].mean()), "b_noise": b, "b_noise_se": se})
+    return pd.DataFrame(out)
 
 
 def pooled_b_noise(values: list[NoiseAtLoss]) -> float:

@@ -271,9 +271,14 @@ def predict(inp: Inputs, prof: Profile, gpus: list[int], algo: str = "ring",
         p["efficiency"] = None if ttl1 is None else ttl1 / (p["gpus"] * p["ttl_s"])
         p["step_efficiency"] = t_comp / p["step_s"]
     fit = [point(n) for n in FIT_GPUS]
+    if s_min is None and not local:  # without DLT the exponent does not depend on S_min
+        s_min = 1.0
+        fit = [point(n) for n in FIT_GPUS]
+        s_min = None
     return {
         "model": inp.model, "cluster": prof.name, "gpu": prof.gpu, "allreduce": algo,
         "threshold_loss": None, "b_noise": inp.b_noise, "n_crit": inp.b_noise / b,
+        "b_noise_is_lower_bound": any(v.lower_bound for v in inp.noise),
         "batch_per_rank": b, "s_min": s_min, "train_events": events,
         "gradient_bytes": inp.grad_bytes, "compute_s_per_step": t_comp,
         "dlt_s": dlt, "pause_s_per_epoch": pause, "predicted": pts,
@@ -329,5 +334,7 @@ def run_predict(runs: list[Run], args) -> tuple[list[dict], dict]:
         res = predict(inp, prof, gpus, args.allreduce, args.train_events)
         res["threshold_loss"] = args.threshold
         results.append(res)
-    measured = measured_points(runs, args.threshold, args.smooth)
+    # measured points belong beside predictions for the machine they were measured on
+    measured = measured_points(runs, args.threshold, args.smooth) \
+        if prof.compute == "runs" else {}
     return results, measured

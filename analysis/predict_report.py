@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from analysis.noise import read_noise, smoothed
+from analysis.noise import binned, read_noise, smoothed
 from analysis.predict import FIT_RANGE, PredictError, run_predict
 from analysis.runs import Run
 
@@ -80,17 +80,21 @@ def write_noise_figure(runs: list[Run], out: Path, span: int) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves = [(r, smoothed(df, span)) for r in runs if (df := read_noise(r.path)) is not None]
+    curves = [(r, df) for r in runs if (df := read_noise(r.path)) is not None]
     if not curves:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for r, s in curves:
+    for r, df in curves:
+        s, b = smoothed(df, span), binned(df, span=span)
         ok = s["b_noise"] > 0
-        axes[0].plot(s["step"][ok], s["b_noise"][ok], label=r.name)
-        axes[1].plot(s["loss"][ok], s["b_noise"][ok], label=r.name)
+        line, = axes[0].plot(s["step"][ok], s["b_noise"][ok], label=r.name)
+        ok = b["b_noise"] > 0
+        axes[1].errorbar(b["loss"][ok], b["b_noise"][ok], yerr=b["b_noise_se"][ok], fmt="o-",
+                         color=line.get_color(), label=r.name)
     axes[0].set(xlabel="step", ylabel="B_noise (images)", yscale="log",
-                title="gradient noise scale (EMA of each estimate)")
-    axes[1].set(xlabel="smoothed loss", yscale="log", title="against loss")
+                title="noise scale over training (EMA of each estimate)")
+    axes[1].set(xlabel="smoothed loss", yscale="log",
+                title="against loss (ratio of means per bin, ±1 SE)")
     axes[1].invert_xaxis()
     axes[0].legend(fontsize=7)
     fig.tight_layout()

@@ -1,4 +1,5 @@
-"""``python -m analysis {fit,curves,confusion,report} RUN...``; exit code 2 on bad input."""
+"""``python -m analysis {fit,curves,confusion,report,predict} RUN...``; exit code 2 on bad
+input."""
 
 from __future__ import annotations
 
@@ -39,13 +40,59 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text)
         _common(p)
         p.add_argument("--out", type=Path, required=True, help="output folder")
+    _predict_parser(sub)
     return parser
+
+
+def _predict_parser(sub) -> None:
+    p = sub.add_parser("predict", help="TTL and epoch rate to many GPUs from the noise scale "
+                       "and a cluster profile (analysis/predict.py)")
+    _common(p)
+    p.add_argument("--cluster", help="profile in analysis/clusters.json: summitdev, summit, "
+                   "perlmutter, h100-ndr, local-cpu")
+    p.add_argument("--gpus", default=",".join(str(2**k) for k in range(11)),
+                   help="comma-separated GPU counts (default 1,2,4,...,1024)")
+    p.add_argument("--alpha-us", type=float, help="allreduce latency per step, microseconds")
+    p.add_argument("--beta-gbps", type=float, help="link bandwidth, gigaBYTES per second")
+    p.add_argument("--compute-ms", type=float, help="compute + data time per step, ms")
+    p.add_argument("--allreduce", default="ring", choices=("ring", "tree"))
+    p.add_argument("--train-events", type=int, help="training events (default: the runs')")
+    p.add_argument("--base-gpus", type=int, help="predict from the runs at this GPU count "
+                   "(default: the smallest with a noise.csv)")
+    p.add_argument("--span", type=int, default=20, help="EMA span of the noise estimates, "
+                   "in noise.csv rows (default 20)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--out", type=Path, help="folder for the figure predict-CLUSTER.png")
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from analysis.predict import run_predict
+    from analysis.predict_report import to_text, write_figure
+    from analysis.runs import load_runs
+
+    runs = load_runs(args.runs)
+    if not runs:
+        raise RunFolderError(f"no run folders under {' '.join(args.runs)}")
+    results, measured = run_predict(runs, args)
+    fig = write_figure(results, measured, args.out) if args.out else None
+    if args.json:
+        meas = [{"model": m, "gpus": n, **v} for (m, n), v in sorted(measured.items())]
+        print(json.dumps({"models": results, "measured_runs": meas,
+                          **({"figure": str(fig)} if fig else {}),
+                          **(results[0] if len(results) == 1 else {})}, indent=2))
+    else:
+        print(to_text(results, measured), end="")
+        if fig:
+            print(fig)
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
     """Execute one parsed command."""
     if args.smooth is not None and args.smooth < 1:
         raise RunFolderError(f"--smooth must be at least 1 step, got {args.smooth}")
+    if args.command == "predict":
+        return _predict(args)
     from analysis.tables import analyse, to_json, to_text
 
     a = analyse(args.runs, args.threshold, args.smooth, args.strict)

@@ -178,6 +178,9 @@ def write_report(a: Analysis, out: Path) -> Path:
         body.append('<h2>Notes on the input</h2><ul>' + "".join(
             f'<li class="warn">{html.escape(n)}</li>' for n in a.notes) + "</ul>")
     body += [_model_section(a, m, s, figs[m]) for m, s in a.models.items()]
+    from analysis.predict_report import noise_section  # '' when no run measured the noise
+
+    body.append(noise_section(a.runs, a.threshold, a.smooth, out, _img))
     body.append(_confusion_section(a, out))
     for model, p in PAPER.items():
         if model not in a.models:

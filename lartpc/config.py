@@ -76,6 +76,10 @@ class TrainConfig:
     threads: int = 0  #: CPU threads per rank (0 = cores / local ranks; SCNet on CPU: 1)
     #: rank 0 writes TensorBoard scalars into <run>/tb/ (needs the tensorboard extra)
     tensorboard: bool = False
+    #: gradient noise scale to noise.csv: off | ranks (local vs averaged gradient, >= 2
+    #: ranks) | halves (two halves of the minibatch, one rank) | auto (ranks, or halves)
+    noise_scale: str = "off"
+    noise_every_steps: int = 10  #: measure every K steps (cost measured in BENCHMARKS.md)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -106,11 +110,12 @@ CHOICES = {
     "train.device": ("auto", "cpu", "cuda"),
     "model.algo": ("auto", "native", "implicit_gemm", "split_implicit_gemm"),
     "train.amp": ("none", "bf16", "fp16"),
+    "train.noise_scale": ("off", "auto", "ranks", "halves"),
     "dist.backend": ("auto", "horovod", "torch", "none"),
 }
 POSITIVE = ("data.downsample", "train.batch_per_rank", "train.epochs", "train.time_limit_s",
             "train.lr", "train.eps", "train.eval_every_epochs", "train.log_flush_steps",
-            "dist.timeout_s")
+            "dist.timeout_s", "train.noise_every_steps")
 NON_NEGATIVE = ("data.max_events", "data.prefetch", "train.seed", "train.weight_decay",
                 "train.momentum", "train.warmup_epochs", "train.checkpoint_every_steps",
                 "train.checkpoint_every_s", "train.threads")

@@ -67,7 +67,8 @@ def _train(data: Path, run: Path, model: str, ranks: int, limit_s: float, seed: 
           "--set", "train.epochs=1000", "--set", f"train.seed={seed}",
           # One core per rank, as one GPU per rank in the paper: N ranks use N cores,
           # so the scaling measured is that of adding workers, not of sharing cores.
-          "--set", "train.threads=1"])
+          "--set", "train.threads=1",
+          "--set", "train.noise_scale=auto"])  # noise.csv for the report's prediction
 
 
 def main(argv: list[str] | None = None) -> int:

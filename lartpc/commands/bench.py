@@ -10,4 +10,5 @@ KINDS: dict[str, tuple[str, str]] = {
     "model": ("lartpc.bench.model", "forward / forward+backward time of one model"),
     "train": ("lartpc.bench.train", "short trainings at several rank counts"),
     "minibatch": ("lartpc.bench.minibatch", "throughput and time-to-loss vs minibatch size"),
+    "noise": ("lartpc.bench.noise", "cost of measuring the gradient noise scale per step"),
 }

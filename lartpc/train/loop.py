@@ -16,6 +16,7 @@ import torch
 
 from lartpc.train import checkpoint, runlog
 from lartpc.train.evaluate import evaluate
+from lartpc.train.noise import NoiseMeter
 from lartpc.train.optim import lr_at, set_lr
 from lartpc.train.parts import Parts
 
@@ -66,10 +67,12 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "_orig_mod", model)
 
 
-def train_one_epoch(p: Parts, prog: Progress, steplog: runlog.StepLog) -> bool:
+def train_one_epoch(p: Parts, prog: Progress, steplog: runlog.StepLog,
+                    noise: NoiseMeter | None = None) -> bool:
     """Run the rest of epoch ``prog.epoch``; False when the time limit cut it short
     (``prog.out_of_time`` is also set when time ran out on its last step)."""
     tc, world = p.cfg.train, p.world
+    noise = noise or NoiseMeter("off", 1, world, p.model, None)
     p.train_loader.set_epoch(prog.epoch)
     p.model.train()
     t_prev = time.perf_counter()
@@ -77,10 +80,8 @@ def train_one_epoch(p: Parts, prog: Progress, steplog: runlog.StepLog) -> bool:
         t_data = time.perf_counter()
         set_lr(p.opt, lr_at(tc, world.size, prog.global_step, p.plan.steps_per_epoch))
         p.opt.zero_grad()  # Horovod's wrapper takes no arguments
-        with p.autocast():
-            logits = p.model(batch)
-            loss = p.loss_fn(logits.float(), batch.labels)
-        (p.scaler.scale(loss) if p.scaler else loss).backward()
+        logits, loss = noise.forward_backward(p.model, p.loss_fn, batch, p.autocast,
+                                              prog.global_step)
         comm_s = world.step_optimizer(p.opt, p.scaler)
         local_loss = float(loss.detach())
         local_acc = float((logits.detach().argmax(1) == batch.labels).float().mean())
@@ -88,6 +89,7 @@ def train_one_epoch(p: Parts, prog: Progress, steplog: runlog.StepLog) -> bool:
         stop_vote = 0.0 if _time_left(p, prog) else 1.0
         g = world.allreduce_mean(torch.tensor([local_loss, local_acc, stop_vote],
                                               dtype=torch.float64))
+        noise_row = noise.record(prog.global_step, prog.epoch, float(g[0]))  # in comm_s
         t_end = time.perf_counter()
         comm_s += t_end - t_metric
         compute_s = (t_end - t_data) - comm_s
@@ -99,6 +101,9 @@ def train_one_epoch(p: Parts, prog: Progress, steplog: runlog.StepLog) -> bool:
         p.tb.step(prog.global_step, loss=float(g[0]), acc=float(g[1]),
                   lr=p.opt.param_groups[0]["lr"], images=batch.batch_size * world.size,
                   step_s=t_end - t_prev, data_s=t_data - t_prev)
+        if noise_row is not None:
+            p.tb.scalars(prog.global_step, {f"noise/{k}": noise_row[k]
+                                            for k in ("g2_est", "trace_est", "b_simple")})
         prog.step_times.append(t_end - t_prev)
         prog.train_time_s += t_end - t_prev
         prog.step_in_epoch += 1
@@ -160,11 +165,13 @@ def fit(p: Parts, resume: dict | None) -> tuple[str, float]:
     steplog = runlog.StepLog(p.run, p.world.rank, keep_steps=prog.global_step,
                              flush_every=p.cfg.train.log_flush_steps)
     status, evaluated = "completed", False
+    noise = NoiseMeter(p.cfg.train.noise_scale, p.cfg.train.noise_every_steps, p.world,
+                       _unwrap(p.model), p.run, p.scaler, start_step=prog.global_step)
     while prog.epoch < p.cfg.train.epochs:
         if prog.step_in_epoch >= p.plan.steps_per_epoch:  # resumed at an epoch's end
             prog.epoch, prog.step_in_epoch = prog.epoch + 1, 0
             continue
-        finished = train_one_epoch(p, prog, steplog)
+        finished = train_one_epoch(p, prog, steplog, noise)
         evaluated = False
         if not finished:
             status = "time_limit"

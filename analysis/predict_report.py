@@ -1,0 +1,135 @@
+"""Tables, figures and the report section of the noise-scale prediction (analysis.predict)."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from analysis.noise import binned, read_noise, smoothed
+from analysis.predict import FIT_RANGE, PredictError, run_predict
+from analysis.runs import Run
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def to_text(results: list[dict], measured: dict[tuple[str, int], dict]) -> str:
+    """A table per model; measured points (other runs of the same model) beside."""
+    lines = []
+    for r in results:
+        exps = (f"fitted over {r['fit_range'][0]}-{r['fit_range'][1]} GPUs: TTL ~ N^"
+                f"{_fmt(r['ttl_exponent'], '.2f')}, epoch rate ~ N^"
+                f"{_fmt(r['epoch_rate_exponent'], '.2f')}")
+        lines += [f"{r['model']} on {r['cluster']} ({r['allreduce']} allreduce): "
+                  f"B_noise {r['b_noise']:.3g} at loss {r['threshold_loss']}, "
+                  f"N_crit {r['n_crit']:.3g}, step {r['compute_s_per_step'] * 1e3:.1f} ms "
+                  "+ allreduce", exps,
+                  f"{'GPUs':>6} {'TTL s':>10} {'epochs/min':>11} {'effic.':>7} "
+                  f"{'allreduce ms':>13} {'meas. TTL s':>12} {'meas. ep/min':>13}"]
+        for p in r["predicted"]:
+            m = measured.get((r["model"], p["gpus"]), {})
+            lines.append(f"{p['gpus']:>6} {_fmt(p['ttl_s'], '10.1f')} "
+                         f"{p['epochs_per_min']:>11.3g} {_fmt(p['efficiency'], '7.2f')} "
+                         f"{p['allreduce_s'] * 1e3:>13.3f} {_fmt(m.get('ttl_s'), '12.1f')} "
+                         f"{_fmt(m.get('epochs_per_min'), '13.3g')}")
+        lines += [f"  measured: {v}" for k, v in r["measured"].items() if k != "noise_per_run"]
+        lines += [f"  assumed: {v}" for v in r["assumed"].values()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_figure(results: list[dict], measured: dict[tuple[str, int], dict],
+                 out: Path) -> Path:
+    """``predict-<cluster>.png``: predicted TTL and epoch rate vs N, measured points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for r in results:
+        ns = [p["gpus"] for p in r["predicted"]]
+        for ax, key in zip(axes, ("ttl_s", "epochs_per_min"), strict=True):
+            line, = ax.plot(ns, [p[key] for p in r["predicted"]], "-",
+                            label=f"{r['model']} predicted")
+            pts = [(n, m[key]) for (model, n), m in measured.items()
+                   if model == r["model"] and m.get(key)]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), "o", color=line.get_color(),
+                        label=f"{r['model']} measured")
+        axes[0].axvline(r["n_crit"], ls=":", color=line.get_color())
+    for ax, title in zip(axes, ("time to loss (s); dotted: N_crit", "epochs / min"),
+                         strict=True):
+        ax.set(xscale="log", yscale="log", xlabel="GPUs", title=title)
+        ax.axvspan(*FIT_RANGE, color="0.9")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"predicted on {results[0]['cluster']} (grey: the paper's 32-192 GPUs)")
+    path = out / f"predict-{results[0]['cluster']}.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_noise_figure(runs: list[Run], out: Path, span: int) -> Path | None:
+    """``noise_scale.png``: smoothed B_noise against training step and against loss."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = [(r, df) for r in runs if (df := read_noise(r.path)) is not None]
+    if not curves:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for r, df in curves:
+        s, b = smoothed(df, span), binned(df, span=span)
+        ok = s["b_noise"] > 0
+        line, = axes[0].plot(s["step"][ok], s["b_noise"][ok], label=r.name)
+        ok = b["b_noise"] > 0
+        axes[1].errorbar(b["loss"][ok], b["b_noise"][ok], yerr=b["b_noise_se"][ok], fmt="o-",
+                         color=line.get_color(), label=r.name)
+    axes[0].set(xlabel="step", ylabel="B_noise (images)", yscale="log",
+                title="noise scale over training (EMA of each estimate)")
+    axes[1].set(xlabel="smoothed loss", yscale="log",
+                title="against loss (ratio of means per bin, ±1 SE)")
+    axes[1].invert_xaxis()
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "noise_scale.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def noise_section(runs: list[Run], threshold: float, smooth: int | None, out: Path,
+                  img) -> str:
+    """The report's noise-scale section ('' when no run measured it): B_noise over
+    training, N_crit, and the prediction on this machine beside the measured points."""
+    from argparse import Namespace
+
+    fig = write_noise_figure(runs, out, 20)
+    if fig is None:
+        return ""
+    args = Namespace(gpus="1,2,4,8,16,32,64,128,256,512,1024", cluster="local-cpu",
+                     alpha_us=None, beta_gbps=None, compute_ms=None, allreduce="ring",
+                     train_events=None, base_gpus=None, span=20, threshold=threshold,
+                     smooth=smooth)
+    parts = ["<h2>Gradient noise scale and predicted scaling</h2>", img(fig, "noise scale")]
+    try:
+        results, measured = run_predict(runs, args)
+    except PredictError as e:
+        return "".join(parts) + f"<p>No prediction: {html.escape(str(e))}</p>"
+    pred = write_figure(results, measured, out)
+    lines = [f"{r['model']}: B_noise {r['b_noise']:.3g} at loss {threshold:g}, N_crit "
+             f"{r['n_crit']:.3g} GPUs; predicted on this machine's step time and an assumed "
+             f"Gloo link: TTL ~ N^{_fmt(r['ttl_exponent'], '.2f')}, epoch rate ~ N^"
+             f"{_fmt(r['epoch_rate_exponent'], '.2f')} over {FIT_RANGE[0]}-{FIT_RANGE[1]}"
+             for r in results]
+    parts += ["<ul>" + "".join(f"<li>{html.escape(t)}</li>" for t in lines) + "</ul>",
+              img(pred, "predicted TTL and epoch rate"),
+              "<p>Other clusters: <code>python -m analysis predict RUNS --cluster "
+              "summitdev|summit|perlmutter|h100-ndr</code>.</p>"]
+    return "".join(parts)

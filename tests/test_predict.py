@@ -1,0 +1,160 @@
+"""``python -m analysis predict``: the noise scale read back, the S(B) and allreduce
+models, the JSON, and one-line errors for bad input (torch-free)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.__main__ import main
+from analysis.noise import NOISE_COLUMNS, b_noise_at_loss, ema, read_noise
+from analysis.predict import PARAMETERS, allreduce_s, load_profiles
+from analysis.synthetic import write_synthetic_run
+
+B_NOISE = 56.0  # N_crit = 8 at 7 images per GPU
+
+
+def _write_noise(run, b_noise: float, rows: int = 200, seed: int = 0) -> None:
+    """noise.csv whose smoothed estimates give ``b_noise``: |G|^2 = 2 with noise."""
+    rng = np.random.default_rng(seed)
+    loss = np.linspace(1.6, 1.0, rows)
+    g2 = 2.0 + rng.normal(0, 0.2, rows)
+    trace = 2.0 * b_noise + rng.normal(0, 0.2 * b_noise, rows)
+    with open(run / "noise.csv", "w") as f:
+        f.write(",".join(NOISE_COLUMNS) + "\n")
+        for i in range(rows):
+            f.write(f"{5 * i},0,{loss[i]},7.0,14.0,1.0,1.0,{g2[i]},{trace[i]},"
+                    f"{trace[i] / g2[i]}\n")
+
+
+@pytest.fixture
+def runs(tmp_path):
+    base = write_synthetic_run(tmp_path / "jishnet-n1", model="jishnet", world_size=1,
+                               epoch_rate_per_min=0.5, ttl_s=300, dlt_s=20,
+                               time_limit_s=600, train_events=700, loss_noise=0.0)
+    _write_noise(base, B_NOISE)
+    write_synthetic_run(tmp_path / "jishnet-n2", model="jishnet", world_size=2,
+                        epoch_rate_per_min=1.0, ttl_s=200, dlt_s=10, time_limit_s=400,
+                        train_events=700)
+    return tmp_path
+
+
+def _predict_json(capsys, *args: str) -> dict:
+    assert main(["predict", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_noise_scale_read_back_at_threshold(runs):
+    df = read_noise(runs / "jishnet-n1")
+    at = b_noise_at_loss("n1", df, threshold=1.2)
+    assert at.reached and at.loss == pytest.approx(1.2, abs=0.05) and not at.lower_bound
+    assert at.b_noise == pytest.approx(B_NOISE, rel=0.10)
+    assert 0 < at.b_noise_se < 0.1 * B_NOISE
+    assert ema(np.array([3.0, 3.0, 3.0]), 5) == pytest.approx([3.0] * 3)  # no bias to 0
+
+
+def test_allreduce_ring_and_tree():
+    prof = load_profiles()["summitdev"]
+    nbytes = 4 * PARAMETERS["jishnet"]
+    assert allreduce_s(1, nbytes, prof) == 0.0
+    # 2 GPUs share a node: NVLink; 8 GPUs cross nodes: EDR at 12.5 GB/s, 5 us
+    assert allreduce_s(2, nbytes, prof) == pytest.approx(nbytes / 20e9 + 2 * 5e-6)
+    assert allreduce_s(8, nbytes, prof) == pytest.approx(2 * 7 / 8 * nbytes / 12.5e9
+                                                         + 14 * 5e-6)
+    assert allreduce_s(8, nbytes, prof, "tree") == pytest.approx(6 * 5e-6 + 2 * nbytes
+                                                                 / 12.5e9)
+
+
+def test_predict_local_follows_the_noise_scale_law(runs, capsys):
+    out = _predict_json(capsys, str(runs), "--cluster", "local-cpu", "--gpus", "1,2,8,64")
+    assert out["b_noise"] == pytest.approx(B_NOISE, rel=0.10)
+    assert out["n_crit"] == pytest.approx(out["b_noise"] / 7)
+    pts = {p["gpus"]: p for p in out["predicted"]}
+    assert sorted(pts) == [1, 2, 8, 64]
+    # S(B) = S_min (1 + B_noise/B): steps at 64 GPUs vs 1 GPU
+    ratio = pts[64]["steps_to_loss"] / pts[1]["steps_to_loss"]
+    b = out["b_noise"]
+    assert ratio == pytest.approx((1 + b / 448) / (1 + b / 7))
+    # measured step on 1 GPU: data_s + compute_s + comm_s, the whole synthetic interval
+    steps_per_epoch = math.ceil(700 / 7)
+    assert out["compute_s_per_step"] == pytest.approx(60 / (0.5 * steps_per_epoch), rel=1e-3)
+    assert pts[1]["epochs_per_min"] == pytest.approx(0.5, rel=1e-3)
+    assert pts[1]["efficiency"] == pytest.approx(1.0)
+    assert 0 < pts[64]["efficiency"] < pts[2]["efficiency"] < 1
+    assert {m["gpus"] for m in out["measured_runs"]} == {1, 2}
+    assert out["b_noise_is_lower_bound"] is False
+    assert "measured" in out and "assumed" in out
+
+
+def test_paper_profile_exponents(runs, capsys, tmp_path):
+    out = _predict_json(capsys, str(runs), "--cluster", "summitdev", "--train-events",
+                        "15000", "--out", str(tmp_path / "fig"))
+    assert out["compute_s_per_step"] == pytest.approx(7 / 2.3)
+    # compute-bound, N >> N_crit = 8: epoch rate ~N^1, TTL nearly flat
+    assert out["epoch_rate_exponent"] == pytest.approx(1.0, abs=0.1)
+    b = out["b_noise"]
+    s = [1 + b / (7 * n) for n in (32, 192)]
+    assert out["ttl_exponent"] == pytest.approx(math.log(s[1] / s[0]) / math.log(6), abs=0.03)
+    assert (tmp_path / "fig" / "predict-summitdev.png").stat().st_size > 0
+    assert out["measured_runs"] == []  # this machine's runs are not SummitDev points
+
+
+def test_hand_profile(runs, capsys):
+    out = _predict_json(capsys, str(runs), "--alpha-us", "10", "--beta-gbps", "1",
+                        "--compute-ms", "100", "--gpus", "4")
+    p = out["predicted"][0]
+    nbytes = 4 * PARAMETERS["jishnet"]
+    assert p["allreduce_s"] == pytest.approx(1.5 * nbytes / 1e9 + 6 * 10e-6)
+    assert p["step_s"] == pytest.approx(0.1 + p["allreduce_s"])
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--cluster", "frontier"], "unknown cluster 'frontier'"),
+    (["--cluster", "summit", "--gpus", "0,8"], "GPU counts must be >= 1"),
+    (["--cluster", "summit", "--gpus", "a"], "comma-separated whole numbers"),
+    (["--alpha-us", "5"], "give --cluster NAME"),
+    (["--cluster", "summit", "--beta-gbps", "-1"], "--beta-gbps must be a positive"),
+])
+def test_bad_input_is_one_line_error(runs, capsys, args, message):
+    assert main(["predict", str(runs), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_missing_noise_data_is_an_error(runs, capsys):
+    (runs / "jishnet-n1" / "noise.csv").unlink()
+    assert main(["predict", str(runs), "--cluster", "summit"]) == 2
+    assert "no jishnet run has a noise.csv" in capsys.readouterr().err
+
+
+def test_noise_csv_without_positive_estimates_is_an_error(runs, capsys):
+    path = runs / "jishnet-n1" / "noise.csv"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], *["0,0,1.5,7.0,14.0,1.0,1.0,2.0,-3.0,-1.5"] * 5])
+                    + "\n")
+    assert main(["predict", str(runs), "--cluster", "summit"]) == 2
+    assert "no positive noise-scale estimate" in capsys.readouterr().err
+
+
+def test_unresolved_gradient_gives_a_lower_bound(tmp_path):
+    """|G|^2 estimates averaging below 0: B_noise > mean tr / (mean g2 + 2 SE)."""
+    rng = np.random.default_rng(1)
+    g2 = np.tile([-1.05, 0.95], 50)  # mean -0.05, standard error 0.1
+    tr = rng.normal(50.0, 5.0, 100)
+    df = pd.DataFrame({"step": np.arange(100), "loss": np.full(100, 1.5), "g2_est": g2,
+                       "trace_est": tr})
+    at = b_noise_at_loss("run", df, 1.5, rows=100)
+    assert at.lower_bound
+    assert at.b_noise == pytest.approx(tr.mean() / (g2.mean() + 2 * g2.std(ddof=1) / 10))
+
+
+def test_report_shows_noise_scale_and_prediction(runs, tmp_path):
+    assert main(["report", str(runs), "--out", str(tmp_path / "rep")]) == 0
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert "Gradient noise scale and predicted scaling" in page and "N_crit" in page
+    assert (tmp_path / "rep" / "noise_scale.png").stat().st_size > 0
+    assert (tmp_path / "rep" / "predict-local-cpu.png").stat().st_size > 0

@@ -31,7 +31,8 @@ def test_event_file_matches_csv_across_resume(train_events_dir, tmp_path):
     # What a process killed after its checkpoint leaves: a step logged past it.
     with SummaryWriter(str(out / "tb")) as w:
         w.add_scalar("train/loss", 99.0, first)
-    r = run(train_cmd(train_events_dir, out, "train.tensorboard=true", "train.epochs=2"))
+    r = run(train_cmd(train_events_dir, out, "train.tensorboard=true", "train.epochs=2",
+                      "train.noise_scale=halves", "train.noise_every_steps=2"))
     assert r.returncode == 0, r.stderr
     log = rows(out / "rank-000.csv")
     assert len(log) > first
@@ -49,6 +50,12 @@ def test_event_file_matches_csv_across_resume(train_events_dir, tmp_path):
     share = [v for _, v in _scalars(out / "tb", "perf/data_wait_share")]
     assert len(share) == len(log) and all(0 <= v <= 1 for v in share)
     assert all(v > 0 for _, v in _scalars(out / "tb", "perf/images_per_s"))
+    # the second segment measured the noise scale: the same numbers as noise.csv
+    noise = rows(out / "noise.csv")
+    assert len(noise) >= 2
+    b = _scalars(out / "tb", "noise/b_simple")
+    assert [s for s, _ in b] == [int(x["step"]) for x in noise]
+    assert [v for _, v in b] == pytest.approx([float(x["b_simple"]) for x in noise], rel=1e-6)
 
 
 def test_off_by_default_writes_nothing(tmp_path):

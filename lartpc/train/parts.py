@@ -42,6 +42,8 @@ class Parts:
     process_start: float
     autocast: object
     scaler: torch.amp.GradScaler | None = None  #: fp16 dynamic loss scaling
+    stops: object | None = None  #: signals.StopRequests the loop votes on
+    store_id: dict | None = None  #: segments.store_identity, saved in checkpoints
 
 
 def model_options(cfg: Config, device_type: str) -> dict:

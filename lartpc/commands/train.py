@@ -23,21 +23,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="SECTION.KEY=VALUE", help="override a config value (repeatable)")
 
 
-def _process_start() -> float:
-    """Unix time this process started (before imports and data loading)."""
-    try:
-        import psutil
-
-        return psutil.Process().create_time()
-    except Exception:  # psutil is a dependency; fall back rather than fail a run
-        return time.time()
-
-
 def run(args: argparse.Namespace) -> int:
-    process_start = _process_start()
+    # time.time(), the clock of the step rows: analysis compares segment starts with
+    # row times to tell restart gaps from steps (psutil's create time is another clock).
+    process_start = time.time()
     from lartpc.config import load_config
     from lartpc.train.run import prepare, run_training
 
     cfg = load_config(args.config, args.overrides)
-    store, resume = prepare(cfg, args.data, args.out)
-    return run_training(cfg, store, args.out, process_start, resume)
+    store = prepare(cfg, args.data, args.out)
+    return run_training(cfg, store, args.out, process_start)

@@ -112,11 +112,14 @@ class World:
             opt.load_state_dict(box[0])
 
     def broadcast_object(self, obj, root: int = 0):
-        """Any picklable object from ``root`` to all ranks."""
+        """Any picklable object from ``root`` to all ranks (other ranks may pass None)."""
         if self.backend == "horovod":
             import horovod.torch as hvd
 
-            return hvd.broadcast_object(obj, root_rank=root)
+            # Horovod names the exchange after type(obj) unless told: ranks passing
+            # objects of different types (a message on root, None elsewhere) would wait
+            # for each other forever.
+            return hvd.broadcast_object(obj, root_rank=root, name="lartpc.broadcast_object")
         if self.backend == "torch":
             box = [obj]
             torch.distributed.broadcast_object_list(box, src=root)

@@ -1,13 +1,22 @@
-"""Checkpoints: everything needed to continue a run exactly where it stopped."""
+"""Checkpoints: everything needed to continue a run exactly where it stopped.
+
+A checkpoint holds only tensors and plain containers (dicts, lists, numbers, strings),
+so it is read with ``torch.load(weights_only=True)``: a crafted ``checkpoint.pt``
+cannot run code. RNG states are stored in that form too (numpy's as a tensor).
+"""
 
 from __future__ import annotations
 
+import errno
 import os
+import pickle
 import random
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from lartpc.train.durable import RunFolderError, fsync_dir, remove_quietly
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -17,10 +26,30 @@ def inner_optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
     return getattr(opt, "inner", opt)
 
 
+def rng_state() -> dict:
+    """torch, numpy and Python RNG states as tensors and plain containers."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    return {"torch": torch.get_rng_state(),
+            "numpy": {"kind": str(kind), "keys": torch.from_numpy(keys.astype(np.int64)),
+                      "pos": int(pos), "has_gauss": int(has_gauss),
+                      "cached_gaussian": float(gauss)},
+            "python": {"version": int(version), "internal": list(internal),
+                       "gauss_next": gauss_next}}
+
+
 def save(run: Path, *, model: torch.nn.Module, opt: torch.optim.Optimizer, epoch: int,
          step_in_epoch: int, global_step: int, world_size: int, config: dict,
-         eval_rows: list[dict], train_time_s: float, scaler=None) -> Path:
-    """Write ``checkpoint.pt`` atomically (rank 0 only)."""
+         eval_rows: list[dict], train_time_s: float, scaler=None,
+         store: dict | None = None) -> Path:
+    """Write ``checkpoint.pt`` durably and atomically (rank 0 only).
+
+    Raises
+    ------
+    RunFolderError
+        When the file cannot be written (disk full, permissions); the temporary file
+        is removed and the previous checkpoint is left as it was.
+    """
     path = Path(run) / CHECKPOINT
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     state = {
@@ -34,24 +63,57 @@ def save(run: Path, *, model: torch.nn.Module, opt: torch.optim.Optimizer, epoch
         "eval_rows": eval_rows,
         "train_time_s": train_time_s,
         "scaler": scaler.state_dict() if scaler is not None else None,
-        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-                "python": random.getstate()},
+        "store": store,
+        "rng": rng_state(),
     }
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save(state, tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as e:
+        remove_quietly(tmp)
+        reason = e.strerror or errno.errorcode.get(e.errno or 0, str(e))
+        raise RunFolderError(f"{path}: cannot write the checkpoint ({reason}); "
+                             "the previous checkpoint is kept") from None
     return path
 
 
 def load(run: Path) -> dict | None:
-    """The checkpoint of ``run``, or None when there is none."""
+    """The checkpoint of ``run``, or None when there is none.
+
+    Raises
+    ------
+    RunFolderError
+        When the file holds anything but tensors and plain containers (a checkpoint
+        from before safe loading, or a crafted file), or cannot be read.
+    """
     path = Path(run) / CHECKPOINT
     if not path.exists():
         return None
-    return torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise RunFolderError(
+            f"{path}: refused: it holds objects that safe loading does not allow ({first}); "
+            "a checkpoint written by lartpc before safe loading cannot be resumed: move it "
+            "away to restart the run from step 0") from None
+    except (OSError, RuntimeError, EOFError) as e:
+        raise RunFolderError(f"{path}: cannot read the checkpoint ({e}); move it away "
+                             "to restart the run from step 0") from None
+    if not isinstance(state, dict) or "global_step" not in state:
+        raise RunFolderError(f"{path}: not a lartpc checkpoint")
+    return state
 
 
 def restore_rng(state: dict) -> None:
+    """Set torch, numpy and Python RNGs to a checkpoint's states."""
     rng = state["rng"]
     torch.set_rng_state(rng["torch"])
-    np.random.set_state(rng["numpy"])
-    random.setstate(rng["python"])
+    n = rng["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"],
+                         n["has_gauss"], n["cached_gaussian"]))
+    p = rng["python"]
+    random.setstate((p["version"], tuple(p["internal"]), p["gauss_next"]))

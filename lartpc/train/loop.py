@@ -7,6 +7,7 @@ the time limit run out; the parts it drives come from :mod:`lartpc.train.parts`.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ import numpy as np
 import torch
 
 from lartpc.train import checkpoint, runlog
+from lartpc.train.durable import RunFolderError
 from lartpc.train.evaluate import evaluate
 from lartpc.train.noise import NoiseMeter
 from lartpc.train.optim import lr_at, set_lr
@@ -36,7 +38,10 @@ class Progress:
     last_ckpt_time: float = field(default_factory=time.time)
     ckpt_s: float = 1.0
     eval_s: float = 0.0
-    out_of_time: bool = False
+    #: why the loop stops early: None, "time_limit", "preempted" (signal) or "diverged"
+    stop: str | None = None
+    saved_step: int = -1
+    last_loss: float = 0.0  #: global step of the last checkpoint this segment wrote
 
 
 def _time_left(p: Parts, prog: Progress) -> bool:
@@ -47,20 +52,47 @@ def _time_left(p: Parts, prog: Progress) -> bool:
     return time.time() - p.process_start + reserve < p.cfg.train.time_limit_s
 
 
+def _agree_ok(p: Parts, error: RunFolderError | None, what: str) -> None:
+    """Raise on every rank when any rank failed to write (none waits for it forever)."""
+    failed = p.world.allreduce_sum(torch.tensor([0.0 if error is None else 1.0]))
+    if float(failed[0]) > 0:
+        raise error or RunFolderError(f"{p.run}: another rank could not write {what}")
+
+
 def _save(p: Parts, prog: Progress, steplog: runlog.StepLog) -> None:
     """Flush every rank's log, agree, then rank 0 writes the checkpoint."""
-    steplog.flush()
-    p.tb.flush()
-    p.world.allreduce_sum(torch.zeros(1))  # all logs are on disk before the checkpoint
+    error = None
+    try:
+        steplog.flush()
+        p.tb.flush()
+    except RunFolderError as e:
+        error = e
+    _agree_ok(p, error, "its step log")  # all logs are on disk before the checkpoint
     if p.world.is_root:
         t0 = time.time()
-        checkpoint.save(p.run, model=_unwrap(p.model), opt=p.opt, epoch=prog.epoch,
-                        step_in_epoch=prog.step_in_epoch, global_step=prog.global_step,
-                        world_size=p.world.size, config=p.cfg.to_dict(),
-                        eval_rows=prog.eval_rows, train_time_s=prog.train_time_s,
-                        scaler=p.scaler)
+        try:
+            checkpoint.save(p.run, model=_unwrap(p.model), opt=p.opt, epoch=prog.epoch,
+                            step_in_epoch=prog.step_in_epoch, global_step=prog.global_step,
+                            world_size=p.world.size, config=p.cfg.to_dict(),
+                            eval_rows=prog.eval_rows, train_time_s=prog.train_time_s,
+                            scaler=p.scaler, store=p.store_id)
+        except RunFolderError as e:
+            error = e
         prog.ckpt_s = time.time() - t0
+    _agree_ok(p, error, "checkpoint.pt")
     prog.last_ckpt_time = time.time()
+    prog.saved_step = prog.global_step
+
+
+def _stop_reason(p: Parts, g: torch.Tensor) -> str | None:
+    """The all-ranks verdict of one step's vote (``g`` is the same on every rank)."""
+    if not math.isfinite(float(g[0])):
+        return "diverged"
+    if g[3] > 0:
+        return "preempted"
+    if g[2] > 0:
+        return "time_limit"
+    return None
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -69,8 +101,8 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 def train_one_epoch(p: Parts, prog: Progress, steplog: runlog.StepLog,
                     noise: NoiseMeter | None = None) -> bool:
-    """Run the rest of epoch ``prog.epoch``; False when the time limit cut it short
-    (``prog.out_of_time`` is also set when time ran out on its last step)."""
+    """Run the rest of epoch ``prog.epoch``; False when a stop cut it short
+    (``prog.stop`` is also set when the stop came on its last step)."""
     tc, world = p.cfg.train, p.world
     noise = noise or NoiseMeter("off", 1, world, p.model, None)
     p.train_loader.set_epoch(prog.epoch)
@@ -86,8 +118,9 @@ def train_one_epoch(p: Parts, prog: Progress, steplog: runlog.StepLog,
         local_loss = float(loss.detach())
         local_acc = float((logits.detach().argmax(1) == batch.labels).float().mean())
         t_metric = time.perf_counter()
-        stop_vote = 0.0 if _time_left(p, prog) else 1.0
-        g = world.allreduce_mean(torch.tensor([local_loss, local_acc, stop_vote],
+        time_vote = 0.0 if _time_left(p, prog) else 1.0
+        signal_vote = 1.0 if p.stops is not None and p.stops.requested else 0.0
+        g = world.allreduce_mean(torch.tensor([local_loss, local_acc, time_vote, signal_vote],
                                               dtype=torch.float64))
         noise_row = noise.record(prog.global_step, prog.epoch, float(g[0]))  # in comm_s
         t_end = time.perf_counter()
@@ -109,8 +142,8 @@ def train_one_epoch(p: Parts, prog: Progress, steplog: runlog.StepLog,
         prog.step_in_epoch += 1
         prog.global_step += 1
         t_prev = time.perf_counter()
-        if g[2] > 0:  # any rank out of time: all stop together
-            prog.out_of_time = True
+        prog.stop, prog.last_loss = _stop_reason(p, g), float(g[0])
+        if prog.stop:  # any rank out of time, signalled, or a non-finite loss: all stop
             return prog.step_in_epoch >= p.plan.steps_per_epoch
         if _checkpoint_due(p, prog):
             _save(p, prog, steplog)
@@ -159,12 +192,12 @@ def fit(p: Parts, resume: dict | None) -> tuple[str, float]:
         checkpoint.restore_rng(resume)
         prog = Progress(epoch=resume["epoch"], step_in_epoch=resume["step_in_epoch"],
                         global_step=resume["global_step"], train_time_s=resume["train_time_s"],
-                        eval_rows=resume["eval_rows"])
+                        eval_rows=resume["eval_rows"], saved_step=resume["global_step"])
         log.info("resuming at epoch %d step %d (global step %d)", prog.epoch,
                  prog.step_in_epoch, prog.global_step)
     steplog = runlog.StepLog(p.run, p.world.rank, keep_steps=prog.global_step,
                              flush_every=p.cfg.train.log_flush_steps)
-    status, evaluated = "completed", False
+    evaluated = False
     noise = NoiseMeter(p.cfg.train.noise_scale, p.cfg.train.noise_every_steps, p.world,
                        _unwrap(p.model), p.run, p.scaler, start_step=prog.global_step)
     while prog.epoch < p.cfg.train.epochs:
@@ -173,10 +206,7 @@ def fit(p: Parts, resume: dict | None) -> tuple[str, float]:
             continue
         finished = train_one_epoch(p, prog, steplog, noise)
         evaluated = False
-        if not finished:
-            status = "time_limit"
-            log.warning("time limit %.0f s near: stopping at epoch %d step %d",
-                        p.cfg.train.time_limit_s, prog.epoch, prog.step_in_epoch)
+        if not finished or prog.stop == "diverged":
             break
         if (prog.epoch + 1) % p.cfg.train.eval_every_epochs == 0 \
                 or prog.epoch + 1 == p.cfg.train.epochs:
@@ -184,13 +214,36 @@ def fit(p: Parts, resume: dict | None) -> tuple[str, float]:
             evaluated = True
         prog.epoch, prog.step_in_epoch = prog.epoch + 1, 0
         _save(p, prog, steplog)
-        if prog.out_of_time and prog.epoch < p.cfg.train.epochs:
-            status = "time_limit"
+        if prog.stop:
             break
-    # A run stopped early (or between evaluations) still ends evaluated and saved; a run
-    # that finished its epochs was both at its last epoch's end.
-    if not evaluated and prog.global_step > 0:
-        _evaluate(p, prog)
-        _save(p, prog, steplog)
+    status = _finish(p, prog, steplog, evaluated)
     p.tb.close()
     return status, p.world.param_divergence(_unwrap(p.model))
+
+
+def _finish(p: Parts, prog: Progress, steplog: runlog.StepLog, evaluated: bool) -> str:
+    """End the segment: the run's status, evaluated and saved as that status needs."""
+    done = prog.epoch >= p.cfg.train.epochs and prog.stop != "diverged"
+    status = "completed" if done else prog.stop or "completed"
+    if status == "diverged":
+        steplog.flush()  # the non-finite rows stay visible; a resume cuts them off
+        kept = f"checkpoint at global step {prog.saved_step} kept" if prog.saved_step >= 0 \
+            else "no checkpoint yet"
+        log.error("loss is not finite (%s) at epoch %d step %d with train.lr=%g: stopping, "
+                  "status diverged (%s)", prog.last_loss, prog.epoch, prog.step_in_epoch - 1,
+                  p.cfg.train.lr, kept)
+    elif status == "preempted":
+        # No evaluation: a scheduler's grace time is short; the next segment evaluates.
+        if prog.saved_step != prog.global_step:
+            _save(p, prog, steplog)
+    else:
+        if status == "time_limit":
+            log.warning("time limit %.0f s near: stopping at epoch %d step %d",
+                        p.cfg.train.time_limit_s, prog.epoch, prog.step_in_epoch)
+        # A run stopped early (or between evaluations) still ends evaluated and saved; a
+        # run that finished its epochs was both at its last epoch's end.
+        if not evaluated and prog.global_step > 0:
+            _evaluate(p, prog)
+            _save(p, prog, steplog)
+    steplog.flush()
+    return status

@@ -44,6 +44,8 @@ class Parts:
     autocast: object
     scaler: torch.amp.GradScaler | None = None  #: fp16 dynamic loss scaling
     tb: TBLog = field(default_factory=TBLog)  #: TensorBoard scalars (no-op unless enabled)
+    stops: object | None = None  #: signals.StopRequests the loop votes on
+    store_id: dict | None = None  #: segments.store_identity, saved in checkpoints
 
 
 def model_options(cfg: Config, device_type: str) -> dict:

@@ -1,4 +1,4 @@
-"""Set-up and tear-down around the loop: checks, run.json, backend, status."""
+"""Set-up and tear-down around the loop: checks, lock, run.json, backend, status."""
 
 from __future__ import annotations
 
@@ -6,20 +6,26 @@ import logging
 import time
 from pathlib import Path
 
+import torch
+
 from lartpc import dist
 from lartpc.config import Config
 from lartpc.data.store import EventStore
-from lartpc.errors import ConfigError
-from lartpc.train import checkpoint, runinfo, runlog, tblog
+from lartpc.errors import ConfigError, LartpcError
+from lartpc.train import runinfo, runlog, segments, tblog
+from lartpc.train.durable import RunFolderError, remove_stale_temporaries
+from lartpc.train.lock import RunLock
+from lartpc.train.signals import StopRequests
 
 log = logging.getLogger(__name__)
-# Changing these on resume would change what the run means.
-_FIXED_ON_RESUME = ("model", "data.downsample", "data.eval_fraction", "data.max_events",
-                    "train.batch_per_rank", "train.seed", "train.optimizer")
+#: exit code of ``lartpc train`` by run status ("failed" raises, exit 2 from the CLI).
+#: "preempted" exits 0: the run is checkpointed, and a non-zero rank would make
+#: horovodrun or torchrun kill the other ranks before rank 0 has marked the run.
+EXIT_CODES = {"completed": 0, "time_limit": 0, "preempted": 0, "diverged": 1}
 
 
-def prepare(cfg: Config, data: Path, out: Path) -> tuple[EventStore, dict | None]:
-    """Open and check the data and run folder; the checkpoint to resume, if any."""
+def prepare(cfg: Config, data: Path, out: Path) -> EventStore:
+    """Open and check the data and the run folder path (before any backend starts)."""
     if cfg.train.tensorboard:
         tblog.require()  # before any work: a missing extra is a config error
     store = EventStore(data)
@@ -36,59 +42,77 @@ def prepare(cfg: Config, data: Path, out: Path) -> tuple[EventStore, dict | None
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a folder")
-    resume = checkpoint.load(out) if out.is_dir() else None
-    if resume is None and out.is_dir() and (out / "run.json").exists():
-        raise ConfigError(f"--out {out}: holds a run without checkpoint.pt; "
-                          "choose a new folder (nothing there is overwritten)")
-    if resume is not None:
-        saved = resume["config"]
-        now = cfg.to_dict()
-        for key in _FIXED_ON_RESUME:
-            a, b = _get(saved, key), _get(now, key)
-            if a != b:
-                raise ConfigError(f"--out {out}: checkpoint has {key}={a!r}, config says {b!r}")
-    return store, resume
+    return store
 
 
-def _get(d: dict, dotted: str):
-    for part in dotted.split("."):
-        d = d[part]
-    return d
+def lock_run_folder(world: dist.World, out: Path, process_start: float) -> RunLock | None:
+    """Rank 0 takes the folder's lock before anything is written; every rank learns
+    whether it did, so a refused job fails on all ranks at once."""
+    lock, error = None, None
+    if world.is_root:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            lock = RunLock(out, process_start).acquire()
+            for p in remove_stale_temporaries(out):
+                log.info("removed %s (left by a killed writer)", p)
+        except (RunFolderError, OSError) as e:
+            error = str(e)
+    error = world.broadcast_object(error)
+    if error:
+        raise RunFolderError(error if world.is_root else f"rank 0: {error}")
+    return lock
 
 
-def run_training(cfg: Config, store: EventStore, out: Path, process_start: float,
-                 resume: dict | None) -> int:
+def run_training(cfg: Config, store: EventStore, out: Path, process_start: float) -> int:
+    """Train one segment of the run in ``out``; the exit code (see :data:`EXIT_CODES`)."""
     from lartpc.logs import setup_logging
-    from lartpc.train.loop import fit
-    from lartpc.train.parts import build_parts, build_plan, set_threads
+    from lartpc.train.parts import build_plan
 
     world = dist.init(cfg.dist.backend, cfg.train.device, cfg.dist.timeout_s)
     setup_logging(rank=world.rank)
     out = Path(out)
-    if resume is not None and resume["world_size"] != world.size:
-        raise ConfigError(f"--out {out}: checkpoint was written by {resume['world_size']} "
-                          f"ranks, this job has {world.size}")
     build_plan(cfg, store, world.size)  # before run.json: too few events for these ranks
+    lock = lock_run_folder(world, out, process_start)
+    try:
+        resume = segments.load_resume(cfg, store, out, world.size)
+        if segments.is_complete(cfg, resume):
+            log.info("run %s is complete (%d of %d epochs): nothing to do", out,
+                     resume["epoch"], cfg.train.epochs)
+            world.shutdown()
+            return 0
+        status = _train_segment(cfg, store, out, process_start, world, resume)
+    finally:
+        if lock is not None:
+            lock.release()
+    world.shutdown()
+    return EXIT_CODES[status]
+
+
+def _train_segment(cfg: Config, store: EventStore, out: Path, process_start: float,
+                   world: dist.World, resume: dict | None) -> str:
+    from lartpc.train.loop import fit
+    from lartpc.train.parts import build_parts, set_threads
+
     threads = set_threads(cfg, world)
-    info_path = out / "run.json"
+    store_id = segments.store_identity(store, cfg.data.max_events)
+    info_path, info = out / "run.json", {}
     if world.is_root:
-        out.mkdir(parents=True, exist_ok=True)
-        info = runlog.read_json(info_path) if resume is not None and info_path.exists() else {
-            "start_time": process_start, "segments": []}
+        info = segments.begin_segment(cfg, out, resume, process_start, store_id)
         info.update({
             "model": cfg.model.name, "world_size": world.size, "backend": world.backend,
             "batch_per_rank": cfg.train.batch_per_rank, "loss": cfg.model.loss,
-            "config": cfg.to_dict(), "geometry": store.geometry.to_attrs(),
-            "versions": runinfo.versions(), "git_sha": runinfo.git_sha(),
-            "host": runinfo.host(), "data": str(Path(store.paths[0]).parent.resolve()),
-            "threads_per_rank": threads, "device": str(world.device),
-            "status": "running", "end_time": None})
-        info["segments"].append({"start_time": process_start, "end_time": None})
+            "geometry": store.geometry.to_attrs(), "versions": runinfo.versions(),
+            "git_sha": runinfo.git_sha(), "host": runinfo.host(),
+            "data": str(Path(store.paths[0]).parent.resolve()),
+            "threads_per_rank": threads, "device": str(world.device)})
+        segments.end_segment(info, "running", None)
         runlog.write_json(info_path, info)
     world.broadcast_object(None)  # the folder exists before any rank writes into it
-    status = "failed"
+    stops = StopRequests().install()
+    status, error = "failed", None
     try:
         parts = build_parts(cfg, store, world, out, process_start, resume)
+        parts.stops, parts.store_id = stops, store_id
         if world.is_root:
             info.update(steps_per_epoch=parts.plan.steps_per_epoch,
                         train_events=len(parts.plan.train), eval_events=len(parts.plan.eval),
@@ -99,12 +123,22 @@ def run_training(cfg: Config, store: EventStore, out: Path, process_start: float
             info["param_divergence"] = divergence
         if divergence != 0.0:
             log.error("ranks ended with different parameters (max |diff| %.3g)", divergence)
+    except BaseException as e:
+        error = str(e) if isinstance(e, LartpcError) else f"{type(e).__name__}: {e}"
+        raise
     finally:
+        stops.restore()
         if world.is_root:
-            end = time.time()
-            info.update(status=status, end_time=end)
-            info["segments"][-1]["end_time"] = end
-            runlog.write_json(info_path, info)
+            _write_final(info_path, info, status, error)
     log.info("run %s: %s", out, status)
-    world.shutdown()
-    return 0
+    world.allreduce_sum(torch.zeros(1))  # no rank exits before rank 0 marked the run
+    return status
+
+
+def _write_final(path: Path, info: dict, status: str, error: str | None) -> None:
+    """Mark the run's end; a disk that cannot take even this is logged, not raised."""
+    segments.end_segment(info, status, time.time(), error)
+    try:
+        runlog.write_json(path, info)
+    except RunFolderError as e:
+        log.error("%s", e)

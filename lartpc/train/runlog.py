@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from lartpc import CLASSES
+from lartpc.train.durable import RunFolderError, fsync_dir, remove_quietly
 
 STEP_COLUMNS = ("time", "epoch", "rank", "batchno", "data_size", "local_loss", "global_loss",
                 "local_acc", "global_acc", "data_s", "compute_s", "comm_s")
@@ -23,13 +24,26 @@ EVAL_COLUMNS = ("epoch", "time", "loss", "accuracy", "n_events",
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and rename (never torn)."""
+    """Write ``text`` to ``path`` via a temporary file and rename (never torn), durably.
+
+    Raises
+    ------
+    RunFolderError
+        When it cannot be written (disk full...); ``path`` keeps its old content and no
+        temporary file is left behind.
+    """
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        remove_quietly(tmp)
+        raise RunFolderError(f"{path}: cannot write ({e.strerror or e})") from None
+    fsync_dir(path.parent)
 
 
 def write_json(path: Path, obj: dict) -> None:
@@ -64,8 +78,9 @@ class StepLog:
             # A line without its newline was torn by a kill: never keep it.
             kept = [ln for ln in lines if ln.endswith("\n")][:keep_steps]
             if len(kept) < keep_steps:
-                raise RuntimeError(f"{self.path}: has {len(kept)} complete rows but the "
-                                   f"checkpoint is at step {keep_steps}")
+                raise RunFolderError(short_log_message(self.path, len(kept), keep_steps))
+        elif keep_steps:
+            raise RunFolderError(short_log_message(self.path, None, keep_steps))
         atomic_write_text(self.path, header + "".join(kept))
 
     def log(self, **row) -> None:
@@ -77,13 +92,32 @@ class StepLog:
         if not self._rows:
             return
         data = "".join(self._rows).encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise RunFolderError(f"{self.path}: cannot write ({e.strerror or e})") from None
         self._rows = []
+
+
+def complete_rows(path: Path) -> int | None:
+    """Complete (newline-terminated) data rows of a rank log; None when it is missing."""
+    if not Path(path).exists():
+        return None
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    return max(0, len(lines) - 2)  # minus the header and the (possibly torn) last piece
+
+
+def short_log_message(path: Path, rows: int | None, step: int) -> str:
+    """What to tell the user when a rank log cannot continue the checkpoint's step."""
+    has = "is missing" if rows is None else f"has {rows} complete rows"
+    return (f"{path}: {has} but checkpoint.pt is at step {step}; restore the file from "
+            "a backup to resume, or move checkpoint.pt away to restart the run from step 0")
 
 
 def write_eval(run: Path, rows: list[dict]) -> None:

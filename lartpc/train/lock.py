@@ -1,0 +1,114 @@
+"""One training at a time per run folder: an OS lock on ``<run>/run.lock``.
+
+The lock is ``fcntl.flock`` on an open file, so the kernel releases it when the
+holder exits or dies (kill -9, node crash on local disks); nothing needs cleaning up.
+The file records who holds it (host, pid, job id, start time) so a refused second
+training can name the holder. The file itself stays in the folder between runs.
+
+Filesystems without ``flock`` (some NFS or Lustre mounts without the ``flock``
+option) raise ENOLCK/EOPNOTSUPP. Then the recorded holder decides: a live process
+of this host refuses the folder, anything else is taken over with a warning, since
+a process on another host cannot be checked (two jobs on two hosts are then not
+prevented; mount with ``flock`` to get that guarantee).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import socket
+from pathlib import Path
+
+from lartpc.train.durable import RunFolderError
+
+log = logging.getLogger(__name__)
+LOCK_FILE = "run.lock"
+_NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS}
+
+
+def job_id() -> str | None:
+    """The scheduler's job id (SLURM or LSF), if any."""
+    return os.environ.get("SLURM_JOB_ID") or os.environ.get("LSB_JOBID")
+
+
+def holder_text(info: dict) -> str:
+    """``pid 123 on host n1 (job 42) since <time>`` from a lock file's record."""
+    import time
+
+    if not info:
+        return "another process (no holder recorded)"
+    job = f" (job {info['job_id']})" if info.get("job_id") else ""
+    since = info.get("start_time")
+    when = time.strftime(" since %Y-%m-%d %H:%M:%S", time.localtime(since)) \
+        if isinstance(since, int | float) else ""
+    return f"pid {info.get('pid')} on host {info.get('host')}{job}{when}"
+
+
+class RunLock:
+    """Exclusive hold on a run folder for the life of this object (or process)."""
+
+    def __init__(self, run: Path, start_time: float):
+        self.path = Path(run) / LOCK_FILE
+        self.info = {"host": socket.gethostname(), "pid": os.getpid(), "job_id": job_id(),
+                     "start_time": start_time}
+        self._fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        """Take the lock or raise :class:`RunFolderError` naming the holder."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RunFolderError(f"{self.path.parent}: in use by another training, "
+                                 f"{holder_text(read_holder(self.path))}") from None
+        except OSError as e:
+            if e.errno not in _NO_FLOCK:
+                os.close(fd)
+                raise
+            self._check_without_flock(fd)
+        self._fd = fd
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(self.info) + "\n").encode(), 0)
+        os.fsync(fd)
+        return self
+
+    def _check_without_flock(self, fd: int) -> None:
+        """The documented fallback where the filesystem has no flock."""
+        held = read_holder(self.path)
+        if held.get("host") == self.info["host"] and _alive(held.get("pid")):
+            os.close(fd)
+            raise RunFolderError(f"{self.path.parent}: in use by another training, "
+                                 f"{holder_text(held)} (no flock on this filesystem)")
+        log.warning("%s: this filesystem has no flock; the run folder is not protected "
+                    "against a second training on another host", self.path)
+
+    def release(self) -> None:
+        """Let the next training have the folder (also happens when the process ends)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def read_holder(path: Path) -> dict:
+    """The record in a lock file ({} when empty or unreadable)."""
+    try:
+        info = json.loads(Path(path).read_text() or "{}")
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _alive(pid) -> bool:
+    if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

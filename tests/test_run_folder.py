@@ -1,0 +1,156 @@
+"""Run-folder safety without training: lock, safe checkpoint loading, durable writes."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from lartpc.train import checkpoint, runlog
+from lartpc.train.durable import RunFolderError
+from lartpc.train.lock import LOCK_FILE, RunLock
+
+HOLD = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from lartpc.train.lock import RunLock
+    RunLock(Path(sys.argv[1]), 123.0).acquire()
+    print("locked", flush=True)
+    time.sleep(120)
+""")
+
+
+def hold_lock(run, env=None) -> subprocess.Popen:
+    """A process holding ``run``'s lock (until killed)."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdout=subprocess.PIPE,
+                            text=True, env=env)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_lock_names_holder_and_dies_with_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    holder = hold_lock(tmp_path)
+    try:
+        record = json.loads((tmp_path / LOCK_FILE).read_text())
+        assert record["pid"] == holder.pid and record["job_id"] == "4242"
+        assert record["start_time"] == 123.0 and record["host"]
+        with pytest.raises(RunFolderError, match=f"pid {holder.pid} on host .* \\(job 4242\\)"):
+            RunLock(tmp_path, 1.0).acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+    lock = RunLock(tmp_path, 2.0).acquire()  # the kernel released the dead holder's lock
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+    lock.release()
+
+
+def test_lock_without_flock_checks_the_recorded_holder(tmp_path, monkeypatch):
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock = RunLock(tmp_path, 1.0)
+        (tmp_path / LOCK_FILE).write_text(json.dumps({**lock.info, "pid": sleeper.pid}))
+        with pytest.raises(RunFolderError, match=f"pid {sleeper.pid} .*no flock"):
+            lock.acquire()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    RunLock(tmp_path, 1.0).acquire().release()  # a dead holder is taken over
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_checkpoint_with_pickled_code_is_refused(tmp_path):
+    marker = tmp_path / "pwned"
+    torch.save({"model": {}, "global_step": 1, "x": _Payload(marker)},
+               tmp_path / checkpoint.CHECKPOINT)
+    with pytest.raises(RunFolderError, match="checkpoint.pt: refused.*move it away"):
+        checkpoint.load(tmp_path)
+    assert not marker.exists()
+
+
+def _save(run, step: int):
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters(), betas=(0.8, 0.9))
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    return checkpoint.save(run, model=model, opt=opt, epoch=0, step_in_epoch=step,
+                           global_step=step, world_size=1, config={"train": {"lr": 1e-3}},
+                           eval_rows=[{"epoch": 0, "loss": 1.5}], train_time_s=2.5,
+                           store={"events": 3, "sha256": "ab"})
+
+
+def test_checkpoint_round_trip_restores_every_rng(tmp_path):
+    torch.manual_seed(1), np.random.seed(2), random.seed(3)
+    np.random.normal()  # a cached Gaussian is part of numpy's state
+    _save(tmp_path, 5)
+    expect = (torch.rand(3), np.random.normal(size=3), random.random())
+    state = checkpoint.load(tmp_path)
+    assert state["global_step"] == 5 and state["store"] == {"events": 3, "sha256": "ab"}
+    assert state["optimizer"]["param_groups"][0]["betas"] == (0.8, 0.9)
+    torch.manual_seed(9), np.random.seed(9), random.seed(9)
+    checkpoint.restore_rng(state)
+    got = (torch.rand(3), np.random.normal(size=3), random.random())
+    assert torch.equal(got[0], expect[0]) and np.array_equal(got[1], expect[1])
+    assert got[2] == expect[2]
+
+
+def _disk_full(*args, **kwargs):
+    dest = args[1]
+    with open(dest, "wb") as f:
+        f.write(b"partial")
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_checkpoint_on_full_disk_keeps_the_last_one(tmp_path, monkeypatch):
+    _save(tmp_path, 4)
+    monkeypatch.setattr(torch, "save", _disk_full)
+    with pytest.raises(RunFolderError, match=r"checkpoint.pt: cannot write the checkpoint "
+                                             r"\(No space left on device\)"):
+        _save(tmp_path, 8)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
+    assert checkpoint.load(tmp_path)["global_step"] == 4
+
+
+def test_atomic_write_on_full_disk_leaves_old_file_and_no_temporary(tmp_path, monkeypatch):
+    path = tmp_path / "run.json"
+    runlog.write_json(path, {"status": "running"})
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(RunFolderError, match="run.json: cannot write"):
+        runlog.write_json(path, {"status": "completed"})
+    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
+    assert runlog.read_json(path) == {"status": "running"}
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "rank-000.csv: is missing but checkpoint.pt is at step 3"),
+    ("h\n1\n2\n3", "rank-000.csv: has 2 complete rows but checkpoint.pt is at step 3"),
+])
+def test_step_log_behind_the_checkpoint_is_a_clear_error(tmp_path, content, message):
+    if content is not None:
+        runlog.rank_csv_path(tmp_path, 0).write_text(content)
+    with pytest.raises(RunFolderError, match=message + ".*move checkpoint.pt away"):
+        runlog.StepLog(tmp_path, 0, keep_steps=3)

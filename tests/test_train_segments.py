@@ -1,0 +1,219 @@
+"""`lartpc train` across segments: lock, signals, restarts, resume checks, failures.
+
+One uninterrupted reference run (module fixture) is copied and altered by each test.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from train_helpers import clean_env, final_params, rows, run, train_cmd
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def reference(train_events_dir, tmp_path_factory):
+    """A completed 2-epoch run, and the time just before it was launched."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    t_launch = time.time()
+    r = run(train_cmd(train_events_dir, out))
+    assert r.returncode == 0, r.stderr
+    return out, t_launch
+
+
+def _copy(reference, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(reference[0], out)
+    return out
+
+
+def _info(out) -> dict:
+    return json.loads((out / "run.json").read_text())
+
+
+def _losses(out) -> list[tuple]:
+    return [(x["epoch"], x["batchno"], x["local_loss"]) for x in rows(out / "rank-000.csv")]
+
+
+def _wait_rows(out, n: int, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 240
+    log = out / "rank-000.csv"
+    while time.monotonic() < deadline and proc.poll() is None:
+        if log.exists() and len(log.read_text().splitlines()) - 1 >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{log}: never reached {n} rows")
+
+
+def test_segment_start_uses_the_step_clock(reference):
+    out, t_launch = reference
+    seg = _info(out)["segments"][0]
+    assert t_launch <= seg["start_time"] < float(rows(out / "rank-000.csv")[0]["time"])
+
+
+def test_completed_run_is_left_alone(reference, train_events_dir, tmp_path):
+    out = _copy(reference, tmp_path)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.name != "run.lock"}
+    r = run(train_cmd(train_events_dir, out), timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "is complete (2 of 2 epochs): nothing to do" in r.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != "run.lock"} == before
+
+
+def test_sigterm_checkpoints_preempted_and_resume_is_exact(reference, train_events_dir,
+                                                          tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(train_cmd(train_events_dir, out), env=clean_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_rows(out, 3, proc)
+        # The folder is held: a second training exits at once, naming the holder.
+        second = run(train_cmd(train_events_dir, out), timeout=120)
+        assert proc.poll() is None, "the first training ended before the second was refused"
+        assert second.returncode == 2
+        assert f"in use by another training, pid {proc.pid} on host" in second.stderr
+        assert "Traceback" not in second.stderr
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    info = _info(out)
+    assert info["status"] == "preempted" and info["segments"][0]["status"] == "preempted"
+    done = len(rows(out / "rank-000.csv"))
+    assert 3 <= done < 2 * info["steps_per_epoch"]
+    assert final_params(out) is not None
+    import torch
+
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["global_step"] == done
+    r = run(train_cmd(train_events_dir, out))
+    assert r.returncode == 0, r.stderr
+    assert _losses(out) == _losses(reference[0])
+    pa, pb = final_params(reference[0]), final_params(out)
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+    assert [s["status"] for s in _info(out)["segments"]] == ["preempted", "completed"]
+
+
+def test_run_without_checkpoint_restarts_from_step_0(reference, train_events_dir, tmp_path):
+    out = _copy(reference, tmp_path)
+    (out / "checkpoint.pt").unlink()  # killed before its first checkpoint
+    info = _info(out)
+    info.update(status="running", end_time=None)
+    (out / "run.json").write_text(json.dumps(info))
+    r = run(train_cmd(train_events_dir, out))
+    assert r.returncode == 0, r.stderr
+    assert "restarting the run from step 0" in r.stderr
+    assert _losses(out) == _losses(reference[0])  # the stale rows were replaced, not kept
+    now = _info(out)
+    assert now["status"] == "completed" and len(now["segments"]) == 1
+    assert now["discarded_segments"] == info["segments"]
+
+
+def test_resume_records_changed_settings_per_segment(reference, train_events_dir, tmp_path):
+    out = _copy(reference, tmp_path)
+    (out / ".checkpoint.pt.99999.tmp").write_bytes(b"")  # left by a killed writer
+    r = run(train_cmd(train_events_dir, out, "train.epochs=3", "train.lr=0.0005"))
+    assert r.returncode == 0, r.stderr
+    info = _info(out)
+    assert info["config"]["train"]["lr"] == 0.001 and info["config"]["train"]["epochs"] == 2
+    seg = info["segments"][-1]
+    assert seg["changed"] == {"train.epochs": 3, "train.lr": 0.0005}
+    assert seg["settings"]["train.lr"] == 0.0005 and seg["start_step"] == 16
+    assert len(rows(out / "rank-000.csv")) == 3 * info["steps_per_epoch"]
+    assert not list(out.glob(".*.tmp"))
+
+
+def test_resume_refuses_another_store(reference, train_events_dir, tmp_path):
+    out = _copy(reference, tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(train_events_dir / "events-00000.h5", other)  # 35 of the 70 events
+    r = run(train_cmd(other, out, "train.epochs=3"), timeout=120)
+    assert r.returncode == 2
+    assert "checkpoint.pt was trained on 70 events" in r.stderr and "has 35" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert _info(out)["status"] == "completed"
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete"])
+def test_rank_log_behind_checkpoint_is_refused(reference, train_events_dir, tmp_path, damage):
+    out = _copy(reference, tmp_path)
+    log = out / "rank-000.csv"
+    if damage == "delete":
+        log.unlink()
+    else:
+        log.write_text("".join(log.read_text().splitlines(keepends=True)[:5]))
+    r = run(train_cmd(train_events_dir, out, "train.epochs=3"), timeout=120)
+    assert r.returncode == 2
+    has = "is missing" if damage == "delete" else "has 4 complete rows"
+    assert f"rank-000.csv: {has} but checkpoint.pt is at step 16" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_crafted_checkpoint_runs_no_code(reference, train_events_dir, tmp_path):
+    out = _copy(reference, tmp_path)
+    marker = tmp_path / "pwned"
+    code = textwrap.dedent(f"""
+        import os, torch
+        class P:
+            def __reduce__(self):
+                return os.system, ("touch {marker}",)
+        torch.save({{"global_step": 1, "p": P()}}, "{out / 'checkpoint.pt'}")
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True)
+    r = run(train_cmd(train_events_dir, out), timeout=120)
+    assert r.returncode == 2 and "checkpoint.pt: refused" in r.stderr
+    assert not marker.exists()
+
+
+def test_non_finite_loss_stops_as_diverged(train_events_dir, tmp_path):
+    out = tmp_path / "run"
+    r = run(train_cmd(train_events_dir, out, "train.lr=1e30", "train.epochs=1"))
+    assert r.returncode == 1
+    assert "loss is not finite (nan)" in r.stderr and "train.lr=1e+30" in r.stderr
+    info = _info(out)
+    assert info["status"] == "diverged"
+    log = rows(out / "rank-000.csv")
+    assert log[-1]["global_loss"] == "nan" and len(log) < info["steps_per_epoch"]
+
+
+DISK_FULL = textwrap.dedent("""
+    import errno, sys, torch
+    from lartpc.cli import main
+    real, calls = torch.save, []
+    def save(obj, path, *a, **k):
+        calls.append(path)
+        if len(calls) == 1:
+            return real(obj, path, *a, **k)
+        open(path, "wb").write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    torch.save = save
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+def test_disk_full_fails_cleanly_and_retry_resumes(reference, train_events_dir, tmp_path):
+    out = tmp_path / "run"
+    cmd = train_cmd(train_events_dir, out)
+    r = run([sys.executable, "-c", DISK_FULL, *cmd[1:]])
+    assert r.returncode == 2
+    assert "checkpoint.pt: cannot write the checkpoint (No space left on device); the " \
+           "previous checkpoint is kept" in r.stderr
+    assert "Traceback" not in r.stderr
+    info = _info(out)
+    assert info["status"] == "failed" and "No space left" in info["error"]
+    assert not list(out.glob(".*.tmp"))
+    import torch
+
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["epoch"] == 1
+    r = run(cmd)
+    assert r.returncode == 0, r.stderr
+    assert _losses(out) == _losses(reference[0])

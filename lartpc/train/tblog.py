@@ -84,16 +84,19 @@ class TBLog:
 def open_tblog(enabled: bool, is_root: bool, run: Path, start_step: int) -> TBLog:
     """The run's TensorBoard writer (a no-op unless ``enabled`` on rank 0).
 
-    On resume (``start_step`` > 0) a new event file is started in the same ``tb/`` with
-    ``purge_step``: TensorBoard drops the earlier file's events at or after that step
-    (logged after the checkpoint by the process that was stopped), so every step appears
-    once and the steps stay monotonic.
+    On resume (``start_step`` > 0, or 0 over earlier event files) a new event file is
+    started in the same ``tb/`` with ``purge_step``: TensorBoard drops the earlier
+    file's events at or after that step (logged after the checkpoint by the process that
+    was stopped), so every step appears once and the steps stay monotonic.
     """
     if not (enabled and is_root):
         return TBLog()
     require()
     from torch.utils.tensorboard import SummaryWriter
 
-    purge = start_step if start_step > 0 else None
-    return TBLog(SummaryWriter(log_dir=str(Path(run) / "tb"), purge_step=purge,
+    tb = Path(run) / "tb"
+    # A restart from step 0 (killed before its first checkpoint) purges from step 0.
+    stale = tb.is_dir() and any(tb.glob("events.out.tfevents.*"))
+    purge = start_step if start_step > 0 or stale else None
+    return TBLog(SummaryWriter(log_dir=str(tb), purge_step=purge,
                                flush_secs=30))

@@ -38,8 +38,10 @@ def test_fp16_training_scales_the_loss_and_resumes_exactly(small_events_dir, tmp
     assert all(torch.isfinite(torch.tensor(losses)))
     state = torch.load(ref / "checkpoint.pt", weights_only=False)
     scale = state["scaler"]["scale"]
-    # the initial scale (2^16) overflows fp16 gradients at once: halved since, steps skipped
-    assert 0 < scale < 2.0 ** 16
+    # dynamic scaling from 2^16: halved at each overflowing step, never grown within the
+    # 2,000-step growth interval; whether these events' gradients overflow at 2^16
+    # depends on the generator (they did before +sim2, not since)
+    assert scale in [2.0 ** k for k in range(17)]
     for epochs in (2, 3):
         r = run(cmd(cut, epochs))
         assert r.returncode == 0, r.stderr

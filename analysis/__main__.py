@@ -59,7 +59,7 @@ def _predict_parser(sub) -> None:
     p.add_argument("--train-events", type=int, help="training events (default: the runs')")
     p.add_argument("--base-gpus", type=int, help="predict from the runs at this GPU count "
                    "(default: the smallest with a noise.csv)")
-    p.add_argument("--span", type=int, default=20, help="EMA span of the noise estimates, "
+    p.add_argument("--span", type=int, default=20, help="EMA span of the loss and noise curves, "
                    "in noise.csv rows (default 20)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", type=Path, help="folder for the figure predict-CLUSTER.png")

@@ -286,8 +286,11 @@ def predict(inp: Inputs, prof: Profile, gpus: list[int], algo: str = "ring",
         "epoch_rate_exponent": fit_exponent(FIT_GPUS, [p["epochs_per_min"] for p in fit]),
         "fit_range": list(FIT_RANGE),
         "measured": {
-            "b_noise": f"noise.csv of {', '.join(inp.runs)} ({inp.base_gpus} GPU(s)), EMA "
-                       "span %d rows; B_noise taken as B_simple" % DEFAULT_SPAN,
+            "b_noise": f"noise.csv of {', '.join(inp.runs)} ({inp.base_gpus} GPU(s)): mean "
+                       "tr(Sigma) / mean |G|^2 over the rows nearest the threshold loss"
+                       + (" (a lower bound: |G|^2 not resolved)" if any(
+                           v.lower_bound for v in inp.noise) else "")
+                       + "; B_noise taken as B_simple",
             "noise_per_run": [vars(v) for v in inp.noise],
             "s_min": "steps to the threshold in the base runs" if s_min else
                      "not available: no base run reached the threshold",

@@ -204,7 +204,7 @@ lartpc_launch() {
     if [[ $status == completed ]]; then
         exit 0
     fi
-    if [[ $status == time_limit ]] \
+    if [[ $status == time_limit || $status == preempted ]] \
             || [[ $LARTPC_SIGNALLED == 1 && -e $LARTPC_RUN/checkpoint.pt ]]; then
         lartpc_requeue
         exit 0

@@ -5,7 +5,6 @@ in set-up, side by side in one study tree."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from train_helpers import clean_env, rows, run, train_cmd
+from train_helpers import kill_after_steps, rows, run, train_cmd
 
 from analysis.runcheck import CLOCK_TOL_S
 
@@ -34,16 +33,8 @@ def study(train_events_dir, tmp_path_factory):
     ref, cut = root / "ref", root / "requeued"
     r = run(train_cmd(train_events_dir, ref, *SETS))
     assert r.returncode == 0, r.stderr
-    proc = subprocess.Popen(train_cmd(train_events_dir, cut, *SETS), env=clean_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:  # kill mid-epoch 1, after a checkpoint
-        log = cut / "rank-000.csv"
-        if log.exists() and len(log.read_text().splitlines()) - 1 >= 11:
-            break
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
+    kill_after_steps(train_cmd(train_events_dir, cut, *SETS), cut, 11)  # mid-epoch 1,
+    # after a checkpoint
     assert json.loads((cut / "run.json").read_text())["status"] == "running"
     # what any reader sees of a run still being written (status running, no end)
     running = _analysis("curves", str(cut), "--out", str(root.parent / "curves-running"))

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import time
 
 import pytest
 import torch
-from train_helpers import clean_env, final_params, rows, run, train_cmd
+from train_helpers import clean_env, final_params, kill_after_steps, rows, run, train_cmd
 
 from lartpc.train import checkpoint
 from lartpc.train.runlog import EVAL_COLUMNS, STEP_COLUMNS
@@ -86,16 +85,8 @@ def test_killed_and_resumed_run_equals_uninterrupted(train_events_dir, tmp_path)
     sets = ("train.checkpoint_every_steps=2", "train.epochs=3")
     r = run(train_cmd(train_events_dir, ref, *sets))
     assert r.returncode == 0, r.stderr
-    proc = subprocess.Popen(train_cmd(train_events_dir, cut, *sets), env=clean_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:  # kill mid-epoch 1, after a checkpoint
-        log = cut / "rank-000.csv"
-        if log.exists() and len(log.read_text().splitlines()) - 1 >= 11:
-            break
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
+    kill_after_steps(train_cmd(train_events_dir, cut, *sets), cut, 11)  # mid-epoch 1,
+    # after a checkpoint
     info = json.loads((cut / "run.json").read_text())
     assert info["status"] == "running", "the run finished before it could be killed"
     r = run(train_cmd(train_events_dir, cut, *sets))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import csv
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -36,6 +38,21 @@ def train_cmd(data: Path, out: Path, *sets: str, config: str = "tiny-jishnet") -
 def run(cmd: list[str], timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                           env=clean_env(**env))
+
+
+def kill_after_steps(cmd: list[str], out: Path, steps: int, timeout_s: float = 240) -> None:
+    """Start ``cmd`` (a training into ``out``) and SIGKILL it once rank 0 has logged
+    ``steps`` rows: a job lost mid-run, as a node failure leaves it."""
+    proc = subprocess.Popen(cmd, env=clean_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout_s
+    log = out / "rank-000.csv"
+    while time.monotonic() < deadline:
+        if log.exists() and len(log.read_text().splitlines()) - 1 >= steps:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
 
 
 def rows(path: Path) -> list[dict]:

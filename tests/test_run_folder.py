@@ -154,3 +154,22 @@ def test_step_log_behind_the_checkpoint_is_a_clear_error(tmp_path, content, mess
         runlog.rank_csv_path(tmp_path, 0).write_text(content)
     with pytest.raises(RunFolderError, match=message + ".*move checkpoint.pt away"):
         runlog.StepLog(tmp_path, 0, keep_steps=3)
+
+
+def test_stop_signals_are_recorded_and_a_second_sigint_aborts():
+    import signal
+
+    from lartpc.train.signals import StopRequests
+
+    stops = StopRequests().install()
+    try:
+        assert stops.requested is None
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stops.requested == signal.SIGUSR1
+        os.kill(os.getpid(), signal.SIGTERM)  # a later signal changes nothing
+        assert stops.requested == signal.SIGUSR1
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        stops.restore()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

@@ -11,7 +11,7 @@ library about 3x more than deflate, which is what makes the bundle fit.
 The output folder (ignored by git) holds ``manifest.json`` (pins, file names, sizes and
 SHA-256 of the wheels and archives), the archives, and ``install.sh``/``install.py``: run
 ``bash gpu-bundle/install.sh`` on the host, with no network, to unpack into
-``gpu-bundle/site`` and check the imports (see ``jobs/env/gpu_bundle_install.py``).
+``gpu-bundle/site`` and check the imports (see ``jobs/gpu_bundle_install.py``).
 
 Usage: ``python -m jobs.gpu_bundle --out gpu-bundle [--wheels DIR] [--python 3.12]``.
 """
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import json
 import lzma
 import re
@@ -32,9 +31,12 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+# The installer runs alone on the host (stdlib only); the builder shares its checksum.
+from jobs.gpu_bundle_install import _sha256
+
 HERE = Path(__file__).resolve().parent
 PINS = HERE / "env" / "gpu-bundle.txt"
-INSTALLER = HERE / "env" / "gpu_bundle_install.py"
+INSTALLER = HERE / "gpu_bundle_install.py"
 #: What the bundle may weigh, leaving room for the working tree under the 64 MiB a call
 #: to the GPU host carries.
 BUDGET_BYTES = 56 * 2**20
@@ -89,14 +91,6 @@ def download(pins: list[tuple[str, str]], dest: Path, python: str) -> None:
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise BundleError("pip download failed:\n" + r.stderr.strip()[-2000:])
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _installed_name(member: str) -> str | None:

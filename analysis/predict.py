@@ -218,17 +218,17 @@ def gather_inputs(runs: list[Run], threshold: float, smooth: int | None = None,
 def compute_time_s(inp: Inputs, prof: Profile) -> tuple[float, str]:
     """Compute + data seconds per step on ``prof``'s GPU, and where the number comes from."""
     if prof.compute == "given":
-        return prof.compute_ms / 1e3, "given (--compute-ms)"
+        return prof.compute_ms / 1e3, "given by hand (--compute-ms)"
     if prof.compute == "runs":
-        return inp.step_s, "measured (mean data_s + compute_s per step of the base runs)"
+        return inp.step_s, "mean data_s + compute_s per step of the base runs"
     ref = prof if prof.compute == "images_per_s" else load_profiles()[REFERENCE_PROFILE]
     if inp.model not in ref.images_per_s:
         raise PredictError(f"cluster {prof.name}: no per-GPU throughput for {inp.model}")
     t = inp.batch_per_rank / ref.images_per_s[inp.model]
     if prof.compute == "images_per_s":
-        return t, f"measured on {prof.name} (paper's {ref.images_per_s[inp.model]} images/s)"
+        return t, f"{prof.name}'s published {ref.images_per_s[inp.model]} images/s per GPU"
     return t * ref.fp32_tflops / prof.fp32_tflops, (
-        f"assumed: {ref.name}'s measured step scaled by FP32 peak "
+        f"{ref.name}'s published step time scaled by FP32 peak "
         f"{ref.fp32_tflops}/{prof.fp32_tflops} TFLOP/s")
 
 
@@ -294,11 +294,13 @@ def predict(inp: Inputs, prof: Profile, gpus: list[int], algo: str = "ring",
             "noise_per_run": [vars(v) for v in inp.noise],
             "s_min": "steps to the threshold in the base runs" if s_min else
                      "not available: no base run reached the threshold",
-            "compute": comp_src,
-            "dlt": "measured in the base runs" if local else "not modelled (0)",
-            "pauses": "evaluation/checkpoint time per epoch measured in the base runs, "
-                      "assumed the same at every N" if local else "not modelled (0)"},
+            **({"compute": comp_src} if prof.compute in ("runs", "images_per_s") else {}),
+            **({"dlt": "measured in the base runs",
+                "pauses": "evaluation/checkpoint time per epoch measured in the base runs, "
+                          "assumed the same at every N"} if local else {})},
         "assumed": {
+            **({"compute": comp_src} if prof.compute not in ("runs", "images_per_s") else {}),
+            **({} if local else {"dlt": "not modelled (0)", "pauses": "not modelled (0)"}),
             "steps": "S(B) = S_min (1 + B_noise / B), fitted for SGD; here Adam, fixed lr",
             "allreduce": f"{algo} allreduce, links from {prof.name}: "
                          + "; ".join(prof.sources),

@@ -11,20 +11,31 @@ from analysis.runs import Run
 
 
 def _fmt(v, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
+    """``v`` formatted by ``spec``; a missing value is a '-' at the same width."""
+    if v is None:
+        width = "".join(c for c in spec.split(".")[0] if c.isdigit())
+        return "-".rjust(int(width or 0))
+    return format(v, spec)
+
+
+_LABELS = {"b_noise": "B_noise", "s_min": "steps at 1 GPU", "compute": "step time",
+           "dlt": "data-loading time", "pauses": "pauses", "steps": "steps vs batch",
+           "allreduce": "allreduce", "gradient_bytes": "gradient bytes"}
 
 
 def to_text(results: list[dict], measured: dict[tuple[str, int], dict]) -> str:
     """A table per model; measured points (other runs of the same model) beside."""
     lines = []
     for r in results:
-        exps = (f"fitted over {r['fit_range'][0]}-{r['fit_range'][1]} GPUs: TTL ~ N^"
-                f"{_fmt(r['ttl_exponent'], '.2f')}, epoch rate ~ N^"
-                f"{_fmt(r['epoch_rate_exponent'], '.2f')}")
+        ttl = ("TTL not predicted (no steps to the threshold)" if r["ttl_exponent"] is None
+               else f"TTL ~ N^{r['ttl_exponent']:.2f}")
+        exps = (f"fitted over {r['fit_range'][0]}-{r['fit_range'][1]} GPUs: {ttl}, "
+                f"epoch rate ~ N^{_fmt(r['epoch_rate_exponent'], '.2f')}")
+        bound = ">" if r["b_noise_is_lower_bound"] else ""
         lines += [f"{r['model']} on {r['cluster']} ({r['allreduce']} allreduce): "
-                  f"B_noise {r['b_noise']:.3g} at loss {r['threshold_loss']}, "
-                  f"N_crit {r['n_crit']:.3g}, step {r['compute_s_per_step'] * 1e3:.1f} ms "
-                  "+ allreduce", exps,
+                  f"B_noise {bound}{r['b_noise']:.3g} at loss {r['threshold_loss']}, "
+                  f"N_crit {bound}{r['n_crit']:.3g}, "
+                  f"step {r['compute_s_per_step'] * 1e3:.1f} ms + allreduce", exps,
                   f"{'GPUs':>6} {'TTL s':>10} {'epochs/min':>11} {'effic.':>7} "
                   f"{'allreduce ms':>13} {'meas. TTL s':>12} {'meas. ep/min':>13}"]
         for p in r["predicted"]:
@@ -33,8 +44,9 @@ def to_text(results: list[dict], measured: dict[tuple[str, int], dict]) -> str:
                          f"{p['epochs_per_min']:>11.3g} {_fmt(p['efficiency'], '7.2f')} "
                          f"{p['allreduce_s'] * 1e3:>13.3f} {_fmt(m.get('ttl_s'), '12.1f')} "
                          f"{_fmt(m.get('epochs_per_min'), '13.3g')}")
-        lines += [f"  measured: {v}" for k, v in r["measured"].items() if k != "noise_per_run"]
-        lines += [f"  assumed: {v}" for v in r["assumed"].values()]
+        lines += [f"  measured, {_LABELS.get(k, k)}: {v}" for k, v in r["measured"].items()
+                  if k != "noise_per_run"]
+        lines += [f"  assumed, {_LABELS.get(k, k)}: {v}" for k, v in r["assumed"].items()]
         lines.append("")
     return "\n".join(lines)
 

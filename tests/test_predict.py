@@ -158,3 +158,19 @@ def test_report_shows_noise_scale_and_prediction(runs, tmp_path):
     assert "Gradient noise scale and predicted scaling" in page and "N_crit" in page
     assert (tmp_path / "rep" / "noise_scale.png").stat().st_size > 0
     assert (tmp_path / "rep" / "predict-local-cpu.png").stat().st_size > 0
+
+
+def test_text_table_names_its_sources_and_missing_values(runs, capsys):
+    """Text output: columns stay aligned where a value is missing, and every source line
+    says what it is and whether it was measured or assumed."""
+    assert main(["predict", str(runs), "--cluster", "h100-ndr", "--gpus", "1,8"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("GPUs"))
+    rows = lines[head + 1:head + 3]
+    assert [r.split()[0] for r in rows] == ["1", "8"]
+    assert all(len(r) == len(lines[head]) for r in rows)  # '-' padded to the column width
+    src = [ln.strip() for ln in lines[head + 3:] if ln.strip()]
+    assert "assumed, step time: summitdev's published step time scaled by FP32 peak" \
+        in "\n".join(src)
+    assert "assumed, data-loading time: not modelled (0)" in src
+    assert all(s.split(",")[0] in ("measured", "assumed") for s in src)

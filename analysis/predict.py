@@ -177,10 +177,16 @@ def _steps_to_loss(run: Run, threshold: float, smooth: int | None) -> int | None
     return int(below[0]) + 1 if below.size else None
 
 
+def _batch(run: Run) -> int:
+    return int(run.meta.get("batch_per_rank", 7))
+
+
 def gather_inputs(runs: list[Run], threshold: float, smooth: int | None = None,
                   span: int = DEFAULT_SPAN, base_gpus: int | None = None) -> dict[str, Inputs]:
     """Per model, the inputs measured by its base runs: the runs at ``base_gpus`` (default
-    the smallest world size with a noise.csv). Runs at other sizes are not used."""
+    the smallest world size with a noise.csv) and the same minibatch. The noise scale
+    comes from those with a noise.csv; steps to the threshold, step time, pauses and DLT
+    from all of them (with or without the measurement). Runs at other sizes are not used."""
     out = {}
     for model in sorted({r.model for r in runs}):
         mine = [r for r in runs if r.model == model]
@@ -194,9 +200,12 @@ def gather_inputs(runs: list[Run], threshold: float, smooth: int | None = None,
         if not noisy:
             raise PredictError(f"no {model} run at {base} GPU(s) has a noise.csv")
         at = [b_noise_at_loss(r.name, df, threshold, span) for r, df in noisy]
-        base_runs = [r for r, _ in noisy]
+        b = _batch(noisy[0][0])
+        if len({_batch(r) for r, _ in noisy}) > 1:
+            raise PredictError(f"{model} runs at {base} GPU(s) with a noise.csv differ in "
+                               "minibatch: give the runs of one minibatch")
+        base_runs = [r for r in mine if r.world_size == base and _batch(r) == b]
         reached = [s for r in base_runs if (s := _steps_to_loss(r, threshold, smooth))]
-        b = int(base_runs[0].meta.get("batch_per_rank", 7))
         dlts = [min(float(df["time"].min()) for df in r.steps.values()) - r.meta["start_time"]
                 for r in base_runs if r.steps]
         params = base_runs[0].meta.get("parameters") or PARAMETERS.get(model)
@@ -220,7 +229,7 @@ def compute_time_s(inp: Inputs, prof: Profile) -> tuple[float, str]:
     if prof.compute == "given":
         return prof.compute_ms / 1e3, "given by hand (--compute-ms)"
     if prof.compute == "runs":
-        return inp.step_s, "mean data_s + compute_s per step of the base runs"
+        return inp.step_s, f"mean data_s + compute_s per step of {', '.join(inp.runs)}"
     ref = prof if prof.compute == "images_per_s" else load_profiles()[REFERENCE_PROFILE]
     if inp.model not in ref.images_per_s:
         raise PredictError(f"cluster {prof.name}: no per-GPU throughput for {inp.model}")
@@ -286,13 +295,14 @@ def predict(inp: Inputs, prof: Profile, gpus: list[int], algo: str = "ring",
         "epoch_rate_exponent": fit_exponent(FIT_GPUS, [p["epochs_per_min"] for p in fit]),
         "fit_range": list(FIT_RANGE),
         "measured": {
-            "b_noise": f"noise.csv of {', '.join(inp.runs)} ({inp.base_gpus} GPU(s)): mean "
+            "b_noise": f"noise.csv of {', '.join(v.run for v in inp.noise)} "
+                       f"({inp.base_gpus} GPU(s)): mean "
                        "tr(Sigma) / mean |G|^2 over the rows nearest the threshold loss"
                        + (" (a lower bound: |G|^2 not resolved)" if any(
                            v.lower_bound for v in inp.noise) else "")
                        + "; B_noise taken as B_simple",
             "noise_per_run": [vars(v) for v in inp.noise],
-            "s_min": "steps to the threshold in the base runs" if s_min else
+            "s_min": f"steps to the threshold in {', '.join(inp.runs)}" if s_min else
                      "not available: no base run reached the threshold",
             **({"compute": comp_src} if prof.compute in ("runs", "images_per_s") else {}),
             **({"dlt": "measured in the base runs",

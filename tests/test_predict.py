@@ -174,3 +174,27 @@ def test_text_table_names_its_sources_and_missing_values(runs, capsys):
         in "\n".join(src)
     assert "assumed, data-loading time: not modelled (0)" in src
     assert all(s.split(",")[0] in ("measured", "assumed") for s in src)
+
+
+def test_step_time_and_steps_come_from_every_base_run(runs, capsys):
+    """A 1-rank run without noise.csv still gives its step time and steps; the noise
+    scale only comes from the run that measured it."""
+    one = _predict_json(capsys, str(runs / "jishnet-n1"), "--cluster", "local-cpu",
+                        "--gpus", "1")
+    write_synthetic_run(runs / "jishnet-n1-off", model="jishnet", world_size=1,
+                        epoch_rate_per_min=0.25, ttl_s=300, dlt_s=20, time_limit_s=600,
+                        train_events=700, loss_noise=0.0)
+    both = _predict_json(capsys, str(runs), "--cluster", "local-cpu", "--gpus", "1")
+    assert both["b_noise"] == pytest.approx(one["b_noise"])
+    # steps of 0.5 and 0.25 epochs/min: step times 1.2 s and 2.4 s
+    assert both["compute_s_per_step"] == pytest.approx(1.5 * one["compute_s_per_step"],
+                                                       rel=1e-3)
+
+
+def test_noise_runs_of_two_minibatches_are_refused(runs, capsys):
+    b14 = write_synthetic_run(runs / "jishnet-n1-b14", model="jishnet", world_size=1,
+                              batch_per_rank=14, epoch_rate_per_min=0.5, ttl_s=300,
+                              dlt_s=20, time_limit_s=600, train_events=700)
+    _write_noise(b14, B_NOISE)
+    assert main(["predict", str(runs), "--cluster", "summit"]) == 2
+    assert "differ in minibatch" in capsys.readouterr().err

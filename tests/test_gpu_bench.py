@@ -66,6 +66,20 @@ def test_quick_cpu_run_measures_every_step(tmp_path):
     assert (out / "minibatch" / "minibatch.png").exists()
     summary = (out / "summary.md").read_text()
     assert "skipped: spconv's CPU build" in summary and "failed" not in summary
+    # the file to commit under docs/results/: one object per measurement
+    res = json.loads((out / "results.json").read_text())
+    assert "device: cpu" in res["environment"] and res["date"].count("-") == 2
+    ms = res["measurements"]
+    for m in ms:
+        assert m["model"] in ("jishnet", "scnet") and m["device_name"] == "cpu"
+        assert m["images_per_s"] > 0 and isinstance(m["options"], dict)
+    names = [m["name"] for m in ms]
+    assert names.count("minibatch-scnet") == 2  # one per minibatch of --quick's 4,8
+    assert sorted(m["options"]["train.batch_per_rank"] for m in ms
+                  if m["name"] == "minibatch-scnet") == [4, 8]
+    dense = next(m for m in ms if m["name"] == "train-jishnet-device-dense")
+    assert dense["options"]["data.loader"] == "device-dense"
+    assert 0 <= dense["data_wait_fraction"] < 1
 
 
 def _gpu_bench(*argv: str) -> subprocess.CompletedProcess:
@@ -85,8 +99,12 @@ def test_steps_run_in_parts_into_one_folder_and_none_runs_twice(tmp_path):
     assert sorted(f.name for f in out.glob("model-*.json")) == ["model-scnet-default.json"]
     first = (out / "model-scnet-default.json").read_text()
     r = _gpu_bench("--out", str(out), "--device", "cpu", "--quick", "--only",
-                   "model-scnet-default,model-jishnet-published")
+                   "model-scnet-default,model-jishnet-published", "--results",
+                   str(tmp_path / "docs" / "gpu.json"))
     assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((tmp_path / "docs" / "gpu.json").read_text())
+    assert [m["name"] for m in res["measurements"]] == ["model-jishnet-published",
+                                                       "model-scnet-default"]
     assert "model-scnet-default: kept" in r.stderr
     assert (out / "model-scnet-default.json").read_text() == first
     summary = (out / "summary.md").read_text()

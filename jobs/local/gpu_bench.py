@@ -25,8 +25,11 @@ Runs, each as its own ``lartpc bench`` process, writing its JSON into ``--out``:
    step spent waiting for data. One plain process each: Horovod need not be built.
 4. ``minibatch-scnet``: SCNet throughput and time-to-loss for minibatch 7 ... 256.
 
-``summary.md`` collects the headline numbers. A failing step is reported and the rest
-still run; the exit status is non-zero if any failed. Options a CPU cannot run (spconv
+``summary.md`` collects the headline numbers and ``results.json`` every measurement as
+one object (``name``, ``model``, ``device_name``, ``images_per_s``, ``options``, and the
+rest of what the bench printed), with ``lartpc env``'s lines; ``--results FILE`` copies it
+there too (e.g. ``docs/results/gpu-2026-11-24-h100.json``, to commit). A failing step is
+reported and the rest still run; the exit status is non-zero if any failed. Options a CPU cannot run (spconv
 float16 and implicit GEMM) are listed as skipped with ``--device cpu``.
 """
 
@@ -144,6 +147,51 @@ def summary(results: list[dict], skipped: list[tuple[str, str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _sets(command: list[str]) -> dict[str, str]:
+    """The ``--set key=value`` pairs and ``--loader`` of a bench command line."""
+    out = {}
+    for flag, value in zip(command, command[1:], strict=False):
+        if flag == "--set" and "=" in value:
+            key, val = value.split("=", 1)
+            out[key] = val
+        elif flag == "--loader":
+            out["data.loader"] = value
+    return out
+
+
+def records(done: list[dict], device_name: str) -> list[dict]:
+    """One object per measurement: a model bench as it is; a training bench or the
+    minibatch scan one object per point, with the options its command line set."""
+    out = []
+    for r in done:
+        if "points" not in r:
+            out.append(r)
+            continue
+        common = {"name": r["name"], "model": r["model"], "device_name": device_name,
+                  "command": r.get("command")}
+        opts = _sets(r.get("command") or [])
+        rows = r.get("rows") or r["points"]  # the scan: medians over seeds per minibatch
+        for pt in rows:
+            extra = {"train.batch_per_rank": pt["batch"]} if "batch" in pt else {}
+            out.append({**common, **pt, "options": {**opts, **extra},
+                        "images_per_s": pt["images_per_s"]})
+    return out
+
+
+def environment() -> list[str]:
+    """``lartpc env``'s lines (versions, CUDA, spconv build), or why they are missing."""
+    r = subprocess.run([*LARTPC, "env"], capture_output=True, text=True, timeout=300)
+    return r.stdout.splitlines() if r.returncode == 0 else [f"lartpc env failed: {r.stderr}"]
+
+
+def _device_name(done: list[dict], env: list[str]) -> str:
+    names = {r["device_name"] for r in done if r.get("device_name")}
+    if len(names) == 1:
+        return names.pop()
+    line = next((ln.split(":", 1)[1].strip() for ln in env if ln.startswith("device:")), "")
+    return line.split(" (")[0] or "unknown"
+
+
 def _selected(name: str, only: str | None) -> bool:
     return only is None or any(fnmatch.fnmatchcase(name, g.strip())
                                for g in only.split(",") if g.strip())
@@ -158,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=None,
                     help="comma-separated globs of step names to run (see --list)")
     ap.add_argument("--list", action="store_true", help="print the steps and exit")
+    ap.add_argument("--results", type=Path, default=None,
+                    help="also write results.json to this file (to commit under docs/results/)")
     ap.add_argument("--train-seconds", type=float, default=None,
                     help="time limit of each train-* run (default 120; --quick 600, "
                          "bounded by 2 epochs)")
@@ -198,11 +248,18 @@ def main(argv: list[str] | None = None) -> int:
             results.append(_lartpc(args.out, name, cmd, timeout=600 if quick else 3600))
     failed = [r for r in results if "error" in r]
     done = [json.loads(f.read_text()) for f in sorted(args.out.glob("*.json"))
-            if f.name != "failures.json"]
+            if f.name not in ("failures.json", "results.json")]
     order = [name for name, *_ in everything]
     done.sort(key=lambda r: order.index(r["name"]) if r.get("name") in order else len(order))
     (args.out / "summary.md").write_text(summary(done + failed, skipped))
     (args.out / "failures.json").write_text(json.dumps(failed, indent=2))
+    env = environment()
+    res = {"date": time.strftime("%Y-%m-%d"), "environment": env,
+           "measurements": records(done, _device_name(done, env))}
+    (args.out / "results.json").write_text(json.dumps(res, indent=2))
+    if args.results is not None:
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        args.results.write_text(json.dumps(res, indent=2))
     _say(f"done: {len(results) - len(failed)} measured, {len(skipped)} skipped, "
          f"{len(failed)} failed; see {args.out / 'summary.md'}")
     return 1 if failed else 0

@@ -43,6 +43,7 @@ def env_lines() -> list[str]:
         f"python: {platform.python_version()} ({platform.machine()}, {platform.system()})",
         f"torch: {torch.__version__} (built with CUDA {torch.version.cuda or 'none'})",
         "cuda available: " + (f"yes, {torch.cuda.device_count()} device(s)" if cuda else "no"),
+        "device: " + (_cuda_device(torch) if cuda else "cpu"),
     ]
     try:
         from lartpc.models.sparse_compat import import_spconv
@@ -62,6 +63,13 @@ def env_lines() -> list[str]:
     ]
     lines += horovod_lines()
     return lines
+
+
+def _cuda_device(torch) -> str:
+    """The first CUDA device: name, compute capability, memory."""
+    prop = torch.cuda.get_device_properties(0)
+    return (f"{prop.name} (compute capability {prop.major}.{prop.minor}, "
+            f"{prop.total_memory / 2**30:.0f} GiB)")
 
 
 def _hdf5_version() -> str:

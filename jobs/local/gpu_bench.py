@@ -29,8 +29,9 @@ Runs, each as its own ``lartpc bench`` process, writing its JSON into ``--out``:
 one object (``name``, ``model``, ``device_name``, ``images_per_s``, ``options``, and the
 rest of what the bench printed), with ``lartpc env``'s lines; ``--results FILE`` copies it
 there too (e.g. ``docs/results/gpu-2026-11-24-h100.json``, to commit). A failing step is
-reported and the rest still run; the exit status is non-zero if any failed. Options a CPU cannot run (spconv
-float16 and implicit GEMM) are listed as skipped with ``--device cpu``.
+reported and the rest still run; the exit status is non-zero if any failed. Options a
+CPU cannot run (spconv float16 and implicit GEMM) are listed as skipped with
+``--device cpu``.
 """
 
 from __future__ import annotations

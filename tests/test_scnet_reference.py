@@ -152,3 +152,25 @@ def test_scnet_trunk_and_weight_gradients_match_dense_emulation():
     for gs, gd in zip(g_sparse, g_dense, strict=True):
         assert torch.isfinite(gs).all()
         torch.testing.assert_close(gs, gd, rtol=2e-3, atol=2e-3)
+
+
+def test_minibatch_whose_sites_all_fall_off_a_pooling_still_trains():
+    """450 x 450 (downsample 8): the third pooling (4) leaves out rows 400-449 of the
+    image, so a minibatch with sites only there has none left. Logits come from zeros
+    and every parameter still gets a gradient (zero in the trunk), so the ranks'
+    gradient lists stay alike; before, spconv's backward raised on the empty tensor."""
+    torch.manual_seed(0)
+    model = SCNet((450, 450))
+    rows = torch.tensor([420, 431, 447, 449, 405])
+    cols = torch.tensor([3, 200, 448, 17, 90])
+    coords = torch.stack([torch.tensor([0, 0, 1, 1, 1]), rows, cols], dim=1)
+    feats = torch.rand(5, 1) + 0.5
+    logits = model.forward_sparse(coords, feats, 2)
+    assert logits.shape == (2, 5) and torch.isfinite(logits).all()
+    logits.sum().backward()
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    assert all(g is not None for g in grads.values())
+    assert all(float(g.abs().sum()) == 0.0 for n, g in grads.items() if n.startswith("convs"))
+    # one site that survives every pooling: the trunk runs as usual
+    ok = torch.tensor([[0, 10, 10], [1, 100, 50]])
+    assert torch.isfinite(model.forward_sparse(ok, torch.ones(2, 1), 2)).all()

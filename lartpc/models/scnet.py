@@ -132,4 +132,14 @@ class SCNet(nn.Module):
                 x = conv(x)
                 x = x.replace_feature(F.elu(x.features))
                 x = pool(x)
+                if x.features.shape[0] == 0:
+                    return self._no_sites(batch_size, features)
         return x.dense().float()
+
+    def _no_sites(self, batch_size: int, features: torch.Tensor) -> torch.Tensor:
+        """The trunk's output when pooling dropped every site (all events of a minibatch
+        sat in the rows/columns an unpadded pooling leaves out: tiny events in small
+        images). Zeros, tied to every parameter, so that every one still gets a (zero)
+        gradient and the ranks' gradient lists stay alike for the averaging."""
+        tie = sum(w.reshape(-1)[0] for w in self.parameters()) * 0.0
+        return features.new_zeros(batch_size, CHANNELS[-1], *self.out_hw) + tie

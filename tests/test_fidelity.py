@@ -1,0 +1,61 @@
+"""`python -m jobs.local.fidelity`: the issue-14 fidelity run, in segments, on CPU with
+tiny settings (the real one is 16,500 full-resolution events and 20 minutes on a GPU)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from train_helpers import clean_env
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _fidelity(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "jobs.local.fidelity", "--out", str(out), "--config",
+           "tiny-scnet", "--events", "60", "--eval-events", "10", "--downsample", "8",
+           "--minutes", "1", "--segment-s", "20", "--workers", "2", "--device", "cpu",
+           "--set", "train.threads=1", *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=clean_env(),
+                          cwd=ROOT)
+
+
+@pytest.mark.slow
+@pytest.mark.sparse
+def test_segments_on_fresh_hosts_add_up_to_the_budget(tmp_path):
+    """Two 20 s segments of a 1-minute budget: the first exits 3 (call again); the events
+    are then deleted as on a fresh host, regenerated from the fixed seed with another
+    worker count, the run resumes, and the second call writes the results."""
+    out = tmp_path / "fid"
+    r = _fidelity(out)
+    assert r.returncode == 3, r.stderr[-3000:]
+    assert "training minutes left: call again" in r.stderr
+    assert not (out / "fidelity-scnet.json").exists()
+    shutil.rmtree(out / "events")
+    r = _fidelity(out, "--workers", "1", "--results", str(tmp_path / "docs" / "f.json"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resuming at epoch" in r.stderr
+    res = json.loads((tmp_path / "docs" / "f.json").read_text())
+    assert res == json.loads((out / "fidelity-scnet.json").read_text())
+    assert 30 < res["training_s"] <= 45 and res["segments"] == 2
+    cm = res["confusion"]
+    assert len(cm) == 5 and sum(map(sum, cm)) == res["overall"]["events"] == 10
+    assert res["overall"]["accuracy"] == pytest.approx(
+        sum(cm[i][i] for i in range(5)) / 10)
+    lo, hi = res["overall"]["wilson95"]
+    assert lo <= res["overall"]["accuracy"] <= hi
+    assert set(res["goals"]) == {"electron", "muon", "overall"}
+    assert res["paper"]["accuracy"] == 0.768 and res["steps"] > 0
+    assert 0 < res["images_seen"] <= res["steps"] * 7
+
+
+def test_bad_arguments_are_refused(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "jobs.local.fidelity", "--out",
+                        str(tmp_path / "x"), "--events", "10", "--eval-events", "10"],
+                       capture_output=True, text=True, timeout=120, env=clean_env(), cwd=ROOT)
+    assert r.returncode == 2 and "--eval-events must be between 1" in r.stderr
+    assert not (tmp_path / "x").exists()

@@ -32,7 +32,7 @@ import zipfile
 from pathlib import Path
 
 # The installer runs alone on the host (stdlib only); the builder shares its checksum.
-from jobs.gpu_bundle_install import _sha256
+from jobs.gpu_bundle_install import _sha256, staged
 
 HERE = Path(__file__).resolve().parent
 PINS = HERE / "env" / "gpu-bundle.txt"
@@ -141,7 +141,7 @@ def build(out: Path, pins_file: Path = PINS, python: str = "3.12",
     if out.exists() and not (out / "manifest.json").is_file():
         raise BundleError(f"--out {out}: exists and is not a GPU bundle; choose another folder")
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".partial-", dir=out.parent))
-    try:
+    with staged(tmp, out):
         src = wheels
         if src is None:
             src = tmp / "wheels"
@@ -166,12 +166,6 @@ def build(out: Path, pins_file: Path = PINS, python: str = "3.12",
             '#!/usr/bin/env bash\n# Offline install of this bundle; see install.py --help.\n'
             'exec "${PYTHON:-python3}" "$(dirname "$0")/install.py" "$@"\n')
         shutil.rmtree(tmp / "wheels", ignore_errors=True)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return manifest
 
 

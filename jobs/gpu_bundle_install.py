@@ -14,6 +14,7 @@ defaults to ``<bundle>/site``. Then ``export PYTHONPATH=<repo>:<TARGET>``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -21,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 
 BUNDLE = Path(__file__).resolve().parent
@@ -62,6 +64,20 @@ def _safe_members(tf: tarfile.TarFile, archive: Path) -> list[tarfile.TarInfo]:
     return members
 
 
+@contextlib.contextmanager
+def staged(stage: Path, target: Path) -> Iterator[Path]:
+    """Fill ``stage`` in the block; then it replaces ``target``. On any failure the stage
+    is removed and ``target`` stays as it was (the builder uses this too)."""
+    try:
+        yield stage
+        if target.exists():
+            shutil.rmtree(target)
+        stage.rename(target)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
 def unpack(bundle: Path, manifest: dict, target: Path) -> None:
     """Unpack every archive into ``target`` (staged, then renamed into place)."""
     if target.exists() and not (target / MARKER).is_file():
@@ -70,7 +86,7 @@ def unpack(bundle: Path, manifest: dict, target: Path) -> None:
     stage = target.with_name(target.name + ".partial")
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir(parents=True)
-    try:
+    with staged(stage, target):
         for p in manifest["packages"]:
             archive = bundle / p["archive"]
             with tarfile.open(archive, "r:xz") as tf:
@@ -81,12 +97,6 @@ def unpack(bundle: Path, manifest: dict, target: Path) -> None:
         record = {k: manifest[k] for k in ("python", "created")}
         record["packages"] = [f"{p['name']}=={p['version']}" for p in manifest["packages"]]
         (stage / MARKER).write_text(json.dumps(record, indent=1) + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        stage.rename(target)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
 
 
 def _run(code: list[str], pythonpath: list[Path]) -> subprocess.CompletedProcess:

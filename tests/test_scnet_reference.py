@@ -171,6 +171,11 @@ def test_minibatch_whose_sites_all_fall_off_a_pooling_still_trains():
     grads = {n: p.grad for n, p in model.named_parameters()}
     assert all(g is not None for g in grads.values())
     assert all(float(g.abs().sum()) == 0.0 for n, g in grads.items() if n.startswith("convs"))
+    # no sites at all in the input: the same zeros and (zero) gradients
+    model.zero_grad(set_to_none=True)
+    model.forward_sparse(torch.zeros(0, 3, dtype=torch.long), torch.zeros(0, 1), 2).sum() \
+        .backward()
+    assert all(p.grad is not None for p in model.parameters())
     # one site that survives every pooling: the trunk runs as usual
     ok = torch.tensor([[0, 10, 10], [1, 100, 50]])
     assert torch.isfinite(model.forward_sparse(ok, torch.ones(2, 1), 2)).all()

@@ -120,7 +120,7 @@ class SCNet(nn.Module):
               batch_size: int) -> torch.Tensor:
         """The sparse layers, returned as a dense map (B, 256, h, w)."""
         if coords.shape[0] == 0:  # spconv cannot build a rulebook for no sites
-            return features.new_zeros(batch_size, CHANNELS[-1], *self.out_hw)
+            return self._no_sites(batch_size, features)
         if self.half and not features.is_cuda:
             raise ConfigError("SCNet option half=True needs CUDA tensors (spconv's CPU "
                               "kernels are float32 only)")
@@ -137,9 +137,10 @@ class SCNet(nn.Module):
         return x.dense().float()
 
     def _no_sites(self, batch_size: int, features: torch.Tensor) -> torch.Tensor:
-        """The trunk's output when pooling dropped every site (all events of a minibatch
-        sat in the rows/columns an unpadded pooling leaves out: tiny events in small
-        images). Zeros, tied to every parameter, so that every one still gets a (zero)
-        gradient and the ranks' gradient lists stay alike for the averaging."""
+        """The trunk's output for a minibatch with no sites: none in the input, or pooling
+        dropped them all (every event sat in the rows/columns an unpadded pooling leaves
+        out: tiny events in small images). Zeros, tied to every parameter, so that every
+        one still gets a (zero) gradient and the ranks' gradient lists stay alike for the
+        averaging."""
         tie = sum(w.reshape(-1)[0] for w in self.parameters()) * 0.0
         return features.new_zeros(batch_size, CHANNELS[-1], *self.out_hw) + tie

@@ -63,14 +63,17 @@ def make_events(out: Path, events: int, workers: int, downsample: int) -> Path:
     return store
 
 
-def trained_s(run: Path) -> float:
+def segments_s(segments: list[dict]) -> float:
     """Training time already spent: the sum of the recorded segments' durations."""
-    meta = run / "run.json"
-    if not meta.exists():
-        return 0.0
-    segs = json.loads(meta.read_text()).get("segments") or []
-    return sum(max(0.0, s["end_time"] - s["start_time"]) for s in segs
+    return sum(max(0.0, s["end_time"] - s["start_time"]) for s in segments
                if s.get("end_time") is not None)
+
+
+def trained_s(run: Path) -> float:
+    """:func:`segments_s` of the run folder's ``run.json`` (0 before its first segment)."""
+    meta = run / "run.json"
+    return segments_s(json.loads(meta.read_text()).get("segments") or []) \
+        if meta.exists() else 0.0
 
 
 def results(run: Path, model: str, minutes: float) -> dict:
@@ -99,7 +102,8 @@ def results(run: Path, model: str, minutes: float) -> dict:
     images = (steps // spe) * n_train + min((steps % spe) * b, n_train)
     return {
         "model": model, "run": str(run), "status": r.meta.get("status"),
-        "training_minutes_budget": minutes, "training_s": round(trained_s(run), 1),
+        "training_minutes_budget": minutes,
+        "training_s": round(segments_s(r.meta.get("segments") or []), 1),
         "segments": len(r.meta.get("segments") or []),
         "steps": steps, "images_seen": images,
         "train_events": r.meta.get("train_events"), "eval_events": r.meta.get("eval_events"),

@@ -133,24 +133,37 @@ def check_path(path: Path, option: str, *, directive: bool) -> None:
                           "letters, digits and ./_+,=@:~- only (no spaces, quotes or %)")
 
 
+#: The backend each launcher starts (``dist.backend=auto`` finds it from the environment).
+LAUNCHER_BACKEND = {"horovod": "horovod", "horovod-gloo": "horovod", "jsrun": "horovod",
+                    "torchrun": "torch"}
+
+
 def check_sets(sets: list[str], models: list[str], seeds: list[int],
-               config_prefix: str) -> None:
+               config_prefix: str, launcher: str | None = None) -> None:
     """Resolve every point's config with ``sets`` now, so a typo fails before any job queues.
 
     Raises
     ------
     LartpcError
-        For a ``--set`` with whitespace (the job splits them on spaces) or one the
+        For a ``--set`` with whitespace (the job splits them on spaces), one that
+        contradicts what the sweep itself decides (``train.seed`` from ``--seeds``,
+        ``model.name`` from ``--models``, ``dist.backend`` from ``--launcher``), or one the
         config rejects (unknown key, wrong type, out of range), naming the preset.
     """
     from lartpc.config import load_config
     from lartpc.errors import ConfigError
 
+    owned = {"train.seed": "--seeds", "model.name": "--models"}
     for kv in sets:
         if "=" not in kv or re.search(r"\s", kv) or "." not in kv.split("=", 1)[0]:
             raise LartpcError(f"--set {kv!r}: expected section.key=value without spaces")
-        if kv.split("=", 1)[0].strip() == "train.seed":
-            raise LartpcError(f"--set {kv!r}: the sweep sets train.seed; use --seeds")
+        key, value = (t.strip() for t in kv.split("=", 1))
+        if key in owned:
+            raise LartpcError(f"--set {kv!r}: the sweep sets {key}; use {owned[key]}")
+        wanted = LAUNCHER_BACKEND.get(launcher or "")
+        if key == "dist.backend" and wanted and value not in ("auto", wanted):
+            raise LartpcError(f"--set {kv!r} contradicts --launcher {launcher}, which starts "
+                              f"{wanted} ranks; leave dist.backend=auto or use {wanted}")
     for model in models:
         for seed in seeds:
             try:

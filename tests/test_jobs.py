@@ -195,6 +195,9 @@ def test_newline_in_queue_or_account_is_refused_and_runs_nothing(tmp_path, optio
     (["--set", "train.lr=-1"], "train.lr = -1.0: must be > 0"),
     (["--set", "train.epochs=2\ttrain.lr=1"], "without spaces"),
     (["--set", "train.seed=3"], "the sweep sets train.seed; use --seeds"),
+    (["--set", "model.name=scnet"], "the sweep sets model.name; use --models"),
+    (["--set", "dist.backend=torch"], "contradicts --launcher horovod, which starts horovod"),
+    (["--set", "dist.backend=none"], "contradicts --launcher horovod"),
     (["--seeds", "-1"], "train.seed = -1: must be >= 0"),
 ])
 def test_sweep_validates_before_writing(tmp_path, args, message):

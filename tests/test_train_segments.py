@@ -217,3 +217,23 @@ def test_disk_full_fails_cleanly_and_retry_resumes(reference, train_events_dir, 
     r = run(cmd)
     assert r.returncode == 0, r.stderr
     assert _losses(out) == _losses(reference[0])
+
+
+def test_sighup_checkpoints_preempted(train_events_dir, tmp_path):
+    """A closed terminal or ssh session (SIGHUP) stops the run as preempted, with a
+    checkpoint at the last logged step, instead of leaving status "running"."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(train_cmd(train_events_dir, out), env=clean_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_rows(out, 2, proc)
+        proc.send_signal(signal.SIGHUP)
+        assert proc.wait(timeout=120) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    import torch
+
+    assert _info(out)["status"] == "preempted"
+    done = len(rows(out / "rank-000.csv"))
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["global_step"] == done >= 2

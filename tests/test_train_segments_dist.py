@@ -90,3 +90,35 @@ def test_sigterm_to_one_rank_preempts_all_and_resumes(train_events_dir, tmp_path
     assert len(r0) == len(r1) == 2 * info["steps_per_epoch"]
     assert [x["global_loss"] for x in r0] == [x["global_loss"] for x in r1]
     assert len({(x["epoch"], x["batchno"]) for x in r0}) == len(r0)
+
+
+def _adam_steps(run_dir) -> set[float]:
+    state = torch.load(run_dir / "checkpoint.pt", weights_only=True)["optimizer"]["state"]
+    return {float(s["step"]) for s in state.values()}
+
+
+def test_split_run_matches_uninterrupted(train_events_dir, tmp_path):
+    """A 2-rank Horovod run trained in two segments (1 epoch, then resumed to 2) ends
+    with the rows, parameters and Adam state of an uninterrupted 2-epoch run; before
+    the fix the resumed segment restarted Adam from step 0."""
+    ref, split = tmp_path / "ref", tmp_path / "split"
+    r = run(_horovodrun(train_events_dir, ref), timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:]
+    r = run(_horovodrun(train_events_dir, split, "train.epochs=1"), timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:]
+    r = run(_horovodrun(train_events_dir, split), timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:]
+    info = json.loads((split / "run.json").read_text())
+    assert [s["status"] for s in info["segments"]] == ["completed", "completed"]
+    for rank in ("000", "001"):
+        a, b = rows(ref / f"rank-{rank}.csv"), rows(split / f"rank-{rank}.csv")
+        assert len(a) == 2 * info["steps_per_epoch"]
+        assert [x["local_loss"] for x in a] == [x["local_loss"] for x in b]
+    total = 2 * info["steps_per_epoch"]
+    assert _adam_steps(ref) == _adam_steps(split) == {float(total)}
+    ca = torch.load(ref / "checkpoint.pt", weights_only=True)
+    cb = torch.load(split / "checkpoint.pt", weights_only=True)
+    assert all(torch.equal(ca["model"][k], cb["model"][k]) for k in ca["model"])
+    for key, sa in ca["optimizer"]["state"].items():
+        sb = cb["optimizer"]["state"][key]
+        assert all(torch.equal(sa[n], sb[n]) for n in ("exp_avg", "exp_avg_sq"))

@@ -201,16 +201,26 @@ lartpc_launch() {
     local status
     status=$(lartpc_run_status "$LARTPC_RUN")
     lartpc_log "launcher exit code $rc, run status: ${status:-none}"
-    if [[ $status == completed ]]; then
+    # The exit code decides first: a status is only this segment's when training ended
+    # cleanly. A refused resume (exit 2) leaves the previous segment's status (often
+    # "preempted") in run.json, and requeueing on it would loop until the requeue limit.
+    if (( rc == 0 )) && [[ $status == completed ]]; then
         exit 0
     fi
-    if [[ $status == time_limit || $status == preempted ]] \
-            || [[ $LARTPC_SIGNALLED == 1 && -e $LARTPC_RUN/checkpoint.pt ]]; then
+    if (( rc == 0 )) && [[ $status == time_limit || $status == preempted ]]; then
+        lartpc_requeue
+        exit 0
+    fi
+    if [[ $LARTPC_SIGNALLED == 1 && -e $LARTPC_RUN/checkpoint.pt ]]; then
         lartpc_requeue
         exit 0
     fi
     (( rc != 0 )) || rc=1
-    lartpc_log "run failed; not requeued"
+    if (( rc == 2 )); then
+        lartpc_log "training refused to run or failed on its input (exit 2, the error is above); not requeued"
+    else
+        lartpc_log "run failed (exit $rc, run status ${status:-none}); not requeued"
+    fi
     exit "$rc"
 }
 

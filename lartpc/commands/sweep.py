@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     sweep.check_name(args.queue, "--queue")
     sweep.check_name(args.account, "--account")
     sweep.parse_time_s(args.time)
-    sweep.check_sets(args.sets, models, seeds, args.config_prefix)
+    sweep.check_sets(args.sets, models, seeds, args.config_prefix, args.launcher)
     data = args.data.resolve()
     sweep.check_path(data, "--data", directive=False)
     sweep.check_path(args.out_dir.resolve(), "--out-dir", directive=True)

@@ -1,7 +1,8 @@
 """Build everything a training run drives: model, loss, optimizer, loaders, shards.
 
-Order (standard Horovod): shard data (DLT) -> build model -> resume or broadcast
-parameters and optimizer state -> DistributedOptimizer -> loaders.
+Order: shard data (DLT) -> build model -> DistributedOptimizer -> resume -> broadcast
+parameters and optimizer state (Horovod's own order: the state is broadcast through the
+wrapped optimizer, which is the one that steps) -> loaders.
 """
 
 from __future__ import annotations
@@ -126,6 +127,10 @@ def build_parts(cfg: Config, store: EventStore, world: World, run: Path,
                           f"(it needs {model.input_kind} batches)")
     opt = build_optimizer(tc, model)
     autocast, scaler = autocast_and_scaler(cfg, world.device.type)
+    # Wrap before loading any state: hvd.DistributedOptimizer builds a new optimizer
+    # from the param groups, so state loaded into the inner one would be dropped (a
+    # resumed Horovod run restarted Adam from step 0).
+    opt = world.distributed_optimizer(opt, model, tc.grad_compression)
     if resume is not None:
         model.load_state_dict(resume["model"])
         opt.load_state_dict(resume["optimizer"])
@@ -134,7 +139,6 @@ def build_parts(cfg: Config, store: EventStore, world: World, run: Path,
     # Every rank starts from rank 0's weights and optimizer state.
     world.broadcast_parameters(model)
     world.broadcast_optimizer_state(opt)
-    opt = world.distributed_optimizer(opt, model, tc.grad_compression)
     if tc.compile and model.input_kind == "dense":
         model = torch.compile(model)
     t0 = time.time()

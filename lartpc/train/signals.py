@@ -1,9 +1,11 @@
-"""Stop requests from the scheduler or the user: SIGTERM, SIGUSR1, SIGINT.
+"""Stop requests from the scheduler or the user: SIGTERM, SIGUSR1, SIGINT, SIGHUP.
 
 SLURM (``--signal``, preemption, ``scancel``) and LSF send one of these before they
-kill a job. The handler only records the request; the loop votes on it at the next
-step boundary, so all ranks stop together, write a checkpoint and mark the run
-"preempted". A second SIGINT (Ctrl-C twice) aborts at once.
+kill a job; a closed terminal or ssh session sends SIGHUP (unless the training was
+started under ``nohup``, whose ignored SIGHUP is left ignored). The handler only
+records the request; the loop votes on it at the next step boundary, so all ranks stop
+together, write a checkpoint and mark the run "preempted". A second SIGINT (Ctrl-C
+twice) aborts at once.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import signal
 import threading
 
 log = logging.getLogger(__name__)
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
 
 
 class StopRequests:
@@ -28,6 +30,8 @@ class StopRequests:
         if threading.current_thread() is not threading.main_thread():
             return self
         for sig in STOP_SIGNALS:
+            if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+                continue  # nohup: the user asked for the training to outlive the terminal
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
 

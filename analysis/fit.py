@@ -1,7 +1,10 @@
 """Power-law fits y = a * N^b in log space, bootstrap intervals, scaling tables.
 
 - The fit is ordinary least squares of log y on log N over every run (repeated runs per N
-  included as separate points). The exponent's standard error comes from the covariance
+  included as separate points). Time-to-loss with censored runs (stopped above the
+  threshold) is fitted by maximum likelihood with those runs as lower bounds
+  (:mod:`analysis.censored`); the least-squares fit over the uncensored runs alone is
+  kept beside it for comparison. The exponent's standard error comes from the covariance
   s^2 (X'X)^-1 with s^2 = RSS / (n - 2); with only two points there is none.
 - With repeated runs at some N, a bootstrap resamples runs *within each N* (so every N keeps
   its number of runs) and refits; the 95 % interval is the 2.5/97.5 percentiles.
@@ -176,9 +179,19 @@ def scaling_table(rows: list[RunMetrics]) -> list[dict]:
 
 def summarize_model(rows: list[RunMetrics], seed: int = 0) -> dict:
     """Fits and scaling for the runs of one model (keys as in ``fit --json``)."""
+    from analysis.censored import fit_censored_power_law
+
     rows = sorted(rows, key=lambda r: (r.world_size, r.name))
     ok = [r for r in rows if not r.ttl_censored]
-    ttl = fit_power_law([r.world_size for r in ok], [r.ttl_s for r in ok], "TTL", seed=seed)
+    dropped = fit_power_law([r.world_size for r in ok], [r.ttl_s for r in ok], "TTL",
+                            seed=seed)
+    bounded = [r for r in rows if not r.ttl_censored or r.ttl_lower_bound_s]
+    ttl = dropped
+    if len(bounded) > len(ok):  # censored runs with a lower bound: they enter the fit
+        ttl = fit_censored_power_law([r.world_size for r in bounded],
+                                     [r.ttl_lower_bound_s if r.ttl_censored else r.ttl_s
+                                      for r in bounded],
+                                     [r.ttl_censored for r in bounded], "TTL")
     rated = [r for r in rows if r.epoch_rate_per_min is not None]
     rate = fit_power_law([r.world_size for r in rated],
                          [r.epoch_rate_per_min for r in rated], "epoch rate", seed=seed)
@@ -187,8 +200,13 @@ def summarize_model(rows: list[RunMetrics], seed: int = 0) -> dict:
     if n_cens:
         names = ", ".join(f"{r.name} (N={r.world_size}, > {r.ttl_lower_bound_s or 0:.0f} s)"
                           for r in rows if r.ttl_censored)
-        notes.append(f"TTL fit uses {len(ok)} uncensored runs; {n_cens} censored run(s) "
-                     f"never reached the threshold and are excluded: {names}")
+        used = len(bounded) - len(ok)
+        notes.append(f"{n_cens} censored run(s) never reached the threshold: {names}; "
+                     f"{used} enter the TTL fit as lower bounds (censored fit)"
+                     + (f", {n_cens - used} without a wall time are left out"
+                        if used < n_cens else "")
+                     + ("; with them dropped the exponent would be "
+                        + _exp_text(dropped) if ttl is not dropped else ""))
     if len(rated) < len(rows):
         notes.append(f"{len(rows) - len(rated)} run(s) logged fewer than 2 steps: no epoch "
                      "rate")
@@ -205,7 +223,17 @@ def summarize_model(rows: list[RunMetrics], seed: int = 0) -> dict:
         "baseline_gpus": table[0]["gpus"] if table else None,
         "scaling": table, "notes": notes, "warnings": ttl.warnings + rate.warnings,
         "ttl_fit": ttl.to_dict(), "epoch_rate_fit": rate.to_dict(),
+        "ttl_fit_method": "censored" if ttl is not dropped else "least squares",
+        # the fit over the runs that reached the threshold only, for comparison
+        "ttl_fit_uncensored_only": dropped.to_dict(),
     }
+
+
+def _exp_text(f: PowerLawFit) -> str:
+    if f.exponent is None:
+        return "not fitted"
+    err = f" +/- {f.exponent_err:.2f}" if f.exponent_err is not None else ""
+    return f"{f.exponent:+.2f}{err} ({f.n_points} runs)"
 
 
 def summarize(rows: list[RunMetrics], seed: int = 0) -> dict[str, dict]:

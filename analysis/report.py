@@ -100,6 +100,11 @@ def _model_section(a: Analysis, model: str, s: dict, figs: list[Path]) -> str:
                                                   s["ttl_exponent_ci95"]),
          _num(p.get("ttl_exponent"), "{:+.1f}") + (f" (threshold {TTL_THRESHOLD})" if p
                                                    else "")],
+        *([["TTL exponent, censored runs dropped",
+             _exp(s["ttl_fit_uncensored_only"]["exponent"],
+                  s["ttl_fit_uncensored_only"]["exponent_err"],
+                  s["ttl_fit_uncensored_only"]["exponent_ci95"]), "–"]]
+          if s.get("ttl_fit_method") == "censored" else []),
         ["epoch-rate exponent b", _exp(s["epoch_rate_exponent"],
                                        s["epoch_rate_exponent_err"],
                                        s["epoch_rate_exponent_ci95"]),

@@ -100,6 +100,16 @@ def _exp(value: float | None, err: float | None, ci: tuple | list | None) -> str
     return s
 
 
+def _dropped_line(s: dict) -> list[str]:
+    """The TTL exponent without the censored runs, where the censored fit replaced it."""
+    if s.get("ttl_fit_method") != "censored":
+        return []
+    d = s["ttl_fit_uncensored_only"]
+    return ["  censored runs dropped: " + _exp(d["exponent"], d["exponent_err"],
+                                                d["exponent_ci95"])
+            + f" ({d['n_points']} runs; biased toward the fast runs)"]
+
+
 def to_text(a: Analysis) -> str:
     """Human-readable tables: per run, then per model fits and scaling."""
     out = [f"TTL threshold {a.threshold:g}; smoothing "
@@ -121,7 +131,9 @@ def to_text(a: Analysis) -> str:
         out += ["", f"== {model}: {s['n_runs']} runs, N = {s['gpu_counts']}, "
                     f"{s['n_censored']} censored",
                 "TTL exponent:        " + _exp(s["ttl_exponent"], s["ttl_exponent_err"],
-                                               s["ttl_exponent_ci95"]),
+                                               s["ttl_exponent_ci95"])
+                + (" (censored fit)" if s.get("ttl_fit_method") == "censored" else ""),
+                *_dropped_line(s),
                 "epoch-rate exponent: " + _exp(s["epoch_rate_exponent"],
                                                s["epoch_rate_exponent_err"],
                                                s["epoch_rate_exponent_ci95"]),

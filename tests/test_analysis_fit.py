@@ -84,7 +84,7 @@ def test_epoch_rate_ignores_the_gap_of_a_requeued_run(tmp_path):
     assert m.epoch_rate_per_min == pytest.approx(0.5, rel=1e-3)
 
 
-def test_censored_runs_reported_and_excluded(tmp_path):
+def test_censored_runs_reported_and_fitted_as_lower_bounds(tmp_path):
     for n, limit in ((1, 300.0), (2, 900.0), (4, 900.0), (8, 900.0)):
         write_synthetic_run(tmp_path / f"n{n}", model="jishnet", world_size=n,
                             epoch_rate_per_min=0.2 * n, ttl_s=600 * n ** -0.7,
@@ -94,9 +94,12 @@ def test_censored_runs_reported_and_excluded(tmp_path):
     assert [r.world_size for r in cens] == [1]
     assert cens[0].ttl_s is None and 250 < cens[0].ttl_lower_bound_s <= 300
     s = summarize(rows)["jishnet"]
-    assert s["n_censored"] == 1 and s["ttl_fit"]["n_points"] == 3
-    assert s["ttl_fit"]["gpu_counts"] == [2, 4, 8]
-    assert any("n1 (N=1" in note and "censored" in note for note in s["notes"])
+    assert s["n_censored"] == 1 and s["ttl_fit_method"] == "censored"
+    assert s["ttl_fit"]["n_points"] == 4 and s["ttl_fit"]["gpu_counts"] == [1, 2, 4, 8]
+    dropped = s["ttl_fit_uncensored_only"]
+    assert dropped["n_points"] == 3 and dropped["gpu_counts"] == [2, 4, 8]
+    assert any("n1 (N=1" in note and "1 enter the TTL fit as lower bounds" in note
+               for note in s["notes"])
     assert s["scaling"][0]["n_ttl_censored"] == 1
     assert s["scaling"][1]["ttl_baseline_gpus"] == 2
 

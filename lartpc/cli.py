@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "watch": ("lartpc.commands.watch",
               "live table of running trainings: step, loss, accuracy, images/s, ETA"),
     "bench": ("lartpc.commands.bench",
-              "benchmarks that print JSON (simulate, loader, model, train)"),
+              "benchmarks that print JSON (simulate, loader, model, train, minibatch, noise)"),
     "sweep": ("lartpc.commands.sweep", "write job scripts for models x GPU counts x seeds"),
 }
 
@@ -36,6 +36,18 @@ def _chosen(argv: list[str], table: dict) -> tuple[str | None, list[str]]:
     return None, []
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default after its help, except where there is none to show
+    (None, False, a suppressed value) or the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text.lower() or action.default in (None, False, argparse.SUPPRESS) \
+                or isinstance(action, argparse._HelpAction) or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def add_commands(parser: argparse.ArgumentParser, table: dict[str, tuple[str, str]],
                  argv: list[str], dest: str) -> None:
     """Add one subparser per entry of ``table``, importing only the chosen module.
@@ -45,7 +57,8 @@ def add_commands(parser: argparse.ArgumentParser, table: dict[str, tuple[str, st
     sub = parser.add_subparsers(dest=dest, metavar=dest.upper())
     chosen, rest = _chosen(argv, table)
     for name, (module_name, help_text) in table.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text,
+                           formatter_class=HelpFormatter)
         if name != chosen:
             continue
         module = importlib.import_module(module_name)

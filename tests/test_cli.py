@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 LARTPC = str(Path(sys.executable).parent / "lartpc")
 
 
@@ -36,3 +38,19 @@ def test_unknown_command_is_an_error():
     r = subprocess.run([LARTPC, "frobnicate"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "invalid choice" in r.stderr
+
+
+@pytest.mark.parametrize("argv,shown", [
+    (["simulate"], ["--momentum-gev MOMENTUM_GEV", "(default: 1.5:4.5)", "(default: 1000)",
+                    "processes (output is identical) (default: 1)"]),
+    (["bench"], ["simulate", "loader", "model", "train", "minibatch", "noise"]),
+])
+def test_help_shows_defaults_and_every_kind(argv, shown, capsys):
+    from lartpc.cli import main
+
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for text in shown:
+        assert " ".join(text.split()) in out
+    assert "(default: None)" not in out and "(default: False)" not in out

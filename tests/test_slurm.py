@@ -110,3 +110,33 @@ def test_time_limit_requeues_and_resumes(slurm_env, tmp_path, events_dir):
     for rank in (0, 1):
         rows = _rows(run / f"rank-{rank:03d}.csv")
         assert [(int(r["epoch"]), int(r["batchno"])) for r in rows] == [(0, 0), (0, 1)]
+
+
+def test_horovod_requeue_resumes_exactly(slurm_env, tmp_path, events_dir):
+    """A Horovod job requeued twice (three one-step segments of a three-step epoch) ends
+    with the losses, parameters and Adam state of an uninterrupted job of the same point:
+    a resume that dropped the optimizer state changes the third step."""
+    ref_dir, split_dir = tmp_path / "ref", tmp_path / "split"
+    ref_dir.mkdir()
+    split_dir.mkdir()
+    sets = ("--set", "train.epochs=1")
+    (ref,) = _sweep(ref_dir, events_dir, "horovod-gloo", *sets)["points"]
+    (split,) = _sweep(split_dir, events_dir, "horovod-gloo", *sets)["points"]
+    ref_job = sh.sbatch(ref["script"], slurm_env)
+    assert sh.wait(ref_job, slurm_env)["JobState"] == "COMPLETED", _log(ref_dir)
+    env = {**slurm_env, "LARTPC_TIME_LIMIT_S": "1", "LARTPC_MAX_REQUEUES": "5"}
+    info = sh.wait(sh.sbatch(split["script"], env), slurm_env)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "2", _log(split_dir)
+    run, ref_run = Path(split["run"]), Path(ref["run"])
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["steps_per_epoch"] == 3, "the test needs three one-step segments"
+    assert [s["status"] for s in meta["segments"]] == ["time_limit", "time_limit", "completed"]
+    for rank in (0, 1):
+        got, want = _rows(run / f"rank-{rank:03d}.csv"), _rows(ref_run / f"rank-{rank:03d}.csv")
+        assert [r["global_loss"] for r in got] == [r["global_loss"] for r in want]
+    import torch
+
+    a = torch.load(ref_run / "checkpoint.pt", weights_only=True)
+    b = torch.load(run / "checkpoint.pt", weights_only=True)
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert {float(s["step"]) for s in b["optimizer"]["state"].values()} == {3.0}

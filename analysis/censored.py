@@ -134,8 +134,10 @@ def fit_censored_power_law(n, y, censored, quantity: str = "TTL") -> PowerLawFit
         cov = np.linalg.inv(_hessian(x, ly, cens, theta))
         se = math.sqrt(cov[1, 1]) if cov[1, 1] > 0 else None
     except np.linalg.LinAlgError:
-        se = None
+        cov, se = None, None
     out.exponent_err = se
+    if se is not None:
+        out.cov_log_a_b = cov[:2, :2].tolist()
     out.exponent_ci95 = _profile_ci(x, ly, cens, theta, nll, se)
     n_cens = int(cens.sum())
     out.notes.append(f"{quantity}: censored (Tobit) fit of log {quantity} on log N over "

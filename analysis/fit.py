@@ -45,10 +45,23 @@ class PowerLawFit:
     residuals: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: covariance of (log a, b), for the fitted law's confidence band (None: no errors)
+    cov_log_a_b: list[list[float]] | None = None
 
     def predict(self, n: np.ndarray) -> np.ndarray:
         """a * N^b for the fitted a, b."""
         return self.prefactor * np.asarray(n, dtype=float) ** self.exponent
+
+    def band(self, n: np.ndarray, z: float = 1.96) -> tuple[np.ndarray, np.ndarray] | None:
+        """Lower and upper edge of the fitted law's confidence band (z standard errors of
+        log a + b log N, from :attr:`cov_log_a_b`), or None without a covariance."""
+        if self.cov_log_a_b is None or self.exponent is None:
+            return None
+        x = np.log(np.asarray(n, dtype=float))
+        c = np.asarray(self.cov_log_a_b)
+        sd = np.sqrt(np.maximum(c[0, 0] + 2 * x * c[0, 1] + x * x * c[1, 1], 0.0))
+        mid = self.predict(n)
+        return mid * np.exp(-z * sd), mid * np.exp(z * sd)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -103,6 +116,7 @@ def fit_power_law(n: list[float] | np.ndarray, y: list[float] | np.ndarray, quan
                          "no standard error (needs another GPU count or repeated runs)")
     else:
         out.exponent_err = float(math.sqrt(max(cov[1, 1], 0.0)))
+        out.cov_log_a_b = cov.tolist()
     groups = [np.flatnonzero(n == v) for v in levels]
     if any(len(g) > 1 for g in groups):
         rng = np.random.default_rng(seed)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis import plots
+from analysis import plots, scaling_plots
 from analysis.confusion import write_run_confusion
 from analysis.fit import PowerLawFit
 from analysis.paper import PAPER, SOURCE, TTL_THRESHOLD
@@ -30,7 +30,8 @@ pre{background:#f6f6f6;padding:0.6em;overflow-x:auto;font-size:12px}"""
 
 
 def write_curves(a: Analysis, out: Path) -> dict[str, list[Path]]:
-    """Per model: ``loss_<model>.png`` (with TTL inset) and ``epoch_rate_<model>.png``.
+    """Per model: ``loss_<model>.png`` (with TTL inset), ``epoch_rate_<model>.png``,
+    ``speedup_<model>.png`` (speedup and efficiency) and ``ttl_<model>.png``.
 
     The model name comes from run.json, so it goes through :func:`safe_name`: a file
     name, never a path.
@@ -44,6 +45,11 @@ def write_curves(a: Analysis, out: Path) -> dict[str, list[Path]]:
                               out / safe_name(f"loss_{model}.png")),
             plots.epoch_rate(rows, PowerLawFit(**s["epoch_rate_fit"]), model,
                              out / safe_name(f"epoch_rate_{model}.png")),
+            scaling_plots.speedup_efficiency(s["scaling"], model,
+                                             out / safe_name(f"speedup_{model}.png")),
+            scaling_plots.ttl_vs_n(rows, PowerLawFit(**s["ttl_fit"]),
+                                   PowerLawFit(**s["ttl_fit_uncensored_only"]), model,
+                                   a.threshold, out / safe_name(f"ttl_{model}.png")),
         ]
     return made
 
@@ -133,7 +139,9 @@ def _model_section(a: Analysis, model: str, s: dict, figs: list[Path]) -> str:
             f"<h3>Scaling relative to N0 = {s['baseline_gpus']} GPUs</h3>"
             "<p>Speedup, efficiency and Karp–Flatt from the mean epoch rate per N; TTL "
             "speedup relative to the smallest N whose runs reached the threshold (mean of "
-            f"uncensored runs).</p>{scal}")
+            f"uncensored runs).</p>{scal}"
+            f'<div>{_img(figs[2], f"{model} speedup and efficiency vs GPUs")}</div>'
+            f'<div>{_img(figs[3], f"{model} time to loss vs GPUs")}</div>')
 
 
 def _confusion_section(a: Analysis, out: Path) -> str:

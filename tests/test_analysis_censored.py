@@ -80,3 +80,21 @@ def test_fit_on_synthetic_run_folders(tmp_path):
     lo, hi = s["ttl_exponent_ci95"]
     assert lo <= TRUE_B <= hi
     assert s["ttl_fit_uncensored_only"]["n_points"] == s["n_runs"] - s["n_censored"]
+
+
+def test_report_figures_show_fit_band_and_censored_runs(tmp_path):
+    """`write_curves` draws speedup/efficiency and TTL-vs-N for each model (the report
+    embeds them); the TTL figure's band comes from the censored fit's covariance."""
+    from analysis.report import write_curves
+    from analysis.tables import analyse
+
+    write_synthetic_study(tmp_path / "runs", model="jishnet", gpus=[1, 2, 4], seeds=2,
+                          rate_c=0.5, rate_b=0.9, ttl_a=1500.0, ttl_b=TRUE_B, dlt_a=10.0,
+                          time_limit_s=1400.0, noise=0.3, seed=1, train_events=700)
+    a = analyse([tmp_path / "runs"], 1.2, 5, False)
+    s = a.models["jishnet"]
+    assert s["ttl_fit"]["cov_log_a_b"] is not None
+    made = write_curves(a, tmp_path / "fig")["jishnet"]
+    assert [p.name for p in made] == ["loss_jishnet.png", "epoch_rate_jishnet.png",
+                                      "speedup_jishnet.png", "ttl_jishnet.png"]
+    assert all(p.stat().st_size > 10_000 for p in made)

@@ -127,8 +127,8 @@ def test_single_n_json_says_no_fit(one_run, capsys):
 def test_report_is_self_contained(runs_root, tmp_path):
     assert main(["report", str(runs_root), "--out", str(tmp_path / "rep")]) == 0
     html = (tmp_path / "rep" / "report.html").read_text()
-    # 2 models x (loss, epoch rate) + 6 confusion images
-    assert html.count('src="data:image/png;base64,') == 10
+    # 2 models x (loss, epoch rate, speedup/efficiency, TTL vs N) + 6 confusion images
+    assert html.count('src="data:image/png;base64,') == 14
     assert not re.search(r'src="(?!data:)', html)
     for number in ("78.8 % ± 3.8 %", "76.8 % ± 3.3 %", "66.7%", "57.8%", "67.1%",
                    "1.5 at 192 GPUs", "2.5 at 128 GPUs"):
@@ -154,7 +154,8 @@ def test_curves_and_confusion_files(runs_root, tmp_path, capsys):
     assert main(["curves", str(runs_root), "--out", str(tmp_path / "c")]) == 0
     pngs = sorted(p.name for p in (tmp_path / "c").glob("*.png"))
     assert pngs == ["epoch_rate_jishnet.png", "epoch_rate_scnet.png", "loss_jishnet.png",
-                    "loss_scnet.png"]
+                    "loss_scnet.png", "speedup_jishnet.png", "speedup_scnet.png",
+                    "ttl_jishnet.png", "ttl_scnet.png"]
     for p in (tmp_path / "c").glob("*.png"):
         data = p.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000

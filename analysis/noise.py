@@ -139,5 +139,6 @@ def binned(df: pd.DataFrame, bins: int = 6, span: int = DEFAULT_SPAN) -> pd.Data
 def pooled_b_noise(values: list[NoiseAtLoss]) -> float:
     """One B_noise from several runs: the geometric mean (a scale, so averaged in logs)."""
     if not values:
-        raise RunFolderError("no run has a noise.csv: train with --set train.noise_scale=auto")
+        raise RunFolderError("no run has a noise.csv: train on 2 or more ranks (measured by "
+                             "default) or with --set train.noise_scale=halves")
     return math.exp(sum(math.log(v.b_noise) for v in values) / len(values))

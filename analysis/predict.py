@@ -193,7 +193,7 @@ def gather_inputs(runs: list[Run], threshold: float, smooth: int | None = None,
         noisy = [(r, df) for r in mine if (df := read_noise(r.path)) is not None]
         if not noisy:
             raise PredictError(f"no {model} run has a noise.csv (train with --set "
-                               "train.noise_scale=auto); runs: "
+                               "train.noise_scale=halves, or on 2 or more ranks); runs: "
                                + ", ".join(r.name for r in mine))
         base = base_gpus or min(r.world_size for r, _ in noisy)
         noisy = [(r, df) for r, df in noisy if r.world_size == base]

@@ -77,8 +77,9 @@ class TrainConfig:
     #: rank 0 writes TensorBoard scalars into <run>/tb/ (needs the tensorboard extra)
     tensorboard: bool = False
     #: gradient noise scale to noise.csv: off | ranks (local vs averaged gradient, >= 2
-    #: ranks) | halves (two halves of the minibatch, one rank) | auto (ranks, or halves)
-    noise_scale: str = "off"
+    #: ranks) | halves (two halves of the minibatch, any ranks) | auto (ranks on >= 2
+    #: ranks, off on one: halves changes the measured steps' rounding, so it is asked for)
+    noise_scale: str = "auto"
     noise_every_steps: int = 10  #: measure every K steps (cost measured in BENCHMARKS.md)
 
 

@@ -128,7 +128,7 @@ def test_bad_mode_is_config_error(mode, size, message):
 
 def test_auto_mode_and_halves_anywhere():
     assert resolve_mode("halves", 2) == "halves"
-    assert resolve_mode("auto", 1) == "halves"
+    assert resolve_mode("auto", 1) == "off"  # halves changes rounding: asked for, not default
     assert resolve_mode("auto", 4) == "ranks"
 
 

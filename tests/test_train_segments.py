@@ -59,6 +59,12 @@ def test_segment_start_uses_the_step_clock(reference):
     assert t_launch <= seg["start_time"] < float(rows(out / "rank-000.csv")[0]["time"])
 
 
+def test_one_rank_run_measures_no_noise_by_default(reference):
+    """train.noise_scale=auto is off on one rank (halves would change its rounding)."""
+    assert not (reference[0] / "noise.csv").exists()
+    assert _info(reference[0])["config"]["train"]["noise_scale"] == "auto"
+
+
 def test_completed_run_is_left_alone(reference, train_events_dir, tmp_path):
     out = _copy(reference, tmp_path)
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.name != "run.lock"}

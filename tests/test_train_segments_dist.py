@@ -115,6 +115,8 @@ def test_split_run_matches_uninterrupted(train_events_dir, tmp_path):
         assert len(a) == 2 * info["steps_per_epoch"]
         assert [x["local_loss"] for x in a] == [x["local_loss"] for x in b]
     total = 2 * info["steps_per_epoch"]
+    # train.noise_scale=auto by default: measured across the two ranks, resumed too
+    assert len(rows(ref / "noise.csv")) == len(rows(split / "noise.csv")) > 0
     assert _adam_steps(ref) == _adam_steps(split) == {float(total)}
     ca = torch.load(ref / "checkpoint.pt", weights_only=True)
     cb = torch.load(split / "checkpoint.pt", weights_only=True)

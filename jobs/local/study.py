@@ -68,7 +68,8 @@ def _train(data: Path, run: Path, model: str, ranks: int, limit_s: float, seed: 
           # One core per rank, as one GPU per rank in the paper: N ranks use N cores,
           # so the scaling measured is that of adding workers, not of sharing cores.
           "--set", "train.threads=1",
-          "--set", "train.noise_scale=auto"])  # noise.csv for the report's prediction
+          # noise.csv for the report's prediction, from every run (1 rank: halves)
+          "--set", f"train.noise_scale={'halves' if ranks == 1 else 'ranks'}"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,8 +93,25 @@ def main(argv: list[str] | None = None) -> int:
     report = args.out / "report"
     _run([sys.executable, "-m", "analysis", "report", str(runs), "--out", str(report)])
     _run([sys.executable, "-m", "analysis", "fit", str(runs)])
+    for line in _summary(runs):
+        _say(line)
     _say(f"done in {(time.time() - t0) / 60:.1f} min; report: {(report / 'report.html').resolve()}")
     return 0
+
+
+def _summary(runs: Path) -> list[str]:
+    """What this machine's runs really show (the report opens with the same lines)."""
+    from analysis.glance import at_a_glance
+    from analysis.predict import PredictError
+    from analysis.predict_report import local_prediction
+    from analysis.tables import analyse
+
+    a = analyse([runs])
+    try:
+        predictions = local_prediction(a.runs, a.threshold, a.smooth)[0]
+    except PredictError:
+        predictions = []
+    return at_a_glance(a, predictions)
 
 
 if __name__ == "__main__":

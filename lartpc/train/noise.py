@@ -64,15 +64,18 @@ def harmonic_mean(sizes: list[float]) -> float:
 
 
 def resolve_mode(mode: str, world_size: int) -> str:
-    """The estimator a run uses: ``auto`` is ``ranks`` on several ranks, else ``halves``
-    (which works with any number of ranks and either backend); ``ranks`` needs two ranks."""
+    """The estimator a run uses: ``auto`` (the default) is ``ranks`` on several ranks and
+    ``off`` on one, where the only estimator, ``halves``, runs the measured steps as two
+    half-minibatch passes and so changes their rounding: a one-rank run measures only
+    when asked for ``halves`` (which works with any number of ranks and either backend);
+    ``ranks`` needs two ranks."""
     if mode not in MODES:
         raise ConfigError(f"train.noise_scale={mode!r}: expected one of {', '.join(MODES)}")
     if mode == "auto":
-        mode = "ranks" if world_size > 1 else "halves"
+        mode = "ranks" if world_size > 1 else "off"
     if mode == "ranks" and world_size < 2:
-        raise ConfigError("train.noise_scale=ranks needs at least 2 ranks; use halves (or "
-                          "auto) on one rank")
+        raise ConfigError("train.noise_scale=ranks needs at least 2 ranks; use halves on "
+                          "one rank")
     return mode
 
 

@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 install:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q "torch==$(TORCH_VERSION)"
-	@$(PY) -m pip install -q -e '.[test]'
+	@$(PY) -m pip install -q -e '.[test,horovod]'
 	@bash jobs/env/install_spconv.sh $(PY) $(SPCONV)
 	@bash jobs/env/install_horovod.sh $(PY)
 	@$(VENV)/bin/lartpc env

@@ -117,7 +117,9 @@ def test_train_refuses_bad_shard_attribute_without_traceback(train_events_dir, t
     (["train.lr=inf"], "train.lr = inf: must be finite"),
     # 3 events, one per class: round(0.2 * 1) = 0 held out of each class
     (["data.max_events=3"], "3 events (data.max_events=3, store 70) with "
-                            "data.eval_fraction=0.2 leave no evaluation event"),
+                            "data.eval_fraction=0.2 leave no evaluation event: the split "
+                            "is taken per class (round(fraction x events of the class); "
+                            "classes hold 1, 1, 1)"),
 ])
 def test_train_refuses_bad_input_before_run_json(train_events_dir, tmp_path, sets, message):
     out = tmp_path / "run"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -309,3 +311,14 @@ def test_bench_model_compile_and_flop_numbers_on_cpu(capsys):
     assert res["peak_source"] == "--peak-tflops" and res["precision"] == "fp32"
     rc, err = run_bench(capsys, "--model", "scnet", "--size", "450", "--compile")
     assert rc == 2 and "--compile: not an option of --model scnet" in err
+
+
+@pytest.mark.sparse
+def test_spconv_import_prints_no_dependency_warning():
+    """SCNet's import path silences the one deprecation warning spconv's build helper
+    raises (an SCNet run printed it every time); -W error would make it fatal."""
+    code = ("from lartpc.models.sparse_compat import import_spconv\n"
+            "import_spconv()\n")
+    r = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", code],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]

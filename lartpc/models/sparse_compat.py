@@ -68,7 +68,12 @@ def import_spconv():
     import torch
 
     try:
-        spconv = importlib.import_module("spconv.pytorch")
+        with warnings.catch_warnings():
+            # spconv's build helper (ccimport) calls locale.getdefaultlocale at import,
+            # deprecated since Python 3.11: every SCNet run printed it.
+            warnings.filterwarnings("ignore", message=".*getdefaultlocale",
+                                    category=DeprecationWarning)
+            spconv = importlib.import_module("spconv.pytorch")
     except ImportError as e:
         raise ImportError(
             "spconv is not installed: run `make install` (CPU build `spconv`) or, on a "

@@ -103,9 +103,13 @@ def build_plan(cfg: Config, store: EventStore, world_size: int) -> ShardPlan:
     plan = ShardPlan(n, world_size, cfg.train.batch_per_rank, cfg.train.seed,
                      cfg.data.eval_fraction, store.labels[:n])
     if len(plan.eval) == 0:
+        counts = np.bincount(np.asarray(store.labels[:n]), minlength=1)
+        per_class = ", ".join(str(int(c)) for c in counts if c)
         raise ConfigError(f"{n} events (data.max_events={cfg.data.max_events}, store "
                           f"{len(store)}) with data.eval_fraction={cfg.data.eval_fraction} "
-                          "leave no evaluation event; use more events or a larger fraction")
+                          "leave no evaluation event: the split is taken per class "
+                          f"(round(fraction x events of the class); classes hold {per_class}"
+                          "); use more events or a larger fraction")
     return plan
 
 

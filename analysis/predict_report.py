@@ -116,24 +116,31 @@ def write_noise_figure(runs: list[Run], out: Path, span: int) -> Path | None:
     return path
 
 
-def noise_section(runs: list[Run], threshold: float, smooth: int | None, out: Path,
-                  img) -> str:
-    """The report's noise-scale section ('' when no run measured it): B_noise over
-    training, N_crit, and the prediction on this machine beside the measured points."""
+def local_prediction(runs: list[Run], threshold: float, smooth: int | None):
+    """:func:`run_predict` from 1 to 1,024 ranks with this machine's profile (local-cpu);
+    raises :class:`PredictError` when the runs measured no noise scale."""
     from argparse import Namespace
 
-    fig = write_noise_figure(runs, out, 20)
-    if fig is None:
-        return ""
     args = Namespace(gpus="1,2,4,8,16,32,64,128,256,512,1024", cluster="local-cpu",
                      alpha_us=None, beta_gbps=None, compute_ms=None, allreduce="ring",
                      train_events=None, base_gpus=None, span=20, threshold=threshold,
                      smooth=smooth)
+    return run_predict(runs, args)
+
+
+def noise_section(runs: list[Run], threshold: float, smooth: int | None, out: Path,
+                  img) -> tuple[str, list[dict]]:
+    """The report's noise-scale section ('' when no run measured it): B_noise over
+    training, N_crit, and the prediction on this machine beside the measured points;
+    with the prediction's results (empty without one)."""
+    fig = write_noise_figure(runs, out, 20)
+    if fig is None:
+        return "", []
     parts = ["<h2>Gradient noise scale and predicted scaling</h2>", img(fig, "noise scale")]
     try:
-        results, measured = run_predict(runs, args)
+        results, measured = local_prediction(runs, threshold, smooth)
     except PredictError as e:
-        return "".join(parts) + f"<p>No prediction: {html.escape(str(e))}</p>"
+        return "".join(parts) + f"<p>No prediction: {html.escape(str(e))}</p>", []
     pred = write_figure(results, measured, out)
     lines = [f"{r['model']}: B_noise {r['b_noise']:.3g} at loss {threshold:g}, N_crit "
              f"{r['n_crit']:.3g} GPUs; predicted on this machine's step time and an assumed "
@@ -144,4 +151,4 @@ def noise_section(runs: list[Run], threshold: float, smooth: int | None, out: Pa
               img(pred, "predicted TTL and epoch rate"),
               "<p>Other clusters: <code>python -m analysis predict RUNS --cluster "
               "summitdev|summit|perlmutter|h100-ndr</code>.</p>"]
-    return "".join(parts)
+    return "".join(parts), results

@@ -190,10 +190,16 @@ def write_report(a: Analysis, out: Path) -> Path:
     if a.notes:
         body.append('<h2>Notes on the input</h2><ul>' + "".join(
             f'<li class="warn">{html.escape(n)}</li>' for n in a.notes) + "</ul>")
-    body += [_model_section(a, m, s, figs[m]) for m, s in a.models.items()]
+    from analysis.glance import at_a_glance
     from analysis.predict_report import noise_section  # '' when no run measured the noise
 
-    body.append(noise_section(a.runs, a.threshold, a.smooth, out, _img))
+    noise_html, predictions = noise_section(a.runs, a.threshold, a.smooth, out, _img)
+    glance = at_a_glance(a, predictions)
+    if glance:
+        body.append("<h2>What these runs show</h2><ul>" + "".join(
+            f"<li>{html.escape(t)}</li>" for t in glance) + "</ul>")
+    body += [_model_section(a, m, s, figs[m]) for m, s in a.models.items()]
+    body.append(noise_html)
     body.append(_confusion_section(a, out))
     for model, p in PAPER.items():
         if model not in a.models:

@@ -57,7 +57,8 @@ def test_running_folder_draws_curves(study):
     root, running = study
     assert running.returncode == 0, running.stderr
     made = sorted(Path(p).name for p in running.stdout.split())
-    assert made == ["epoch_rate_jishnet.png", "loss_jishnet.png"]
+    assert made == ["epoch_rate_jishnet.png", "loss_jishnet.png", "speedup_jishnet.png",
+                    "ttl_jishnet.png"]
 
 
 @pytest.mark.slow
@@ -110,4 +111,4 @@ def test_report_on_real_runs_names_the_dead_job(study, tmp_path):
     assert res.returncode == 0, res.stderr
     html = (out / "report.html").read_text()
     assert "setup-failed" in html and "never started training" in html
-    assert html.count('src="data:image/png;base64,') == 2 + 2  # curves + 2 confusion
+    assert html.count('src="data:image/png;base64,') == 4 + 2  # curves + 2 confusion

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -104,7 +105,9 @@ def _train_segment(cfg: Config, store: EventStore, out: Path, process_start: flo
             "geometry": store.geometry.to_attrs(), "versions": runinfo.versions(),
             "git_sha": runinfo.git_sha(), "host": runinfo.host(),
             "data": str(Path(store.paths[0]).parent.resolve()),
-            "threads_per_rank": threads, "device": str(world.device)})
+            "threads_per_rank": threads, "device": str(world.device),
+            # with world_size and local ranks: did the ranks share a host's cores?
+            "host_cpus": os.cpu_count(), "local_size": world.local_size})
         segments.end_segment(info, "running", None)
         runlog.write_json(info_path, info)
     world.broadcast_object(None)  # the folder exists before any rank writes into it

@@ -31,9 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m analysis",
         description="Scaling analysis of lartpc run folders (no torch needed).")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    p = sub.add_parser("fit", help="per-run DLT, epoch rate, TTL; power-law fits per model")
+    p = sub.add_parser("fit", help="per-run DLT, epoch rate, TTL; power-law fits per model",
+                       description="Per-run metrics and per-model power-law fits, printed; "
+                       "their figures (loss, epoch rate, speedup and efficiency, TTL vs N) "
+                       "written to --out.")
     _common(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    _figures_option(p)
     for name, text in (("curves", "loss vs wall time (TTL inset), epoch rate vs N"),
                        ("confusion", "confusion matrices as PNG, CSV and Markdown"),
                        ("report", "one self-contained HTML report with the paper's numbers")):
@@ -62,7 +66,20 @@ def _predict_parser(sub) -> None:
     p.add_argument("--span", type=int, default=20, help="EMA span of the loss and noise curves, "
                    "in noise.csv rows (default 20)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--out", type=Path, help="folder for the figure predict-CLUSTER.png")
+    _figures_option(p)
+
+
+def _figures_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, help="folder for the figures (default: 'report' "
+                   "beside the first RUN folder, e.g. runs/ -> report/)")
+    p.add_argument("--no-figures", action="store_true", help="print only, write nothing")
+
+
+def _figures_dir(args: argparse.Namespace) -> Path | None:
+    """Where fit/predict draw: --out, else 'report' beside the first RUN (None: none)."""
+    if args.no_figures:
+        return None
+    return args.out or Path(args.runs[0]).resolve().parent / "report"
 
 
 def _predict(args: argparse.Namespace) -> int:
@@ -74,7 +91,8 @@ def _predict(args: argparse.Namespace) -> int:
     if not runs:
         raise RunFolderError(f"no run folders under {' '.join(args.runs)}")
     results, measured = run_predict(runs, args)
-    fig = write_figure(results, measured, args.out) if args.out else None
+    out = _figures_dir(args)
+    fig = write_figure(results, measured, out) if out else None
     if args.json:
         meas = [{"model": m, "gpus": n, **v} for (m, n), v in sorted(measured.items())]
         print(json.dumps({"models": results, "measured_runs": meas,
@@ -83,7 +101,7 @@ def _predict(args: argparse.Namespace) -> int:
     else:
         print(to_text(results, measured), end="")
         if fig:
-            print(fig)
+            print(f"figure: {fig}")
     return 0
 
 
@@ -97,10 +115,18 @@ def run(args: argparse.Namespace) -> int:
 
     a = analyse(args.runs, args.threshold, args.smooth, args.strict)
     if args.command == "fit":
+        from analysis.report import write_curves
+
+        out, figs = _figures_dir(args), []
+        try:
+            figs = [str(p) for ps in write_curves(a, out).values() for p in ps] if out else []
+        except OSError as e:  # the numbers still print; the figures say why they are missing
+            log.warning("figures not written to %s: %s", out, e)
         if args.json:
-            print(json.dumps(to_json(a), indent=2, allow_nan=False))
+            print(json.dumps({**to_json(a), "figures": figs}, indent=2, allow_nan=False))
         else:
             print(to_text(a), end="")
+            print("".join(f"figure: {f}\n" for f in figs), end="")
     elif args.command == "curves":
         from analysis.report import write_curves
 

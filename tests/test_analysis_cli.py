@@ -168,3 +168,17 @@ def test_curves_and_confusion_files(runs_root, tmp_path, capsys):
     for line, cls in zip(pct[1:], CLASSES, strict=True):
         name, *vals = line.split(",")
         assert name == cls and sum(map(float, vals)) == pytest.approx(100, abs=0.05)
+
+
+def test_fit_writes_its_figures_by_default(runs_root, tmp_path):
+    """`fit` draws beside its text without extra flags: into 'report' next to RUNS."""
+    import shutil
+
+    runs = tmp_path / "study" / "runs"
+    shutil.copytree(runs_root, runs)
+    assert main(["fit", str(runs)]) == 0
+    made = sorted(p.name for p in (tmp_path / "study" / "report").glob("*.png"))
+    assert {"speedup_jishnet.png", "ttl_jishnet.png", "speedup_scnet.png",
+            "ttl_scnet.png"} <= set(made)
+    assert main(["fit", str(runs), "--no-figures", "--out", str(tmp_path / "none")]) == 0
+    assert not (tmp_path / "none").exists()

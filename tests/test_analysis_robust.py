@@ -144,7 +144,8 @@ def test_a_run_still_being_written_draws_curves(run, tmp_path, capsys):
     (run / "rank-000.csv").write_text((run / "rank-000.csv").read_text() + "17000002")
     assert main(["curves", str(run), "--out", str(tmp_path / "c")]) == 0
     assert sorted(p.name for p in (tmp_path / "c").iterdir()) == [
-        "epoch_rate_jishnet.png", "loss_jishnet.png"]
+        "epoch_rate_jishnet.png", "loss_jishnet.png", "speedup_jishnet.png",
+        "ttl_jishnet.png"]
     assert "torn final line" in capsys.readouterr().err
 
 

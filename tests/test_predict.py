@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -169,7 +170,8 @@ def test_text_table_names_its_sources_and_missing_values(runs, capsys):
     rows = lines[head + 1:head + 3]
     assert [r.split()[0] for r in rows] == ["1", "8"]
     assert all(len(r) == len(lines[head]) for r in rows)  # '-' padded to the column width
-    src = [ln.strip() for ln in lines[head + 3:] if ln.strip()]
+    src = [ln.strip() for ln in lines[head + 3:] if ln.strip()
+           and not ln.startswith("figure: ")]
     assert "assumed, step time: summitdev's published step time scaled by FP32 peak" \
         in "\n".join(src)
     assert "assumed, data-loading time: not modelled (0)" in src
@@ -198,3 +200,11 @@ def test_noise_runs_of_two_minibatches_are_refused(runs, capsys):
     _write_noise(b14, B_NOISE)
     assert main(["predict", str(runs), "--cluster", "summit"]) == 2
     assert "differ in minibatch" in capsys.readouterr().err
+
+
+def test_predict_draws_its_figure_without_out(runs, capsys):
+    """No --out: the figure goes to 'report' beside the runs folder, and is named."""
+    assert main(["predict", str(runs), "--cluster", "summit", "--gpus", "1,8"]) == 0
+    fig = Path(runs).resolve().parent / "report" / "predict-summit.png"
+    assert fig.stat().st_size > 0
+    assert f"figure: {fig}" in capsys.readouterr().out

@@ -8,7 +8,6 @@ and the 95 % Wilson score interval.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ from analysis import plots
 from analysis.metrics import binomial_se, wilson_interval
 from analysis.runcheck import safe_name
 from analysis.runs import CLASSES, Run
+from lartpc.runfolder.durable import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +53,7 @@ def markdown_table(counts: np.ndarray, title: str) -> str:
 
 
 def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write(path, text)
 
 
 def _csv(matrix: np.ndarray, fmt: str) -> str:

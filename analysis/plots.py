@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import matplotlib
@@ -17,6 +16,7 @@ from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator  # noqa: 
 from analysis.fit import PowerLawFit  # noqa: E402
 from analysis.metrics import RunMetrics, primary_steps, smoothed_loss  # noqa: E402
 from analysis.runs import CLASSES, Run  # noqa: E402
+from lartpc.runfolder.durable import atomic_write  # noqa: E402
 
 log = logging.getLogger(__name__)
 DPI = 120
@@ -25,10 +25,11 @@ DPI = 120
 def _save(fig: plt.Figure, path: Path) -> Path:
     """Write atomically so a failed plot never leaves a torn PNG."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, dpi=DPI, bbox_inches="tight", format="png")
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        atomic_write(path, lambda f: fig.savefig(f, dpi=DPI, bbox_inches="tight",
+                                                 format="png"))
+    finally:
+        plt.close(fig)
     log.info("wrote %s", path)
     return path
 

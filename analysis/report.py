@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import html
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from analysis.runcheck import safe_name
 from analysis.runs import CLASSES
 from analysis.tables import DEFINITIONS, Analysis, to_text
 from analysis.truth_limits import truth_limits_html
+from lartpc.runfolder.durable import atomic_write
 
 log = logging.getLogger(__name__)
 CSS = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}
@@ -73,7 +73,9 @@ def _exp(v: float | None, err: float | None, ci) -> str:
 def _table(head: list[str], rows: list[list[str]], left: int = 1) -> str:
     th = "".join(f'<th class="{"l" if i < left else ""}">{html.escape(h)}</th>'
                  for i, h in enumerate(head))
-    body = "".join("<tr>" + "".join(f'<td class="{"l" if i < left else ""}">{c}</td>'
+    # every cell is text (some of it read from run folders): escaped, never markup
+    body = "".join("<tr>" + "".join(f'<td class="{"l" if i < left else ""}">'
+                                    f"{html.escape(str(c))}</td>"
                                     for i, c in enumerate(r)) + "</tr>" for r in rows)
     return f"<table><tr>{th}</tr>{body}</table>"
 
@@ -213,9 +215,7 @@ def write_report(a: Analysis, out: Path) -> Path:
     doc = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>lartpc analysis</title>"
            f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>")
     path = out / "report.html"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(doc, encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, doc)
     log.info("wrote %s", path)
     return path
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 import logging
+import math
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -19,19 +20,44 @@ log = logging.getLogger(__name__)
 FILE = "truth_limits.json"
 
 
+FRACTIONS = ("exit_without_interaction", "low_visible_energy", "indistinguishable")
+
+
+def _number(v, what: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise ValueError(f"{what} = {v!r}: expected a finite number")
+    return float(v)
+
+
+def _checked(data) -> dict:
+    """Only the fields the report shows, each of the right type (ValueError if not)."""
+    lim = data.get("truth_limits", data) if isinstance(data, dict) else None
+    if not isinstance(lim, dict) or not isinstance(lim.get("classes"), dict):
+        raise ValueError("no 'classes' object")
+    classes = {}
+    for name, c in lim["classes"].items():
+        if not isinstance(c, dict):
+            raise ValueError(f"classes.{name}: expected an object")
+        classes[str(name)] = {"events": int(_number(c.get("events", 0), f"classes.{name}.events")),
+                              **{k: _number(c.get(k, 0), f"classes.{name}.{k}")
+                                 for k in FRACTIONS}}
+    ceiling = lim.get("muon_purity_ceiling")
+    return {"classes": classes, "source_geometry": str(lim.get("source_geometry", "?")),
+            "muon_purity_ceiling": None if ceiling is None
+            else _number(ceiling, "muon_purity_ceiling")}
+
+
 def load_truth_limits(run_dir: str | Path) -> dict | None:
-    """The truth limits stored in ``run_dir``, or None (missing or unreadable: warned)."""
+    """The truth limits stored in ``run_dir``, or None (missing, unreadable or of the
+    wrong shape: warned and ignored)."""
     path = Path(run_dir) / FILE
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        lim = data.get("truth_limits", data)
-        lim["classes"].items()  # noqa: B018 - shape check
-    except (OSError, ValueError, AttributeError, KeyError, TypeError) as e:
+        return _checked(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, RecursionError) as e:
         log.warning("%s: not a truth-limits file (%s), ignored", path, e)
         return None
-    return lim
 
 
 def truth_limits_html(run_dirs: Iterable[str | Path]) -> str:
@@ -41,16 +67,14 @@ def truth_limits_html(run_dirs: Iterable[str | Path]) -> str:
         if lim is None:
             continue
         rows = "".join(
-            f"<tr><td class='l'>{html.escape(name)}</td><td>{c.get('events', 0)}</td>"
-            f"<td>{100 * c.get('exit_without_interaction', 0):.1f}</td>"
-            f"<td>{100 * c.get('low_visible_energy', 0):.1f}</td>"
-            f"<td>{100 * c.get('indistinguishable', 0):.1f}</td></tr>"
+            f"<tr><td class='l'>{html.escape(name)}</td><td>{c['events']}</td>"
+            + "".join(f"<td>{100 * c[k]:.1f}</td>" for k in FRACTIONS) + "</tr>"
             for name, c in lim["classes"].items())
         ceiling = lim.get("muon_purity_ceiling")
         tail = (f"<p>Muon purity ceiling (exiting π/K stubs called muon): "
                 f"{100 * ceiling:.1f} %</p>" if ceiling is not None else "")
         return (f"<h4>Truth limits of the evaluation data (source geometry "
-                f"{html.escape(str(lim.get('source_geometry', '?')))}, from "
+                f"{html.escape(lim['source_geometry'])}, from "
                 f"{html.escape(str(Path(d) / FILE))})</h4><table><tr><th class='l'>class"
                 "</th><th>events</th><th>exit, no interaction %</th><th>low visible "
                 "energy %</th><th>indistinguishable %</th></tr>" + rows + "</table>" + tail)

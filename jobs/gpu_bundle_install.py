@@ -19,14 +19,18 @@ import hashlib
 import json
 import os
 import shutil
+import re
 import subprocess
 import sys
 import tarfile
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 BUNDLE = Path(__file__).resolve().parent
 MARKER = ".lartpc-gpu-bundle.json"
+#: what a manifest "checks" entry may be: a dotted module name, imported by name
+MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 class InstallError(Exception):
@@ -83,9 +87,10 @@ def unpack(bundle: Path, manifest: dict, target: Path) -> None:
     if target.exists() and not (target / MARKER).is_file():
         raise InstallError(f"{target}: exists and was not made by this installer; "
                            "choose another TARGET")
-    stage = target.with_name(target.name + ".partial")
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir(parents=True)
+    # a fresh folder of our own beside TARGET (never a fixed name that may be someone's)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.",
+                                  suffix=".lartpc-tmp"))
     with staged(stage, target):
         for p in manifest["packages"]:
             archive = bundle / p["archive"]
@@ -109,7 +114,12 @@ def check(manifest: dict, target: Path, repo: Path | None, require_cuda: bool) -
     must show spconv's CUDA build and blosc2. Returns the lines it reports."""
     lines = []
     for module in manifest.get("checks", []):
-        r = _run(["-c", f"import {module}"], [target])
+        if not isinstance(module, str) or not MODULE_NAME.fullmatch(module):
+            raise InstallError(f"manifest.json: checks entry {module!r} is not a module "
+                               "name; refusing to run it")
+        # the name is data, never pasted into code
+        r = _run(["-c", "import importlib, sys; importlib.import_module(sys.argv[1])", module],
+                 [target])
         if r.returncode != 0:
             raise InstallError(f"import {module} failed from {target}:\n{r.stderr.strip()[-1500:]}")
         lines.append(f"import {module}: ok")

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from lartpc.errors import LartpcError
+from lartpc.runfolder.durable import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -326,10 +327,7 @@ def launch_line(template: Path, env: dict[str, str]) -> str:
 
 def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.chmod(mode)
-    os.replace(tmp, path)
+    atomic_write(path, text, mode)
 
 
 def write(points: list[Point], scripts: dict[str, str], manifest: Path, meta: dict) -> None:

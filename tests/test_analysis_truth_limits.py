@@ -44,3 +44,24 @@ def test_bad_truth_limits_file_is_ignored(tmp_path, caplog):
     assert "not a truth-limits file" in caplog.text
     assert analysis_main(["report", str(run), "--out", str(tmp_path / "rep")]) == 0
     assert "Truth limits" not in (tmp_path / "rep" / "report.html").read_text()
+
+
+def test_truth_limits_cannot_inject_markup(tmp_path, capsys):
+    """D3: a value of truth_limits.json went into report.html unescaped (a script ran
+    when the report was opened); a value of the wrong type crashed the report."""
+    run = _run(tmp_path)
+    evil = "<script>alert(1)</script>"
+    good = {"source_geometry": evil, "muon_purity_ceiling": 0.9,
+            "classes": {evil: {"events": 3, "exit_without_interaction": 0.5}}}
+    (run / "truth_limits.json").write_text(json.dumps(good))
+    assert analysis_main(["report", str(run), "--out", str(tmp_path / "rep")]) == 0
+    html = (tmp_path / "rep" / "report.html").read_text()
+    assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    for bad in ({"classes": {"pion": {"events": evil}}},
+                {"classes": {"pion": {"events": 3, "low_visible_energy": "0.5"}}},
+                {"classes": {"pion": [1, 2]}}, {"classes": "pion"}, [1, 2]):
+        (run / "truth_limits.json").write_text(json.dumps(bad))
+        assert analysis_main(["report", str(run), "--out", str(tmp_path / "rep2")]) == 0
+        html = (tmp_path / "rep2" / "report.html").read_text()
+        assert "<script>" not in html and "Truth limits of the evaluation data" not in html
+        assert "not a truth-limits file" in capsys.readouterr().err

@@ -130,3 +130,30 @@ def test_second_input_bad_leaves_nothing(tmp_path, capsys):
     assert main(["convert", str(good), str(bad), "--out", str(out), "--shard-size", "1"]) == 2
     assert "bad.h5" in capsys.readouterr().err
     assert not list(out.glob("events-*.h5")) if out.exists() else True
+
+
+def test_failed_overwrite_keeps_the_old_store(tmp_path, capsys):
+    """D2: `convert --overwrite` deleted the old shards before converting; a conversion
+    that failed part-way left the folder empty. Now the new shards are staged beside it
+    and swapped in only when every input converted."""
+    old_src, good, bad = tmp_path / "old.h5", tmp_path / "good.h5", tmp_path / "bad.h5"
+    _write_upstream(old_src, [_label("K+")] * 2)
+    out = tmp_path / "store"
+    assert main(["convert", str(old_src), "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    _write_upstream(good, [_label("mu+")] * 3)
+    hit = (np.array([1, 2]), np.array([3, 3]), np.array([5, 6]))
+    _write_upstream(bad, [_label("mu+")] * 3, hits=[hit] * 3)
+    with h5py.File(bad, "r") as f:  # the last event's collection-plane chunk
+        info = f["image/wires"].id.get_chunk_info_by_coord((2, 2, 0, 0))
+    with open(bad, "r+b") as f:  # garbage in it: passes every up-front check, fails mid-way
+        f.seek(info.byte_offset)
+        f.write(b"\xff" * info.size)
+    assert main(["convert", str(good), str(bad), "--out", str(out), "--overwrite",
+                 "--shard-size", "1"]) == 2
+    assert "bad.h5" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    assert EventStore(out).labels.tolist() == [4, 4]
+    assert main(["convert", str(good), "--out", str(out), "--overwrite"]) == 0
+    assert EventStore(out).labels.tolist() == [2, 2, 2]

@@ -148,3 +148,29 @@ def test_real_pins_name_spconv_cuda_and_its_dependencies():
     assert (0, 7, 11) <= (major, minor, patch) < (0, 8, 0)
     for dep in ("pccm", "ccimport", "lark", "fire", "termcolor", "blosc2", "ndindex", "numexpr"):
         assert re.fullmatch(r"[0-9.]+", pins[dep]), dep
+
+
+def test_installer_keeps_an_unrelated_partial_folder(bundle, tmp_path):
+    """D6: the installer staged into TARGET.partial and deleted whatever was there."""
+    out, _, _ = bundle
+    mine = tmp_path / "site.partial"
+    mine.mkdir()
+    (mine / "work.txt").write_text("keep me")
+    assert _install(out, str(tmp_path / "site")).returncode == 0
+    assert (mine / "work.txt").read_text() == "keep me"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize("entry", ["os; open('PWNED', 'w').write('x')", "os\nimport sys", 7])
+def test_manifest_checks_run_no_code(bundle, tmp_path, entry):
+    """D6: a manifest-only edit (its hashes cover the archives, not itself) pasted a
+    'checks' entry into `python -c`; now an entry must be a module name."""
+    out, _, _ = bundle
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["checks"] = [entry]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    r = subprocess.run(["bash", str(out / "install.sh"), str(tmp_path / "site")],
+                       capture_output=True, text=True, cwd=tmp_path,
+                       env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 1 and "is not a module name; refusing to run it" in r.stderr
+    assert not (tmp_path / "PWNED").exists()

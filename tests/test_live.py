@@ -80,7 +80,8 @@ def test_curves_on_a_run_still_going(trained, tmp_path):
                        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in (tmp_path / "c").glob("*.png")) == [
-        "epoch_rate_jishnet.png", "loss_jishnet.png"]
+        "epoch_rate_jishnet.png", "loss_jishnet.png", "speedup_jishnet.png",
+        "ttl_jishnet.png"]
 
 
 def test_tail_waits_for_a_torn_line_and_reads_only_the_new_bytes(tmp_path):

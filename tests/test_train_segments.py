@@ -125,7 +125,8 @@ def test_run_without_checkpoint_restarts_from_step_0(reference, train_events_dir
 
 def test_resume_records_changed_settings_per_segment(reference, train_events_dir, tmp_path):
     out = _copy(reference, tmp_path)
-    (out / ".checkpoint.pt.99999.tmp").write_bytes(b"")  # left by a killed writer
+    (out / ".checkpoint.pt.k1ll3d.lartpc-tmp").write_bytes(b"")  # left by a killed writer
+    (out / ".draft.tmp").write_text("the user's")  # not ours: kept
     r = run(train_cmd(train_events_dir, out, "train.epochs=3", "train.lr=0.0005"))
     assert r.returncode == 0, r.stderr
     info = _info(out)
@@ -134,7 +135,7 @@ def test_resume_records_changed_settings_per_segment(reference, train_events_dir
     assert seg["changed"] == {"train.epochs": 3, "train.lr": 0.0005}
     assert seg["settings"]["train.lr"] == 0.0005 and seg["start_step"] == 16
     assert len(rows(out / "rank-000.csv")) == 3 * info["steps_per_epoch"]
-    assert not list(out.glob(".*.tmp"))
+    assert sorted(p.name for p in out.glob(".*")) == [".draft.tmp"]
 
 
 def test_resume_refuses_another_store(reference, train_events_dir, tmp_path):
@@ -195,28 +196,39 @@ DISK_FULL = textwrap.dedent("""
     import errno, sys, torch
     from lartpc.cli import main
     real, calls = torch.save, []
-    def save(obj, path, *a, **k):
-        calls.append(path)
+    def save(obj, f, *a, **k):
+        calls.append(f)
         if len(calls) == 1:
-            return real(obj, path, *a, **k)
-        open(path, "wb").write(b"partial")
-        raise OSError(errno.ENOSPC, "No space left on device")
+            return real(obj, f, *a, **k)
+        f.write(b"partial")
+        if sys.argv[1] == "oserror":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        # what torch.save's zip writer raises when the disk fills
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos "
+                           "64 vs 0\\nPytorchStreamWriter failed writing file data/0: "
+                           "file write failed")
     torch.save = save
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[2:]))
 """)
 
 
-def test_disk_full_fails_cleanly_and_retry_resumes(reference, train_events_dir, tmp_path):
+@pytest.mark.parametrize("kind,reason", [
+    ("oserror", "No space left on device"),
+    # D8: torch.save reports a full disk as RuntimeError; it used to leave "running"
+    ("runtimeerror", "[enforce fail at inline_container.cc:664] . unexpected pos 64 vs 0"),
+])
+def test_disk_full_fails_cleanly_and_retry_resumes(reference, train_events_dir, tmp_path,
+                                                   kind, reason):
     out = tmp_path / "run"
     cmd = train_cmd(train_events_dir, out)
-    r = run([sys.executable, "-c", DISK_FULL, *cmd[1:]])
-    assert r.returncode == 2
-    assert "checkpoint.pt: cannot write the checkpoint (No space left on device); the " \
+    r = run([sys.executable, "-c", DISK_FULL, kind, *cmd[1:]])
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"checkpoint.pt: cannot write the checkpoint ({reason}); the " \
            "previous checkpoint is kept" in r.stderr
     assert "Traceback" not in r.stderr
     info = _info(out)
-    assert info["status"] == "failed" and "No space left" in info["error"]
-    assert not list(out.glob(".*.tmp"))
+    assert info["status"] == "failed" and reason in info["error"]
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
     import torch
 
     assert torch.load(out / "checkpoint.pt", weights_only=True)["epoch"] == 1

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from lartpc.errors import LartpcError
+from lartpc.runfolder.durable import atomic_write
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,7 +31,6 @@ def render(event, geometry, out: str | Path, *, title: str, margin: int = 40,
     margin : margin around the charge, in full-resolution pixels.
     crop : crop to the charge's bounding box (a track is invisible at 3600 x 3600).
     """
-    import os
 
     import matplotlib
 
@@ -71,13 +71,10 @@ def render(event, geometry, out: str | Path, *, title: str, margin: int = 40,
     ax.set_title(title)
     fig.tight_layout()
     out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp.png")
     try:
-        fig.savefig(tmp)
-        os.replace(tmp, out)
+        atomic_write(out, lambda f: fig.savefig(f, format="png"))
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
     return out
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from lartpc import CLASSES
+from lartpc.data.staging import existing_shards, prepare_out, staged_shards
 from lartpc.data.store import SHARD_PATTERN, Event, write_shard
 from lartpc.errors import LartpcError
 from lartpc.geometry import Geometry
@@ -149,7 +149,8 @@ def convert(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
     out_dir : output folder (created; must hold no shards unless ``overwrite``).
     downsample : bin factor K of the 3600 x 3600 image.
     shard_size : events per output file.
-    overwrite : remove shards already in ``out_dir``.
+    overwrite : replace the shards already in ``out_dir`` (once the new ones are all
+        written, so a failed conversion keeps the old store).
     progress : show a progress bar.
     time_origin : ``"file"`` (keep the file's ticks) or ``"generator"`` (shift so that
         x = 0 lands on the generator's time pixel; see :func:`row_shift_for`).
@@ -179,21 +180,23 @@ def convert(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
         f.close()
         if shp[2] // geom.tick_group > geom.full_size or shp[3] > geom.full_size:
             raise LartpcError(f"{p}: image/wires {shp} does not fit a {geom.full_size}-pixel image")
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise LartpcError(f"--out {out}: cannot create folder ({e.strerror})") from None
-    old = [p for p in out.iterdir() if re.match(r"^events-\d{5}\.h5$", p.name)]
-    if old and not overwrite:
-        raise LartpcError(f"--out {out}: already holds event shards; choose an empty folder")
-    for p in old:
-        p.unlink()
+    out = prepare_out(Path(out_dir), overwrite)
+    with staged_shards(out) as stage:
+        attrs = {"time_origin": time_origin, "time_shift_rows": shift,
+                 "charge_scale": float(charge_scale)}
+        counts = _convert_into(stage, files, geom, shift, charge_scale, shard_size, progress,
+                               attrs)
+    log.info("converted %d events, skipped %d (label not exactly one of %s)",
+             counts["converted"], counts["skipped"], ", ".join(CLASSES))
+    return ConvertResult(existing_shards(out), counts["converted"], counts["skipped"])
+
+
+def _convert_into(out: Path, files: list[Path], geom: Geometry, shift: int,
+                  charge_scale: float, shard_size: int, progress: bool, attrs: dict) -> dict:
+    """Every input file's events as shards in ``out`` (a staging folder); the counts."""
     written: list[Path] = []
     buf: list[Event] = []
     counts = {"converted": 0, "skipped": 0, "source": 0}
-    attrs = {"time_origin": time_origin, "time_shift_rows": shift,
-             "charge_scale": float(charge_scale)}
 
     def flush() -> None:
         path = out / SHARD_PATTERN.format(len(written))
@@ -207,18 +210,11 @@ def convert(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
         if len(buf) == shard_size:
             flush()
 
-    try:
-        for p in files:
-            _convert_file(p, geom, shift, charge_scale, counts, take, progress)
-        if buf or not written:
-            flush()
-    except BaseException:
-        for path in written:
-            path.unlink(missing_ok=True)
-        raise
-    log.info("converted %d events, skipped %d (label not exactly one of %s)",
-             counts["converted"], counts["skipped"], ", ".join(CLASSES))
-    return ConvertResult(written, counts["converted"], counts["skipped"])
+    for p in files:
+        _convert_file(p, geom, shift, charge_scale, counts, take, progress)
+    if buf or not written:
+        flush()
+    return counts
 
 
 def _convert_file(p: Path, geom: Geometry, shift: int, charge_scale: float, counts: dict,

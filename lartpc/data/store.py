@@ -45,6 +45,7 @@ import numpy as np
 from lartpc import CLASSES, NUM_CLASSES
 from lartpc.errors import LartpcError
 from lartpc.geometry import Geometry
+from lartpc.runfolder.durable import atomic_path
 
 SCHEMA_VERSION = 2
 #: versions this reader accepts; v1 lacks truth/visible_energy_mev and extra attributes
@@ -138,34 +139,29 @@ def write_shard(
     if len(row) and (row.min() < 0 or row.max() >= geometry.height
                      or col.min() < 0 or col.max() >= geometry.width):
         raise EventStoreError(f"{path}: pixel outside the {geometry.shape} image")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with h5py.File(tmp, "w") as f:
-            kw = {"compression": compression} if compression and len(row) else {}
-            f.create_dataset("offsets", data=offsets)
-            f.create_dataset("row", data=row, **kw)
-            f.create_dataset("col", data=col, **kw)
-            f.create_dataset("charge", data=charge, **kw)
-            f.create_dataset("label", data=labels)
-            f.create_dataset("event_id", data=np.array([e.event_id for e in events], np.int64))
-            t = f.create_group("truth")
-            for key, (dt, shape) in TRUTH_FIELDS.items():
-                vals = [e.truth.get(key, _default_truth()[key]) for e in events]
-                t.create_dataset(key, data=np.array(vals, dtype=dt).reshape((n, *shape)))
-            f.attrs["schema_version"] = SCHEMA_VERSION
-            for k, v in geometry.to_attrs().items():
-                f.attrs[k] = v
-            f.attrs["classes"] = ",".join(CLASSES)
-            f.attrs["generator"] = generator
-            f.attrs["generator_version"] = generator_version
-            f.attrs["seed"] = seed
-            for k, v in (attrs or {}).items():
-                if k in f.attrs:
-                    raise EventStoreError(f"{path}: extra attribute {k!r} clashes with the schema")
-                f.attrs[k] = v
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        kw = {"compression": compression} if compression and len(row) else {}
+        f.create_dataset("offsets", data=offsets)
+        f.create_dataset("row", data=row, **kw)
+        f.create_dataset("col", data=col, **kw)
+        f.create_dataset("charge", data=charge, **kw)
+        f.create_dataset("label", data=labels)
+        f.create_dataset("event_id", data=np.array([e.event_id for e in events], np.int64))
+        t = f.create_group("truth")
+        for key, (dt, shape) in TRUTH_FIELDS.items():
+            vals = [e.truth.get(key, _default_truth()[key]) for e in events]
+            t.create_dataset(key, data=np.array(vals, dtype=dt).reshape((n, *shape)))
+        f.attrs["schema_version"] = SCHEMA_VERSION
+        for k, v in geometry.to_attrs().items():
+            f.attrs[k] = v
+        f.attrs["classes"] = ",".join(CLASSES)
+        f.attrs["generator"] = generator
+        f.attrs["generator_version"] = generator_version
+        f.attrs["seed"] = seed
+        for k, v in (attrs or {}).items():
+            if k in f.attrs:
+                raise EventStoreError(f"{path}: extra attribute {k!r} clashes with the schema")
+            f.attrs[k] = v
     return path
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from lartpc import CLASSES, __version__
+from lartpc.data.staging import existing_shards, prepare_out, staged_shards
 from lartpc.data.store import SHARD_PATTERN, Event, write_shard
 from lartpc.errors import LartpcError
 from lartpc.geometry import ACTIVE_X_CM, ACTIVE_Y_CM, ACTIVE_Z_CM, Geometry
@@ -166,14 +166,15 @@ def write_dataset(out_dir: str | os.PathLike, n_events: int, *, seed: int = 0,
     workers : processes (spawned); the output does not depend on it.
     shard_size : events per file; the output events do not depend on it.
     progress : show a progress bar.
-    overwrite : delete existing shards in ``out_dir`` first.
+    overwrite : replace the shards in ``out_dir`` (once the new ones are all written).
     source_geometry : ``"isotropic"`` (default, as in the study) or ``"beam"``.
     readout : detector response (default :class:`ReadoutConfig`).
 
     Returns
     -------
-    The shard paths, in order. On any failure the shards written by this call are
-    removed (each shard is itself written atomically).
+    The shard paths, in order. The shards are written into a staging folder beside
+    ``out_dir`` and moved in only when all are done: on any failure ``out_dir`` keeps
+    what it held.
     """
     classes = parse_classes(classes)
     momentum_gev = _check_momentum(momentum_gev)
@@ -188,24 +189,22 @@ def write_dataset(out_dir: str | os.PathLike, n_events: int, *, seed: int = 0,
         geometry = Geometry(downsample=int(downsample))
     except ValueError as e:
         raise LartpcError(f"--downsample: {e}") from None
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise LartpcError(f"--out {out}: cannot create folder ({e.strerror})") from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise LartpcError(f"--out {out}: folder is not writable")
-    old = sorted(p for p in out.iterdir() if re.match(r"^events-\d{5}\.h5$", p.name))
-    if old and not overwrite:
-        raise LartpcError(f"--out {out}: already holds {len(old)} event shard(s); "
-                          "choose an empty folder or overwrite")
-    for p in old:
-        p.unlink()
-    n = int(n_events)
-    jobs = [(out / SHARD_PATTERN.format(j), a, min(n, a + shard_size), int(seed), geometry,
+    out = prepare_out(Path(out_dir), overwrite)
+    with staged_shards(out) as stage:
+        _simulate_into(stage, int(n_events), int(seed), geometry, classes, momentum_gev,
+                       int(workers), int(shard_size), progress, source_geometry, readout)
+    written = existing_shards(out)
+    log.info("wrote %d events in %d shard(s) to %s", int(n_events), len(written), out)
+    return written
+
+
+def _simulate_into(out: Path, n: int, seed: int, geometry: Geometry, classes, momentum_gev,
+                   workers: int, shard_size: int, progress: bool, source_geometry: str,
+                   readout: ReadoutConfig | None) -> None:
+    """Every shard of the dataset into ``out`` (a staging folder)."""
+    jobs = [(out / SHARD_PATTERN.format(j), a, min(n, a + shard_size), seed, geometry,
              classes, momentum_gev, source_geometry, readout)
             for j, a in enumerate(range(0, n, shard_size))]
-    written: list[Path] = []
     bar = None
     if progress:
         from tqdm import tqdm
@@ -219,20 +218,13 @@ def write_dataset(out_dir: str | os.PathLike, n_events: int, *, seed: int = 0,
             pool = mp.get_context("spawn").Pool(min(workers, len(jobs)))
             results = pool.imap(_make_shard, jobs)
         try:
-            for job, path in zip(jobs, results, strict=True):
-                written.append(Path(path))
+            for job, _ in zip(jobs, results, strict=True):
                 if bar:
                     bar.update(job[2] - job[1])
         finally:
             if pool is not None:
                 pool.terminate()
                 pool.join()
-    except BaseException:
-        for j in jobs:  # also shards a worker finished after the failure was raised
-            j[0].unlink(missing_ok=True)
-        raise
     finally:
         if bar:
             bar.close()
-    log.info("wrote %d events in %d shard(s) to %s", n, len(written), out)
-    return written

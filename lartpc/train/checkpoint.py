@@ -8,7 +8,6 @@ cannot run code. RNG states are stored in that form too (numpy's as a tensor).
 from __future__ import annotations
 
 import errno
-import os
 import pickle
 import random
 from pathlib import Path
@@ -16,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lartpc.train.durable import RunFolderError, fsync_dir, remove_quietly
+from lartpc.runfolder.durable import atomic_write
+from lartpc.train.durable import RunFolderError
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -51,7 +51,6 @@ def save(run: Path, *, model: torch.nn.Module, opt: torch.optim.Optimizer, epoch
         is removed and the previous checkpoint is left as it was.
     """
     path = Path(run) / CHECKPOINT
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     state = {
         "model": model.state_dict(),
         "optimizer": opt.state_dict(),
@@ -67,14 +66,11 @@ def save(run: Path, *, model: torch.nn.Module, opt: torch.optim.Optimizer, epoch
         "rng": rng_state(),
     }
     try:
-        torch.save(state, tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    except OSError as e:
-        remove_quietly(tmp)
-        reason = e.strerror or errno.errorcode.get(e.errno or 0, str(e))
+        atomic_write(path, lambda f: torch.save(state, f))
+    except (OSError, RuntimeError) as e:
+        # torch.save reports a full disk as RuntimeError (its writer's error), not OSError
+        reason = (e.strerror or errno.errorcode.get(e.errno or 0, str(e))
+                  if isinstance(e, OSError) else str(e).splitlines()[0])
         raise RunFolderError(f"{path}: cannot write the checkpoint ({reason}); "
                              "the previous checkpoint is kept") from None
     return path

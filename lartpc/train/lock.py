@@ -22,6 +22,7 @@ import os
 import socket
 from pathlib import Path
 
+from lartpc.runfolder.durable import open_nofollow
 from lartpc.train.durable import RunFolderError
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,8 @@ class RunLock:
 
     def acquire(self) -> RunLock:
         """Take the lock or raise :class:`RunFolderError` naming the holder."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        # never through a planted link: the lock file is truncated and rewritten below
+        fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

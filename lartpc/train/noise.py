@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from lartpc.errors import ConfigError
+from lartpc.runfolder.durable import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -250,6 +251,4 @@ def keep_rows_before(path: Path, step: int) -> None:
         return
     lines = path.read_text().splitlines(keepends=True)
     kept = [ln for ln in lines[1:] if ln.endswith("\n") and int(ln.split(",", 1)[0]) < step]
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(lines[0] + "".join(kept))
-    os.replace(tmp, path)
+    atomic_write(path, lines[0] + "".join(kept))

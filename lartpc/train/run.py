@@ -13,8 +13,10 @@ from lartpc import dist
 from lartpc.config import Config
 from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError, LartpcError
+from lartpc.runfolder.durable import remove_stale_temporaries
+from lartpc.runfolder.guard import check_trainable
 from lartpc.train import runinfo, runlog, segments, tblog
-from lartpc.train.durable import RunFolderError, remove_stale_temporaries
+from lartpc.train.durable import RunFolderError
 from lartpc.train.lock import RunLock
 from lartpc.train.signals import StopRequests
 
@@ -52,11 +54,12 @@ def lock_run_folder(world: dist.World, out: Path, process_start: float) -> RunLo
     lock, error = None, None
     if world.is_root:
         try:
+            check_trainable(out)
             out.mkdir(parents=True, exist_ok=True)
             lock = RunLock(out, process_start).acquire()
             for p in remove_stale_temporaries(out):
                 log.info("removed %s (left by a killed writer)", p)
-        except (RunFolderError, OSError) as e:
+        except (LartpcError, OSError) as e:
             error = str(e)
     error = world.broadcast_object(error)
     if error:

@@ -15,7 +15,8 @@ import os
 from pathlib import Path
 
 from lartpc import CLASSES
-from lartpc.train.durable import RunFolderError, fsync_dir, remove_quietly
+from lartpc.runfolder.durable import atomic_write, open_nofollow
+from lartpc.train.durable import RunFolderError
 
 STEP_COLUMNS = ("time", "epoch", "rank", "batchno", "data_size", "local_loss", "global_loss",
                 "local_acc", "global_acc", "data_s", "compute_s", "comm_s")
@@ -32,18 +33,10 @@ def atomic_write_text(path: Path, text: str) -> None:
         When it cannot be written (disk full...); ``path`` keeps its old content and no
         temporary file is left behind.
     """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        atomic_write(path, text)
     except OSError as e:
-        remove_quietly(tmp)
         raise RunFolderError(f"{path}: cannot write ({e.strerror or e})") from None
-    fsync_dir(path.parent)
 
 
 def write_json(path: Path, obj: dict) -> None:
@@ -93,7 +86,7 @@ class StepLog:
             return
         data = "".join(self._rows).encode()
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            fd = open_nofollow(self.path, os.O_WRONLY | os.O_APPEND)
             try:
                 os.write(fd, data)
                 os.fsync(fd)

@@ -1,0 +1,146 @@
+"""Files we write or delete in folders we do not own (issue 23, D1/D4/D5): nothing is
+followed through a planted symlink, no temporary name can be guessed, and nothing the
+user made is deleted or overwritten."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from train_helpers import run, train_cmd
+
+from analysis.__main__ import main as analysis_main
+from analysis.synthetic import write_synthetic_run
+from lartpc.runfolder.durable import TEMP_SUFFIX, atomic_write, remove_stale_temporaries
+
+VICTIM = "precious data\n"
+
+
+def _victim(tmp_path: Path) -> Path:
+    v = tmp_path / "victim.txt"
+    v.write_text(VICTIM)
+    v.chmod(0o600)
+    return v
+
+
+def _untouched(v: Path) -> None:
+    assert v.read_text() == VICTIM and (v.stat().st_mode & 0o777) == 0o600
+
+
+def test_atomic_write_replaces_a_link_and_never_writes_through_it(tmp_path):
+    v = _victim(tmp_path)
+    target = tmp_path / "out" / "report.html"
+    target.parent.mkdir()
+    target.symlink_to(v)
+    atomic_write(target, "new", mode=0o755)
+    _untouched(v)
+    assert not target.is_symlink() and target.read_text() == "new"
+    assert [p.name for p in target.parent.iterdir()] == ["report.html"]
+
+
+def test_atomic_write_failure_leaves_old_content_and_no_temporary(tmp_path):
+    target = tmp_path / "f.bin"
+    target.write_bytes(b"old")
+
+    def boom(f):
+        f.write(b"partial")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        atomic_write(target, boom)
+    assert target.read_bytes() == b"old" and sorted(os.listdir(tmp_path)) == ["f.bin"]
+
+
+def test_stale_temporaries_are_only_ours(tmp_path):
+    (tmp_path / f".checkpoint.pt.abc{TEMP_SUFFIX}").write_bytes(b"x")
+    (tmp_path / ".draft.tmp").write_text("mine")
+    (tmp_path / f".link{TEMP_SUFFIX}").symlink_to(_victim(tmp_path))
+    gone = remove_stale_temporaries(tmp_path)
+    assert [p.name for p in gone] == [f".checkpoint.pt.abc{TEMP_SUFFIX}"]
+    assert (tmp_path / ".draft.tmp").exists() and (tmp_path / f".link{TEMP_SUFFIX}").is_symlink()
+
+
+@pytest.mark.slow
+def test_symlinked_lock_is_refused_and_its_target_untouched(train_events_dir, tmp_path):
+    """D1: run.lock planted as a link to another file: training used to truncate and
+    write the file it points to."""
+    v = _victim(tmp_path)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run.lock").symlink_to(v)
+    r = run(train_cmd(train_events_dir, out), timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"{out / 'run.lock'}: is a symbolic link; refusing to write through it" in r.stderr
+    assert "Traceback" not in r.stderr
+    _untouched(v)
+    assert sorted(p.name for p in out.iterdir()) == ["run.lock"]
+
+
+@pytest.mark.slow
+def test_symlinked_tensorboard_folder_is_refused(train_events_dir, tmp_path):
+    """D1: a tb/ link would have TensorBoard write its event files into another folder."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run.json").write_text("{}")  # a run folder, so only tb/ is in question
+    (out / "tb").symlink_to(elsewhere, target_is_directory=True)
+    r = run(train_cmd(train_events_dir, out, "train.tensorboard=true"), timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "the TensorBoard folder is a symbolic link" in r.stderr
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_out_that_is_not_a_run_folder_is_refused(train_events_dir, tmp_path):
+    """D5: --out naming a user's folder: their .draft.tmp was deleted as 'left by a
+    killed writer' and their eval.csv overwritten."""
+    out = tmp_path / "my-notes"
+    out.mkdir()
+    (out / ".draft.tmp").write_text("draft")
+    (out / "eval.csv").write_text("my,own\n1,2\n")
+    r = run(train_cmd(train_events_dir, out), timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"--out {out}: holds files but is not a run folder (no run.json)" in r.stderr
+    assert sorted(p.name for p in out.iterdir()) == [".draft.tmp", "eval.csv"]
+    assert (out / "eval.csv").read_text() == "my,own\n1,2\n"
+
+
+def test_analysis_writers_never_follow_planted_links(tmp_path):
+    """D4: report, curves and confusion wrote through links planted at their (then
+    predictable) temporary names and at their outputs; one victim was chmod-ed."""
+    run_dir = write_synthetic_run(tmp_path / "runs" / "run", model="jishnet", world_size=1,
+                                  epoch_rate_per_min=0.5, ttl_s=200, dlt_s=20,
+                                  time_limit_s=300, train_events=500)
+    v = _victim(tmp_path)
+    out = tmp_path / "rep"
+    out.mkdir()
+    for name in ("report.html", "report.html.tmp", "loss_jishnet.png.tmp",
+                 "epoch_rate_jishnet.png", "run_confusion.png.tmp", "run_confusion.md",
+                 "run_confusion_percent.csv.tmp"):
+        (out / name).symlink_to(v)
+    assert analysis_main(["report", str(run_dir.parent), "--out", str(out)]) == 0
+    assert analysis_main(["confusion", str(run_dir.parent), "--out", str(out)]) == 0
+    _untouched(v)
+    assert (out / "report.html").read_text().startswith("<!DOCTYPE html>")
+    assert not (out / "report.html").is_symlink()
+
+
+def test_sweep_scripts_never_follow_planted_links(tmp_path):
+    """D4: `lartpc sweep` wrote each script through '.NAME.tmp' and chmod-ed it 755."""
+    v = _victim(tmp_path)
+    scripts = tmp_path / "runs" / "jobs"
+    scripts.mkdir(parents=True)
+    name = "jishnet-n1-s0.sbatch"
+    (scripts / f".{name}.tmp").symlink_to(v)
+    (scripts / name).symlink_to(v)
+    r = subprocess.run([sys.executable, "-m", "lartpc", "sweep", "--data", str(tmp_path),
+                        "--out-dir", str(tmp_path / "runs"), "--models", "jishnet", "--gpus",
+                        "1", "--scheduler", "slurm", "--launcher", "horovod"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    _untouched(v)
+    assert (scripts / name).read_text().startswith("#!/usr/bin/env bash")

@@ -18,8 +18,8 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import re
+import shutil
 import subprocess
 import sys
 import tarfile

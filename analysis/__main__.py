@@ -87,17 +87,22 @@ def _predict(args: argparse.Namespace) -> int:
     from analysis.predict_report import to_text, write_figure
     from analysis.runs import load_runs
 
-    runs = load_runs(args.runs)
-    if not runs:
-        raise RunFolderError(f"no run folders under {' '.join(args.runs)}")
+    skipped: list[str] | None = None if args.strict else []
+    runs = load_runs(args.runs, skipped)  # as fit does: one dead job does not stop it
+    for s in skipped or []:
+        print(f"skipped: {s}", file=sys.stderr)
     results, measured = run_predict(runs, args)
     out = _figures_dir(args)
     fig = write_figure(results, measured, out) if out else None
     if args.json:
         meas = [{"model": m, "gpus": n, **v} for (m, n), v in sorted(measured.items())]
-        print(json.dumps({"models": results, "measured_runs": meas,
-                          **({"figure": str(fig)} if fig else {}),
-                          **(results[0] if len(results) == 1 else {})}, indent=2))
+        from analysis.tables import json_safe
+
+        # NaN (a quantity that could not be predicted) is null: bare NaN is not JSON
+        print(json.dumps(json_safe({"models": results, "measured_runs": meas,
+                                    **({"figure": str(fig)} if fig else {}),
+                                    **(results[0] if len(results) == 1 else {})}),
+                         indent=2, allow_nan=False))
     else:
         print(to_text(results, measured), end="")
         if fig:
@@ -134,9 +139,11 @@ def run(args: argparse.Namespace) -> int:
             for p in paths:
                 print(p)
     elif args.command == "confusion":
-        from analysis.confusion import write_run_confusion
+        from analysis.confusion import unique_names, write_run_confusion
 
-        made = [c for r in a.runs if (c := write_run_confusion(r, args.out))]
+        labels = unique_names(a.runs)  # two runs named alike must not share files
+        made = [c for r in a.runs
+                if (c := write_run_confusion(r, args.out, labels[Path(r.path)]))]
         if not made:
             raise RunFolderError("no run has a confusion.csv: nothing to write")
         for c in made:

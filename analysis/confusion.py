@@ -8,6 +8,7 @@ and the 95 % Wilson score interval.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -68,8 +69,23 @@ def run_title(run: Run) -> str:
     return f"{run.model}, {run.world_size} GPUs{seed} ({run.name})"
 
 
-def write_run_confusion(run: Run, out: Path) -> dict | None:
-    """Write ``<run>_confusion.{png,md}``, ``_percent.csv`` and ``_counts.csv`` under ``out``.
+def unique_names(runs: list[Run]) -> dict[Path, str]:
+    """A file-name label per run: its folder name, or where two runs share one (a/run-1
+    and b/run-1), its path below the runs' common folder (``a_run-1``, ``b_run-1``)."""
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r.name] = counts.get(r.name, 0) + 1
+    paths = [Path(r.path).resolve() for r in runs]
+    root = Path(os.path.commonpath(paths)) if paths else Path()
+    return {Path(r.path): r.name if counts[r.name] == 1
+            else "_".join(p.relative_to(root.parent if p == root else root).parts)
+            for r, p in zip(runs, paths, strict=True)}
+
+
+def write_run_confusion(run: Run, out: Path, label: str | None = None) -> dict | None:
+    """Write ``<label>_confusion.{png,md}``, ``_percent.csv`` and ``_counts.csv`` under
+    ``out``; ``label`` defaults to the run's folder name (see :func:`unique_names` when
+    several runs are written together).
 
     Returns a summary dict (paths, accuracy) or None when the run has no confusion.csv.
     """
@@ -77,7 +93,7 @@ def write_run_confusion(run: Run, out: Path) -> dict | None:
         log.warning("%s: no confusion.csv, skipped", run.path)
         return None
     out.mkdir(parents=True, exist_ok=True)
-    stem = safe_name(f"{run.name}_confusion")  # the folder name is input too
+    stem = safe_name(f"{label or run.name}_confusion")  # the folder name is input too
     title = run_title(run)
     md = markdown_table(run.confusion, title)
     _write_text(out / f"{stem}_percent.csv", _csv(row_percent(run.confusion), "{:.2f}"))

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis import plots, scaling_plots
-from analysis.confusion import write_run_confusion
+from analysis.confusion import unique_names, write_run_confusion
 from analysis.fit import PowerLawFit
 from analysis.paper import PAPER, SOURCE, TTL_THRESHOLD
 from analysis.runcheck import safe_name
@@ -152,9 +152,10 @@ def _confusion_section(a: Analysis, out: Path) -> str:
              "sqrt(p(1−p)/n), brackets the 95 % Wilson interval. For each model the run "
              "with the most GPUs is shown beside the paper's (128 GPUs, 4 h); the others "
              "are below it.</p>"]
+    labels = unique_names(a.runs)  # two runs named alike must not share files
     for model in a.models:
         done = [c for r in a.runs if r.model == model
-                if (c := write_run_confusion(r, out / "confusion"))]
+                if (c := write_run_confusion(r, out / "confusion", labels[Path(r.path)]))]
         if not done:
             parts.append(f"<p>{html.escape(model)}: no run has confusion.csv.</p>")
             continue

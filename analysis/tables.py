@@ -64,12 +64,12 @@ def analyse(paths: list[str | Path], threshold: float = 1.2, smooth: int | None 
     return Analysis(runs, rows, summarize(rows), threshold, smooth, skipped or [])
 
 
-def _clean(obj):
+def json_safe(obj):
     """JSON-safe copy: tuples to lists, NaN/inf to None."""
     if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
+        return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return [_clean(v) for v in obj]
+        return [json_safe(v) for v in obj]
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
@@ -77,7 +77,7 @@ def _clean(obj):
 
 def to_json(a: Analysis) -> dict:
     """The ``fit --json`` document."""
-    return _clean({
+    return json_safe({
         "threshold": a.threshold,
         "smooth": a.smooth if a.smooth is not None else "auto",
         "definitions": DEFINITIONS,

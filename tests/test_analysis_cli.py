@@ -184,3 +184,19 @@ def test_fit_writes_its_figures_by_default(runs_root, tmp_path):
             "ttl_scnet.png"} <= set(made)
     assert main(["fit", str(runs), "--no-figures", "--out", str(tmp_path / "none")]) == 0
     assert not (tmp_path / "none").exists()
+
+
+def test_runs_with_the_same_folder_name_keep_their_own_confusion(tmp_path):
+    """D12: a/run-1 and b/run-1 wrote the same confusion files; the report showed one."""
+    for parent, n in (("a", 1), ("b", 2)):
+        write_synthetic_run(tmp_path / "study" / parent / "run-1", model="jishnet",
+                            world_size=n, epoch_rate_per_min=0.5, ttl_s=200, dlt_s=20,
+                            time_limit_s=300, train_events=500, seed=n)
+    out = tmp_path / "m"
+    assert main(["confusion", str(tmp_path / "study"), "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.glob("*.md")) == ["a_run-1_confusion.md",
+                                                         "b_run-1_confusion.md"]
+    assert (out / "a_run-1_confusion.md").read_text() != \
+        (out / "b_run-1_confusion.md").read_text()
+    assert main(["report", str(tmp_path / "study"), "--out", str(tmp_path / "rep")]) == 0
+    assert len(list((tmp_path / "rep" / "confusion").glob("*.png"))) == 2

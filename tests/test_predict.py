@@ -208,3 +208,33 @@ def test_predict_draws_its_figure_without_out(runs, capsys):
     fig = Path(runs).resolve().parent / "report" / "predict-summit.png"
     assert fig.stat().st_size > 0
     assert f"figure: {fig}" in capsys.readouterr().out
+
+
+def test_predict_skips_an_unusable_run_as_fit_does(runs, capsys):
+    """D11: one dead job in a sweep (run.json, no steps) made predict fail; fit skipped it."""
+    dead = runs / "jishnet-n4-dead"
+    dead.mkdir()
+    meta = json.loads((runs / "jishnet-n2" / "run.json").read_text())
+    meta.update(world_size=4, status="failed")
+    meta.pop("steps_per_epoch")
+    (dead / "run.json").write_text(json.dumps(meta))
+    assert main(["predict", str(runs), "--cluster", "summit", "--gpus", "1,8"]) == 0
+    assert f"skipped: {dead / 'run.json'}" in capsys.readouterr().err
+    assert main(["predict", str(runs), "--cluster", "summit", "--strict"]) == 2
+
+
+def test_predict_json_has_no_bare_nan(runs, capsys, monkeypatch):
+    """D15: a quantity that cannot be predicted was printed as NaN (not JSON)."""
+    import analysis.predict as predict
+
+    real = predict.run_predict
+
+    def with_nan(*a, **k):
+        results, measured = real(*a, **k)
+        results[0]["ttl_exponent"] = float("nan")
+        return results, measured
+
+    monkeypatch.setattr(predict, "run_predict", with_nan)
+    assert main(["predict", str(runs), "--cluster", "summit", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "NaN" not in out and json.loads(out)["ttl_exponent"] is None

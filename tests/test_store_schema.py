@@ -54,3 +54,36 @@ def test_unknown_schema_version_is_refused(tmp_path):
         f.attrs["schema_version"] = 99
     with pytest.raises(EventStoreError, match="events-00000.h5.*schema_version 99"):
         EventStore(p)
+
+
+def _replace(f: h5py.File, name: str, data) -> None:
+    del f[name]
+    f[name] = data
+
+
+@pytest.mark.parametrize("damage,message", [
+    # D13: NaN or fractional pixel coordinates were accepted and cast to row 0
+    (lambda f: _replace(f, "row", np.full(f["row"].shape, np.nan)),
+     "dataset 'row' holds float64; expected integers"),
+    (lambda f: _replace(f, "col", f["col"][:] + 0.5), "dataset 'col' holds float64"),
+    # D16: each of these ended in a traceback (exit 1, the code of a diverged run)
+    (lambda f: _replace(f, "charge", np.array([b"x"] * f["charge"].shape[0])),
+     "dataset 'charge' holds |S1; expected numbers"),
+    (lambda f: _replace(f, "offsets", f["offsets"][:].astype(float)),
+     "dataset 'offsets' holds float64; expected integers"),
+    (lambda f: _replace(f, "row", f["row"][:-1]), "dataset 'row' has "),
+    (lambda f: _replace(f, "label", f["label"][:][:, None]),
+     "dataset 'label' has shape (4, 1); expected 1-D"),
+])
+def test_bad_shard_datasets_are_one_line_errors(tmp_path, damage, message):
+    import subprocess
+    import sys
+
+    p = write_shard(tmp_path / "events-00000.h5", _events(), GEOM)
+    with h5py.File(p, "a") as f:
+        damage(f)
+    r = subprocess.run([sys.executable, "-m", "lartpc", "inspect", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert f"{p}: {message}" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -216,6 +216,35 @@ def shard_geometry(path: Path, attrs) -> Geometry:
     return geom
 
 
+#: dataset -> numpy dtype kinds it may have: pixel coordinates, offsets and labels are
+#: integers (a float row would be NaN-tolerant and cast to row 0), charge is a number
+SHARD_DATASETS = {"offsets": "iu", "row": "iu", "col": "iu", "charge": "fiu", "label": "iu"}
+
+
+def check_datasets(path: Path, f: h5py.File) -> None:
+    """The shard's datasets exist, are 1-D, have the right kind and matching lengths.
+
+    Raises
+    ------
+    EventStoreError
+        Naming the file and the dataset.
+    """
+    for name, kinds in SHARD_DATASETS.items():
+        if name not in f or not isinstance(f[name], h5py.Dataset):
+            raise EventStoreError(f"{path}: missing dataset '{name}'")
+        d = f[name]
+        if d.ndim != 1:
+            raise EventStoreError(f"{path}: dataset '{name}' has shape {d.shape}; expected 1-D")
+        if d.dtype.kind not in kinds:
+            want = "integers" if kinds == "iu" else "numbers"
+            raise EventStoreError(f"{path}: dataset '{name}' holds {d.dtype}; expected {want}")
+    n = f["charge"].shape[0]
+    for name in ("row", "col"):
+        if f[name].shape[0] != n:
+            raise EventStoreError(f"{path}: dataset '{name}' has {f[name].shape[0]} entries, "
+                                  f"'charge' {n}; they must match")
+
+
 class EventStore:
     """Read-only random access over one shard file or a folder of shards.
 
@@ -235,9 +264,7 @@ class EventStore:
                         raise EventStoreError(
                             f"{p}: not a lartpc event file (schema_version {ver!r}, "
                             f"expected one of {READABLE_SCHEMA_VERSIONS})")
-                    for name in ("offsets", "row", "col", "charge", "label"):
-                        if name not in f:
-                            raise EventStoreError(f"{p}: missing dataset '{name}'")
+                    check_datasets(p, f)
                     off = f["offsets"][:]
                     lab = f["label"][:]
                     npix = f["charge"].shape[0]

@@ -167,6 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     except RunFolderError as e:
         print(f"analysis {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # an output folder that cannot be written (read-only, full)
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"analysis {args.command}: error: {where}cannot write ({e.strerror or e})",
+              file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

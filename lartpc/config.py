@@ -120,6 +120,7 @@ POSITIVE = ("data.downsample", "train.batch_per_rank", "train.epochs", "train.ti
 NON_NEGATIVE = ("data.max_events", "data.prefetch", "train.seed", "train.weight_decay",
                 "train.momentum", "train.warmup_epochs", "train.checkpoint_every_steps",
                 "train.checkpoint_every_s", "train.threads")
+MAX_THREADS = 1024  #: CPU threads per rank; beyond this torch fails to create them
 #: Floats that must be finite (inf passes "> 0"; NaN fails every comparison anyway).
 #: train.time_limit_s may be inf: no limit.
 FINITE = ("train.lr", "train.eps", "train.weight_decay", "train.momentum",
@@ -136,7 +137,11 @@ def _read_toml(name_or_file: str) -> tuple[dict, str]:
     if path.suffix == ".toml" or path.exists():
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
-        text, origin = path.read_text(), str(path)
+        try:
+            text, origin = path.read_text(encoding="utf-8"), str(path)
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"config file {path}: not UTF-8 text ({e.reason} at byte "
+                              f"{e.start}); TOML files are UTF-8") from None
     else:
         res = resources.files("lartpc.configs") / f"{name_or_file}.toml"
         if not res.is_file():
@@ -147,6 +152,8 @@ def _read_toml(name_or_file: str) -> tuple[dict, str]:
         return tomllib.loads(text), origin
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{origin}: invalid TOML ({e})") from e
+    except RecursionError:  # arrays or tables nested thousands deep
+        raise ConfigError(f"{origin}: invalid TOML (nested too deeply)") from None
 
 
 def _coerce(key: str, value, typ, origin: str):
@@ -216,6 +223,14 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"data.eval_fraction = {cfg.data.eval_fraction}: must be in (0, 1)")
     if not 0 <= cfg.data.blosc_clevel <= 9:
         raise ConfigError(f"data.blosc_clevel = {cfg.data.blosc_clevel}: must be in 0..9")
+    # Ranges past which a run only fails later (Adam's decay overflowed float32 at 1e308;
+    # torch crashed creating 100,000 threads).
+    if cfg.train.weight_decay > 1.0:
+        raise ConfigError(f"train.weight_decay = {cfg.train.weight_decay}: must be in [0, 1] "
+                          "(the study uses 0.01)")
+    if cfg.train.threads > MAX_THREADS:
+        raise ConfigError(f"train.threads = {cfg.train.threads}: must be at most "
+                          f"{MAX_THREADS} (0 = the node's cores divided by its ranks)")
     betas = cfg.train.betas
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
         raise ConfigError(f"train.betas = {betas}: expected two numbers in [0, 1)")

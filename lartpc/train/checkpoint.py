@@ -76,6 +76,11 @@ def save(run: Path, *, model: torch.nn.Module, opt: torch.optim.Optimizer, epoch
     return path
 
 
+#: What a resume reads from a checkpoint (``scaler`` and ``store`` may be absent).
+REQUIRED = ("model", "optimizer", "epoch", "step_in_epoch", "global_step", "world_size",
+            "config", "eval_rows", "train_time_s", "rng")
+
+
 def load(run: Path) -> dict | None:
     """The checkpoint of ``run``, or None when there is none.
 
@@ -101,6 +106,11 @@ def load(run: Path) -> dict | None:
                              "to restart the run from step 0") from None
     if not isinstance(state, dict) or "global_step" not in state:
         raise RunFolderError(f"{path}: not a lartpc checkpoint")
+    missing = [k for k in REQUIRED if k not in state]
+    if missing:
+        raise RunFolderError(f"{path}: not a complete lartpc checkpoint (missing "
+                             f"{', '.join(missing)}); move it away to restart the run "
+                             "from step 0")
     return state
 
 

@@ -242,13 +242,31 @@ def append_row(path: Path, row: dict) -> None:
         os.close(fd)
 
 
+def _row_step(line: str) -> int | None:
+    """The step of a complete noise.csv row, or None for a torn or unreadable one."""
+    if not line.endswith("\n"):
+        return None
+    try:
+        return int(line.split(",", 1)[0])
+    except ValueError:
+        return None
+
+
 def keep_rows_before(path: Path, step: int) -> None:
-    """Cut ``noise.csv`` back to its rows before ``step`` (remove it when ``step`` is 0)."""
+    """Cut ``noise.csv`` back to its rows before ``step`` (remove it when ``step`` is 0).
+
+    It is a measurement log, not training state: a row that cannot be read (torn by a
+    kill, or edited) is dropped with a warning rather than making the run un-resumable.
+    """
     if not path.exists():
         return
     if step <= 0:
         path.unlink()
         return
-    lines = path.read_text().splitlines(keepends=True)
-    kept = [ln for ln in lines[1:] if ln.endswith("\n") and int(ln.split(",", 1)[0]) < step]
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    steps = [_row_step(ln) for ln in lines[1:]]
+    bad = sum(s is None for s in steps)
+    if bad:
+        log.warning("%s: dropped %d unreadable row(s) on resume", path, bad)
+    kept = [ln for ln, s in zip(lines[1:], steps, strict=True) if s is not None and s < step]
     atomic_write(path, lines[0] + "".join(kept))

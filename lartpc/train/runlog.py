@@ -44,7 +44,21 @@ def write_json(path: Path, obj: dict) -> None:
 
 
 def read_json(path: Path) -> dict:
-    return json.loads(Path(path).read_text())
+    """A run-folder JSON file as a dict.
+
+    Raises
+    ------
+    RunFolderError
+        Naming the file when it is not a JSON object (a torn or edited file).
+    """
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError
+        raise RunFolderError(f"{path}: not valid JSON ({e}); restore it from a backup, or "
+                             "move the run folder away to start afresh") from None
+    if not isinstance(data, dict):
+        raise RunFolderError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
 
 
 def rank_csv_path(run: Path, rank: int) -> Path:

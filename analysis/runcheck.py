@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-STATUSES = ("running", "completed", "time_limit", "failed")
+from lartpc.runfolder.schema import STATUSES  # noqa: E402 - every status training writes
+
 #: A clock skew tolerated between the start time in run.json and the step times.
 CLOCK_TOL_S = 1.0
 MAX_TIME_S = 1e11  # unix seconds, year 5138: anything later is a unit or parse error

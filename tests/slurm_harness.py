@@ -24,13 +24,15 @@ class SlurmUnavailable(RuntimeError):
     """SLURM could not be started here; the message says why."""
 
 
-def start(timeout_s: float = 600.0) -> dict[str, str]:
-    """Start the local SLURM; the environment (with SLURM_CONF) to talk to it."""
+def start(timeout_s: float = 600.0, nodes: int = 1) -> dict[str, str]:
+    """Start the local SLURM with ``nodes`` nodes (2 or more: each in its own network
+    namespace); the environment (with SLURM_CONF) to talk to it."""
     if os.geteuid() != 0:
         raise SlurmUnavailable("not root: start.sh must install slurm-wlm and run slurmd")
     try:
         out = subprocess.run(["bash", str(START)], capture_output=True, text=True,
-                             timeout=timeout_s)
+                             timeout=timeout_s,
+                             env={**os.environ, "LARTPC_SLURM_NODES": str(nodes)})
     except subprocess.TimeoutExpired as e:
         raise SlurmUnavailable(f"{START} did not finish in {timeout_s:.0f} s") from e
     m = re.search(r"^export SLURM_CONF=(\S+)$", out.stdout, re.M)

@@ -126,6 +126,18 @@ class World:
             return box[0]
         return obj
 
+    def allgather_object(self, obj) -> list:
+        """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+        if self.backend == "horovod":
+            import horovod.torch as hvd
+
+            return hvd.allgather_object(obj, name="lartpc.allgather_object")
+        if self.backend == "torch":
+            out = [None] * self.size
+            torch.distributed.all_gather_object(out, obj)
+            return out
+        return [obj]
+
     def distributed_optimizer(self, opt: torch.optim.Optimizer, module: torch.nn.Module,
                               compression: str = "none") -> torch.optim.Optimizer:
         """Wrap ``opt`` so ``step()`` uses gradients averaged over ranks.

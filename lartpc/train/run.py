@@ -15,6 +15,7 @@ from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError, LartpcError
 from lartpc.runfolder.durable import remove_stale_temporaries
 from lartpc.runfolder.guard import check_trainable
+from lartpc.runfolder.schema import Status
 from lartpc.train import runinfo, runlog, segments, tblog
 from lartpc.train.durable import RunFolderError
 from lartpc.train.lock import RunLock
@@ -24,7 +25,8 @@ log = logging.getLogger(__name__)
 #: exit code of ``lartpc train`` by run status ("failed" raises, exit 2 from the CLI).
 #: "preempted" exits 0: the run is checkpointed, and a non-zero rank would make
 #: horovodrun or torchrun kill the other ranks before rank 0 has marked the run.
-EXIT_CODES = {"completed": 0, "time_limit": 0, "preempted": 0, "diverged": 1}
+EXIT_CODES = {Status.COMPLETED: 0, Status.TIME_LIMIT: 0, Status.PREEMPTED: 0,
+              Status.DIVERGED: 1}
 
 
 def prepare(cfg: Config, data: Path, out: Path) -> EventStore:
@@ -100,6 +102,7 @@ def _train_segment(cfg: Config, store: EventStore, out: Path, process_start: flo
     threads = set_threads(cfg, world)
     store_id = segments.store_identity(store, cfg.data.max_events)
     info_path, info = out / "run.json", {}
+    hosts = world.allgather_object(runinfo.host())  # every rank takes part
     if world.is_root:
         info = segments.begin_segment(cfg, out, resume, process_start, store_id)
         info.update({
@@ -110,7 +113,8 @@ def _train_segment(cfg: Config, store: EventStore, out: Path, process_start: flo
             "data": str(Path(store.paths[0]).parent.resolve()),
             "threads_per_rank": threads, "device": str(world.device),
             # with world_size and local ranks: did the ranks share a host's cores?
-            "host_cpus": os.cpu_count(), "local_size": world.local_size})
+            "host_cpus": os.cpu_count(), "local_size": world.local_size,
+            "nodes": list(dict.fromkeys(hosts))})  # the job's hosts, in rank order
         segments.end_segment(info, "running", None)
         runlog.write_json(info_path, info)
     world.broadcast_object(None)  # the folder exists before any rank writes into it

@@ -1,21 +1,30 @@
 #!/usr/bin/env bash
-# Start a one-node SLURM cluster on this machine, for tests and trying the job scripts.
+# Start a SLURM cluster on this machine, for tests and trying the job scripts: one node
+# on this host (the default), or N nodes, each in its own network namespace with its
+# own address on a bridge (netns.sh), so ranks on different nodes talk over real links.
 #
 # Installs Debian's slurm-wlm and munge with apt-get when missing, writes a minimal
 # slurm.conf into a state folder (never /etc/slurm, so a real cluster's config is left
-# alone), starts munged, slurmctld and slurmd, and waits until the node is idle.
-# Needs root: slurmd runs jobs as their submitting user and munged needs its key.
+# alone), starts munged, slurmctld and one slurmd per node, and waits until every node
+# is idle. Needs root: slurmd runs jobs as their submitting user, munged needs its key
+# and the namespaces need CAP_NET_ADMIN.
 #
 # Usage: jobs/slurm/local/start.sh
 #   Then: export SLURM_CONF=$LARTPC_SLURM_DIR/slurm.conf   (printed on the last line)
 # Environment:
 #   LARTPC_SLURM_DIR      state, logs and slurm.conf (default /var/tmp/lartpc-slurm)
-#   LARTPC_SLURM_TIMEOUT  seconds to wait for the node to become idle (default 60)
+#   LARTPC_SLURM_NODES    nodes (default 1: this host; 2 or more: network namespaces)
+#   LARTPC_SLURM_NET, LARTPC_SLURM_SUBNET  names and /24 of the namespaces (netns.sh)
+#   LARTPC_SLURM_TIMEOUT  seconds to wait for the nodes to become idle (default 60)
 #   LARTPC_SLURM_NO_APT   1: fail instead of installing missing packages
 set -euo pipefail
 
 dir=${LARTPC_SLURM_DIR:-/var/tmp/lartpc-slurm}
+nodes=${LARTPC_SLURM_NODES:-1}
 timeout=${LARTPC_SLURM_TIMEOUT:-60}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=jobs/slurm/local/netns.sh
+source "$here/netns.sh"
 
 die() { echo "start.sh: $*" >&2; exit 1; }
 
@@ -39,17 +48,38 @@ mem_mb=$(awk '/^MemTotal:/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)
 mkdir -p "$dir"/{ctld,spool,log,run}
 conf=$dir/slurm.conf
 
+[[ $nodes =~ ^[1-9][0-9]*$ ]] || die "LARTPC_SLURM_NODES=$nodes: expected a count >= 1"
 # Stop what a previous start left running, so the new config is the one in force.
-for pidfile in "$dir"/run/slurmd.pid "$dir"/run/slurmctld.pid; do
+for pidfile in "$dir"/run/slurmd*.pid "$dir"/run/slurmctld.pid; do
     if [[ -s $pidfile ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
         kill "$(cat "$pidfile")" && sleep 1
     fi
+    rm -f "$pidfile"
 done
 
+if (( nodes == 1 )); then
+    names=("$host")
+    ctl="SlurmctldHost=$host"
+    node_lines="NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN"
+    spool=$dir/spool pidf=$dir/run/slurmd.pid logf=$dir/log/slurmd.log
+else
+    net_up "$nodes" "$dir"
+    names=() node_lines=""
+    for ((i = 1; i <= nodes; i++)); do
+        names+=("$(node_name "$i")")
+        mkdir -p "$dir/spool/$(node_name "$i")"
+        # every node sees the host's cores: jobs on two nodes share them
+        node_lines+="NodeName=$(node_name "$i") NodeAddr=$(node_addr "$i") CPUs=$cpus "
+        node_lines+="RealMemory=$((mem_mb / nodes)) State=UNKNOWN"$'\n'
+    done
+    ctl="SlurmctldHost=$host($ctl_addr)"
+    spool=$dir/spool/%n pidf=$dir/run/slurmd-%n.pid logf=$dir/log/slurmd-%n.log
+fi
+
 cat > "$conf.tmp" <<CONF
-# Written by jobs/slurm/local/start.sh: one node, no cgroups, no accounting.
+# Written by jobs/slurm/local/start.sh: $nodes node(s), no cgroups, no accounting.
 ClusterName=lartpc-local
-SlurmctldHost=$host
+$ctl
 SlurmUser=root
 AuthType=auth/munge
 # A requeued job waits cred_expire seconds before it may start again (default 120).
@@ -65,18 +95,18 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 StateSaveLocation=$dir/ctld
-SlurmdSpoolDir=$dir/spool
+SlurmdSpoolDir=$spool
 SlurmctldPidFile=$dir/run/slurmctld.pid
-SlurmdPidFile=$dir/run/slurmd.pid
+SlurmdPidFile=$pidf
 SlurmctldLogFile=$dir/log/slurmctld.log
-SlurmdLogFile=$dir/log/slurmd.log
+SlurmdLogFile=$logf
 SlurmctldPort=6817
 SlurmdPort=6818
 MinJobAge=600
 InactiveLimit=0
 KillWait=30
-NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
-PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+$node_lines
+PartitionName=debug Nodes=$(IFS=,; echo "${names[*]}") Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF
 mv "$conf.tmp" "$conf"
 export SLURM_CONF=$conf
@@ -94,20 +124,29 @@ fi
 munge -n | unmunge >/dev/null || die "munge round trip failed (see /var/log/munge/munged.log)"
 
 slurmctld -f "$conf" -c || die "slurmctld did not start (see $dir/log/slurmctld.log)"
-slurmd -f "$conf" || die "slurmd did not start (see $dir/log/slurmd.log)"
-
-state=
-for ((i = 0; i < timeout; i++)); do
-    state=$(sinfo -h -n "$host" -o %t 2>/dev/null || true)
-    case $state in
-        idle*) break ;;
-        down*|drain*) scontrol update NodeName="$host" State=RESUME 2>/dev/null || true ;;
-    esac
-    sleep 1
-done
-if [[ $state != idle* ]]; then
-    tail -n 20 "$dir/log/slurmctld.log" "$dir/log/slurmd.log" >&2 || true
-    die "node $host not idle after ${timeout}s (state: ${state:-none})"
+if (( nodes == 1 )); then
+    slurmd -f "$conf" || die "slurmd did not start (see $dir/log/slurmd.log)"
+else
+    for ((i = 1; i <= nodes; i++)); do
+        node_exec "$i" "$dir" slurmd -f "$conf" -N "$(node_name "$i")" \
+            || die "slurmd of $(node_name "$i") did not start (see $dir/log/)"
+    done
 fi
-echo "start.sh: SLURM up, node $host idle with $cpus CPUs" >&2
+
+for name in "${names[@]}"; do
+    state=
+    for ((i = 0; i < timeout; i++)); do
+        state=$(sinfo -h -n "$name" -o %t 2>/dev/null || true)
+        case $state in
+            idle*) break ;;
+            down*|drain*) scontrol update NodeName="$name" State=RESUME 2>/dev/null || true ;;
+        esac
+        sleep 1
+    done
+    if [[ $state != idle* ]]; then
+        tail -n 20 "$dir"/log/*.log >&2 || true
+        die "node $name not idle after ${timeout}s (state: ${state:-none})"
+    fi
+done
+echo "start.sh: SLURM up, node(s) ${names[*]} idle with $cpus CPUs each" >&2
 echo "export SLURM_CONF=$conf"

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Stop the one-node SLURM started by start.sh (slurmd, slurmctld; munged is left,
-# other software may use it). Keeps the state folder for its logs.
+# Stop the SLURM started by start.sh (every slurmd, slurmctld; munged is left, other
+# software may use it), and remove the namespaces and links of a multi-node start.
+# Keeps the state folder for its logs.
 #
 # Usage: jobs/slurm/local/stop.sh
 set -euo pipefail
 
 dir=${LARTPC_SLURM_DIR:-/var/tmp/lartpc-slurm}
-for name in slurmd slurmctld; do
-    pidfile=$dir/run/$name.pid
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=jobs/slurm/local/netns.sh
+source "$here/netns.sh"
+for pidfile in "$dir"/run/slurmd*.pid "$dir"/run/slurmctld.pid; do
     [[ -s $pidfile ]] || continue
     pid=$(cat "$pidfile")
     if kill -0 "$pid" 2>/dev/null; then
@@ -16,4 +19,5 @@ for name in slurmd slurmctld; do
     fi
     rm -f "$pidfile"
 done
+net_down  # the namespaces, veths and bridge of a multi-node start, if any
 echo "stop.sh: SLURM stopped (logs in $dir/log)" >&2

@@ -1,0 +1,130 @@
+"""Two SLURM nodes on this machine, each in its own network namespace with its own
+address (jobs/slurm/local/start.sh with LARTPC_SLURM_NODES=2): the project's job
+scripts, unmodified, train across both with torchrun and with Horovod (srun-launched
+Gloo, no ssh), through the veths, and a requeued 2-node job resumes exactly.
+
+Needs root. Skips with the reason where SLURM or namespaces cannot be started, unless
+LARTPC_REQUIRE_SLURM=1 (CI), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import slurm_harness as sh
+import torch
+from train_helpers import BIN, rows, run, train_cmd
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.horovod]
+NODES = ["lartpc-n1", "lartpc-n2"]
+SETS = ("--set", "train.threads=1")  # the same threads per rank as the one-node reference
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    try:
+        env = sh.start(nodes=2)
+    except sh.SlurmUnavailable as e:
+        if os.environ.get("LARTPC_REQUIRE_SLURM") == "1":
+            pytest.fail(f"LARTPC_REQUIRE_SLURM=1 but the 2-node SLURM did not start: {e}")
+        pytest.skip(f"2-node SLURM not available: {e}")
+    yield env
+    sh.stop()
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    spaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "lartpc-" not in links and "lartpc-" not in spaces, "tear-down left links"
+
+
+def _sweep(tmp: Path, data: Path, launcher: str, *extra: str) -> dict:
+    out = tmp / "runs"
+    cmd = [sys.executable, "-m", "lartpc", "sweep", "--models", "jishnet", "--gpus", "2",
+           "--seeds", "0", "--scheduler", "slurm", "--launcher", launcher, "--cpu",
+           "--gpus-per-node", "1", "--config-prefix", "tiny", "--time", "00:15:00",
+           "--data", str(data), "--out-dir", str(out), *SETS, *extra]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    (point,) = json.loads((out / "manifest.json").read_text())["points"]
+    return point
+
+
+def _log(tmp: Path) -> str:
+    return "\n".join(p.read_text() for p in sorted((tmp / "runs" / "logs").glob("*.out")))
+
+
+def _bytes_through(link: str) -> int:
+    stats = Path("/sys/class/net") / link / "statistics"
+    return sum(int((stats / k).read_text()) for k in ("rx_bytes", "tx_bytes"))
+
+
+@pytest.fixture(scope="module")
+def reference(train_events_dir, tmp_path_factory):
+    """The same point as a 2-rank run on this one host (horovodrun, same seed)."""
+    out = tmp_path_factory.mktemp("one-node") / "run"
+    cmd = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
+           *train_cmd(train_events_dir, out, "train.epochs=2", "train.seed=0",
+                      "train.time_limit_s=900", config="tiny-jishnet")]
+    r = run(cmd, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:]
+    return out
+
+
+def _same_as(run_dir: Path, ref: Path) -> None:
+    """Rank logs and final parameters equal the one-node run's, bit for bit (both reduce
+    two ranks' gradients, and a sum of two floats does not depend on their order)."""
+    for rank in (0, 1):
+        a, b = rows(run_dir / f"rank-{rank:03d}.csv"), rows(ref / f"rank-{rank:03d}.csv")
+        assert [x["global_loss"] for x in a] == [x["global_loss"] for x in b]
+        assert [x["local_loss"] for x in a] == [x["local_loss"] for x in b]
+    pa = torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
+    pb = torch.load(ref / "checkpoint.pt", weights_only=True)["model"]
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+
+
+TRAIN = ("--set", "data.downsample=9", "--set", "data.eval_fraction=0.2", "--set",
+         "train.epochs=2", "--set", "train.log_flush_steps=1")
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "horovod-gloo"])
+def test_two_node_job_trains_across_the_link(cluster, tmp_path, train_events_dir, reference,
+                                             launcher):
+    point = _sweep(tmp_path, train_events_dir, launcher, *TRAIN)
+    before = [_bytes_through(f"lartpc-v{i}") for i in (1, 2)]
+    info = sh.wait(sh.sbatch(point["script"], cluster), cluster)
+    assert info["JobState"] == "COMPLETED", _log(tmp_path)
+    run_dir = Path(point["run"])
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["world_size"] == 2 and meta["nodes"] == NODES and meta["local_size"] == 1
+    assert meta["backend"] == ("torch" if launcher == "torchrun" else "horovod")
+    # every step's gradients crossed the veths: at least one copy of the model per step
+    grad_bytes = sum(t.numel() * 4 for t in torch.load(
+        run_dir / "checkpoint.pt", weights_only=True)["model"].values())
+    moved = min(_bytes_through(f"lartpc-v{i}") - b for i, b in zip((1, 2), before,
+                                                                    strict=True))
+    assert moved > len(rows(run_dir / "rank-000.csv")) * grad_bytes
+    _same_as(run_dir, reference)
+
+
+def test_scontrol_requeue_of_a_two_node_job_resumes_exactly(cluster, tmp_path,
+                                                            train_events_dir, reference):
+    point = _sweep(tmp_path, train_events_dir, "torchrun", *TRAIN)
+    job = sh.sbatch(point["script"], cluster)
+    log0 = Path(point["run"]) / "rank-000.csv"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (log0.exists() and len(rows(log0)) >= 2):
+        time.sleep(0.2)
+    assert log0.exists() and len(rows(log0)) >= 2, _log(tmp_path)
+    r = subprocess.run(["scontrol", "requeue", job], env=cluster, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    info = sh.wait(job, cluster)
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, _log(tmp_path)
+    meta = json.loads((Path(point["run"]) / "run.json").read_text())
+    assert meta["status"] == "completed" and len(meta["segments"]) >= 2
+    assert meta["segments"][0]["status"] == "preempted"
+    _same_as(Path(point["run"]), reference)

@@ -1,0 +1,72 @@
+"""Every status training writes passes through the analysis commands and the live view,
+built from real `lartpc train` output: analysis refused `preempted` and `diverged`, the
+state a requeued or a failed cluster job leaves."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from train_helpers import BIN, clean_env, run, train_cmd
+
+from lartpc.runfolder.schema import STATUSES
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def study(train_events_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("statuses")
+    r = run(train_cmd(train_events_dir, root / "completed", "train.epochs=1"))
+    assert r.returncode == 0, r.stderr
+    r = run(train_cmd(train_events_dir, root / "time_limit", "train.time_limit_s=1"))
+    assert r.returncode == 0, r.stderr
+    r = run(train_cmd(train_events_dir, root / "diverged", "train.lr=1e30", "train.epochs=1"))
+    assert r.returncode == 1, r.stderr
+    out = root / "preempted"
+    proc = subprocess.Popen(train_cmd(train_events_dir, out), env=clean_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = out / "rank-000.csv"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not (log.exists()
+                                               and len(log.read_text().splitlines()) > 3):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0
+    got = {p.name: json.loads((p / "run.json").read_text())["status"] for p in root.iterdir()}
+    assert got == {s: s for s in ("completed", "time_limit", "diverged", "preempted")}
+    return root
+
+
+def _analysis(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "analysis", *args], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)
+
+
+def test_schema_lists_every_status_training_writes():
+    from lartpc.train.run import EXIT_CODES
+
+    assert set(EXIT_CODES) | {"running", "failed"} == set(STATUSES)
+
+
+@pytest.mark.parametrize("command", ["fit", "curves", "report"])
+def test_analysis_takes_every_status(study, tmp_path, command):
+    extra = [] if command == "fit" else ["--out", str(tmp_path / command)]
+    r = _analysis(command, str(study), "--strict", *extra)
+    assert r.returncode == 0, r.stderr[-2000:]
+    if command == "fit":
+        for status in ("completed", "time_limit", "diverged", "preempted"):
+            assert status in r.stdout
+
+
+def test_watch_takes_every_status(study):
+    r = subprocess.run([str(BIN / "lartpc"), "watch", "--once",
+                        *[str(p) for p in sorted(study.iterdir())]],
+                       capture_output=True, text=True, timeout=120, env=clean_env())
+    assert r.returncode == 0, r.stderr[-2000:]

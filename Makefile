@@ -32,7 +32,7 @@ test-fast: install
 demo: install
 	$(RUN_IN_VENV) $(PY) -m jobs.local.study --out demo
 
-# Every GPU speed measurement (issue 9) on this host's GPU, into GPU_BENCH_OUT; run it in
+# Every GPU speed measurement on this host's GPU, into GPU_BENCH_OUT; run it in
 # parts with e.g. GPU_BENCH_ARGS="--only 'model-*'" (python -m jobs.local.gpu_bench --help).
 GPU_BENCH_OUT ?= gpu-bench
 GPU_BENCH_ARGS ?=

@@ -39,7 +39,7 @@ from analysis.noise import DEFAULT_SPAN, NoiseAtLoss, b_noise_at_loss, pooled_b_
 from analysis.runs import Run, RunFolderError
 
 CLUSTERS_FILE = Path(__file__).with_name("clusters.json")
-#: float32 parameters of the published models (shared/SPEC.md)
+#: float32 parameters of the published models (counted by lartpc.models at 3600 x 3600)
 PARAMETERS = {"jishnet": 1_335_817, "scnet": 1_703_999}
 REFERENCE_PROFILE = "summitdev"  # whose measured throughput FP32-scaled profiles start from
 FIT_RANGE = (32, 192)  # the paper's GPU counts

@@ -1,6 +1,6 @@
 """Reading and validating run folders (run.json, rank-NNN.csv, eval.csv, confusion.csv).
 
-The folder layout is the contract with the training side (see DESIGN.md). Everything a
+The folder layout is the contract with the training side (docs/run-folder.md). Everything a
 user can get wrong raises :class:`RunFolderError` naming the file and, for tables, the line.
 """
 

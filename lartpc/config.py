@@ -247,8 +247,3 @@ def load_config(name_or_file: str, overrides: list[str] | None = None) -> Config
     return cfg
 
 
-def config_from_dict(d: dict) -> Config:
-    """Rebuild a Config from :meth:`Config.to_dict` output (e.g. a checkpoint's)."""
-    cfg = Config()
-    _apply(cfg, d, "saved config")
-    return cfg

@@ -80,25 +80,11 @@ class Geometry:
     def shape(self) -> tuple[int, int]:
         return (self.height, self.width)
 
-    def with_downsample(self, k: int) -> Geometry:
-        return dataclasses.replace(self, downsample=k)
-
     def to_attrs(self) -> dict[str, float | int]:
         """Flat dict for HDF5 attributes / JSON."""
         d = dataclasses.asdict(self)
         d["height"], d["width"] = self.shape
         return d
-
-    @classmethod
-    def from_attrs(cls, attrs) -> Geometry:
-        """Inverse of :meth:`to_attrs`; ignores derived and unknown keys."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        kw = {}
-        for k in names:
-            if k in attrs:
-                v = attrs[k]
-                kw[k] = v.item() if hasattr(v, "item") else v
-        return cls(**kw)
 
     def wire_of(self, z_cm):
         """Fractional full-resolution wire coordinate of position z."""

@@ -187,7 +187,7 @@ def test_fit_writes_its_figures_by_default(runs_root, tmp_path):
 
 
 def test_runs_with_the_same_folder_name_keep_their_own_confusion(tmp_path):
-    """D12: a/run-1 and b/run-1 wrote the same confusion files; the report showed one."""
+    """a/run-1 and b/run-1 used to write the same confusion files; the report showed one."""
     for parent, n in (("a", 1), ("b", 2)):
         write_synthetic_run(tmp_path / "study" / parent / "run-1", model="jishnet",
                             world_size=n, epoch_rate_per_min=0.5, ttl_s=200, dlt_s=20,

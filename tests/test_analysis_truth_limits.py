@@ -47,7 +47,7 @@ def test_bad_truth_limits_file_is_ignored(tmp_path, caplog):
 
 
 def test_truth_limits_cannot_inject_markup(tmp_path, capsys):
-    """D3: a value of truth_limits.json went into report.html unescaped (a script ran
+    """a value of truth_limits.json went into report.html unescaped (a script ran
     when the report was opened); a value of the wrong type crashed the report."""
     run = _run(tmp_path)
     evil = "<script>alert(1)</script>"

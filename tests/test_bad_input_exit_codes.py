@@ -1,5 +1,5 @@
 """Bad input ends in one line naming the file or field and exit 2, never a traceback
-with exit 1 (the documented code of a diverged run): issue 23 D16 and D17."""
+with exit 1 (the documented code of a diverged run)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_corrupt_run_json_beside_a_valid_checkpoint(done, train_events_dir, tmp_
 
 @pytest.mark.parametrize("sets,message", [
     (["train.weight_decay=1e308"], "train.weight_decay = 1e+308: must be in [0, 1]"),
-    (["train.threads=100000"], "train.threads = 100000: must be at most 1024"),  # D17
+    (["train.threads=100000"], "train.threads = 100000: must be at most 1024"),  # segfaulted
 ])
 def test_out_of_range_settings(train_events_dir, tmp_path, sets, message):
     _one_line_exit_2(run(train_cmd(train_events_dir, tmp_path / "run", *sets)), message)

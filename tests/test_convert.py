@@ -133,7 +133,7 @@ def test_second_input_bad_leaves_nothing(tmp_path, capsys):
 
 
 def test_failed_overwrite_keeps_the_old_store(tmp_path, capsys):
-    """D2: `convert --overwrite` deleted the old shards before converting; a conversion
+    """`convert --overwrite` deleted the old shards before converting; a conversion
     that failed part-way left the folder empty. Now the new shards are staged beside it
     and swapped in only when every input converted."""
     old_src, good, bad = tmp_path / "old.h5", tmp_path / "good.h5", tmp_path / "bad.h5"

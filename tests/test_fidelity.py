@@ -1,4 +1,4 @@
-"""`python -m jobs.local.fidelity`: the issue-14 fidelity run, in segments, on CPU with
+"""`python -m jobs.local.fidelity`: the fidelity run, in segments, on CPU with
 tiny settings (the real one is 16,500 full-resolution events and 20 minutes on a GPU)."""
 
 from __future__ import annotations

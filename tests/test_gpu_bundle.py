@@ -151,7 +151,7 @@ def test_real_pins_name_spconv_cuda_and_its_dependencies():
 
 
 def test_installer_keeps_an_unrelated_partial_folder(bundle, tmp_path):
-    """D6: the installer staged into TARGET.partial and deleted whatever was there."""
+    """the installer staged into TARGET.partial and deleted whatever was there."""
     out, _, _ = bundle
     mine = tmp_path / "site.partial"
     mine.mkdir()
@@ -163,7 +163,7 @@ def test_installer_keeps_an_unrelated_partial_folder(bundle, tmp_path):
 
 @pytest.mark.parametrize("entry", ["os; open('PWNED', 'w').write('x')", "os\nimport sys", 7])
 def test_manifest_checks_run_no_code(bundle, tmp_path, entry):
-    """D6: a manifest-only edit (its hashes cover the archives, not itself) pasted a
+    """a manifest-only edit (its hashes cover the archives, not itself) pasted a
     'checks' entry into `python -c`; now an entry must be a module name."""
     out, _, _ = bundle
     manifest = json.loads((out / "manifest.json").read_text())

@@ -211,7 +211,7 @@ def test_predict_draws_its_figure_without_out(runs, capsys):
 
 
 def test_predict_skips_an_unusable_run_as_fit_does(runs, capsys):
-    """D11: one dead job in a sweep (run.json, no steps) made predict fail; fit skipped it."""
+    """one dead job in a sweep (run.json, no steps) made predict fail; fit skipped it."""
     dead = runs / "jishnet-n4-dead"
     dead.mkdir()
     meta = json.loads((runs / "jishnet-n2" / "run.json").read_text())
@@ -224,7 +224,7 @@ def test_predict_skips_an_unusable_run_as_fit_does(runs, capsys):
 
 
 def test_predict_json_has_no_bare_nan(runs, capsys, monkeypatch):
-    """D15: a quantity that cannot be predicted was printed as NaN (not JSON)."""
+    """a quantity that cannot be predicted was printed as NaN (not JSON)."""
     import analysis.predict as predict
 
     real = predict.run_predict

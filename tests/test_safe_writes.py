@@ -1,4 +1,4 @@
-"""Files we write or delete in folders we do not own (issue 23, D1/D4/D5): nothing is
+"""Files we write or delete in folders we do not own: nothing is
 followed through a planted symlink, no temporary name can be guessed, and nothing the
 user made is deleted or overwritten."""
 
@@ -65,7 +65,7 @@ def test_stale_temporaries_are_only_ours(tmp_path):
 
 @pytest.mark.slow
 def test_symlinked_lock_is_refused_and_its_target_untouched(train_events_dir, tmp_path):
-    """D1: run.lock planted as a link to another file: training used to truncate and
+    """run.lock planted as a link to another file: training used to truncate and
     write the file it points to."""
     v = _victim(tmp_path)
     out = tmp_path / "run"
@@ -81,7 +81,7 @@ def test_symlinked_lock_is_refused_and_its_target_untouched(train_events_dir, tm
 
 @pytest.mark.slow
 def test_symlinked_tensorboard_folder_is_refused(train_events_dir, tmp_path):
-    """D1: a tb/ link would have TensorBoard write its event files into another folder."""
+    """a tb/ link would have TensorBoard write its event files into another folder."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     out = tmp_path / "run"
@@ -96,7 +96,7 @@ def test_symlinked_tensorboard_folder_is_refused(train_events_dir, tmp_path):
 
 @pytest.mark.slow
 def test_out_that_is_not_a_run_folder_is_refused(train_events_dir, tmp_path):
-    """D5: --out naming a user's folder: their .draft.tmp was deleted as 'left by a
+    """--out naming a user's folder: their .draft.tmp was deleted as 'left by a
     killed writer' and their eval.csv overwritten."""
     out = tmp_path / "my-notes"
     out.mkdir()
@@ -110,7 +110,7 @@ def test_out_that_is_not_a_run_folder_is_refused(train_events_dir, tmp_path):
 
 
 def test_analysis_writers_never_follow_planted_links(tmp_path):
-    """D4: report, curves and confusion wrote through links planted at their (then
+    """report, curves and confusion wrote through links planted at their (then
     predictable) temporary names and at their outputs; one victim was chmod-ed."""
     run_dir = write_synthetic_run(tmp_path / "runs" / "run", model="jishnet", world_size=1,
                                   epoch_rate_per_min=0.5, ttl_s=200, dlt_s=20,
@@ -130,7 +130,7 @@ def test_analysis_writers_never_follow_planted_links(tmp_path):
 
 
 def test_sweep_scripts_never_follow_planted_links(tmp_path):
-    """D4: `lartpc sweep` wrote each script through '.NAME.tmp' and chmod-ed it 755."""
+    """`lartpc sweep` wrote each script through '.NAME.tmp' and chmod-ed it 755."""
     v = _victim(tmp_path)
     scripts = tmp_path / "runs" / "jobs"
     scripts.mkdir(parents=True)

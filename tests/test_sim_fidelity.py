@@ -1,4 +1,4 @@
-"""Generator fidelity (issue 17): restricted loss under delta rays, electron fluctuations."""
+"""Generator fidelity: restricted loss under delta rays, electron fluctuations."""
 
 from __future__ import annotations
 

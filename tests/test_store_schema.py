@@ -62,11 +62,11 @@ def _replace(f: h5py.File, name: str, data) -> None:
 
 
 @pytest.mark.parametrize("damage,message", [
-    # D13: NaN or fractional pixel coordinates were accepted and cast to row 0
+    # NaN or fractional pixel coordinates used to be accepted and cast to row 0
     (lambda f: _replace(f, "row", np.full(f["row"].shape, np.nan)),
      "dataset 'row' holds float64; expected integers"),
     (lambda f: _replace(f, "col", f["col"][:] + 0.5), "dataset 'col' holds float64"),
-    # D16: each of these ended in a traceback (exit 1, the code of a diverged run)
+    # each of these used to end in a traceback (exit 1, the code of a diverged run)
     (lambda f: _replace(f, "charge", np.array([b"x"] * f["charge"].shape[0])),
      "dataset 'charge' holds |S1; expected numbers"),
     (lambda f: _replace(f, "offsets", f["offsets"][:].astype(float)),

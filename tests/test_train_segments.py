@@ -214,7 +214,7 @@ DISK_FULL = textwrap.dedent("""
 
 @pytest.mark.parametrize("kind,reason", [
     ("oserror", "No space left on device"),
-    # D8: torch.save reports a full disk as RuntimeError; it used to leave "running"
+    # torch.save reports a full disk as RuntimeError; it used to leave "running"
     ("runtimeerror", "[enforce fail at inline_container.cc:664] . unexpected pos 64 vs 0"),
 ])
 def test_disk_full_fails_cleanly_and_retry_resumes(reference, train_events_dir, tmp_path,

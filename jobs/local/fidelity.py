@@ -1,4 +1,4 @@
-"""The fidelity run of issue 14: does a model trained on our events classify like the paper's?
+"""The fidelity run: does a model trained on our events classify like the paper's?
 
     python -m jobs.local.fidelity --out fid --model scnet --minutes 20
     python -m jobs.local.fidelity --out fid --model scnet --minutes 20 --segment-s 480 \\
@@ -34,7 +34,7 @@ from pathlib import Path
 from lartpc.bench.train import LARTPC
 
 EXIT_MORE = 3  #: this segment ended and the budget is not yet spent: call again
-GOALS = {"electron": 0.90, "muon": 0.90, "overall": 0.70}  #: issue 14's goals
+GOALS = {"electron": 0.90, "muon": 0.90, "overall": 0.70}  #: per-class and overall goals
 SEED = 0  #: events; fixed so a regenerated store is the same store
 
 

@@ -195,14 +195,6 @@ class World:
             torch.distributed.broadcast(ref, src=0)
         return float(self.allreduce_sum((flat - ref).abs().max().reshape(1)))
 
-    def barrier(self) -> None:
-        if self.backend == "horovod":
-            import horovod.torch as hvd
-
-            hvd.join()
-        elif self.backend == "torch":
-            torch.distributed.barrier()
-
     def shutdown(self) -> None:
         if self.backend == "horovod":
             import horovod.torch as hvd

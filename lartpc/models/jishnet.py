@@ -1,7 +1,7 @@
 """JishNet: the study's dense CNN (torch Conv2d / MaxPool2d), on any image size.
 
 At 3600 x 3600 the spatial sizes run 3600 -> 720 -> 144 -> 145 -> 36 -> 37 -> 9 and the
-network has 1,335,817 parameters (SPEC.md).
+network has 1,335,817 parameters (tests/test_models.py checks the count).
 """
 
 from __future__ import annotations

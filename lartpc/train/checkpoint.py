@@ -21,11 +21,6 @@ from lartpc.train.durable import RunFolderError
 CHECKPOINT = "checkpoint.pt"
 
 
-def inner_optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """The wrapped optimizer under a distributed wrapper (its state is the real one)."""
-    return getattr(opt, "inner", opt)
-
-
 def rng_state() -> dict:
     """torch, numpy and Python RNG states as tensors and plain containers."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()

@@ -218,6 +218,7 @@ def fit(p: Parts, resume: dict | None) -> tuple[str, float]:
             break
     status = _finish(p, prog, steplog, evaluated)
     p.tb.close()
+    noise.close()  # its gradient hooks go with the segment
     return status, p.world.param_divergence(_unwrap(p.model))
 
 

@@ -1,4 +1,4 @@
-"""Run-folder writers (the contract with ``analysis``; see DESIGN.md).
+"""Run-folder writers (the contract with ``analysis``; see docs/run-folder.md).
 
 ``run.json``, ``eval.csv`` and ``confusion.csv`` are rewritten whole through a
 temporary file and a rename. ``rank-NNN.csv`` grows by whole lines written in one
@@ -135,16 +135,6 @@ def write_eval(run: Path, rows: list[dict]) -> None:
     for r in rows:
         w.writerow([_fmt(r[c]) for c in EVAL_COLUMNS])
     atomic_write_text(Path(run) / "eval.csv", buf.getvalue())
-
-
-def read_eval(run: Path) -> list[dict]:
-    """Rows of an existing ``eval.csv`` (for resume), numbers parsed."""
-    path = Path(run) / "eval.csv"
-    if not path.exists():
-        return []
-    with open(path) as f:
-        return [{k: (int(v) if k in ("epoch", "n_events") else float(v)) for k, v in r.items()}
-                for r in csv.DictReader(f)]
 
 
 def write_confusion(run: Path, counts) -> None:

@@ -78,3 +78,16 @@ def wait(job_id: str, env: dict[str, str], timeout_s: float = 600.0) -> dict[str
         time.sleep(3)
     subprocess.run(["scancel", job_id], env=env, timeout=60)
     raise AssertionError(f"job {job_id} not finished after {timeout_s:.0f} s: {info}")
+
+
+def start_or_skip(nodes: int = 1) -> dict[str, str]:
+    """:func:`start` for a test fixture: where SLURM cannot be started the test skips
+    with the reason, except under LARTPC_REQUIRE_SLURM=1 (CI), where it fails."""
+    import pytest
+
+    try:
+        return start(nodes=nodes)
+    except SlurmUnavailable as e:
+        if os.environ.get("LARTPC_REQUIRE_SLURM") == "1":
+            pytest.fail(f"LARTPC_REQUIRE_SLURM=1 but a {nodes}-node SLURM did not start: {e}")
+        pytest.skip(f"{nodes}-node SLURM not available: {e}")

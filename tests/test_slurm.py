@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,12 +21,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def slurm_env():
-    try:
-        env = sh.start()
-    except sh.SlurmUnavailable as e:
-        if os.environ.get("LARTPC_REQUIRE_SLURM") == "1":
-            pytest.fail(f"LARTPC_REQUIRE_SLURM=1 but SLURM did not start: {e}")
-        pytest.skip(f"SLURM not available: {e}")
+    env = sh.start_or_skip()
     yield env
     sh.stop()
 

@@ -10,7 +10,6 @@ LARTPC_REQUIRE_SLURM=1 (CI), where that is a failure.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -28,12 +27,7 @@ SETS = ("--set", "train.threads=1")  # the same threads per rank as the one-node
 
 @pytest.fixture(scope="module")
 def cluster():
-    try:
-        env = sh.start(nodes=2)
-    except sh.SlurmUnavailable as e:
-        if os.environ.get("LARTPC_REQUIRE_SLURM") == "1":
-            pytest.fail(f"LARTPC_REQUIRE_SLURM=1 but the 2-node SLURM did not start: {e}")
-        pytest.skip(f"2-node SLURM not available: {e}")
+    env = sh.start_or_skip(nodes=2)
     yield env
     sh.stop()
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout

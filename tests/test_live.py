@@ -247,3 +247,23 @@ def test_watch_once_on_a_sweep_at_80_columns(trained, preempted, tmp_path):
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert missing.stderr.strip().splitlines() == [
         f"lartpc watch: error: {tmp_path / 'nope'}: no such file or directory"]
+
+
+@pytest.mark.parametrize("width", [200, 80, 60, 40, 32])
+def test_narrow_terminals_keep_run_and_status(width):
+    from rich.console import Console
+
+    from analysis.live import Snapshot
+    from lartpc.commands.watch import table
+
+    snaps = [Snapshot(name=f"jishnet-n{n}-s0", status=st, step=120, epoch=3, epochs=40,
+                      loss=1.25, acc=0.5, images_s=1234.5, eta_s=3600.0, eval_epoch=2,
+                      eval_loss=1.3, eval_acc=0.45, data_wait=0.12)
+             for n, st in ((1, "time_limit"), (2, "running"))]
+    console = Console(width=width, record=True)
+    console.print(table(snaps, width))
+    out = console.export_text()
+    assert "…" not in out and max(map(len, out.splitlines())) <= width
+    for s in snaps:
+        assert f"│ {s.name} │ {s.status}" in out
+    assert ("1:00:00" in out) == (width >= 80) and ("epoch 3: 1.3000" in out) == (width >= 120)

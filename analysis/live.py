@@ -4,6 +4,8 @@ A :class:`LiveRun` remembers how far it has read ``rank-000.csv`` and reads only
 was appended since, keeping the last rows; a line without its newline (being written,
 or torn by a kill) waits for the next refresh. A resumed run rewrites its CSV (a new
 file, cut back to the checkpoint), which is noticed and read again from the start.
+A folder without ``run.json`` (or without a step yet) is :data:`PENDING`; it need not
+exist (a sweep point whose job has not started).
 """
 
 from __future__ import annotations
@@ -73,9 +75,17 @@ class CsvTail:
                 continue  # a malformed row is the analysis' business, not the view's
 
 
+PENDING = "pending"  #: shown for a run that has not logged a step yet
+
+
 @dataclass
 class Snapshot:
-    """What ``lartpc watch`` shows for one run; None where not known yet."""
+    """What ``lartpc watch`` shows for one run; None where not known yet.
+
+    ``status`` is ``run.json``'s, or :data:`PENDING` before the folder has a
+    ``run.json`` or while a running run has no step yet; ``active`` is True while
+    ``run.json`` says running (a pending run that has started its segment included).
+    """
 
     name: str
     status: str
@@ -89,13 +99,27 @@ class Snapshot:
     eval_epoch: int | None = None
     eval_loss: float | None = None
     eval_acc: float | None = None
+    model: str | None = None
+    world_size: int | None = None
+    data_wait: float | None = None  #: share of the step time spent waiting for data
+    active: bool = False
 
 
 class LiveRun:
-    """One run folder, refreshed incrementally by :meth:`snapshot`."""
+    """One run folder, refreshed incrementally by :meth:`snapshot`.
 
-    def __init__(self, path: str | Path):
+    Parameters
+    ----------
+    path : str or Path
+        The run folder; it may not exist yet (a sweep point not started).
+    hint : dict, optional
+        What is known before ``run.json`` exists: ``model`` and ``gpus`` (a sweep
+        manifest's point, see :func:`analysis.runs.sweep_points`).
+    """
+
+    def __init__(self, path: str | Path, hint: dict | None = None):
         self.path = Path(path)
+        self.hint = hint or {}
         self.steps = CsvTail(self.path / "rank-000.csv", keep=SMOOTH_STEPS)
         self._eval: tuple[float, dict | None] = (-1.0, None)
 
@@ -125,15 +149,20 @@ class LiveRun:
         meta = self.meta()
         self.steps.poll()
         rows = list(self.steps.rows)
-        train = (meta.get("config") or {}).get("train") or {}
         ev = self.last_eval()
+        status = str(meta.get("status", PENDING))
+        world = meta.get("world_size", self.hint.get("gpus"))
         snap = Snapshot(
-            name=self.path.name, status=str(meta.get("status", "starting")),
+            name=self.path.name,
+            status=PENDING if status == "running" and not self.steps.n_rows else status,
             step=self.steps.n_rows, epoch=int(rows[-1]["epoch"]) if rows else None,
-            epochs=train.get("epochs"),
+            epochs=setting(meta, "epochs"),
             loss=_mean(r["global_loss"] for r in rows), acc=_mean(r["global_acc"] for r in rows),
-            images_s=images_per_s(rows, int(meta.get("world_size", 1))),
-            eta_s=eta_s(meta, self.steps.n_rows, rows, now))
+            images_s=images_per_s(rows, int(world or 1)),
+            eta_s=eta_s(meta, self.steps.n_rows, rows, now),
+            model=meta.get("model", self.hint.get("model")),
+            world_size=None if world is None else int(world),
+            data_wait=data_wait(rows), active=status == "running")
         if ev:
             snap.eval_epoch = int(ev["epoch"])
             snap.eval_loss, snap.eval_acc = float(ev["loss"]), float(ev["accuracy"])
@@ -154,15 +183,37 @@ def images_per_s(rows: list[dict], world_size: int) -> float | None:
     return events / (rows[-1]["time"] - rows[0]["time"])
 
 
+def data_wait(rows: list[dict]) -> float | None:
+    """Share of the step time spent waiting for data, over the kept rows (None for a
+    log without the timing columns)."""
+    try:
+        data = sum(r["data_s"] for r in rows)
+        total = data + sum(r["compute_s"] + r["comm_s"] for r in rows)
+    except KeyError:
+        return None
+    return data / total if total > 0 else None
+
+
+def setting(meta: dict, name: str):
+    """``train.<name>`` as the current segment runs it (``time_limit_s`` and ``epochs``
+    may change between segments; ``config`` keeps the first segment's), else the
+    recorded config's, else None."""
+    segments = meta.get("segments") or [{}]
+    current = (segments[-1].get("settings") or {}).get(f"train.{name}")
+    if current is not None:
+        return current
+    return ((meta.get("config") or {}).get("train") or {}).get(name)
+
+
 def eta_s(meta: dict, step: int, rows: list[dict], now: float) -> float | None:
     """Seconds until the run ends: the time limit of its current segment (the limit
     counts from each process start), or sooner when the remaining epochs need less."""
     if meta.get("status") != "running" or not meta.get("segments"):
         return None
-    train = (meta.get("config") or {}).get("train") or {}
-    left = train.get("time_limit_s", math.inf) - (now - meta["segments"][-1]["start_time"])
-    spe, epochs = meta.get("steps_per_epoch"), train.get("epochs")
+    limit = setting(meta, "time_limit_s")
+    left = (math.inf if limit is None else limit) - (now - meta["segments"][-1]["start_time"])
+    spe, epochs = meta.get("steps_per_epoch"), setting(meta, "epochs")
     if spe and epochs and len(rows) >= 2 and rows[-1]["time"] > rows[0]["time"]:
         step_s = (rows[-1]["time"] - rows[0]["time"]) / (len(rows) - 1)
         left = min(left, (epochs * spe - step) * step_s)
-    return max(0.0, left)
+    return max(0.0, left) if math.isfinite(left) else None  # no limit, no step yet

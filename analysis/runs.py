@@ -27,7 +27,7 @@ from analysis.runcheck import (
 )
 
 __all__ = ["CLASSES", "STATUSES", "Run", "RunFolderError", "find_run_dirs", "load_run",
-           "load_runs", "read_meta"]
+           "load_runs", "read_meta", "sweep_points"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,8 @@ EVAL_COLUMNS: tuple[str, ...] = (
 CONFUSION_HEADER: tuple[str, ...] = ("true", *CLASSES)
 _INT_STEP_COLUMNS = ("epoch", "rank", "batchno", "data_size")
 _RANK_FILE = re.compile(r"rank-(\d{3,})\.csv$")
+#: What ``lartpc sweep`` writes into its output folder: the points and their run folders.
+MANIFEST = "manifest.json"
 
 
 @dataclass
@@ -101,15 +103,51 @@ def _find_key(d: Any, key: str) -> Any:
     return None
 
 
-def find_run_dirs(paths: list[str | Path]) -> list[Path]:
-    """Run folders named by ``paths``: each is a run folder or a folder holding some below it.
+def sweep_points(folder: str | Path) -> dict[Path, dict]:
+    """The points of the sweep whose output folder is ``folder``, by run folder.
+
+    A point's run folder is ``folder/<name>``, the layout ``lartpc sweep`` makes (so a
+    moved sweep folder still finds its runs); the dict holds the manifest's entry
+    (``model``, ``gpus``, ``seed``, ``name``, ``job_id``...). Empty when ``folder``
+    holds no ``manifest.json``.
 
     Raises
     ------
     RunFolderError
-        A path does not exist, or no ``run.json`` is found under it.
+        The manifest is not JSON or lists no points.
+    """
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        return {}
+    try:
+        doc = json.loads(path.read_text())
+        points = {(Path(folder) / Path(p["name"]).name).resolve(): p for p in doc["points"]}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise RunFolderError(f"{path}: not a sweep manifest ({e})") from None
+    return points
+
+
+def find_run_dirs(paths: list[str | Path], pending: list[Path] | None = None) -> list[Path]:
+    """Run folders named by ``paths``: each is a run folder or a folder holding some below it.
+
+    Parameters
+    ----------
+    paths : list of str or Path
+        Run folders, or folders with run folders below them (a sweep's output folder).
+    pending : list of Path, optional
+        When given, folders that are to hold a run but have no ``run.json`` yet are
+        appended here (resolved) instead of raising: every point of a sweep's
+        ``manifest.json`` (:func:`sweep_points`) whose folder has no ``run.json``, and a
+        folder in ``paths`` with no ``run.json`` in or below it.
+
+    Raises
+    ------
+    RunFolderError
+        A path does not exist, or no ``run.json`` is found under it (and ``pending``
+        is None, or the path is a file).
     """
     found: list[Path] = []
+    waiting: list[Path] = []
     for p in map(Path, paths):
         if not p.exists():
             raise RunFolderError(f"{p}: no such file or directory")
@@ -119,11 +157,17 @@ def find_run_dirs(paths: list[str | Path]) -> list[Path]:
             found.append(p)
             continue
         below = sorted(q.parent for q in p.rglob("run.json"))
-        if not below:
+        if pending is not None and p.is_dir():
+            points = [q for q in sweep_points(p) if not (q / "run.json").is_file()]
+            waiting.extend(points or ([] if below else [p]))
+        elif not below:
             raise RunFolderError(f"{p}: not a run folder (missing {p / 'run.json'}) "
                                  "and no run.json found below it")
         found.extend(below)
     unique = list(dict.fromkeys(q.resolve() for q in found))
+    if pending is not None:
+        pending.extend(q for q in dict.fromkeys(q.resolve() for q in waiting)
+                       if q not in unique and q not in pending)
     return unique
 
 

@@ -68,6 +68,9 @@ class TrainConfig:
     checkpoint_every_steps: int = 0  #: 0 = at epoch ends and every checkpoint_every_s
     checkpoint_every_s: float = 600.0
     log_flush_steps: int = 20  #: buffered CSV rows per write
+    #: seconds between rank 0's progress lines (step, epoch, loss, images/s, step time
+    #: split, time left); 0 = only at epoch ends, where a line is always printed
+    progress_every_s: float = 30.0
     device: str = "auto"  #: auto | cpu | cuda
     #: none | bf16 | fp16. JishNet: autocast; SCNet: fp16 only (spconv has no bf16
     #: kernels), its sparse trunk in float16 on CUDA. fp16 adds dynamic loss scaling.
@@ -119,12 +122,13 @@ POSITIVE = ("data.downsample", "train.batch_per_rank", "train.epochs", "train.ti
             "dist.timeout_s", "train.noise_every_steps")
 NON_NEGATIVE = ("data.max_events", "data.prefetch", "train.seed", "train.weight_decay",
                 "train.momentum", "train.warmup_epochs", "train.checkpoint_every_steps",
-                "train.checkpoint_every_s", "train.threads")
+                "train.checkpoint_every_s", "train.threads", "train.progress_every_s")
 MAX_THREADS = 1024  #: CPU threads per rank; beyond this torch fails to create them
 #: Floats that must be finite (inf passes "> 0"; NaN fails every comparison anyway).
 #: train.time_limit_s may be inf: no limit.
 FINITE = ("train.lr", "train.eps", "train.weight_decay", "train.momentum",
-          "train.warmup_epochs", "train.checkpoint_every_s", "dist.timeout_s")
+          "train.warmup_epochs", "train.checkpoint_every_s", "dist.timeout_s",
+          "train.progress_every_s")
 
 
 def preset_names() -> list[str]:

@@ -48,6 +48,12 @@ def _watch_once(capsys, monkeypatch, *paths) -> str:
     return capsys.readouterr().out
 
 
+def _rows(out: str) -> dict[str, list[str]]:
+    """The table's rows by run name: the cells between the table's vertical lines."""
+    cells = [[c.strip() for c in ln.split("│")] for ln in out.splitlines() if "│" in ln]
+    return {c[1]: c for c in cells}
+
+
 def _expected(log: list[dict]) -> tuple[str, str]:
     tail = log[-SMOOTH_STEPS:]
     loss = sum(float(x["global_loss"]) for x in tail) / len(tail)
@@ -60,16 +66,17 @@ def test_watch_once_shows_the_csv_numbers(trained, tmp_path, capsys, monkeypatch
     out = _watch_once(capsys, monkeypatch, trained, going)
     log = rows(trained / "rank-000.csv")
     ev = rows(trained / "eval.csv")[-1]
-    done, running = (ln.split("│") for ln in out.splitlines() if "│ run " in ln
-                     or "│ going " in ln)
+    cells = _rows(out)
+    done, running = cells["run"], cells["going"]
     steps, loss = _expected(log)
-    for cells in (done, running):  # the torn line is not a step yet
-        assert cells[3].strip() == steps and cells[5].strip() == loss
-    assert done[2].strip() == "completed" and running[2].strip() == "running"
-    assert done[4].strip() == "2/2"
-    assert done[9].strip() == f"epoch {int(ev['epoch']) + 1}: {float(ev['loss']):.4f} / " \
-                              f"{float(ev['accuracy']):.3f}"
-    assert running[9].strip() == "-"
+    for c in (done, running):  # the torn line is not a step yet
+        assert c[3] == steps and c[5] == loss
+    assert done[2] == "completed" and running[2] == "running"
+    assert done[4] == "2/2"
+    assert done[10] == f"epoch {int(ev['epoch']) + 1}: {float(ev['loss']):.4f} / " \
+                       f"{float(ev['accuracy']):.3f}"
+    assert running[10] == "-"
+    assert float(done[8].rstrip("%")) >= 0  # data wait, a share of the step time
 
 
 @pytest.mark.slow
@@ -135,4 +142,129 @@ def test_watch_exits_when_no_run_is_running(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     assert main(["watch", "--interval", "0.01", str(p)]) == 0
     assert main(["watch", str(tmp_path / "missing")]) == 2
-    assert "missing: not a folder" in capsys.readouterr().err
+    assert "missing: no such file or directory" in capsys.readouterr().err
+
+
+def test_eta_reads_the_current_segments_time_limit(tmp_path):
+    p = tmp_path / "run"
+    p.mkdir()
+    (p / "rank-000.csv").write_text(HEADER + "".join(
+        f"{100 + 2 * i}.0,0,0,{i},7,1.0,0.5\n" for i in range(4)))
+    seg = {"start_time": 90.0, "end_time": None,
+           "settings": {"train.time_limit_s": 25.0, "train.epochs": 3}}
+    meta = {"status": "running", "world_size": 1, "steps_per_epoch": 10,
+            "config": {"train": {"epochs": 1, "time_limit_s": 1000.0}},
+            "segments": [{"start_time": 0.0, "end_time": 50.0, "status": "time_limit"}, seg]}
+    (p / "run.json").write_text(json.dumps(meta))
+    s = LiveRun(p).snapshot(now=110.0)
+    assert s.eta_s == pytest.approx(5.0) and s.epochs == 3  # 25 s from the 2nd start
+    assert s.data_wait is None  # an old log without the timing columns
+
+
+def _sweep(root, points: list[str]):
+    """A sweep output folder whose manifest lists ``points`` (names model-nN-sS)."""
+    root.mkdir()
+    pts = []
+    for name in points:
+        model, n, seed = name.split("-")
+        pts.append({"model": model, "gpus": int(n[1:]), "seed": int(seed[1:]),
+                    "name": name, "run": f"/cluster/study/{name}", "job_id": None})
+    (root / "manifest.json").write_text(json.dumps({"points": pts}))
+    (root / "logs").mkdir()
+    return root
+
+
+def test_find_run_dirs_lists_pending_sweep_points(tmp_path):
+    from analysis.runs import RunFolderError, find_run_dirs
+
+    root = _sweep(tmp_path / "runs", ["jishnet-n1-s0", "jishnet-n2-s0", "scnet-n1-s0"])
+    (root / "jishnet-n1-s0").mkdir()
+    (root / "jishnet-n1-s0" / "run.json").write_text("{}")
+    (root / "jishnet-n2-s0").mkdir()  # the job made its folder, no run.json yet
+    empty = tmp_path / "later"
+    empty.mkdir()
+    pending = []
+    found = find_run_dirs([root, empty], pending=pending)
+    assert found == [(root / "jishnet-n1-s0").resolve()]
+    assert pending == [(root / n).resolve() for n in ("jishnet-n2-s0", "scnet-n1-s0")] + \
+        [empty.resolve()]
+    with pytest.raises(RunFolderError, match="no run.json found below it"):
+        find_run_dirs([empty])  # the analysis commands still need a run
+
+
+@pytest.fixture(scope="module")
+def preempted(train_events_dir, tmp_path_factory):
+    """A tiny run stopped by SIGTERM after 3 steps (status preempted)."""
+    import signal
+    import time
+
+    from train_helpers import clean_env
+
+    out = tmp_path_factory.mktemp("live") / "preempted"
+    proc = subprocess.Popen(train_cmd(train_events_dir, out), env=clean_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        log = out / "rank-000.csv"
+        while not (log.exists() and len(log.read_text().splitlines()) > 3):
+            assert time.monotonic() < deadline and proc.poll() is None, "no steps logged"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert json.loads((out / "run.json").read_text())["status"] == "preempted"
+    return out
+
+
+@pytest.mark.slow
+def test_watch_once_on_a_sweep_at_80_columns(trained, preempted, tmp_path):
+    root = _sweep(tmp_path / "runs", ["jishnet-n1-s0", "jishnet-n1-s1", "jishnet-n1-s2",
+                                      "jishnet-n2-s0", "scnet-n1-s0"])
+    shutil.copytree(trained, root / "jishnet-n1-s0")
+    _as_running(trained, root / "jishnet-n1-s1", torn="")
+    shutil.copytree(preempted, root / "jishnet-n1-s2")
+    (root / "scnet-n1-s0").mkdir()  # started, nothing written yet; jishnet-n2-s0: no folder
+    r = run([sys.executable, "-m", "lartpc.cli", "watch", "--once", str(root)],
+            timeout=120, COLUMNS="80")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert all(len(ln) <= 80 for ln in lines), r.stdout
+    cells = _rows(r.stdout)
+    status = {name: c[2] for name, c in cells.items()}
+    assert status == {"jishnet-n1-s0": "completed", "jishnet-n1-s1": "running",
+                      "jishnet-n1-s2": "preempted", "jishnet-n2-s0": "pending",
+                      "scnet-n1-s0": "pending"}, r.stdout
+    assert list(cells) == sorted(status)  # by model, then world size (then name)
+    header = next(ln for ln in lines if "┃ run" in ln)
+    assert all(h in header for h in ("status", "step", "loss", "img/s", "wait", "ETA"))
+    steps = len(rows(trained / "rank-000.csv"))
+    assert cells["jishnet-n1-s0"][3] == str(steps)
+    assert cells["jishnet-n1-s2"][3] == str(len(rows(preempted / "rank-000.csv")))
+    assert cells["jishnet-n2-s0"][3] == "-"
+    missing = run([sys.executable, "-m", "lartpc.cli", "watch", "--once",
+                   str(tmp_path / "nope")], timeout=120)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert missing.stderr.strip().splitlines() == [
+        f"lartpc watch: error: {tmp_path / 'nope'}: no such file or directory"]
+
+
+@pytest.mark.parametrize("width", [200, 80, 60, 40, 32])
+def test_narrow_terminals_keep_run_and_status(width):
+    from rich.console import Console
+
+    from analysis.live import Snapshot
+    from lartpc.commands.watch import table
+
+    snaps = [Snapshot(name=f"jishnet-n{n}-s0", status=st, step=120, epoch=3, epochs=40,
+                      loss=1.25, acc=0.5, images_s=1234.5, eta_s=3600.0, eval_epoch=2,
+                      eval_loss=1.3, eval_acc=0.45, data_wait=0.12)
+             for n, st in ((1, "time_limit"), (2, "running"))]
+    console = Console(width=width, record=True)
+    console.print(table(snaps, width))
+    out = console.export_text()
+    assert "…" not in out and max(map(len, out.splitlines())) <= width
+    for s in snaps:
+        assert f"│ {s.name} │ {s.status}" in out
+    assert ("1:00:00" in out) == (width >= 80) and ("epoch 3: 1.3000" in out) == (width >= 120)

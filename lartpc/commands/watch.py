@@ -1,23 +1,35 @@
 """``lartpc watch RUN...``: a live table of training runs, refreshed from their CSV tails.
 
-It exits when no run is running any more (``run.json`` status), or after one table
-with ``--once``. Reading the folders is :mod:`analysis.live` (no torch).
+A RUN is a run folder or a folder holding some (a sweep's output folder: every point
+of its ``manifest.json`` is shown, ``pending`` until its job writes ``run.json``). The
+table lists the runs by model and world size and fits the terminal: when it is narrow,
+headers are abbreviated and the least needed columns dropped; the run and its status
+always stay. It exits when no run is running any more (``run.json`` status), or after
+one table with ``--once``. Reading the folders is :mod:`analysis.live` (no torch).
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections import Counter
 from pathlib import Path
 
 from lartpc.errors import LartpcError
 
-COLUMNS = ("run", "status", "step", "epoch", "loss", "acc", "images/s", "ETA",
-           "last eval (loss / acc)")
+#: (key, header, short header); the order of the table
+COLUMNS = (("run", "run", "run"), ("status", "status", "status"), ("step", "step", "step"),
+           ("epoch", "epoch", "ep"), ("loss", "loss", "loss"), ("acc", "acc", "acc"),
+           ("images/s", "images/s", "img/s"), ("data wait", "data wait", "wait"),
+           ("ETA", "ETA", "ETA"), ("eval", "last eval (loss / acc)", "eval"))
+#: dropped first to last as the terminal narrows; run and status are never dropped
+DROP_ORDER = ("eval", "acc", "epoch", "data wait", "ETA", "images/s", "loss", "step")
+STATUS_WIDTH = len("time_limit")  #: the longest status
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run folders")
+    p.add_argument("runs", nargs="+", type=Path, metavar="RUN",
+                   help="run folders, or folders holding them (a sweep's --out-dir)")
     p.add_argument("--once", action="store_true", help="print one table and exit")
     p.add_argument("--interval", type=float, default=2.0, metavar="S",
                    help="seconds between refreshes (default 2)")
@@ -34,47 +46,111 @@ def _duration(s: float | None) -> str:
     return f"{m // 60}:{m % 60:02d}:{sec:02d}"
 
 
-def row(s) -> list[str]:
-    """One table row of an :class:`analysis.live.Snapshot` (epochs counted from 1, as
-    in "epoch 3/3"; the CSVs count from 0)."""
+def row(s) -> dict[str, str]:
+    """The cells of an :class:`analysis.live.Snapshot` by column key (epochs counted
+    from 1, as in "epoch 3/3"; the CSVs count from 0)."""
     epoch = "-" if s.epoch is None else f"{s.epoch + 1}/{s.epochs or '?'}"
     ev = "-" if s.eval_epoch is None else \
         f"epoch {s.eval_epoch + 1}: {s.eval_loss:.4f} / {s.eval_acc:.3f}"
-    return [s.name, s.status, str(s.step), epoch, _num(s.loss, ".4f"), _num(s.acc, ".3f"),
-            _num(s.images_s, ".1f"), _duration(s.eta_s), ev]
+    step = "-" if s.status == "pending" and not s.step else str(s.step)
+    return {"run": s.name, "status": s.status, "step": step, "epoch": epoch,
+            "loss": _num(s.loss, ".4f"), "acc": _num(s.acc, ".3f"),
+            "images/s": _num(s.images_s, ".1f"), "data wait": _num(s.data_wait, ".0%"),
+            "ETA": _duration(s.eta_s), "eval": ev}
 
 
-def table(snaps: list):
+def _title(snaps: list) -> str:
+    counts = Counter(s.status for s in snaps)
+    return f"lartpc watch  {time.strftime('%H:%M:%S')}  " + \
+        ", ".join(f"{n} {status}" for status, n in counts.most_common())
+
+
+def _table(snaps: list, keys: list[str], short: bool):
     from rich.table import Table
 
-    t = Table(title=f"lartpc watch  {time.strftime('%H:%M:%S')}", title_justify="left")
-    for c in COLUMNS:
-        t.add_column(c, justify="left" if c in ("run", "status") else "right", no_wrap=True)
+    t = Table(title=_title(snaps), title_justify="left")
+    for key, header, abbrev in COLUMNS:
+        if key not in keys:
+            continue
+        if key == "run":  # a name too long for the terminal wraps: never "…"
+            t.add_column(header, overflow="fold")
+        else:
+            t.add_column(abbrev if short else header, no_wrap=True,
+                         justify="left" if key == "status" else "right",
+                         min_width=STATUS_WIDTH if key == "status" else None)
     for s in snaps:
-        t.add_row(*row(s), style="bold" if s.status == "running" else "dim")
+        cells = row(s)
+        t.add_row(*(cells[k] for k in keys), style="bold" if s.status == "running" else "dim")
     return t
+
+
+def table(snaps: list, width: int):
+    """The widest table of ``snaps`` that fits ``width`` columns: all columns, then
+    short headers, then fewer columns (:data:`DROP_ORDER`)."""
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    measure = Console(width=10_000)
+    keys = [k for k, _, _ in COLUMNS]
+    candidates = [(keys, False)] + [([k for k in keys if k not in DROP_ORDER[:i]], True)
+                                    for i in range(len(DROP_ORDER) + 1)]
+    for keys, short in candidates:
+        t = _table(snaps, keys, short)
+        if Measurement.get(measure, measure.options, t).maximum <= width:
+            return t
+    return t  # even run and status are too wide: rich folds the names
+
+
+def _sort_key(s) -> tuple:
+    return (s.model is None, s.model or "", s.world_size or 0, s.name)
+
+
+def find_runs(paths: list[Path]) -> list:
+    """A :class:`analysis.live.LiveRun` for every run (started or pending) under ``paths``.
+
+    Raises
+    ------
+    LartpcError
+        A path that does not exist, a file that is not a run's, an unreadable manifest.
+    """
+    from analysis.live import LiveRun
+    from analysis.runs import RunFolderError, find_run_dirs, sweep_points
+
+    pending: list[Path] = []
+    try:
+        found = find_run_dirs(paths, pending=pending)
+        hints = {k: v for p in paths if p.is_dir() for k, v in sweep_points(p).items()}
+    except RunFolderError as e:
+        raise LartpcError(str(e)) from None
+    return [LiveRun(p, hints.get(p)) for p in found + pending]
+
+
+def snapshot(runs: list) -> list:
+    """Refresh every run; their snapshots by model, world size and name."""
+    return sorted((r.snapshot() for r in runs), key=_sort_key)
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    from analysis.live import LiveRun
-
     if args.interval <= 0:
         raise LartpcError(f"--interval must be positive, got {args.interval}")
-    for p in args.runs:
-        if not p.is_dir():
-            raise LartpcError(f"{p}: not a folder (expected a run folder from lartpc train)")
-    runs = [LiveRun(p) for p in args.runs]
-    snaps = [r.snapshot() for r in runs]
+    runs = find_runs(args.runs)
     console = Console()
+    snaps = snapshot(runs)
     if args.once:
-        console.print(table(snaps))
+        console.print(table(snaps, console.width))
         return 0
-    with Live(table(snaps), console=console, auto_refresh=False) as live:
-        while any(s.status in ("running", "starting") for s in snaps):
+    with Live(table(snaps, console.width), console=console, auto_refresh=False) as live:
+        while any(s.active for s in snaps):  # pending sweep points alone do not hold it
             time.sleep(args.interval)
-            snaps = [r.snapshot() for r in runs]
-            live.update(table(snaps), refresh=True)
+            snaps = snapshot(runs)
+            live.update(table(snaps, console.width), refresh=True)
+    if not console.is_terminal:
+        console.line()  # rich ends a live display with a newline on terminals only
+    waiting = sum(s.status == "pending" for s in snaps)
+    if waiting:
+        console.print(f"no run is training; {waiting} pending (watch again once their "
+                      "jobs start)")
     return 0

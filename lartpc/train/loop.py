@@ -141,13 +141,15 @@ def train_one_epoch(p: Parts, prog: Progress, steplog: runlog.StepLog,
         prog.train_time_s += t_end - t_prev
         prog.step_in_epoch += 1
         prog.global_step += 1
+        p.progress.on_step(prog.global_step, loss=float(g[0]), acc=float(g[1]),
+                           images=batch.batch_size * world.size, data_s=t_data - t_prev,
+                           compute_s=compute_s, comm_s=comm_s)
         t_prev = time.perf_counter()
         prog.stop, prog.last_loss = _stop_reason(p, g), float(g[0])
         if prog.stop:  # any rank out of time, signalled, or a non-finite loss: all stop
             return prog.step_in_epoch >= p.plan.steps_per_epoch
         if _checkpoint_due(p, prog):
             _save(p, prog, steplog)
-        _log_progress(p, prog, float(g[0]), float(g[1]))
     return True
 
 
@@ -159,17 +161,11 @@ def _checkpoint_due(p: Parts, prog: Progress) -> bool:
     return time.time() - prog.last_ckpt_time > p.cfg.train.checkpoint_every_s
 
 
-def _log_progress(p: Parts, prog: Progress, loss: float, acc: float) -> None:
-    """Four log lines an epoch, from rank 0."""
-    if p.world.is_root and prog.global_step % max(1, p.plan.steps_per_epoch // 4) == 0:
-        log.info("epoch %d step %d/%d  loss %.4f  acc %.3f", prog.epoch,
-                 prog.step_in_epoch, p.plan.steps_per_epoch, loss, acc)
-
-
 def _evaluate(p: Parts, prog: Progress) -> np.ndarray:
     t0 = time.time()
     res = evaluate(p.model, p.eval_loader, p.world, p.loss_fn, p.autocast)
     prog.eval_s = time.time() - t0
+    p.progress.on_eval(prog.eval_s)
     row = {"epoch": prog.epoch, "time": time.time(), **res.row()}
     prog.eval_rows = [r for r in prog.eval_rows if r["epoch"] != prog.epoch] + [row]
     if p.world.is_root:
@@ -200,22 +196,25 @@ def fit(p: Parts, resume: dict | None) -> tuple[str, float]:
     evaluated = False
     noise = NoiseMeter(p.cfg.train.noise_scale, p.cfg.train.noise_every_steps, p.world,
                        _unwrap(p.model), p.run, p.scaler, start_step=prog.global_step)
-    while prog.epoch < p.cfg.train.epochs:
-        if prog.step_in_epoch >= p.plan.steps_per_epoch:  # resumed at an epoch's end
+    try:
+        while prog.epoch < p.cfg.train.epochs:
+            if prog.step_in_epoch >= p.plan.steps_per_epoch:  # resumed at an epoch's end
+                prog.epoch, prog.step_in_epoch = prog.epoch + 1, 0
+                continue
+            finished = train_one_epoch(p, prog, steplog, noise)
+            evaluated = False
+            if not finished or prog.stop == "diverged":
+                break
+            if (prog.epoch + 1) % p.cfg.train.eval_every_epochs == 0 \
+                    or prog.epoch + 1 == p.cfg.train.epochs:
+                _evaluate(p, prog)
+                evaluated = True
             prog.epoch, prog.step_in_epoch = prog.epoch + 1, 0
-            continue
-        finished = train_one_epoch(p, prog, steplog, noise)
-        evaluated = False
-        if not finished or prog.stop == "diverged":
-            break
-        if (prog.epoch + 1) % p.cfg.train.eval_every_epochs == 0 \
-                or prog.epoch + 1 == p.cfg.train.epochs:
-            _evaluate(p, prog)
-            evaluated = True
-        prog.epoch, prog.step_in_epoch = prog.epoch + 1, 0
-        _save(p, prog, steplog)
-        if prog.stop:
-            break
+            _save(p, prog, steplog)
+            if prog.stop:
+                break
+    finally:
+        p.progress.close()  # a terminal's bar ends before the closing log lines
     status = _finish(p, prog, steplog, evaluated)
     p.tb.close()
     noise.close()  # its gradient hooks go with the segment

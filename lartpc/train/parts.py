@@ -23,6 +23,7 @@ from lartpc.data.store import EventStore
 from lartpc.dist import World
 from lartpc.errors import ConfigError
 from lartpc.train.optim import build_optimizer
+from lartpc.train.progress import NoProgress, open_progress
 from lartpc.train.tblog import TBLog, open_tblog
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class Parts:
     tb: TBLog = field(default_factory=TBLog)  #: TensorBoard scalars (no-op unless enabled)
     stops: object | None = None  #: signals.StopRequests the loop votes on
     store_id: dict | None = None  #: segments.store_identity, saved in checkpoints
+    #: rank 0's progress lines (progress.ConsoleProgress); a no-op on other ranks
+    progress: object = field(default_factory=NoProgress)
 
 
 def model_options(cfg: Config, device_type: str) -> dict:
@@ -156,7 +159,9 @@ def build_parts(cfg: Config, store: EventStore, world: World, run: Path,
     return Parts(cfg, world, run, plan, model, build_loss(cfg.model.loss), opt, train_loader,
                  eval_loader, process_start, autocast, scaler,
                  tb=open_tblog(tc.tensorboard, world.is_root, run,
-                               resume["global_step"] if resume else 0))
+                               resume["global_step"] if resume else 0),
+                 progress=open_progress(cfg, world.is_root, plan.steps_per_epoch,
+                                        process_start, resume["global_step"] if resume else 0))
 
 
 def make_loader(cfg: Config, store: EventStore, mode: str, indices: np.ndarray,

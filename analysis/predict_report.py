@@ -5,6 +5,8 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+import numpy as np
+
 from analysis.noise import binned, read_noise, smoothed
 from analysis.predict import FIT_RANGE, PredictError, run_predict
 from analysis.runs import Run
@@ -61,20 +63,25 @@ def write_figure(results: list[dict], measured: dict[tuple[str, int], dict],
 
     out.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    drawn = [False, False]  # a log axis with nothing positive on it cannot be drawn
     for r in results:
         ns = [p["gpus"] for p in r["predicted"]]
-        for ax, key in zip(axes, ("ttl_s", "epochs_per_min"), strict=True):
-            line, = ax.plot(ns, [p[key] for p in r["predicted"]], "-",
+        for i, (ax, key) in enumerate(zip(axes, ("ttl_s", "epochs_per_min"), strict=True)):
+            ys = [p[key] for p in r["predicted"]]
+            line, = ax.plot(ns, [np.nan if y is None else y for y in ys], "-",
                             label=f"{r['model']} predicted")
             pts = [(n, m[key]) for (model, n), m in measured.items()
                    if model == r["model"] and m.get(key)]
             if pts:
                 ax.plot(*zip(*pts, strict=True), "o", color=line.get_color(),
                         label=f"{r['model']} measured")
+            drawn[i] |= any(y is not None and y > 0 for y in ys) or bool(pts)
         axes[0].axvline(r["n_crit"], ls=":", color=line.get_color())
-    for ax, title in zip(axes, ("time to loss (s); dotted: N_crit", "epochs / min"),
-                         strict=True):
-        ax.set(xscale="log", yscale="log", xlabel="GPUs", title=title)
+    for ax, title, ok in zip(axes, ("time to loss (s); dotted: N_crit", "epochs / min"),
+                             drawn, strict=True):
+        ax.set(xscale="log", yscale="log" if ok else "linear", xlabel="GPUs", title=title)
+        if not ok:
+            ax.text(0.5, 0.5, "not predicted", transform=ax.transAxes, ha="center")
         ax.axvspan(*FIT_RANGE, color="0.9")
         ax.legend(fontsize=8)
     fig.suptitle(f"predicted on {results[0]['cluster']} (grey: the paper's 32-192 GPUs)")

@@ -238,3 +238,12 @@ def test_predict_json_has_no_bare_nan(runs, capsys, monkeypatch):
     assert main(["predict", str(runs), "--cluster", "summit", "--json"]) == 0
     out = capsys.readouterr().out
     assert "NaN" not in out and json.loads(out)["ttl_exponent"] is None
+
+
+def test_runs_that_never_reach_the_threshold_still_draw(runs, tmp_path, capsys):
+    """TTL cannot be predicted when no run reaches the threshold; the figure still draws
+    (a log axis with nothing on it made matplotlib raise inside predict and report)."""
+    assert main(["predict", str(runs), "--cluster", "summit", "--threshold", "0.5",
+                 "--out", str(tmp_path / "fig")]) == 0
+    assert (tmp_path / "fig" / "predict-summit.png").stat().st_size > 0
+    assert main(["report", str(runs), "--threshold", "0.5", "--out", str(tmp_path / "r")]) == 0

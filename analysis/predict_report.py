@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from analysis.noise import binned, read_noise, smoothed
-from analysis.predict import FIT_RANGE, PredictError, run_predict
-from analysis.runs import Run
+from analysis.predict import FIT_RANGE, run_predict
+from analysis.runs import Run, RunFolderError
 
 
 def _fmt(v, spec: str) -> str:
@@ -125,7 +125,8 @@ def write_noise_figure(runs: list[Run], out: Path, span: int) -> Path | None:
 
 def local_prediction(runs: list[Run], threshold: float, smooth: int | None):
     """:func:`run_predict` from 1 to 1,024 ranks with this machine's profile (local-cpu);
-    raises :class:`PredictError` when the runs measured no noise scale."""
+    raises :class:`~analysis.runs.RunFolderError` when the runs measured no noise scale
+    or one it cannot resolve."""
     from argparse import Namespace
 
     args = Namespace(gpus="1,2,4,8,16,32,64,128,256,512,1024", cluster="local-cpu",
@@ -146,7 +147,7 @@ def noise_section(runs: list[Run], threshold: float, smooth: int | None, out: Pa
     parts = ["<h2>Gradient noise scale and predicted scaling</h2>", img(fig, "noise scale")]
     try:
         results, measured = local_prediction(runs, threshold, smooth)
-    except PredictError as e:
+    except RunFolderError as e:  # PredictError, or a noise scale the runs cannot resolve
         return "".join(parts) + f"<p>No prediction: {html.escape(str(e))}</p>", []
     pred = write_figure(results, measured, out)
     lines = [f"{r['model']}: B_noise {r['b_noise']:.3g} at loss {threshold:g}, N_crit "

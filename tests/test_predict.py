@@ -247,3 +247,16 @@ def test_runs_that_never_reach_the_threshold_still_draw(runs, tmp_path, capsys):
                  "--out", str(tmp_path / "fig")]) == 0
     assert (tmp_path / "fig" / "predict-summit.png").stat().st_size > 0
     assert main(["report", str(runs), "--threshold", "0.5", "--out", str(tmp_path / "r")]) == 0
+
+
+def test_report_stands_when_the_noise_scale_cannot_be_resolved(runs, tmp_path):
+    """Short runs measure |G|^2 <= 0 near the threshold (noise dominates): the report
+    says there is no prediction instead of failing (the quick demo's report did)."""
+    noise = runs / "jishnet-n1" / "noise.csv"
+    lines = noise.read_text().splitlines()
+    cells = [ln.split(",") for ln in lines[1:]]
+    for c in cells:
+        c[7] = "-1.0"  # g2_est
+    noise.write_text("\n".join([lines[0], *(",".join(c) for c in cells)]) + "\n")
+    assert main(["report", str(runs), "--out", str(tmp_path / "r")]) == 0
+    assert "No prediction: " in (tmp_path / "r" / "report.html").read_text()

@@ -102,14 +102,14 @@ def main(argv: list[str] | None = None) -> int:
 def _summary(runs: Path) -> list[str]:
     """What this machine's runs really show (the report opens with the same lines)."""
     from analysis.glance import at_a_glance
-    from analysis.predict import PredictError
     from analysis.predict_report import local_prediction
+    from analysis.runs import RunFolderError
     from analysis.tables import analyse
 
     a = analyse([runs])
     try:
         predictions = local_prediction(a.runs, a.threshold, a.smooth)[0]
-    except PredictError:
+    except RunFolderError:  # no noise scale to predict from: the other lines stand
         predictions = []
     return at_a_glance(a, predictions)
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from analysis.runs import RunFolderError
+from lartpc.helpformat import HelpFormatter
 
 log = logging.getLogger("analysis")
 
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Scaling analysis of lartpc run folders (no torch needed).")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("fit", help="per-run DLT, epoch rate, TTL; power-law fits per model",
+                       formatter_class=HelpFormatter,
                        description="Per-run metrics and per-model power-law fits, printed; "
                        "their figures (loss, epoch rate, speedup and efficiency, TTL vs N) "
                        "written to --out.")
@@ -41,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in (("curves", "loss vs wall time (TTL inset), epoch rate vs N"),
                        ("confusion", "confusion matrices as PNG, CSV and Markdown"),
                        ("report", "one self-contained HTML report with the paper's numbers")):
-        p = sub.add_parser(name, help=text)
+        p = sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
         _common(p)
         p.add_argument("--out", type=Path, required=True, help="output folder")
     _predict_parser(sub)
@@ -49,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _predict_parser(sub) -> None:
-    p = sub.add_parser("predict", help="TTL and epoch rate to many GPUs from the noise scale "
+    p = sub.add_parser("predict", formatter_class=HelpFormatter,
+                       help="TTL and epoch rate to many GPUs from the noise scale "
                        "and a cluster profile (analysis/predict.py)")
     _common(p)
     p.add_argument("--cluster", help="profile in analysis/clusters.json: summitdev, summit, "
@@ -59,7 +62,8 @@ def _predict_parser(sub) -> None:
     p.add_argument("--alpha-us", type=float, help="allreduce latency per step, microseconds")
     p.add_argument("--beta-gbps", type=float, help="link bandwidth, gigaBYTES per second")
     p.add_argument("--compute-ms", type=float, help="compute + data time per step, ms")
-    p.add_argument("--allreduce", default="ring", choices=("ring", "tree"))
+    p.add_argument("--allreduce", default="ring", choices=("ring", "tree"),
+                   help="allreduce algorithm of the communication model")
     p.add_argument("--train-events", type=int, help="training events (default: the runs')")
     p.add_argument("--base-gpus", type=int, help="predict from the runs at this GPU count "
                    "(default: the smallest with a noise.csv)")

@@ -10,6 +10,7 @@ import sys
 
 from lartpc import __version__
 from lartpc.errors import LartpcError
+from lartpc.helpformat import HelpFormatter
 
 #: name -> (module with add_arguments(parser) and run(args) -> int, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -34,18 +35,6 @@ def _chosen(argv: list[str], table: dict) -> tuple[str | None, list[str]]:
         if not a.startswith("-"):
             return (a, argv[i + 1:]) if a in table else (None, [])
     return None, []
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows each option's default after its help, except where there is none to show
-    (None, False, a suppressed value) or the help already says it."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if "default" in text.lower() or action.default in (None, False, argparse.SUPPRESS) \
-                or isinstance(action, argparse._HelpAction) or not action.option_strings:
-            return text
-        return f"{text} (default: %(default)s)"
 
 
 def add_commands(parser: argparse.ArgumentParser, table: dict[str, tuple[str, str]],

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from lartpc.dist import init
+from lartpc.dist import init, unwrap_model
 
 
 def model_and_data(seed: int = 7, n: int = 8):
@@ -51,6 +51,7 @@ def main() -> int:
     world.broadcast_parameters(model)
     world.broadcast_optimizer_state(opt)
     opt = world.distributed_optimizer(opt, model, args.compression)
+    model = world.distributed_model(model, args.compression)
     if world.rank == args.fail_rank:
         print(f"rank {world.rank} failing on purpose", file=sys.stderr, flush=True)
         os._exit(3)
@@ -66,7 +67,7 @@ def main() -> int:
     world.allreduce_mean(torch.ones(1))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    torch.save({k: v.detach().clone() for k, v in model.state_dict().items()},
+    torch.save({k: v.detach().clone() for k, v in unwrap_model(model).state_dict().items()},
                out / f"params-rank{world.rank}{'-single' if args.single else ''}.pt")
     world.shutdown()
     return 0

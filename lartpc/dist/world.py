@@ -1,6 +1,7 @@
 """Distributed setup and the few collectives training needs.
 
-This is the only module that imports ``horovod`` or ``torch.distributed``. One call,
+This module and :mod:`lartpc.dist.ddp` are the only ones importing ``horovod`` or
+``torch.distributed``. One call,
 :func:`init`, inspects the launcher's environment (horovodrun, mpirun, jsrun, srun,
 torchrun, or none), starts the matching backend and returns a :class:`World`:
 
@@ -61,6 +62,9 @@ class World:
     backend: str = "none"
     local_size: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    #: the DDP model's :class:`~lartpc.dist.ddp.BucketExchange` (torch backend), once
+    #: :meth:`distributed_model` made it; a list so the frozen World can hold it
+    _exchange: list = field(default_factory=list, repr=False, compare=False)
 
     @property
     def is_root(self) -> bool:
@@ -78,6 +82,29 @@ class World:
             torch.distributed.all_reduce(out)
             return out
         return t.clone()
+
+    def allreduce_sum_(self, t: torch.Tensor) -> torch.Tensor:
+        """Element-wise sum over ranks in place (no copy: what ``lartpc bench
+        allreduce`` times); returns ``t``."""
+        if self.backend == "horovod":
+            import horovod.torch as hvd
+
+            return hvd.allreduce_(t, op=hvd.Sum)
+        if self.backend == "torch":
+            torch.distributed.all_reduce(t)
+        return t
+
+    def allgather_object(self, obj) -> list:
+        """Every rank's picklable ``obj``, in rank order."""
+        if self.backend == "horovod":
+            import horovod.torch as hvd
+
+            return hvd.allgather_object(obj, name="lartpc.allgather_object")
+        if self.backend == "torch":
+            out = [None] * self.size
+            torch.distributed.all_gather_object(out, obj)
+            return out
+        return [obj]
 
     def allreduce_mean(self, t: torch.Tensor) -> torch.Tensor:
         """Element-wise mean over ranks."""
@@ -138,37 +165,78 @@ class World:
             return out
         return [obj]
 
+    def distributed_model(self, module: torch.nn.Module, compression: str = "none"
+                          ) -> torch.nn.Module:
+        """``module`` as this backend trains it: in DistributedDataParallel for the torch
+        backend (gradients averaged in buckets during backward, see
+        :mod:`lartpc.dist.ddp`), unchanged otherwise (Horovod averages in its optimizer).
+
+        Call it once every rank holds the same parameters (after the broadcast). The
+        wrapped model's ``state_dict`` gains a ``module.`` prefix: save and load
+        :func:`unwrap_model` of it.
+        """
+        _check_compression(compression)
+        if self.backend != "torch":
+            return module
+        from lartpc.dist.ddp import wrap
+
+        model, exchange = wrap(module, fp16=compression == "fp16")
+        self._exchange[:] = [exchange]
+        return model
+
     def distributed_optimizer(self, opt: torch.optim.Optimizer, module: torch.nn.Module,
                               compression: str = "none") -> torch.optim.Optimizer:
-        """Wrap ``opt`` so ``step()`` uses gradients averaged over ranks.
+        """Wrap ``opt`` so ``step()`` uses gradients averaged over ranks (Horovod's
+        DistributedOptimizer; the torch backend averages in :meth:`distributed_model`
+        and returns ``opt`` as it is).
 
         ``compression="fp16"`` sends gradients as float16 (Horovod's Compression.fp16).
         """
-        if compression not in ("none", "fp16"):
-            raise ConfigError(f"train.grad_compression={compression!r}: expected 'none' or 'fp16'")
+        _check_compression(compression)
         if self.backend == "horovod":
             import horovod.torch as hvd
 
             comp = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
             return hvd.DistributedOptimizer(opt, named_parameters=module.named_parameters(),
                                             compression=comp, op=hvd.Average)
-        if self.backend == "torch":
-            from lartpc.dist.optim import AveragingOptimizer
-
-            return AveragingOptimizer(opt, self.size, fp16=compression == "fp16")
         return opt
 
+    def watch_local_gradients(self, observer) -> bool:
+        """Have ``observer(tensor)`` called with each bucket of this rank's gradient
+        before it is averaged (False when this backend has no such buckets: then take
+        the local gradient from per-parameter hooks). ``None`` stops the calls."""
+        if not self._exchange:
+            return False
+        self._exchange[0].observer = observer
+        return True
+
+    def no_sync(self, model: torch.nn.Module):
+        """Context for a backward pass whose gradients must not be exchanged."""
+        return model.no_sync() if self._exchange and hasattr(model, "no_sync") \
+            else nullcontext()
+
     def step_optimizer(self, opt: torch.optim.Optimizer, scaler=None) -> float:
-        """Finish the gradient exchange, then update; returns the exchange's seconds.
+        """Finish the gradient exchange, then update; returns the exchange's seconds
+        not hidden behind backward (docs/run-folder.md, ``comm_s``).
+
+        Horovod: the wait in ``synchronize()`` for the allreduces still running after
+        backward. torch (DDP): backward itself waited for them; the time from the last
+        bucket's hand-off to here (on CUDA after the device finished).
 
         With a ``torch.amp.GradScaler`` (fp16 training) the averaged gradients are
         unscaled and the step is skipped when any is inf/NaN; the check runs on the
         already averaged gradients, so every rank skips the same steps.
         """
         t0 = time.perf_counter()
-        if self.backend in ("horovod", "torch"):
+        if self.backend == "horovod":
             opt.synchronize()
-        comm = time.perf_counter() - t0
+            comm = time.perf_counter() - t0
+        elif self._exchange:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            comm = self._exchange[0].exposed_s()
+        else:
+            comm = 0.0
         # Horovod's wrapper would exchange again inside step() without this
         skip = opt.skip_synchronize() if self.backend == "horovod" else nullcontext()
         with skip:
@@ -202,6 +270,23 @@ class World:
             hvd.shutdown()
         elif self.backend == "torch" and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+def _check_compression(compression: str) -> None:
+    if compression not in ("none", "fp16"):
+        raise ConfigError(f"train.grad_compression={compression!r}: expected 'none' or 'fp16'")
+
+
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The plain model under ``torch.compile`` and DDP wrappers (its ``state_dict`` keys
+    carry no ``_orig_mod.`` or ``module.`` prefix)."""
+    while True:
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif isinstance(model, torch.nn.Module) and hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model
 
 
 def device_type(device: str) -> str:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from lartpc.dist import unwrap_model
 from lartpc.train import checkpoint, runlog
 from lartpc.train.durable import RunFolderError
 from lartpc.train.evaluate import evaluate
@@ -71,7 +72,7 @@ def _save(p: Parts, prog: Progress, steplog: runlog.StepLog) -> None:
     if p.world.is_root:
         t0 = time.time()
         try:
-            checkpoint.save(p.run, model=_unwrap(p.model), opt=p.opt, epoch=prog.epoch,
+            checkpoint.save(p.run, model=unwrap_model(p.model), opt=p.opt, epoch=prog.epoch,
                             step_in_epoch=prog.step_in_epoch, global_step=prog.global_step,
                             world_size=p.world.size, config=p.cfg.to_dict(),
                             eval_rows=prog.eval_rows, train_time_s=prog.train_time_s,
@@ -93,10 +94,6 @@ def _stop_reason(p: Parts, g: torch.Tensor) -> str | None:
     if g[2] > 0:
         return "time_limit"
     return None
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    return getattr(model, "_orig_mod", model)
 
 
 def train_one_epoch(p: Parts, prog: Progress, steplog: runlog.StepLog,
@@ -195,7 +192,7 @@ def fit(p: Parts, resume: dict | None) -> tuple[str, float]:
                              flush_every=p.cfg.train.log_flush_steps)
     evaluated = False
     noise = NoiseMeter(p.cfg.train.noise_scale, p.cfg.train.noise_every_steps, p.world,
-                       _unwrap(p.model), p.run, p.scaler, start_step=prog.global_step)
+                       p.model, p.run, p.scaler, start_step=prog.global_step)
     try:
         while prog.epoch < p.cfg.train.epochs:
             if prog.step_in_epoch >= p.plan.steps_per_epoch:  # resumed at an epoch's end
@@ -218,7 +215,7 @@ def fit(p: Parts, resume: dict | None) -> tuple[str, float]:
     status = _finish(p, prog, steplog, evaluated)
     p.tb.close()
     noise.close()  # its gradient hooks go with the segment
-    return status, p.world.param_divergence(_unwrap(p.model))
+    return status, p.world.param_divergence(unwrap_model(p.model))
 
 
 def _finish(p: Parts, prog: Progress, steplog: runlog.StepLog, evaluated: bool) -> str:

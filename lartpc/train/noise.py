@@ -3,9 +3,10 @@
 Every ``train.noise_every_steps`` steps the squared gradient norm is taken at two batch
 sizes that data-parallel training already has:
 
-* ``ranks``: each rank's local gradient (B_small = its minibatch, taken by tensor hooks
-  *before* Horovod or torch.distributed averages it) and the averaged gradient
-  (B_big = the sum of the minibatches, read after the exchange);
+* ``ranks``: each rank's local gradient (B_small = its minibatch, taken *before* it is
+  averaged: under DDP from each bucket DDP hands to allreduce, under Horovod by tensor
+  hooks on the parameters) and the averaged gradient (B_big = the sum of the
+  minibatches, read after the exchange);
 * ``halves``: each rank's minibatch split in two halves, each with its own backward
   pass (B_small = a half), and the averaged gradient (B_big = the minibatches summed);
   the one-rank estimator.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -81,11 +83,13 @@ def resolve_mode(mode: str, world_size: int) -> str:
 
 
 class NoiseMeter:
-    """Hooks on a model's parameters and the ``noise.csv`` writer of one rank.
+    """Hooks on a model's gradients and the ``noise.csv`` writer of one rank.
 
     Use per step: ``fb = meter.forward_backward(...)`` in place of the ordinary forward
     and backward, the optimizer step, then ``meter.record(...)``. Off steps cost one
-    integer comparison per parameter gradient.
+    comparison per parameter gradient (per DDP bucket in ``ranks`` mode under DDP).
+
+    ``model`` is the model as trained (DistributedDataParallel for the torch backend).
     """
 
     def __init__(self, mode: str, every: int, world, model: torch.nn.Module,
@@ -97,8 +101,12 @@ class NoiseMeter:
         self._active = False
         self._part: int | None = None  # which piece's backward the hook is summing
         self._parts: list = []  # per piece |g|^2: a float, or a 0-d tensor the hook sums
+        # ranks under DDP: the local bucket, one norm per bucket; otherwise (halves, whose
+        # hook must see one half's gradient, not the .grad sum DDP sends; Horovod) hooks
+        # on every parameter
+        buckets = self.mode == "ranks" and world.watch_local_gradients(self._hook)
         self._handles = [p.register_hook(self._hook) for p in self.params] \
-            if self.mode != "off" else []
+            if self.mode != "off" and not buckets else []
         if self.path is not None and world.is_root and self.mode != "off":
             keep_rows_before(self.path, start_step)  # a resumed run logs each step once
 
@@ -107,7 +115,8 @@ class NoiseMeter:
 
     def _hook(self, grad: torch.Tensor) -> None:
         # Runs as each parameter's gradient is computed, before it is accumulated and
-        # before any averaging hook of the distributed optimizer sees it.
+        # before any averaging hook of the distributed optimizer sees it; or with each
+        # DDP bucket (local gradients, flattened) before the allreduce.
         if self._active and self._part is not None:
             # stays on the device: no synchronisation inside the backward pass
             self._parts[self._part] = self._parts[self._part] + grad.detach().float().pow(2).sum()
@@ -118,8 +127,9 @@ class NoiseMeter:
         On a measured ``halves`` step the minibatch goes through as two halves, each
         weighted by its share so the gradient is the minibatch's. The first half's
         gradient comes from ``torch.autograd.grad`` (no accumulation, so no averaging
-        hook fires) and is placed in ``.grad``; the second half's ordinary backward then
-        accumulates onto it before Horovod's per-parameter hook sends the sum.
+        hook fires; under DDP inside ``no_sync``) and is placed in ``.grad``; the second
+        half's ordinary backward then accumulates onto it before Horovod's per-parameter
+        hook or DDP's bucket sends the sum.
         """
         self._active = self.due(step)
         halves = self._active and self.mode == "halves" and batch.batch_size >= 2
@@ -130,11 +140,12 @@ class NoiseMeter:
         self._parts = [0.0] * len(pieces)
         logits, loss = [], 0.0
         for i, (piece, w) in enumerate(zip(pieces, self._weights, strict=True)):
-            with autocast():
+            last = i == len(pieces) - 1
+            with nullcontext() if last else self.world.no_sync(model), autocast():
                 out = model(piece)
                 piece_loss = loss_fn(out.float(), piece.labels)
             scaled = self.scaler.scale(piece_loss * w) if self.scaler else piece_loss * w
-            if i < len(pieces) - 1:
+            if not last:
                 self._part = None  # the hook ignores this pass; the norm is taken here
                 grads = torch.autograd.grad(scaled, self.params, allow_unused=True)
                 self._parts[i] = _sq_norm(grads)
@@ -177,6 +188,8 @@ class NoiseMeter:
     def close(self) -> None:
         for h in self._handles:
             h.remove()
+        if self.mode == "ranks":
+            self.world.watch_local_gradients(None)
 
 
 def _sq_norm(tensors) -> float:

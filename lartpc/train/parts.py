@@ -2,7 +2,8 @@
 
 Order: shard data (DLT) -> build model -> DistributedOptimizer -> resume -> broadcast
 parameters and optimizer state (Horovod's own order: the state is broadcast through the
-wrapped optimizer, which is the one that steps) -> loaders.
+wrapped optimizer, which is the one that steps) -> DistributedDataParallel (torch
+backend) -> torch.compile -> loaders.
 """
 
 from __future__ import annotations
@@ -146,7 +147,11 @@ def build_parts(cfg: Config, store: EventStore, world: World, run: Path,
     # Every rank starts from rank 0's weights and optimizer state.
     world.broadcast_parameters(model)
     world.broadcast_optimizer_state(opt)
-    if tc.compile and model.input_kind == "dense":
+    # DDP around the plain model (checkpoints save and load that one: no `module.` keys),
+    # compiled afterwards so that compile splits its graph at DDP's buckets
+    dense = model.input_kind == "dense"  # before a DDP wrapper hides the attribute
+    model = world.distributed_model(model, tc.grad_compression)
+    if tc.compile and dense:
         model = torch.compile(model)
     t0 = time.time()
     train_loader = make_loader(cfg, store, mode, plan.train_indices(world.rank), world.device,

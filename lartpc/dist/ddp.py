@@ -1,0 +1,82 @@
+"""Gradient averaging for the torch.distributed backend: DistributedDataParallel.
+
+DDP packs gradients into buckets (``bucket_cap_mb``, 25 MiB, the first one 1 MiB) in
+the order backward produces them and hands each bucket to allreduce as soon as it is
+full, so the exchange overlaps the rest of the backward pass (Horovod's tensor fusion
+does the same with its own buffer and cycle). Every bucket goes through one
+communication hook, :func:`average_bucket`, which
+
+* lets an observer see the rank's *local* bucket before it is averaged (the gradient
+  noise meter's squared norm, ``train.noise_scale=ranks``);
+* averages it in float32, or as float16 (``train.grad_compression=fp16``, DDP's
+  ``fp16_compress_hook``, Horovod's ``Compression.fp16``);
+* notes when the last bucket was handed over, for the exposed communication time.
+"""
+
+# no `from __future__ import annotations`: DDP checks the hook's annotation is the
+# dist.GradBucket class itself, not its name
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+
+class BucketExchange:
+    """State of the communication hook of one DDP model.
+
+    Parameters
+    ----------
+    fp16 : send the buckets as float16.
+    """
+
+    def __init__(self, fp16: bool = False):
+        self.fp16 = fp16
+        #: called with each local (not yet averaged) bucket; set by the noise meter
+        self.observer: Callable[[torch.Tensor], None] | None = None
+        self.last_handoff: float | None = None  #: perf_counter of the last bucket sent
+        self.buckets = 0  #: buckets sent since the model was wrapped
+
+    def exposed_s(self) -> float:
+        """Seconds since the last bucket was handed to allreduce (0 before the first).
+
+        Called right after backward, whose end waits for every bucket's allreduce, it
+        is the exchange that backward could not hide: the last bucket's allreduce and
+        whatever earlier buckets were still in flight.
+        """
+        if self.last_handoff is None:
+            return 0.0
+        t, self.last_handoff = time.perf_counter() - self.last_handoff, None
+        return t
+
+
+def average_bucket(state: BucketExchange, bucket: dist.GradBucket
+                   ) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: observe the local bucket, then average it over ranks."""
+    if state.observer is not None:
+        state.observer(bucket.buffer())  # before the hooks below divide it in place
+    state.buckets += 1
+    state.last_handoff = time.perf_counter()
+    if state.fp16:
+        return default_hooks.fp16_compress_hook(None, bucket)
+    return default_hooks.allreduce_hook(None, bucket)
+
+
+def wrap(module: torch.nn.Module, fp16: bool = False
+         ) -> tuple[DistributedDataParallel, BucketExchange]:
+    """``module`` in DDP with :func:`average_bucket` as its communication hook.
+
+    Every parameter must get a gradient on every step (``find_unused_parameters=False``:
+    no graph search per step); SCNet ties its no-site path to every parameter for that
+    reason. Batches arrive on the rank's device already (``device_ids=None``: DDP moves
+    no inputs). DDP's initial broadcast repeats the one the caller made after resuming
+    (cheap, and ``init_sync`` needs torch 2.4); the models have no buffers, so nothing
+    else is sent at a forward.
+    """
+    ddp = DistributedDataParallel(module, device_ids=None, find_unused_parameters=False)
+    state = BucketExchange(fp16)
+    ddp.register_comm_hook(state, average_bucket)
+    return ddp, state
+

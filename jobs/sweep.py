@@ -10,7 +10,6 @@ Run folders are ``<out_dir>/<model>-n<gpus>-s<seed>``, so ``python -m analysis r
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -19,11 +18,10 @@ import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from lartpc.errors import LartpcError
-from lartpc.runfolder.durable import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +44,31 @@ _DIRECTIVE = re.compile(r"^#(SBATCH|BSUB)\b")
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,+-]{0,127}")
 #: A path that goes into a directive line (--output, -o), where no quoting exists.
 _DIRECTIVE_PATH = re.compile(r"[\w./+,=@:~-]+")
+#: A --constraint: node features joined by SLURM's operators (&, |, brackets, counts).
+_CONSTRAINT = re.compile(r"[A-Za-z0-9_.,+&|!*\[\]():-]{1,256}")
+#: One word of a --sbatch-arg/--bsub-arg: nothing a shell or a directive reads as more.
+_ARG_WORD = re.compile(r"[A-Za-z0-9_.,:+=@%/&|!*\[\]()-]+")
+#: Scheduler options the sweep writes itself -> the sweep option that sets them.
+OWNED_ARGS: dict[str, dict[str, str]] = {
+    "slurm": {
+        **dict.fromkeys(("--job-name", "-J"), "the point's name"),
+        **dict.fromkeys(("--nodes", "-N", "--ntasks", "-n", "--ntasks-per-node",
+                         "--gpus-per-node", "--gpus-per-task", "--gpus", "-G"),
+                        "--gpus and --gpus-per-node"),
+        **dict.fromkeys(("--cpus-per-task", "-c"), "--cores-per-rank"),
+        **dict.fromkeys(("--time", "-t"), "--time"),
+        **dict.fromkeys(("--output", "-o", "--open-mode", "--requeue", "--no-requeue",
+                         "--signal"), "nothing: the job scripts need them as they are"),
+        **dict.fromkeys(("--account", "-A"), "--account"),
+        **dict.fromkeys(("--partition", "-p"), "--queue"),
+        **dict.fromkeys(("--constraint", "-C"), "--constraint"),
+        **dict.fromkeys(("--qos", "-q"), "--qos"),
+        "--reservation": "--reservation",
+    },
+    "lsf": {"-J": "the point's name", "-nnodes": "--gpus and --gpus-per-node",
+            "-W": "--time", "-o": "--out-dir", "-P": "--account", "-q": "--queue",
+            "-U": "--reservation"},
+}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -60,6 +83,11 @@ class JobShape:
     cpu: bool = False  #: no GPUs requested (tests, CPU clusters)
     account: str | None = None
     queue: str | None = None  #: SLURM partition or LSF queue
+    constraint: str | None = None  #: SLURM node features (-C)
+    qos: str | None = None  #: SLURM quality of service
+    reservation: str | None = None  #: SLURM --reservation / LSF -U
+    extra_args: list[str] = field(default_factory=list)  #: checked --sbatch/--bsub-arg
+    prelude: str | None = None  #: shell file sourced on the node before the launch
 
 
 @dataclass(kw_only=True, slots=True)
@@ -119,6 +147,58 @@ def check_name(value: str | None, option: str) -> None:
                           "and _.,+- (no spaces, quotes or newlines)")
 
 
+def check_constraint(value: str | None) -> None:
+    """Refuse a ``--constraint`` that is not one SLURM feature expression."""
+    if value is not None and not _CONSTRAINT.fullmatch(value):
+        raise LartpcError(f"--constraint {value!r}: expected node features and the operators "
+                          "&|!*[]() (no spaces, quotes or newlines)")
+
+
+def scheduler_arg(text: str, option: str, scheduler: str) -> str:
+    """One ``--sbatch-arg``/``--bsub-arg``, checked, as it goes after ``#SBATCH``/``#BSUB``.
+
+    It is an option and at most one value (``--mail-type=END``, ``--exclusive``,
+    ``-alloc_flags "nvme smt4"``); quotes group a value with spaces, which is written
+    back double-quoted. Anything a shell or a directive line could read as more than
+    that (line breaks, ``;``, backticks, ``$``, other quotes) and the options the sweep
+    writes itself are refused.
+
+    Raises
+    ------
+    LartpcError
+        Naming ``option`` and the text, with the reason, in one line.
+    """
+    def refuse(why: str) -> LartpcError:
+        return LartpcError(f"{option} {text!r}: {why}")
+
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise refuse("holds a line break or another control character")
+    if any(c in text for c in "\\`$;"):
+        raise refuse("only letters, digits and _.,:+=@%/&|!*[]()- are allowed "
+                     "(no ; ` $ quotes or backslashes)")
+    try:
+        words = shlex.split(text)
+    except ValueError as e:
+        raise refuse(f"cannot be split into words ({e})") from None
+    if not 1 <= len(words) <= 2 or not words[0].startswith("-"):
+        raise refuse("expected one scheduler option and at most one value, e.g. "
+                     + ("--mail-type=END" if scheduler == "slurm" else "-alloc_flags smt4"))
+    for w in words:
+        if not all(_ARG_WORD.fullmatch(part) for part in w.split(" ")):
+            raise refuse("only letters, digits and _.,:+=@%/&|!*[]()- are allowed "
+                         "(no ; ` $ quotes or backslashes)")
+    if " " in words[0]:
+        raise refuse("the option name holds a space")
+    name = words[0].split("=", 1)[0]
+    owned = OWNED_ARGS[scheduler].get(name)
+    if owned:
+        raise refuse(f"{name} is written by the sweep; use {owned}")
+    line = " ".join(f'"{w}"' if " " in w else w for w in words)
+    if line != " ".join(text.replace("'", '"').split()):
+        raise refuse('quotes may only group a value that holds spaces, as "nvme smt4"')
+    return line
+
+
 def check_path(path: Path, option: str, *, directive: bool) -> None:
     """Refuse a path a job script cannot carry safely.
 
@@ -139,8 +219,8 @@ LAUNCHER_BACKEND = {"horovod": "horovod", "horovod-gloo": "horovod", "jsrun": "h
                     "torchrun": "torch"}
 
 
-def check_sets(sets: list[str], models: list[str], seeds: list[int],
-               config_prefix: str, launcher: str | None = None) -> None:
+def check_sets(sets: list[str], configs: dict[str, str], seeds: list[int],
+               launcher: str | None = None) -> None:
     """Resolve every point's config with ``sets`` now, so a typo fails before any job queues.
 
     Raises
@@ -165,13 +245,12 @@ def check_sets(sets: list[str], models: list[str], seeds: list[int],
         if key == "dist.backend" and wanted and value not in ("auto", wanted):
             raise LartpcError(f"--set {kv!r} contradicts --launcher {launcher}, which starts "
                               f"{wanted} ranks; leave dist.backend=auto or use {wanted}")
-    for model in models:
+    for model, ref in configs.items():
         for seed in seeds:
             try:
-                load_config(f"{config_prefix}-{model}", [f"train.seed={seed}", *sets])
+                load_config(ref, [f"train.seed={seed}", *sets])
             except ConfigError as e:
-                raise LartpcError(f"--config-prefix {config_prefix} --models {model} "
-                                  f"--seeds {seed}: {e}") from e
+                raise LartpcError(f"config {ref} (model {model}) --seeds {seed}: {e}") from e
 
 
 def parse_list(text: str, option: str, *, positive: bool = False) -> list[int]:
@@ -199,17 +278,17 @@ def parse_models(text: str) -> list[str]:
     return models
 
 
-def plan(models: list[str], gpus: list[int], seeds: list[int], out_dir: Path,
-         scripts_dir: Path, config_prefix: str, scheduler: str) -> list[Point]:
+def plan(configs: dict[str, str], gpus: list[int], seeds: list[int], out_dir: Path,
+         scripts_dir: Path, scheduler: str) -> list[Point]:
     """Every (model, gpus, seed) point with its config, run folder and script path."""
     ext = "sbatch" if scheduler == "slurm" else "lsf"
     points = []
-    for model in models:
+    for model, ref in configs.items():
         for n in gpus:
             for seed in seeds:
                 name = f"{model}-n{n}-s{seed}"
                 points.append(Point(model=model, gpus=n, seed=seed,
-                                    config=f"{config_prefix}-{model}", name=name,
+                                    config=ref, name=name,
                                     run=str(out_dir / name),
                                     script=str(scripts_dir / f"{name}.{ext}")))
     return points
@@ -236,20 +315,25 @@ def directives(p: Point, shape: JobShape, logs_dir: Path) -> list[str]:
                  f"-o {logs_dir / p.name}.%J.out"]
         lines += [f"-P {shape.account}"] * bool(shape.account)
         lines += [f"-q {shape.queue}"] * bool(shape.queue)
-        return [f"#BSUB {x}" for x in lines]
+        lines += [f"-U {shape.reservation}"] * bool(shape.reservation)
+        return [f"#BSUB {x}" for x in [*lines, *shape.extra_args]]
     lines = [f"--job-name=lartpc-{p.name}", f"--nodes={nodes}"]
     if shape.launcher == "torchrun":  # one torchrun per node starts the node's ranks
         lines += ["--ntasks-per-node=1", f"--cpus-per-task={tpn * c}"]
         lines += [f"--gpus-per-node={tpn}"] * (not shape.cpu)
     else:
+        # Every rank sees the node's GPUs (NCCL's peer-to-peer paths need them) and
+        # lartpc pins its own by local rank.
         lines += [f"--ntasks={p.gpus}", f"--ntasks-per-node={tpn}", f"--cpus-per-task={c}"]
-        gpu = "--gpus-per-node" if shape.launcher == "horovod-gloo" else "--gpus-per-task"
-        lines += [f"{gpu}={tpn if gpu == '--gpus-per-node' else 1}"] * (not shape.cpu)
+        lines += [f"--gpus-per-node={tpn}"] * (not shape.cpu)
     lines += [f"--time={shape.time}", f"--output={logs_dir / p.name}-%j.out",
               "--open-mode=append", "--requeue", "--signal=B:USR1@120"]
     lines += [f"--account={shape.account}"] * bool(shape.account)
     lines += [f"--partition={shape.queue}"] * bool(shape.queue)
-    return [f"#SBATCH {x}" for x in lines]
+    lines += [f"--constraint={shape.constraint}"] * bool(shape.constraint)
+    lines += [f"--qos={shape.qos}"] * bool(shape.qos)
+    lines += [f"--reservation={shape.reservation}"] * bool(shape.reservation)
+    return [f"#SBATCH {x}" for x in [*lines, *shape.extra_args]]
 
 
 def exports(p: Point, shape: JobShape, data: Path, sets: list[str]) -> dict[str, str]:
@@ -263,6 +347,8 @@ def exports(p: Point, shape: JobShape, data: Path, sets: list[str]) -> dict[str,
         "LARTPC_TASKS_PER_NODE": str(tpn), "LARTPC_CORES_PER_TASK": str(shape.cores_per_rank),
         "LARTPC_GPUS_PER_TASK": "0" if shape.cpu else "1", "LARTPC_SCRIPT": p.script,
     }
+    if shape.prelude:
+        env["LARTPC_PRELUDE"] = shape.prelude
     if sys.prefix != sys.base_prefix:  # a virtual environment: activate it on the node
         env["LARTPC_VENV"] = sys.prefix
     return env
@@ -323,44 +409,3 @@ def launch_line(template: Path, env: dict[str, str]) -> str:
     if out.returncode != 0:
         raise LartpcError(f"{template} dry run failed: {out.stderr.strip()}")
     return out.stdout.strip()
-
-
-def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, text, mode)
-
-
-def write(points: list[Point], scripts: dict[str, str], manifest: Path, meta: dict) -> None:
-    """Write every script, then the manifest (atomic files)."""
-    for p in points:
-        _write_atomic(Path(p.script), scripts[p.name], 0o755)
-    write_manifest(points, manifest, meta)
-
-
-def write_manifest(points: list[Point], manifest: Path, meta: dict) -> None:
-    """``manifest``: ``meta`` plus one entry per point (model, gpus, seed, script, run, job id)."""
-    doc = {**meta, "points": [asdict(p) for p in points]}
-    _write_atomic(manifest, json.dumps(doc, indent=2) + "\n")
-
-
-def submit(points: list[Point], scheduler: str, manifest: Path, meta: dict) -> None:
-    """Submit each script, recording job ids in the manifest as they come."""
-    exe = SUBMIT[scheduler]
-    if shutil.which(exe) is None:
-        raise LartpcError(f"--submit --scheduler {scheduler}: `{exe}` not found on PATH")
-    for p in points:
-        if scheduler == "slurm":
-            out = subprocess.run([exe, "--parsable", p.script], capture_output=True, text=True)
-            job_id = out.stdout.strip().split(";")[0]
-        else:  # bsub reads the script on stdin so its #BSUB lines count
-            with open(p.script) as f:
-                out = subprocess.run([exe], stdin=f, capture_output=True, text=True)
-            m = re.search(r"Job <(\d+)>", out.stdout)
-            job_id = m.group(1) if m else ""
-        if out.returncode != 0 or not job_id:
-            write_manifest(points, manifest, meta)
-            raise LartpcError(f"{exe} {p.script} failed (exit {out.returncode}): "
-                              f"{(out.stderr or out.stdout).strip()}")
-        p.job_id = job_id
-        log.info("submitted %s as job %s", p.name, job_id)
-        write_manifest(points, manifest, meta)

@@ -130,14 +130,14 @@ def test_train_refuses_bad_input_before_run_json(train_events_dir, tmp_path, set
 
 
 def test_plan_for_the_world_size_is_checked(train_events_dir):
+    from lartpc.data.sharding import plan_run
     from lartpc.errors import LartpcError
-    from lartpc.train.parts import build_plan
 
     store = EventStore(train_events_dir)
     # 20 events, 4 per class: round(0.2 * 4) = 1 held out per class
     cfg = load_config("tiny-jishnet", ["data.downsample=9", "data.max_events=20",
                                        "data.eval_fraction=0.2"])
-    plan = build_plan(cfg, store, 2)
+    plan = plan_run(cfg, store, 2)
     assert (len(plan.train), len(plan.eval)) == (15, 5)
     with pytest.raises(LartpcError, match="15 training events for 16 ranks"):
-        build_plan(cfg, store, 16)
+        plan_run(cfg, store, 16)

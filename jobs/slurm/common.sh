@@ -14,11 +14,18 @@
 #   LARTPC_TIME_MARGIN_S  seconds kept free at the end of the job (default 300)
 #   LARTPC_TIME_LIMIT_S   train.time_limit_s to use instead of the computed one
 #   LARTPC_MAX_REQUEUES   most requeues or resubmissions of one run (default 20)
-#   LARTPC_NTASKS, LARTPC_NNODES, LARTPC_TASKS_PER_NODE, LARTPC_CORES_PER_TASK,
-#   LARTPC_GPUS_PER_TASK  shape of the job; the scheduler's own variables win when set
+#   LARTPC_NTASKS, LARTPC_NNODES, LARTPC_TASKS_PER_NODE, LARTPC_GPUS_PER_TASK
+#                   shape of the job; the scheduler's own variables win when set
+#   LARTPC_CORES_PER_TASK  CPU cores per rank (SLURM_CPUS_PER_TASK wins when set)
+#   LARTPC_RANKS_PER_TASK  ranks one srun task starts (torchrun: the node's ranks)
+#   LARTPC_PRELUDE  shell file sourced before anything else (module load, conda, ...)
 #   LARTPC_VENV     virtual environment to activate on the compute node
+# The ranks' environment (HDF5 file locking, OpenMP threads, NCCL) is set in env.sh.
 #   LARTPC_SCRIPT   this script's path (LSF resubmits it)
 #   LARTPC_DRY_RUN  1: print the launch command and exit without running anything
+
+# shellcheck source=jobs/slurm/env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
 lartpc_log() { echo "[lartpc-job $(date +%H:%M:%S)] $*" >&2; }
 lartpc_die() { lartpc_log "error: $*"; exit 2; }
@@ -82,6 +89,16 @@ lartpc_setup() {
     : "${LARTPC_CONFIG:?set LARTPC_CONFIG (preset or TOML file)}"
     : "${LARTPC_DATA:?set LARTPC_DATA (event folder)}"
     : "${LARTPC_RUN:?set LARTPC_RUN (run folder)}"
+    if [[ -n ${LARTPC_PRELUDE:-} && ${LARTPC_DRY_RUN:-0} != 1 ]]; then
+        [[ -r $LARTPC_PRELUDE ]] || lartpc_die "prelude $LARTPC_PRELUDE not readable"
+        lartpc_log "prelude: $LARTPC_PRELUDE"
+        # Site scripts (module, conda) often read unset variables: not under `set -u`.
+        set +u
+        # shellcheck source=/dev/null
+        source "$LARTPC_PRELUDE" || lartpc_die "prelude $LARTPC_PRELUDE failed"
+        set -u
+    fi
+    lartpc_env "$(lartpc_cores)"
     if [[ -n ${LARTPC_VENV:-} && ${LARTPC_DRY_RUN:-0} != 1 ]]; then
         # shellcheck source=/dev/null
         source "$LARTPC_VENV/bin/activate"
@@ -104,7 +121,16 @@ lartpc_setup() {
 
 lartpc_ntasks() { echo "${SLURM_NTASKS:-${LARTPC_NTASKS:-1}}"; }
 lartpc_nnodes() { echo "${SLURM_NNODES:-${LARTPC_NNODES:-1}}"; }
-lartpc_cores() { echo "${SLURM_CPUS_PER_TASK:-${LARTPC_CORES_PER_TASK:-1}}"; }
+# lartpc_cores: CPU cores per rank (an srun task of torchrun holds the node's ranks).
+lartpc_cores() {
+    local c
+    if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then
+        c=$(( SLURM_CPUS_PER_TASK / ${LARTPC_RANKS_PER_TASK:-1} ))
+    else
+        c=${LARTPC_CORES_PER_TASK:-1}
+    fi
+    echo $(( c < 1 ? 1 : c ))
+}
 lartpc_gpus() { echo "${LARTPC_GPUS_PER_TASK:-1}"; }
 
 # lartpc_hosts: one node name per line (placeholders node1.. outside a SLURM job).

@@ -24,10 +24,16 @@ Rules (the paper's scheme, made exact):
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from lartpc.errors import ConfigError, LartpcError
+
+if TYPE_CHECKING:
+    from lartpc.config import Config
+    from lartpc.data.store import EventStore
 
 _SPLIT_STREAM = 0x5EED_E7A1  # keeps the split independent of the epoch streams
 
@@ -145,3 +151,35 @@ class ShardPlan:
         """Evaluation batches of rank ``rank``, in store order, last one short."""
         idx = self.eval_indices(rank)
         return epoch_batches(idx, self.batch_size, 0, self.seed, shuffle=False) if len(idx) else []
+
+
+def plan_run(cfg: Config, store: EventStore, world_size: int) -> ShardPlan:
+    """The run's split and shards; cheap, so it is checked before run.json is written.
+
+    Raises
+    ------
+    ConfigError
+        When ``data.max_events``, ``data.eval_fraction`` and the store leave no
+        evaluation event (eval.csv would report loss and accuracy 0 over nothing).
+    LartpcError
+        When there are fewer training events than ranks.
+    """
+    n = min(len(store), cfg.data.max_events) if cfg.data.max_events else len(store)
+    plan = ShardPlan(n, world_size, cfg.train.batch_per_rank, cfg.train.seed,
+                     cfg.data.eval_fraction, store.labels[:n])
+    if len(plan.eval) == 0:
+        counts = np.bincount(np.asarray(store.labels[:n]), minlength=1)
+        per_class = ", ".join(str(int(c)) for c in counts if c)
+        raise ConfigError(f"{n} events (data.max_events={cfg.data.max_events}, store "
+                          f"{len(store)}) with data.eval_fraction={cfg.data.eval_fraction} "
+                          "leave no evaluation event: the split is taken per class "
+                          f"(round(fraction x events of the class); classes hold {per_class}"
+                          "); use more events or a larger fraction")
+    return plan
+
+
+def check_store_fits(cfg: Config, store: EventStore, data: Path) -> None:
+    """Refuse a store the config cannot train on (its downsample factor differs)."""
+    if store.geometry.downsample != cfg.data.downsample:
+        raise ConfigError(f"{data}: events are downsampled by {store.geometry.downsample} "
+                          f"but the config says data.downsample={cfg.data.downsample}")

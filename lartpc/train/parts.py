@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from lartpc.config import Config
-from lartpc.data.sharding import ShardPlan
+from lartpc.data.sharding import ShardPlan, plan_run
 from lartpc.data.store import EventStore
 from lartpc.dist import World
 from lartpc.errors import ConfigError
@@ -92,38 +92,13 @@ def loader_mode(cfg: Config, model: torch.nn.Module) -> str:
     return "sparse" if model.input_kind == "sparse" else "blosc"
 
 
-def build_plan(cfg: Config, store: EventStore, world_size: int) -> ShardPlan:
-    """The run's split and shards; cheap, so it is checked before run.json is written.
-
-    Raises
-    ------
-    ConfigError
-        When ``data.max_events``, ``data.eval_fraction`` and the store leave no
-        evaluation event (eval.csv would report loss and accuracy 0 over nothing).
-    LartpcError
-        When there are fewer training events than ranks.
-    """
-    n = min(len(store), cfg.data.max_events) if cfg.data.max_events else len(store)
-    plan = ShardPlan(n, world_size, cfg.train.batch_per_rank, cfg.train.seed,
-                     cfg.data.eval_fraction, store.labels[:n])
-    if len(plan.eval) == 0:
-        counts = np.bincount(np.asarray(store.labels[:n]), minlength=1)
-        per_class = ", ".join(str(int(c)) for c in counts if c)
-        raise ConfigError(f"{n} events (data.max_events={cfg.data.max_events}, store "
-                          f"{len(store)}) with data.eval_fraction={cfg.data.eval_fraction} "
-                          "leave no evaluation event: the split is taken per class "
-                          f"(round(fraction x events of the class); classes hold {per_class}"
-                          "); use more events or a larger fraction")
-    return plan
-
-
 def build_parts(cfg: Config, store: EventStore, world: World, run: Path,
                 process_start: float, resume: dict | None) -> Parts:
     from lartpc.models import build
     from lartpc.models.losses import build_loss
 
     tc = cfg.train
-    plan = build_plan(cfg, store, world.size)
+    plan = plan_run(cfg, store, world.size)
     torch.manual_seed(tc.seed)
     if world.device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed input shapes: autotune once
@@ -185,14 +160,26 @@ def make_loader(cfg: Config, store: EventStore, mode: str, indices: np.ndarray,
                         blosc=blosc)
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS: no affinity masks
+        return os.cpu_count() or 1
+
+
 def set_threads(cfg: Config, world: World) -> int:
-    """CPU threads per rank: the config's, or the cores shared by the ranks of a node.
+    """CPU threads per rank: the config's, or this process's cores shared by the node's ranks.
+
+    The cores are the CPU mask the scheduler gave the process (a SLURM task's cgroup,
+    a jsrun resource set), not the machine's count: under ``srun -c 8`` on a 64-core
+    node a rank gets 8 threads, not 64.
 
     SCNet on CPU defaults to one thread: spconv's CPU kernels are many small parallel
     regions, and at full size a 2-thread step measured 6x slower than a 1-thread one
     (BENCHMARKS.md).
     """
-    n = cfg.train.threads or max(1, (os.cpu_count() or 1) // max(1, world.local_size))
+    n = cfg.train.threads or max(1, usable_cores() // max(1, world.local_size))
     if not cfg.train.threads and cfg.model.name == "scnet" and world.device.type == "cpu":
         n = 1
     torch.set_num_threads(n)

@@ -11,6 +11,7 @@ import torch
 
 from lartpc import dist
 from lartpc.config import Config
+from lartpc.data.sharding import check_store_fits, plan_run
 from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError, LartpcError
 from lartpc.runfolder.durable import remove_stale_temporaries
@@ -34,16 +35,14 @@ def prepare(cfg: Config, data: Path, out: Path) -> EventStore:
     if cfg.train.tensorboard:
         tblog.require()  # before any work: a missing extra is a config error
     store = EventStore(data)
-    if store.geometry.downsample != cfg.data.downsample:
-        raise ConfigError(f"{data}: events are downsampled by {store.geometry.downsample} "
-                          f"but the config says data.downsample={cfg.data.downsample}")
+    check_store_fits(cfg, store, data)
     from lartpc.models import build
-    from lartpc.train.parts import build_plan, model_options
+    from lartpc.train.parts import model_options
 
     # raises if the image is too small or a speed option cannot run on this device
     build(cfg.model.name, image_size=store.geometry.shape,
           **model_options(cfg, dist.device_type(cfg.train.device)))
-    build_plan(cfg, store, 1)  # empty splits; run_training checks again for its world size
+    plan_run(cfg, store, 1)  # empty splits; run_training checks again for its world size
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a folder")
@@ -72,12 +71,11 @@ def lock_run_folder(world: dist.World, out: Path, process_start: float) -> RunLo
 def run_training(cfg: Config, store: EventStore, out: Path, process_start: float) -> int:
     """Train one segment of the run in ``out``; the exit code (see :data:`EXIT_CODES`)."""
     from lartpc.logs import setup_logging
-    from lartpc.train.parts import build_plan
 
     world = dist.init(cfg.dist.backend, cfg.train.device, cfg.dist.timeout_s)
     setup_logging(rank=world.rank)
     out = Path(out)
-    build_plan(cfg, store, world.size)  # before run.json: too few events for these ranks
+    plan_run(cfg, store, world.size)  # before run.json: too few events for these ranks
     lock = lock_run_folder(world, out, process_start)
     try:
         resume = segments.load_resume(cfg, store, out, world.size)

@@ -1,0 +1,279 @@
+"""`lartpc sweep` options that real clusters need: sites, scheduler arguments, a
+prelude, user configs, cores per rank, the data check, idempotent and retried submission,
+and the ranks' environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def lartpc(*args: str, path_first: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    if path_first is not None:  # stand-ins for sbatch/squeue/sinfo come first
+        env["PATH"] = f"{path_first}:{env['PATH']}"
+    return subprocess.run([sys.executable, "-m", "lartpc", *args], capture_output=True,
+                          text=True, timeout=120, env=env)
+
+
+def fake(folder: Path, name: str, body: str) -> None:
+    folder.mkdir(exist_ok=True)
+    (folder / name).write_text("#!/bin/sh\n" + body)
+    (folder / name).chmod(0o755)
+
+
+def rendered_scripts(stdout: str) -> dict[str, str]:
+    """Script text per point from a --dry-run's output."""
+    out, name, lines = {}, None, []
+    for line in stdout.splitlines():
+        m = re.match(r"### (\S+): \S+ -> run ", line)
+        if m:
+            name, lines = m.group(1), []
+        elif line.startswith("### submit:") and name:
+            out[name] = "\n".join(lines) + "\n"
+            name = None
+        elif name:
+            lines.append(line)
+    return out
+
+
+def test_perlmutter_site_renders_clean_scripts(tmp_path):
+    res = lartpc("sweep", "--site", "perlmutter", "--account", "m1234_g", "--data",
+                 str(tmp_path), "--out-dir", str(tmp_path / "runs"), "--gpus", "4,8",
+                 "--dry-run")
+    assert res.returncode == 0, res.stderr
+    scripts = rendered_scripts(res.stdout)
+    assert set(scripts) == {f"{m}-n{n}-s0" for m in ("jishnet", "scnet") for n in (4, 8)}
+    text = scripts["scnet-n8-s0"]
+    for line in ("--constraint=gpu", "--qos=regular", "--account=m1234_g", "--nodes=2",
+                 "--ntasks-per-node=1", "--cpus-per-task=128", "--gpus-per-node=4"):
+        assert f"#SBATCH {line}\n" in text
+    assert "export LARTPC_CORES_PER_TASK=32\n" in text  # 128 CPUs / 4 GPUs per node
+    assert f"export LARTPC_PRELUDE={tmp_path}/runs/jobs/prelude.sh\n" in text
+    launch = [ln for ln in res.stdout.splitlines() if ln.startswith("### launch: srun")]
+    assert "--cpus-per-task=128 torchrun --nnodes=2 --nproc-per-node=4" in launch[-1]
+    assert not (tmp_path / "runs").exists()
+    for name, body in scripts.items():
+        (tmp_path / f"{name}.sbatch").write_text(body)
+    files = [str(p) for p in tmp_path.glob("*.sbatch")]
+    assert subprocess.run(["bash", "-n", *files[:1]]).returncode == 0
+    for f in files:
+        assert subprocess.run(["bash", "-n", f], capture_output=True).returncode == 0, f
+    sc = subprocess.run(["shellcheck", "-x", *files], capture_output=True, text=True, cwd=ROOT)
+    assert sc.returncode == 0, sc.stdout
+
+
+def test_site_that_needs_an_account_says_which(tmp_path):
+    res = lartpc("sweep", "--site", "perlmutter", "--data", str(tmp_path), "--dry-run")
+    assert res.returncode == 2
+    assert "--account is required; Perlmutter charges GPU jobs to a GPU account" in res.stderr
+
+
+def test_command_line_wins_over_the_site(tmp_path):
+    res = lartpc("sweep", "--site", "perlmutter", "--account", "m1_g", "--qos", "debug",
+                 "--cores-per-rank", "8", "--data", str(tmp_path), "--models", "scnet",
+                 "--gpus", "4", "--out-dir", str(tmp_path / "runs"), "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert "#SBATCH --qos=debug\n" in res.stdout and "--qos=regular" not in res.stdout
+    assert "#SBATCH --cpus-per-task=32\n" in res.stdout  # 4 ranks x 8
+
+
+@pytest.mark.parametrize("arg", [
+    "--comment=x\n#SBATCH --uid=0", "--comment=a;touch /tmp/x", "--comment=`id`",
+    "--comment=$(id)", "--comment='a'", "--comment=a\\b", "--mail-type=END extra words",
+])
+def test_hostile_sbatch_arg_is_refused(tmp_path, arg):
+    res = lartpc("sweep", "--data", str(tmp_path), "--out-dir", str(tmp_path / "runs"),
+                 "--scheduler", "slurm", "--launcher", "torchrun", f"--sbatch-arg={arg}",
+                 "--no-data-check")
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1 and f"--sbatch-arg {arg!r}:" in res.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("arg,option", [("--time=1:00:00", "--time"),
+                                        ("-p gpu", "--queue"), ("--nodes=3", "--gpus")])
+def test_sbatch_arg_may_not_set_what_the_sweep_writes(tmp_path, arg, option):
+    res = lartpc("sweep", "--data", str(tmp_path), "--scheduler", "slurm",
+                 "--launcher", "torchrun", f"--sbatch-arg={arg}", "--dry-run")
+    assert res.returncode == 2 and f"is written by the sweep; use {option}" in res.stderr
+
+
+def test_scheduler_args_go_into_directives(tmp_path):
+    res = lartpc("sweep", "--data", str(tmp_path), "--scheduler", "slurm", "--launcher",
+                 "horovod", "--models", "jishnet", "--gpus", "1", "--dry-run",
+                 "--sbatch-arg=--mail-type=END,FAIL", "--sbatch-arg=--exclusive",
+                 "--reservation", "lartpc_res", "--constraint", "gpu&hbm80g")
+    assert res.returncode == 0, res.stderr
+    for line in ("--mail-type=END,FAIL", "--exclusive", "--reservation=lartpc_res",
+                 "--constraint=gpu&hbm80g"):
+        assert f"#SBATCH {line}\n" in res.stdout
+    res = lartpc("sweep", "--data", str(tmp_path), "--scheduler", "lsf", "--launcher",
+                 "jsrun", "--models", "jishnet", "--gpus", "1", "--dry-run",
+                 '--bsub-arg=-alloc_flags "nvme smt4"')
+    assert res.returncode == 0, res.stderr
+    assert '#BSUB -alloc_flags "nvme smt4"\n' in res.stdout
+    res = lartpc("sweep", "--data", str(tmp_path), "--scheduler", "lsf", "--launcher",
+                 "jsrun", "--bsub-arg=-alloc_flags smt4", "--qos", "regular", "--dry-run")
+    assert res.returncode == 2 and "--constraint and --qos are SLURM options" in res.stderr
+
+
+def test_user_toml_config_and_prelude_are_copied(tmp_path, events_dir):
+    cfg = tmp_path / "my-scnet.toml"
+    cfg.write_text((ROOT / "lartpc/configs/tiny-scnet.toml").read_text()
+                   .replace("[train]", "[train]\nlr = 0.0005", 1))
+    prelude = tmp_path / "site.sh"
+    prelude.write_text("export LARTPC_TEST_PRELUDE=1\n")
+    out = tmp_path / "runs"
+    res = lartpc("sweep", "--config", str(cfg), "--data", str(events_dir), "--out-dir",
+                 str(out), "--scheduler", "slurm", "--launcher", "torchrun", "--gpus", "1,2",
+                 "--gpus-per-node", "2", "--cores-per-rank", "1", "--cpu",
+                 "--prelude", str(prelude))
+    assert res.returncode == 0, res.stderr
+    copy = out / "jobs/config-scnet.toml"
+    assert copy.read_text() == cfg.read_text()
+    assert (out / "jobs/prelude.sh").read_text() == prelude.read_text()
+    man = json.loads((out / "manifest.json").read_text())
+    assert {p["name"] for p in man["points"]} == {"scnet-n1-s0", "scnet-n2-s0"}
+    assert all(p["config"] == str(copy) for p in man["points"])
+    assert len(man["prelude"]["sha256"]) == 64
+    text = (out / "jobs/scnet-n2-s0.sbatch").read_text()
+    assert f"export LARTPC_CONFIG={copy}\n" in text
+
+    res = lartpc("sweep", "--config", str(cfg), "--models", "jishnet", "--data", str(tmp_path),
+                 "--scheduler", "slurm", "--launcher", "torchrun", "--dry-run")
+    assert res.returncode == 2 and "does not match the models of --config" in res.stderr
+    bad = tmp_path / "bad.sh"
+    bad.write_text("if then fi\n")
+    res = lartpc("sweep", "--data", str(tmp_path), "--scheduler", "slurm", "--launcher",
+                 "torchrun", "--prelude", str(bad), "--dry-run")
+    assert res.returncode == 2 and f"--prelude {bad}: " in res.stderr and "syntax" in res.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--config-prefix", "paper", "--gpus", "1"],
+     "events are downsampled by 4 but the config says data.downsample=1"),
+    (["--config-prefix", "tiny", "--gpus", "1,64"], "does not fit jishnet on 64 ranks"),
+])
+def test_data_that_does_not_fit_is_refused_before_writing(tmp_path, events_dir, args, message):
+    res = lartpc("sweep", "--models", "jishnet", "--data", str(events_dir), "--out-dir",
+                 str(tmp_path / "runs"), "--scheduler", "slurm", "--launcher", "torchrun",
+                 "--cores-per-rank", "1", *args)
+    assert res.returncode == 2 and message in res.stderr, res.stderr
+    assert str(events_dir) in res.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_cores_per_rank_from_the_nodes_cpus(tmp_path):
+    bin_dir = tmp_path / "bin"
+    fake(bin_dir, "sinfo", 'echo 64\necho 96\n')
+    res = lartpc("sweep", "--data", str(tmp_path), "--scheduler", "slurm", "--launcher",
+                 "horovod", "--models", "jishnet", "--gpus", "4", "--dry-run",
+                 path_first=bin_dir)
+    assert res.returncode == 0, res.stderr
+    assert "#SBATCH --cpus-per-task=16\n" in res.stdout  # smallest node: 64 CPUs / 4 GPUs
+    assert "--cpus-per-task=16 --kill-on-bad-exit=1 lartpc train" in res.stdout
+    res = lartpc("sweep", "--data", str(tmp_path), "--scheduler", "lsf", "--launcher",
+                 "jsrun", "--models", "jishnet", "--gpus", "6", "--dry-run")
+    assert res.returncode == 0 and "cores per rank: 1 (the node's cores are unknown" in res.stderr
+
+
+def _submit(tmp_path, events_dir, bin_dir):
+    return lartpc("sweep", "--models", "jishnet", "--gpus", "1,2", "--data", str(events_dir),
+                  "--out-dir", str(tmp_path / "runs"), "--scheduler", "slurm", "--launcher",
+                  "torchrun", "--config-prefix", "tiny", "--cpu", "--gpus-per-node", "2",
+                  "--cores-per-rank", "1", "--submit", path_first=bin_dir)
+
+
+def test_submit_twice_submits_each_point_once(tmp_path, events_dir):
+    bin_dir = tmp_path / "bin"
+    counter = tmp_path / "count"
+    # sbatch numbers its jobs 101, 102, ...; squeue says job 101 still waits.
+    fake(bin_dir, "sbatch", f'n=$(cat {counter} 2>/dev/null || echo 100); n=$((n + 1))\n'
+                            f'echo $n > {counter}; echo "$n"\n')
+    fake(bin_dir, "squeue", 'case "$3" in 101) echo PENDING ;; esac\n')
+    res = _submit(tmp_path, events_dir, bin_dir)
+    assert res.returncode == 0, res.stderr
+    runs = tmp_path / "runs"
+    man = json.loads((runs / "manifest.json").read_text())
+    assert {p["name"]: p["job_id"] for p in man["points"]} == \
+        {"jishnet-n1-s0": "101", "jishnet-n2-s0": "102"}
+    res = _submit(tmp_path, events_dir, bin_dir)  # 101 queued, 102 gone: only n2 again
+    assert res.returncode == 0, res.stderr
+    assert "jishnet-n1-s0: not submitted, its job 101 is pending" in res.stdout
+    man = json.loads((runs / "manifest.json").read_text())
+    jobs = {p["name"]: p["jobs"] for p in man["points"]}
+    assert jobs == {"jishnet-n1-s0": ["101"], "jishnet-n2-s0": ["102", "103"]}
+    assert len(man["sweeps"]) == 2
+    (runs / "jishnet-n2-s0").mkdir()
+    (runs / "jishnet-n2-s0/run.json").write_text(json.dumps({"status": "completed"}))
+    res = _submit(tmp_path, events_dir, bin_dir)
+    assert "jishnet-n2-s0: not submitted, its run completed" in res.stdout
+    assert counter.read_text().strip() == "103"  # nothing submitted the third time
+
+
+def test_transient_submission_failure_is_retried(tmp_path, monkeypatch):
+    from jobs import submit
+
+    bin_dir = tmp_path / "bin"
+    tries = tmp_path / "tries"
+    fake(bin_dir, "sbatch", f'echo x >> {tries}\n'
+                            f'if [ $(wc -l < {tries}) -lt 3 ]; then\n'
+                            '  echo "sbatch: error: Batch job submission failed: Socket timed '
+                            'out on send/recv operation" >&2; exit 1; fi\necho 7\n')
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setattr(submit, "BACKOFF_S", (0.0, 0.0, 0.0))
+    script = tmp_path / "a.sbatch"
+    script.write_text("#!/bin/sh\n")
+    assert submit.submit_one("sbatch", str(script)) == "7"
+    assert len(tries.read_text().split()) == 3
+    fake(bin_dir, "sbatch", f'echo x >> {tries}\necho "sbatch: error: invalid partition" >&2\n'
+                            'exit 1\n')
+    tries.unlink()
+    from lartpc.errors import LartpcError
+
+    with pytest.raises(LartpcError, match="invalid partition"):
+        submit.submit_one("sbatch", str(script))
+    assert len(tries.read_text().split()) == 1  # not a transient error: no retry
+
+
+def test_ranks_environment_defaults_and_prelude(tmp_path):
+    """env.sh's defaults reach the launch; the prelude's and the user's values win."""
+    prelude = tmp_path / "prelude.sh"
+    prelude.write_text("export NCCL_DEBUG=INFO\nexport FROM_PRELUDE=$UNSET_IN_PRELUDE\n")
+    probe = (f'source {ROOT}/jobs/slurm/common.sh; lartpc_setup torch; '
+             'echo "$HDF5_USE_FILE_LOCKING $OMP_NUM_THREADS $NCCL_DEBUG '
+             '$TORCH_NCCL_ASYNC_ERROR_HANDLING $LARTPC_SRUN_MPI ${FROM_PRELUDE-unset}"')
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "LARTPC_"))}
+    base.pop("OMP_NUM_THREADS", None)
+    base["PATH"] = f"{Path(sys.executable).parent}:{base['PATH']}"
+    env = {**base, "LARTPC_CONFIG": "tiny-jishnet", "LARTPC_DATA": "/d", "LARTPC_RUN": "/r",
+           "LARTPC_CORES_PER_TASK": "3", "LARTPC_PRELUDE": str(prelude),
+           "LARTPC_TIME_LIMIT_S": "60"}
+    res = subprocess.run(["bash", "-c", "set -euo pipefail; " + probe], env=env,
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["FALSE", "3", "INFO", "1", "pmix"]  # FROM_PRELUDE empty
+    env["HDF5_USE_FILE_LOCKING"] = "TRUE"
+    env["SLURM_CPUS_PER_TASK"] = "8"
+    env["LARTPC_RANKS_PER_TASK"] = "2"  # torchrun: one task holds the node's 2 ranks
+    res = subprocess.run(["bash", "-c", probe], env=env, capture_output=True, text=True)
+    assert res.stdout.split()[:2] == ["TRUE", "4"]
+
+
+@pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
+def test_threads_follow_the_cpu_mask_not_the_machine():
+    res = subprocess.run(["taskset", "-c", "0", sys.executable, "-c",
+                          "from lartpc.train.parts import usable_cores; print(usable_cores())"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "1"

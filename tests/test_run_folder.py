@@ -93,10 +93,12 @@ def _save(run, step: int):
     opt = torch.optim.Adam(model.parameters(), betas=(0.8, 0.9))
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
-    return checkpoint.save(run, model=model, opt=opt, epoch=0, step_in_epoch=step,
-                           global_step=step, world_size=1, config={"train": {"lr": 1e-3}},
-                           eval_rows=[{"epoch": 0, "loss": 1.5}], train_time_s=2.5,
-                           store={"events": 3, "sha256": "ab"})
+    return checkpoint.write(run, {
+        "model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": 0,
+        "step_in_epoch": step, "global_step": step, "world_size": 1,
+        "config": {"train": {"lr": 1e-3}}, "eval_rows": [{"epoch": 0, "loss": 1.5}],
+        "train_time_s": 2.5, "scaler": None, "store": {"events": 3, "sha256": "ab"},
+        "rng": checkpoint.rng_state()})
 
 
 def test_checkpoint_round_trip_restores_every_rng(tmp_path):

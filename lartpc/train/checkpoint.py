@@ -33,11 +33,9 @@ def rng_state() -> dict:
                        "gauss_next": gauss_next}}
 
 
-def save(run: Path, *, model: torch.nn.Module, opt: torch.optim.Optimizer, epoch: int,
-         step_in_epoch: int, global_step: int, world_size: int, config: dict,
-         eval_rows: list[dict], train_time_s: float, scaler=None,
-         store: dict | None = None) -> Path:
-    """Write ``checkpoint.pt`` durably and atomically (rank 0 only).
+def write(run: Path, state: dict) -> Path:
+    """Write ``state`` (see ``Trainer.state_dict``) as ``checkpoint.pt``, durably and
+    atomically (rank 0 only).
 
     Raises
     ------
@@ -46,20 +44,6 @@ def save(run: Path, *, model: torch.nn.Module, opt: torch.optim.Optimizer, epoch
         is removed and the previous checkpoint is left as it was.
     """
     path = Path(run) / CHECKPOINT
-    state = {
-        "model": model.state_dict(),
-        "optimizer": opt.state_dict(),
-        "epoch": epoch,
-        "step_in_epoch": step_in_epoch,
-        "global_step": global_step,
-        "world_size": world_size,
-        "config": config,
-        "eval_rows": eval_rows,
-        "train_time_s": train_time_s,
-        "scaler": scaler.state_dict() if scaler is not None else None,
-        "store": store,
-        "rng": rng_state(),
-    }
     try:
         atomic_write(path, lambda f: torch.save(state, f))
     except (OSError, RuntimeError) as e:

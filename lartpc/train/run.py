@@ -94,8 +94,11 @@ def run_training(cfg: Config, store: EventStore, out: Path, process_start: float
 
 def _train_segment(cfg: Config, store: EventStore, out: Path, process_start: float,
                    world: dist.World, resume: dict | None) -> str:
+    from lartpc.train.checkpointer import Checkpointer
     from lartpc.train.loop import fit
-    from lartpc.train.parts import build_parts, set_threads
+    from lartpc.train.parts import set_threads
+    from lartpc.train.sinks import open_sinks
+    from lartpc.train.trainer import Trainer
 
     threads = set_threads(cfg, world)
     store_id = segments.store_identity(store, cfg.data.max_events)
@@ -119,14 +122,22 @@ def _train_segment(cfg: Config, store: EventStore, out: Path, process_start: flo
     stops = StopRequests().install()
     status, error = "failed", None
     try:
-        parts = build_parts(cfg, store, world, out, process_start, resume)
-        parts.stops, parts.store_id = stops, store_id
+        trainer = Trainer.build(cfg, store, world, out, process_start, resume)
+        trainer.stops, trainer.store_id = stops, store_id
+        plan = trainer.plan
         if world.is_root:
-            info.update(steps_per_epoch=parts.plan.steps_per_epoch,
-                        train_events=len(parts.plan.train), eval_events=len(parts.plan.eval),
-                        loader=parts.train_loader.mode)
+            info.update(steps_per_epoch=plan.steps_per_epoch, train_events=len(plan.train),
+                        eval_events=len(plan.eval), loader=trainer.train_loader.mode)
             runlog.write_json(info_path, info)
-        status, divergence = fit(parts, resume)
+        sinks = open_sinks(cfg, out, world.rank, world.is_root, plan.steps_per_epoch,
+                           process_start, trainer.state.global_step)
+        ckpt = Checkpointer(world, out, cfg.train.checkpoint_every_steps,
+                            cfg.train.checkpoint_every_s)
+        try:
+            status = fit(trainer, ckpt, sinks)
+        finally:
+            sinks.close()
+        divergence = trainer.close()
         if world.is_root:
             info["param_divergence"] = divergence
         if divergence != 0.0:

@@ -1,0 +1,250 @@
+"""The trainer: model, optimizer, loss scaler, loaders and where the run stands.
+
+:meth:`Trainer.build` puts the parts together in the order distributed training needs:
+shard the data, build the model, wrap the optimizer for the backend, load a resumed
+run's state, broadcast rank 0's parameters and optimizer state, wrap the model in
+DistributedDataParallel (torch backend), compile, build the loaders. Wrapping comes
+before loading because ``hvd.DistributedOptimizer`` builds a new optimizer from the
+param groups: state loaded into the inner one would be dropped (a resumed Horovod run
+restarted Adam from step 0).
+
+:meth:`Trainer.step` runs one optimizer step and the ranks' stop vote;
+:meth:`Trainer.state_dict` is what a checkpoint holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from lartpc.config import Config
+from lartpc.data.sharding import ShardPlan, plan_run
+from lartpc.data.store import EventStore
+from lartpc.dist import World, unwrap_model
+from lartpc.train import checkpoint
+from lartpc.train.evaluate import evaluate
+from lartpc.train.noise import NoiseMeter
+from lartpc.train.optim import build_optimizer, lr_at, set_lr
+from lartpc.train.parts import autocast_and_scaler, loader_mode, make_loader, model_options
+from lartpc.train.sinks import EvalRecord, StepRecord
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainState:
+    """Where the run stands: what a checkpoint restores besides the weights."""
+
+    epoch: int = 0
+    step_in_epoch: int = 0
+    global_step: int = 0
+    train_time_s: float = 0.0
+    eval_rows: list[dict] = field(default_factory=list)
+
+    def next_epoch(self) -> None:
+        self.epoch, self.step_in_epoch = self.epoch + 1, 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
+                "global_step": self.global_step, "train_time_s": self.train_time_s,
+                "eval_rows": self.eval_rows}
+
+    @classmethod
+    def from_checkpoint(cls, state: dict) -> TrainState:
+        return cls(epoch=state["epoch"], step_in_epoch=state["step_in_epoch"],
+                   global_step=state["global_step"], train_time_s=state["train_time_s"],
+                   eval_rows=state["eval_rows"])
+
+
+@dataclass(frozen=True, slots=True)
+class StepVote:
+    """One step's numbers every rank needs; :meth:`agree` averages them over the ranks."""
+
+    loss: float
+    acc: float
+    out_of_time: float  #: 1 on a rank whose next step, evaluation and checkpoint won't fit
+    signalled: float  #: 1 on a rank that got SIGTERM/SIGUSR1/SIGINT/SIGHUP
+
+    def agree(self, world: World) -> StepVote:
+        g = world.allreduce_mean(torch.tensor([self.loss, self.acc, self.out_of_time,
+                                               self.signalled], dtype=torch.float64))
+        return StepVote(*(float(x) for x in g))
+
+    @property
+    def stop(self) -> str | None:
+        """Why every rank stops after this step (on an agreed vote), or None."""
+        if not math.isfinite(self.loss):
+            return "diverged"
+        if self.signalled > 0:
+            return "preempted"
+        if self.out_of_time > 0:
+            return "time_limit"
+        return None
+
+
+@dataclass
+class Timing:
+    """Recent durations the time-limit check needs."""
+
+    step_times: list[float] = field(default_factory=list)
+    eval_s: float = 0.0
+    checkpoint_s: float = 1.0  #: the checkpointer's last save
+
+
+class Trainer:
+    """Everything one rank trains with; built by :meth:`build`."""
+
+    def __init__(self, cfg: Config, world: World, run: Path, plan: ShardPlan,
+                 model: torch.nn.Module, opt: torch.optim.Optimizer, process_start: float):
+        from lartpc.models.losses import build_loss
+
+        self.cfg, self.world, self.run, self.plan = cfg, world, Path(run), plan
+        self.model, self.opt, self.process_start = model, opt, process_start
+        self.loss_fn = build_loss(cfg.model.loss)
+        self.autocast, self.scaler = autocast_and_scaler(cfg, world.device.type)
+        self.state, self.timing = TrainState(), Timing()
+        self.train_loader = self.eval_loader = None
+        self.noise: NoiseMeter | None = None
+        self.stops = None  #: signals.StopRequests the vote reads
+        self.store_id: dict | None = None  #: segments.store_identity, saved in checkpoints
+        self.stop: str | None = None  #: the agreed reason to stop, after a step
+        self.last_loss = 0.0
+        self.saved_step = -1  #: global step of the last checkpoint (written or loaded)
+
+    @classmethod
+    def build(cls, cfg: Config, store: EventStore, world: World, run: Path,
+              process_start: float, resume: dict | None) -> Trainer:
+        from lartpc.models import build
+
+        tc = cfg.train
+        plan = plan_run(cfg, store, world.size)
+        torch.manual_seed(tc.seed)
+        if world.device.type == "cuda":
+            torch.backends.cudnn.benchmark = True  # fixed input shapes: autotune once
+        model = build(cfg.model.name, image_size=store.geometry.shape,
+                      **model_options(cfg, world.device.type)).to(world.device)
+        mode = loader_mode(cfg, model)
+        opt = world.distributed_optimizer(build_optimizer(tc, model), model,
+                                          tc.grad_compression)
+        t = cls(cfg, world, run, plan, model, opt, process_start)
+        if resume is not None:
+            t.load_state_dict(resume)
+        world.broadcast_parameters(model)  # every rank starts from rank 0's state
+        world.broadcast_optimizer_state(opt)
+        # DDP around the plain model (checkpoints hold that one: no `module.` keys),
+        # compiled afterwards so that compile splits its graph at DDP's buckets
+        dense = model.input_kind == "dense"  # before a DDP wrapper hides the attribute
+        t.model = world.distributed_model(model, tc.grad_compression)
+        if tc.compile and dense:
+            t.model = torch.compile(t.model)
+        t.noise = NoiseMeter(tc.noise_scale, tc.noise_every_steps, world, t.model, t.run,
+                             t.scaler, start_step=t.state.global_step)
+        t0 = time.time()
+        t.train_loader = make_loader(cfg, store, mode, plan.train_indices(world.rank),
+                                     world.device, train=True, steps=plan.steps_per_epoch)
+        t.eval_loader = make_loader(cfg, store, mode, plan.eval_indices(world.rank),
+                                    world.device, train=False)
+        log.info("data ready in %.1f s: %d train / %d eval events on this rank, %d "
+                 "steps/epoch, %s loader", time.time() - t0, len(plan.train_indices(world.rank)),
+                 len(plan.eval_indices(world.rank)), plan.steps_per_epoch, mode)
+        if resume is not None:
+            checkpoint.restore_rng(resume)  # last: building drew from the RNGs
+        return t
+
+    def state_dict(self) -> dict:
+        """What ``checkpoint.pt`` holds (tensors and plain containers only)."""
+        return {"model": unwrap_model(self.model).state_dict(),
+                "optimizer": self.opt.state_dict(), **self.state.state_dict(),
+                "world_size": self.world.size, "config": self.cfg.to_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                "store": self.store_id, "rng": checkpoint.rng_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Weights, optimizer, loss scale and counters of a checkpoint (not the RNGs)."""
+        unwrap_model(self.model).load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.state = TrainState.from_checkpoint(state)
+        self.saved_step = self.state.global_step
+        log.info("resuming at epoch %d step %d (global step %d)", self.state.epoch,
+                 self.state.step_in_epoch, self.state.global_step)
+
+    def batches(self):
+        """The rest of this epoch's batches, each with the seconds spent waiting for it
+        (the time the caller spends between steps is not counted)."""
+        self.train_loader.set_epoch(self.state.epoch)
+        self.model.train()
+        t_prev = time.perf_counter()
+        for batch in self.train_loader.iterate(start=self.state.step_in_epoch):
+            yield batch, time.perf_counter() - t_prev
+            t_prev = time.perf_counter()
+
+    def step(self, batch, data_s: float) -> StepRecord:
+        """One optimizer step and the stop vote; ``self.stop`` says whether all stop."""
+        s, tc, world = self.state, self.cfg.train, self.world
+        t0 = time.perf_counter()
+        set_lr(self.opt, lr_at(tc, world.size, s.global_step, self.plan.steps_per_epoch))
+        self.opt.zero_grad()  # Horovod's wrapper takes no arguments
+        logits, loss = self.noise.forward_backward(self.model, self.loss_fn, batch,
+                                                   self.autocast, s.global_step)
+        comm_s = world.step_optimizer(self.opt, self.scaler)
+        local_loss = float(loss.detach())
+        local_acc = float((logits.detach().argmax(1) == batch.labels).float().mean())
+        t_vote = time.perf_counter()
+        signalled = bool(self.stops is not None and self.stops.requested)
+        vote = StepVote(local_loss, local_acc, float(not self.time_left()),
+                        float(signalled)).agree(world)
+        noise = self.noise.record(s.global_step, s.epoch, vote.loss)  # a collective too
+        t_end = time.perf_counter()
+        comm_s += t_end - t_vote
+        rec = StepRecord(global_step=s.global_step, epoch=s.epoch,
+                         step_in_epoch=s.step_in_epoch, rank=world.rank,
+                         batch_size=batch.batch_size, images=batch.batch_size * world.size,
+                         local_loss=local_loss, local_acc=local_acc, loss=vote.loss,
+                         acc=vote.acc, lr=self.opt.param_groups[0]["lr"], data_s=data_s,
+                         compute_s=(t_end - t0) - comm_s, comm_s=comm_s, noise=noise)
+        self.timing.step_times.append(rec.step_s)
+        s.train_time_s += rec.step_s
+        s.step_in_epoch += 1
+        s.global_step += 1
+        self.stop, self.last_loss = vote.stop, vote.loss
+        return rec
+
+    def time_left(self) -> bool:
+        """True while another step, an evaluation and a checkpoint still fit the limit."""
+        times = self.timing.step_times
+        step = statistics.median(times[-20:]) if times else 0.0
+        eval_s = self.timing.eval_s or 0.5 * step * max(
+            1, len(self.plan.eval_indices(0)) / self.plan.batch_size)
+        reserve = 1.5 * (2 * step + eval_s + self.timing.checkpoint_s) + 2.0
+        return time.time() - self.process_start + reserve < self.cfg.train.time_limit_s
+
+    def evaluate(self) -> EvalRecord:
+        """Evaluate on the held-out events; the row joins the state's eval rows."""
+        t0 = time.time()
+        res = evaluate(self.model, self.eval_loader, self.world, self.loss_fn, self.autocast)
+        self.timing.eval_s = time.time() - t0
+        s = self.state
+        row = {"epoch": s.epoch, "time": time.time(), **res.row()}
+        s.eval_rows = [r for r in s.eval_rows if r["epoch"] != s.epoch] + [row]
+        return EvalRecord(global_step=s.global_step - 1, row=row, rows=s.eval_rows,
+                          confusion=res.confusion, seconds=self.timing.eval_s)
+
+    def eval_due(self) -> bool:
+        """At the end of this epoch (its last step done)?"""
+        done, tc = self.state.epoch + 1, self.cfg.train
+        return done % tc.eval_every_epochs == 0 or done == tc.epochs
+
+    def close(self) -> float:
+        """End the segment: the gradient hooks go; the largest parameter difference
+        between ranks (0.0, as the distributed optimizer must keep them identical)."""
+        if self.noise is not None:
+            self.noise.close()
+        return self.world.param_divergence(unwrap_model(self.model))

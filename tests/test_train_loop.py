@@ -1,0 +1,115 @@
+"""The training loop driven in this process, on a single-process world: the trainer,
+the checkpointer and the sinks as the loop uses them, without a subprocess."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from train_helpers import rows
+
+from lartpc import dist
+from lartpc.config import load_config
+from lartpc.data.store import EventStore
+from lartpc.train import checkpoint
+from lartpc.train.checkpointer import Checkpointer
+from lartpc.train.loop import fit
+from lartpc.train.sinks import EvalRecord, Sink, Sinks, StepRecord, open_sinks
+from lartpc.train.trainer import StepVote, Trainer
+
+SETS = ["data.downsample=9", "data.eval_fraction=0.2", "train.epochs=2",
+        "train.log_flush_steps=1", "train.threads=1", "train.progress_every_s=0"]
+
+
+class Recorder(Sink):
+    """A sink that keeps what it is given."""
+
+    def __init__(self):
+        self.steps: list[StepRecord] = []
+        self.evals: list[EvalRecord] = []
+        self.flushes = 0
+
+    def on_step(self, rec):
+        self.steps.append(rec)
+
+    def on_eval(self, rec):
+        self.evals.append(rec)
+
+    def flush(self):
+        self.flushes += 1
+
+
+@pytest.fixture(scope="module")
+def world():
+    torch.set_num_threads(1)
+    return dist.init("none", "cpu")
+
+
+def _trainer(world, data, out, *sets, resume=None):
+    cfg = load_config("tiny-jishnet", [*SETS, *sets])
+    return cfg, Trainer.build(cfg, EventStore(data), world, out, time.time(), resume)
+
+
+def test_loop_in_process_writes_every_step_and_evaluation(world, train_events_dir, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    cfg, t = _trainer(world, train_events_dir, out)
+    rec = Recorder()
+    sinks = Sinks(rec, open_sinks(cfg, out, 0, True, t.plan.steps_per_epoch, t.process_start, 0))
+    status = fit(t, Checkpointer(world, out, 0, 600.0), sinks)
+    assert status == "completed"
+    spe = t.plan.steps_per_epoch
+    assert [r.global_step for r in rec.steps] == list(range(2 * spe))
+    assert [r.step_in_epoch for r in rec.steps] == [*range(spe), *range(spe)]
+    assert all(r.images == r.batch_size and r.step_s > 0 for r in rec.steps)
+    assert [e.row["epoch"] for e in rec.evals] == [0, 1]
+    assert rec.evals[-1].global_step == 2 * spe - 1
+    assert rec.flushes >= 3  # before each epoch-end checkpoint, and at the end
+    csv_rows = rows(out / "rank-000.csv")
+    assert [float(r["global_loss"]) for r in csv_rows] == [r.loss for r in rec.steps]
+    assert len(rows(out / "eval.csv")) == 2
+    ck = checkpoint.load(out)
+    assert (ck["epoch"], ck["global_step"]) == (2, 2 * spe)
+    assert t.close() == 0.0
+
+
+def test_state_dict_round_trip_continues_identically(world, train_events_dir, tmp_path):
+    """A trainer rebuilt from another's state_dict takes the very same next step."""
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    a_dir.mkdir(), b_dir.mkdir()
+    _, a = _trainer(world, train_events_dir, a_dir, "train.epochs=1")
+    batches = a.batches()
+    for _ in range(3):
+        a.step(*next(batches))
+    checkpoint.write(a_dir, a.state_dict())  # through the file, as a resume reads it
+    state = checkpoint.load(a_dir)
+    _, b = _trainer(world, train_events_dir, b_dir, "train.epochs=1", resume=state)
+    assert b.state.global_step == 3 and b.saved_step == 3
+    nxt_a, nxt_b = a.step(*next(batches)), b.step(*next(b.batches()))
+    assert nxt_a.loss == nxt_b.loss and nxt_a.step_in_epoch == nxt_b.step_in_epoch == 3
+    for pa, pb in zip(a.model.parameters(), b.model.parameters(), strict=True):
+        assert torch.equal(pa, pb)
+
+
+@pytest.mark.parametrize("vote,reason", [
+    (StepVote(1.0, 0.5, 0.0, 0.0), None),
+    (StepVote(1.0, 0.5, 0.5, 0.0), "time_limit"),  # one rank of two out of time
+    (StepVote(1.0, 0.5, 0.5, 0.5), "preempted"),
+    (StepVote(float("nan"), 0.5, 0.0, 1.0), "diverged"),
+])
+def test_stop_vote(vote, reason):
+    assert vote.stop == reason
+
+
+def test_time_limit_stops_and_evaluates(world, train_events_dir, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    # 8 s from the start of the build: a few steps, whatever this machine's speed
+    cfg, t = _trainer(world, train_events_dir, out, "train.epochs=50", "train.time_limit_s=8")
+    rec = Recorder()
+    status = fit(t, Checkpointer(world, out, 0, 600.0), rec)
+    assert status == "time_limit"
+    assert 0 < len(rec.steps) < 50 * t.plan.steps_per_epoch
+    assert rec.evals and rec.evals[-1].global_step == len(rec.steps) - 1
+    assert checkpoint.load(out)["global_step"] == len(rec.steps)

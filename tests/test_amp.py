@@ -75,12 +75,11 @@ def test_scaler_skips_the_same_step_on_every_backend_path():
     """A step whose averaged gradients hold inf is skipped, and the next step updates
     (the torch backend's former wrapper kept a stale 'already synchronized' flag across
     a skipped step; under DDP backward itself averages, so the step is plain)."""
-    from lartpc.dist import World
+    from lartpc.dist.torch_world import TorchWorld
 
     w = torch.nn.Parameter(torch.ones(3))
     opt = torch.optim.SGD([w], lr=0.1)
-    world = World(rank=0, local_rank=0, size=1, backend="torch", local_size=1,
-                  device=torch.device("cpu"))
+    world = TorchWorld(rank=0, local_rank=0, size=1, local_size=1, device=torch.device("cpu"))
     assert world.distributed_optimizer(opt, torch.nn.Linear(1, 1)) is opt
     scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
     for grad, moved in ((torch.tensor([1.0, float("inf"), 0.0]), False),

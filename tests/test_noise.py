@@ -12,7 +12,7 @@ import torch
 from train_helpers import BIN, rows, run, train_cmd
 
 from lartpc.data.batch import Batch
-from lartpc.dist.world import World
+from lartpc.dist import LocalWorld
 from lartpc.errors import ConfigError
 from lartpc.train.noise import (
     NOISE_COLUMNS,
@@ -76,7 +76,7 @@ def _mean_output(out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 def test_meter_halves_recovers_b_noise_and_writes_noise_csv(tmp_path):
     torch.manual_seed(0)
-    model, world = _Linear(), World()
+    model, world = _Linear(), LocalWorld()
     meter = NoiseMeter("halves", 2, world, model, tmp_path)
     g = torch.from_numpy(_true_gradient())
     rows = []

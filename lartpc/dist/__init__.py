@@ -1,10 +1,20 @@
 """Distribution: the only package that imports ``horovod`` or ``torch.distributed``.
 
-:func:`init` returns a :class:`World` over Horovod, torch.distributed or one plain
-process (:mod:`lartpc.dist.world`); the torch backend's DistributedDataParallel wrapper
-and its communication hook are in :mod:`lartpc.dist.ddp`.
+:func:`init` returns a :class:`World` for Horovod (:mod:`~lartpc.dist.horovod_world`),
+torch.distributed (:mod:`~lartpc.dist.torch_world`) or one plain process
+(:class:`LocalWorld`); the torch backend's DistributedDataParallel wrapper and its
+communication hook are in :mod:`lartpc.dist.ddp`.
 """
 
-from lartpc.dist.world import BACKENDS, World, detect_backend, device_type, init, unwrap_model
+from lartpc.dist.world import (
+    BACKENDS,
+    LocalWorld,
+    World,
+    detect_backend,
+    device_type,
+    init,
+    unwrap_model,
+)
 
-__all__ = ["BACKENDS", "World", "detect_backend", "device_type", "init", "unwrap_model"]
+__all__ = ["BACKENDS", "LocalWorld", "World", "detect_backend", "device_type", "init",
+           "unwrap_model"]

@@ -1,7 +1,6 @@
 """Distributed setup and the few collectives training needs.
 
-This module and :mod:`lartpc.dist.ddp` are the only ones importing ``horovod`` or
-``torch.distributed``. One call,
+Only this package imports ``horovod`` or ``torch.distributed``. One call,
 :func:`init`, inspects the launcher's environment (horovodrun, mpirun, jsrun, srun,
 torchrun, or none), starts the matching backend and returns a :class:`World`:
 
@@ -19,13 +18,15 @@ import time
 from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
+from lartpc.config import choices
 from lartpc.errors import ConfigError
 
 log = logging.getLogger(__name__)
-BACKENDS = ("auto", "horovod", "torch", "none")
+BACKENDS = choices("dist.backend")
 _MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "JSM_NAMESPACE_RANK")
 
 
@@ -54,17 +55,20 @@ def _int(env: Mapping[str, str], names: tuple[str, ...], default: int) -> int:
 
 @dataclass(frozen=True)
 class World:
-    """This process's place in the job, and the collectives of its backend."""
+    """This process's place in the job, and the collectives of its backend.
+
+    The base class is one process alone (every collective is the identity); each
+    backend is a subclass chosen once by :func:`init`: :class:`LocalWorld`,
+    :class:`~lartpc.dist.torch_world.TorchWorld`,
+    :class:`~lartpc.dist.horovod_world.HorovodWorld`.
+    """
 
     rank: int = 0
     local_rank: int = 0
     size: int = 1
-    backend: str = "none"
     local_size: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    #: the DDP model's :class:`~lartpc.dist.ddp.BucketExchange` (torch backend), once
-    #: :meth:`distributed_model` made it; a list so the frozen World can hold it
-    _exchange: list = field(default_factory=list, repr=False, compare=False)
+    backend: ClassVar[str] = "none"
 
     @property
     def is_root(self) -> bool:
@@ -73,52 +77,27 @@ class World:
     # -- collectives -------------------------------------------------------------------
     def allreduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         """Element-wise sum over ranks (a new tensor; ``t`` is unchanged)."""
-        if self.backend == "horovod":
-            import horovod.torch as hvd
-
-            return hvd.allreduce(t, op=hvd.Sum)
-        if self.backend == "torch":
-            out = t.clone()
-            torch.distributed.all_reduce(out)
-            return out
         return t.clone()
 
     def allreduce_sum_(self, t: torch.Tensor) -> torch.Tensor:
         """Element-wise sum over ranks in place (no copy: what ``lartpc bench
         allreduce`` times); returns ``t``."""
-        if self.backend == "horovod":
-            import horovod.torch as hvd
-
-            return hvd.allreduce_(t, op=hvd.Sum)
-        if self.backend == "torch":
-            torch.distributed.all_reduce(t)
         return t
-
-    def allgather_object(self, obj) -> list:
-        """Every rank's picklable ``obj``, in rank order."""
-        if self.backend == "horovod":
-            import horovod.torch as hvd
-
-            return hvd.allgather_object(obj, name="lartpc.allgather_object")
-        if self.backend == "torch":
-            out = [None] * self.size
-            torch.distributed.all_gather_object(out, obj)
-            return out
-        return [obj]
 
     def allreduce_mean(self, t: torch.Tensor) -> torch.Tensor:
         """Element-wise mean over ranks."""
         return self.allreduce_sum(t) / self.size
 
+    def allgather_object(self, obj) -> list:
+        """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+        return [obj]
+
+    def broadcast_object(self, obj, root: int = 0):
+        """Any picklable object from ``root`` to all ranks (other ranks may pass None)."""
+        return obj
+
     def broadcast_parameters(self, module: torch.nn.Module, root: int = 0) -> None:
         """Overwrite every rank's parameters and buffers with ``root``'s."""
-        if self.backend == "horovod":
-            import horovod.torch as hvd
-
-            hvd.broadcast_parameters(module.state_dict(), root_rank=root)
-        elif self.backend == "torch":
-            for t in module.state_dict().values():
-                torch.distributed.broadcast(t, src=root)
 
     def broadcast_optimizer_state(self, opt: torch.optim.Optimizer, root: int = 0) -> None:
         """Give every rank ``root``'s optimizer state (step counts, moments, lr).
@@ -127,119 +106,49 @@ class World:
         Horovod would otherwise initialise it by taking a real step on zero gradients,
         which with weight decay moves every parameter and advances Adam's step count.
         """
-        if not opt.state_dict()["state"]:
-            return
-        if self.backend == "horovod":
-            import horovod.torch as hvd
+        if opt.state_dict()["state"]:
+            self._broadcast_optimizer_state(opt, root)
 
-            hvd.broadcast_optimizer_state(opt, root_rank=root)
-        elif self.backend == "torch":
-            box = [opt.state_dict() if self.rank == root else None]
-            torch.distributed.broadcast_object_list(box, src=root)
-            opt.load_state_dict(box[0])
+    def _broadcast_optimizer_state(self, opt: torch.optim.Optimizer, root: int) -> None:
+        pass
 
-    def broadcast_object(self, obj, root: int = 0):
-        """Any picklable object from ``root`` to all ranks (other ranks may pass None)."""
-        if self.backend == "horovod":
-            import horovod.torch as hvd
-
-            # Horovod names the exchange after type(obj) unless told: ranks passing
-            # objects of different types (a message on root, None elsewhere) would wait
-            # for each other forever.
-            return hvd.broadcast_object(obj, root_rank=root, name="lartpc.broadcast_object")
-        if self.backend == "torch":
-            box = [obj]
-            torch.distributed.broadcast_object_list(box, src=root)
-            return box[0]
-        return obj
-
-    def allgather_object(self, obj) -> list:
-        """Every rank's ``obj`` (picklable), in rank order, on every rank."""
-        if self.backend == "horovod":
-            import horovod.torch as hvd
-
-            return hvd.allgather_object(obj, name="lartpc.allgather_object")
-        if self.backend == "torch":
-            out = [None] * self.size
-            torch.distributed.all_gather_object(out, obj)
-            return out
-        return [obj]
-
+    # -- training ----------------------------------------------------------------------
     def distributed_model(self, module: torch.nn.Module, compression: str = "none"
                           ) -> torch.nn.Module:
-        """``module`` as this backend trains it: in DistributedDataParallel for the torch
-        backend (gradients averaged in buckets during backward, see
-        :mod:`lartpc.dist.ddp`), unchanged otherwise (Horovod averages in its optimizer).
-
-        Call it once every rank holds the same parameters (after the broadcast). The
-        wrapped model's ``state_dict`` gains a ``module.`` prefix: save and load
-        :func:`unwrap_model` of it.
-        """
+        """``module`` as this backend trains it (the torch backend wraps it in
+        DistributedDataParallel; the others train it as it is). Call it once every rank
+        holds the same parameters; save and load :func:`unwrap_model` of the result."""
         _check_compression(compression)
-        if self.backend != "torch":
-            return module
-        from lartpc.dist.ddp import wrap
-
-        model, exchange = wrap(module, fp16=compression == "fp16")
-        self._exchange[:] = [exchange]
-        return model
+        return module
 
     def distributed_optimizer(self, opt: torch.optim.Optimizer, module: torch.nn.Module,
                               compression: str = "none") -> torch.optim.Optimizer:
-        """Wrap ``opt`` so ``step()`` uses gradients averaged over ranks (Horovod's
-        DistributedOptimizer; the torch backend averages in :meth:`distributed_model`
-        and returns ``opt`` as it is).
-
-        ``compression="fp16"`` sends gradients as float16 (Horovod's Compression.fp16).
-        """
+        """``opt`` wrapped so ``step()`` uses gradients averaged over ranks, where the
+        backend averages in the optimizer (Horovod); ``opt`` itself otherwise.
+        ``compression="fp16"`` sends gradients as float16."""
         _check_compression(compression)
-        if self.backend == "horovod":
-            import horovod.torch as hvd
-
-            comp = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
-            return hvd.DistributedOptimizer(opt, named_parameters=module.named_parameters(),
-                                            compression=comp, op=hvd.Average)
         return opt
 
     def watch_local_gradients(self, observer) -> bool:
         """Have ``observer(tensor)`` called with each bucket of this rank's gradient
         before it is averaged (False when this backend has no such buckets: then take
         the local gradient from per-parameter hooks). ``None`` stops the calls."""
-        if not self._exchange:
-            return False
-        self._exchange[0].observer = observer
-        return True
+        return False
 
     def no_sync(self, model: torch.nn.Module):
         """Context for a backward pass whose gradients must not be exchanged."""
-        return model.no_sync() if self._exchange and hasattr(model, "no_sync") \
-            else nullcontext()
+        return nullcontext()
 
     def step_optimizer(self, opt: torch.optim.Optimizer, scaler=None) -> float:
         """Finish the gradient exchange, then update; returns the exchange's seconds
         not hidden behind backward (docs/run-folder.md, ``comm_s``).
 
-        Horovod: the wait in ``synchronize()`` for the allreduces still running after
-        backward. torch (DDP): backward itself waited for them; the time from the last
-        bucket's hand-off to here (on CUDA after the device finished).
-
         With a ``torch.amp.GradScaler`` (fp16 training) the averaged gradients are
         unscaled and the step is skipped when any is inf/NaN; the check runs on the
         already averaged gradients, so every rank skips the same steps.
         """
-        t0 = time.perf_counter()
-        if self.backend == "horovod":
-            opt.synchronize()
-            comm = time.perf_counter() - t0
-        elif self._exchange:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            comm = self._exchange[0].exposed_s()
-        else:
-            comm = 0.0
-        # Horovod's wrapper would exchange again inside step() without this
-        skip = opt.skip_synchronize() if self.backend == "horovod" else nullcontext()
-        with skip:
+        comm = self._finish_exchange(opt)
+        with self._exchanged(opt):
             if scaler is None:
                 opt.step()
             else:
@@ -248,28 +157,32 @@ class World:
                 scaler.update()
         return comm
 
+    def _finish_exchange(self, opt: torch.optim.Optimizer) -> float:
+        """Wait for the gradient exchange still running after backward; its seconds."""
+        return 0.0
+
+    def _exchanged(self, opt: torch.optim.Optimizer):
+        """Context for the update, once the exchange is done."""
+        return nullcontext()
+
     def param_divergence(self, module: torch.nn.Module) -> float:
         """Largest |difference| between this job's ranks' parameters and rank 0's
         (summed over ranks, so 0.0 means every rank holds identical weights)."""
-        flat = torch.cat([p.detach().reshape(-1).double().cpu() for p in module.parameters()])
-        if self.backend == "none":
+        if self.size == 1:
             return 0.0
-        ref = flat.clone()
-        if self.backend == "horovod":
-            import horovod.torch as hvd
-
-            ref = hvd.broadcast(ref, root_rank=0)
-        else:
-            torch.distributed.broadcast(ref, src=0)
+        flat = torch.cat([p.detach().reshape(-1).double().cpu() for p in module.parameters()])
+        ref = self._broadcast_tensor(flat.clone())
         return float(self.allreduce_sum((flat - ref).abs().max().reshape(1)))
 
-    def shutdown(self) -> None:
-        if self.backend == "horovod":
-            import horovod.torch as hvd
+    def _broadcast_tensor(self, t: torch.Tensor, root: int = 0) -> torch.Tensor:
+        return t
 
-            hvd.shutdown()
-        elif self.backend == "torch" and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+    def shutdown(self) -> None:
+        """Leave the backend (no collective afterwards)."""
+
+
+class LocalWorld(World):
+    """One process: every collective is the identity."""
 
 
 def _check_compression(compression: str) -> None:
@@ -317,6 +230,8 @@ def init(backend: str = "auto", device: str = "auto", timeout_s: float = 300.0) 
     if chosen == "horovod":
         try:
             import horovod.torch as hvd
+
+            from lartpc.dist.horovod_world import HorovodWorld  # noqa: F401 (imports it)
         except ImportError as e:
             raise ConfigError(f"dist.backend=horovod but Horovod is not importable ({e}); "
                               "run `make install`") from e
@@ -341,10 +256,22 @@ def init(backend: str = "auto", device: str = "auto", timeout_s: float = 300.0) 
             backend="nccl" if use_cuda else "gloo", rank=rank, world_size=size,
             timeout=datetime.timedelta(seconds=timeout_s),
             device_id=dev if use_cuda else None)
-    world = World(rank=rank, local_rank=local_rank, size=size, backend=chosen,
-                  local_size=local_size, device=dev)
+    world = _world_class(chosen)(rank=rank, local_rank=local_rank, size=size,
+                                 local_size=local_size, device=dev)
     log.info("world: %d rank(s), backend %s, device %s", size, chosen, dev)
     return world
+
+
+def _world_class(backend: str) -> type[World]:
+    if backend == "horovod":
+        from lartpc.dist.horovod_world import HorovodWorld
+
+        return HorovodWorld
+    if backend == "torch":
+        from lartpc.dist.torch_world import TorchWorld
+
+        return TorchWorld
+    return LocalWorld
 
 
 def _torch_env() -> tuple[int, int, int]:

@@ -1,0 +1,89 @@
+"""The torch.distributed backend: gloo on CPU, nccl on CUDA, DistributedDataParallel."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+import torch.distributed as tdist
+
+from lartpc.dist.world import World, _check_compression
+
+
+@dataclass(frozen=True)
+class TorchWorld(World):
+    """Ranks of a torch.distributed process group (torchrun, or plain srun)."""
+
+    backend: ClassVar[str] = "torch"
+    #: the DDP model's :class:`~lartpc.dist.ddp.BucketExchange`, once
+    #: :meth:`distributed_model` made it; a list so the frozen world can hold it
+    _exchange: list = field(default_factory=list, repr=False, compare=False)
+
+    def allreduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        out = t.clone()
+        tdist.all_reduce(out)
+        return out
+
+    def allreduce_sum_(self, t: torch.Tensor) -> torch.Tensor:
+        tdist.all_reduce(t)
+        return t
+
+    def allgather_object(self, obj) -> list:
+        out = [None] * self.size
+        tdist.all_gather_object(out, obj)
+        return out
+
+    def broadcast_object(self, obj, root: int = 0):
+        box = [obj]
+        tdist.broadcast_object_list(box, src=root)
+        return box[0]
+
+    def broadcast_parameters(self, module: torch.nn.Module, root: int = 0) -> None:
+        for t in module.state_dict().values():
+            tdist.broadcast(t, src=root)
+
+    def _broadcast_optimizer_state(self, opt: torch.optim.Optimizer, root: int) -> None:
+        box = [opt.state_dict() if self.rank == root else None]
+        tdist.broadcast_object_list(box, src=root)
+        opt.load_state_dict(box[0])
+
+    def _broadcast_tensor(self, t: torch.Tensor, root: int = 0) -> torch.Tensor:
+        tdist.broadcast(t, src=root)
+        return t
+
+    def distributed_model(self, module: torch.nn.Module, compression: str = "none"
+                          ) -> torch.nn.Module:
+        """``module`` in DistributedDataParallel: gradients averaged in buckets during
+        backward (see :mod:`lartpc.dist.ddp`). Its ``state_dict`` gains a ``module.``
+        prefix: save and load :func:`~lartpc.dist.world.unwrap_model` of it."""
+        _check_compression(compression)
+        from lartpc.dist.ddp import wrap
+
+        model, exchange = wrap(module, fp16=compression == "fp16")
+        self._exchange[:] = [exchange]
+        return model
+
+    def watch_local_gradients(self, observer) -> bool:
+        if not self._exchange:
+            return False
+        self._exchange[0].observer = observer
+        return True
+
+    def no_sync(self, model: torch.nn.Module):
+        if self._exchange and hasattr(model, "no_sync"):
+            return model.no_sync()
+        return super().no_sync(model)
+
+    def _finish_exchange(self, opt: torch.optim.Optimizer) -> float:
+        """Backward itself waited for the buckets; the time from the last bucket's
+        hand-off to here (on CUDA after the device finished)."""
+        if not self._exchange:
+            return 0.0
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return self._exchange[0].exposed_s()
+
+    def shutdown(self) -> None:
+        if tdist.is_initialized():
+            tdist.destroy_process_group()

@@ -37,6 +37,7 @@ import numpy as np
 from analysis.metrics import primary_steps, smoothed_loss, smoothing_window
 from analysis.noise import DEFAULT_SPAN, NoiseAtLoss, b_noise_at_loss, pooled_b_noise, read_noise
 from analysis.runs import Run, RunFolderError
+from lartpc.cliparse import int_list
 
 CLUSTERS_FILE = Path(__file__).with_name("clusters.json")
 #: float32 parameters of the published models (counted by lartpc.models at 3600 x 3600)
@@ -104,14 +105,8 @@ def choose_profile(name: str | None, alpha_us: float | None, beta_gbps: float | 
 
 
 def parse_gpus(text: str) -> list[int]:
-    """``"1,2,4"`` -> [1, 2, 4]; each a whole number >= 1."""
-    try:
-        ns = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError as e:
-        raise PredictError(f"--gpus {text!r}: expected comma-separated whole numbers") from e
-    if not ns or min(ns) < 1:
-        raise PredictError(f"--gpus {text!r}: GPU counts must be >= 1")
-    return sorted(set(ns))
+    """``"1,2,4"`` -> [1, 2, 4], sorted and distinct; each a whole number >= 1."""
+    return sorted(set(int_list(text, "--gpus", minimum=1, error=PredictError)))
 
 
 def allreduce_s(n: int, nbytes: float, prof: Profile, algo: str = "ring") -> float:

@@ -129,7 +129,7 @@ def check_data(data: Path, configs: dict[str, str], gpus: list[int], seeds: list
     try:
         store = EventStore(data)
     except LartpcError as e:
-        raise LartpcError(f"--data {data}: {e}") from e
+        raise LartpcError(f"--data: {e}") from e
     for model, ref in configs.items():
         for seed in seeds:
             cfg = load_config(ref, [f"train.seed={seed}", *sets])

@@ -21,12 +21,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lartpc.config import choices
 from lartpc.errors import LartpcError
 
 log = logging.getLogger(__name__)
 
-MODELS = ("jishnet", "scnet")
-CONFIG_PREFIXES = ("tiny", "paper")
+MODELS = choices("model.name")
+CONFIG_PREFIXES = ("tiny", "paper")  #: presets <prefix>-<model> in lartpc/configs
 #: (scheduler, launcher) -> template under jobs/
 TEMPLATES: dict[tuple[str, str], str] = {
     ("slurm", "horovod"): "slurm/horovod-srun.sbatch",
@@ -251,19 +252,6 @@ def check_sets(sets: list[str], configs: dict[str, str], seeds: list[int],
                 load_config(ref, [f"train.seed={seed}", *sets])
             except ConfigError as e:
                 raise LartpcError(f"config {ref} (model {model}) --seeds {seed}: {e}") from e
-
-
-def parse_list(text: str, option: str, *, positive: bool = False) -> list[int]:
-    """``"1,2,4"`` -> ``[1, 2, 4]``; clear error naming ``option`` otherwise."""
-    items = [t.strip() for t in text.split(",")]
-    if not text.strip() or any(not re.fullmatch(r"-?\d+", t) for t in items):
-        raise LartpcError(f"{option} {text!r}: expected comma-separated integers, e.g. 1,2,4")
-    values = [int(t) for t in items]
-    if positive and any(v <= 0 for v in values):
-        raise LartpcError(f"{option} {text!r}: every value must be at least 1")
-    if len(set(values)) != len(values):
-        raise LartpcError(f"{option} {text!r}: repeated value")
-    return values
 
 
 def parse_models(text: str) -> list[str]:

@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 
 from lartpc.errors import ConfigError
+from lartpc.models import MODELS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -103,8 +104,10 @@ class Config:
         return dataclasses.asdict(self)
 
 
+#: Allowed values of every enumerated setting; the command lines' ``choices=`` come
+#: from here (see :func:`choices`).
 CHOICES = {
-    "model.name": ("jishnet", "scnet"),
+    "model.name": tuple(MODELS),
     "model.loss": ("ce", "paper"),
     "data.loader": ("auto", "blosc", "device-dense", "sparse"),
     "data.blosc_shuffle": ("noshuffle", "shuffle", "bitshuffle"),
@@ -117,6 +120,13 @@ CHOICES = {
     "train.noise_scale": ("off", "auto", "ranks", "halves"),
     "dist.backend": ("auto", "horovod", "torch", "none"),
 }
+
+
+def choices(key: str, *, without: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The allowed values of setting ``key`` (``"model.name"``), less ``without``."""
+    return tuple(v for v in CHOICES[key] if v not in without)
+
+
 POSITIVE = ("data.downsample", "train.batch_per_rank", "train.epochs", "train.time_limit_s",
             "train.lr", "train.eps", "train.eval_every_epochs", "train.log_flush_steps",
             "dist.timeout_s", "train.noise_every_steps")

@@ -92,7 +92,7 @@ def test_bad_batch_list_is_one_clear_error():
 @pytest.mark.parametrize("argv,message", [
     (["--backend", "none", "--ranks", "1,2"], "only 1 with --backend none"),
     (["--ranks", "1,two"], "--ranks '1,two'"),
-    (["--ranks", "0"], "--ranks '0': expected integers >= 1"),
+    (["--ranks", "0"], "--ranks '0': every value must be at least 1"),
 ])
 def test_bench_train_rank_list_errors_before_any_work(argv, message):
     r = run([str(BIN / "lartpc"), "bench", "train", "--model", "scnet", *argv], timeout=60)

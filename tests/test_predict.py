@@ -115,8 +115,8 @@ def test_hand_profile(runs, capsys):
 
 @pytest.mark.parametrize("args,message", [
     (["--cluster", "frontier"], "unknown cluster 'frontier'"),
-    (["--cluster", "summit", "--gpus", "0,8"], "GPU counts must be >= 1"),
-    (["--cluster", "summit", "--gpus", "a"], "comma-separated whole numbers"),
+    (["--cluster", "summit", "--gpus", "0,8"], "--gpus '0,8': every value must be at least 1"),
+    (["--cluster", "summit", "--gpus", "a"], "expected comma-separated integers"),
     (["--alpha-us", "5"], "give --cluster NAME"),
     (["--cluster", "summit", "--beta-gbps", "-1"], "--beta-gbps must be a positive"),
 ])

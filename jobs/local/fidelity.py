@@ -25,42 +25,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
+from jobs.local.steps import events, run, say
 from lartpc.bench.train import LARTPC
+from lartpc.config import choices
 
 EXIT_MORE = 3  #: this segment ended and the budget is not yet spent: call again
 GOALS = {"electron": 0.90, "muon": 0.90, "overall": 0.70}  #: per-class and overall goals
 SEED = 0  #: events; fixed so a regenerated store is the same store
 
 
+TAG = "fidelity"
+
+
 def _say(msg: str) -> None:
-    print(f"[fidelity {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+    say(TAG, msg)
 
 
 def _run(cmd: list[str]) -> None:
-    _say(" ".join(cmd))
-    r = subprocess.run(cmd)
-    if r.returncode != 0:
-        raise SystemExit(f"fidelity: {' '.join(cmd[:4])} ... failed (exit {r.returncode})")
-
-
-def make_events(out: Path, events: int, workers: int, downsample: int) -> Path:
-    """``out/events`` with ``events`` events from :data:`SEED`; made in a temporary folder
-    and renamed, so an interrupted simulation never leaves a partial store behind."""
-    store = out / "events"
-    if store.exists():
-        return store
-    tmp = out / "events.partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    _run([*LARTPC, "simulate", "--out", str(tmp), "--events", str(events), "--workers",
-          str(workers), "--seed", str(SEED), "--downsample", str(downsample)])
-    tmp.rename(store)
-    return store
+    run(TAG, cmd)
 
 
 def segments_s(segments: list[dict]) -> float:
@@ -123,7 +107,7 @@ def results(run: Path, model: str, minutes: float) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="folder for events and run")
-    ap.add_argument("--model", choices=("scnet", "jishnet"), default="scnet")
+    ap.add_argument("--model", choices=choices("model.name"), default="scnet")
     ap.add_argument("--minutes", type=float, default=20.0,
                     help="training time in all, over every segment (default 20)")
     ap.add_argument("--segment-s", type=float, default=None,
@@ -135,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--config", default=None,
                     help="preset (default paper-MODEL; tiny-MODEL for a quick CPU check)")
-    ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    ap.add_argument("--device", choices=choices("train.device"), default="auto")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="more config overrides (e.g. train.amp=fp16)")
     ap.add_argument("--results", type=Path, default=None,
@@ -146,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.eval_events < args.events:
         ap.error(f"--eval-events must be between 1 and --events - 1, got {args.eval_events}")
     args.out.mkdir(parents=True, exist_ok=True)
-    store = make_events(args.out, args.events, args.workers, args.downsample)
+    store = events(TAG, args.out / "events", args.events, downsample=args.downsample,
+                   seed=SEED, workers=args.workers)
     run = args.out / f"run-{args.model}"
     budget = 60 * args.minutes
     left = budget - trained_s(run)

@@ -12,44 +12,21 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-BIN = Path(sys.executable).parent
+from jobs.local.steps import events, run, say, tool
+
+TAG = "study"
 
 
 def _say(msg: str) -> None:
-    print(f"[study {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def _tool(name: str) -> str:
-    exe = BIN / name
-    return str(exe) if exe.exists() else (shutil.which(name) or name)
+    say(TAG, msg)
 
 
 def _run(cmd: list[str]) -> None:
-    _say("$ " + " ".join(cmd))
-    r = subprocess.run(cmd)
-    if r.returncode != 0:
-        raise SystemExit(f"study: command failed with exit code {r.returncode}: {' '.join(cmd)}")
-
-
-def _events(out: Path, n: int, downsample: int, seed: int) -> Path:
-    data = out / "events"
-    if data.exists():
-        from lartpc.data.store import EventStore
-
-        store = EventStore(data)
-        if len(store) == n and store.geometry.downsample == downsample:
-            _say(f"reusing {n} events in {data}")
-            return data
-        _say(f"{data} holds other events; making new ones")
-        shutil.rmtree(data)
-    _run([_tool("lartpc"), "simulate", "--out", str(data), "--events", str(n), "--downsample",
-          str(downsample), "--seed", str(seed), "--workers", "2"])
-    return data
+    run(TAG, cmd)
 
 
 def _train(data: Path, run: Path, model: str, ranks: int, limit_s: float, seed: int) -> None:
@@ -61,8 +38,8 @@ def _train(data: Path, run: Path, model: str, ranks: int, limit_s: float, seed: 
     if run.exists():
         shutil.rmtree(run)  # an interrupted demo run: start it again, it is ours
     _say(f"training {model} on {ranks} Horovod rank(s) for up to {limit_s:.0f} s -> {run}")
-    _run([_tool("horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo",
-          _tool("lartpc"), "train", "--config", f"tiny-{model}", "--data", str(data),
+    _run([tool("horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo",
+          tool("lartpc"), "train", "--config", f"tiny-{model}", "--data", str(data),
           "--out", str(run), "--set", f"train.time_limit_s={limit_s}",
           "--set", "train.epochs=1000", "--set", f"train.seed={seed}",
           # One core per rank, as one GPU per rank in the paper: N ranks use N cores,
@@ -84,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     t0 = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
-    data = _events(args.out, args.events, args.downsample, args.seed)
+    data = events(TAG, args.out / "events", args.events, downsample=args.downsample,
+                  seed=args.seed, workers=2)
     runs = args.out / "runs"
     for model in args.models.split(","):
         for n in (int(x) for x in args.ranks.split(",")):

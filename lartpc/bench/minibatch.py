@@ -25,17 +25,20 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from lartpc.config import choices
 from lartpc.errors import LartpcError
+
+DEVICES = choices("train.device", without=("auto",))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", choices=("jishnet", "scnet"), default="scnet")
+    parser.add_argument("--model", choices=choices("model.name"), default="scnet")
     parser.add_argument("--batches", default="7,14,28,56,112,256",
                         help="comma-separated minibatch sizes")
     parser.add_argument("--seeds", default="0", help="comma-separated seeds (runs per size)")
     parser.add_argument("--base-batch", type=int, default=7,
                         help="the minibatch the config's learning rate is meant for")
-    parser.add_argument("--lr-scaling", choices=("none", "linear", "sqrt"), default="sqrt",
+    parser.add_argument("--lr-scaling", choices=choices("train.lr_scaling"), default="sqrt",
                         help="learning rate x (B / base)^p, p = 0, 1 or 1/2 (default sqrt)")
     parser.add_argument("--threshold", type=float, default=1.2,
                         help="TTL loss threshold (the paper's 1.2 with its loss)")
@@ -43,11 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--events", type=int, default=700, help="events to simulate")
     parser.add_argument("--downsample", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=120.0, help="time limit per run")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--device", choices=DEVICES, default="cpu")
     parser.add_argument("--config", default=None,
                         help="training preset or TOML file (default tiny-MODEL)")
     parser.add_argument("--loader", default="auto",
-                        choices=("auto", "blosc", "device-dense", "sparse"))
+                        choices=choices("data.loader"))
     parser.add_argument("--out", type=Path, default=None,
                         help="keep run folders, table and plot here (a new folder)")
     parser.add_argument("--from", dest="from_dir", type=Path, default=None,
@@ -124,10 +127,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _scan(args: argparse.Namespace) -> dict:
     """Train every (minibatch, seed) point; write the outputs when ``--out`` is given."""
-    from lartpc.bench.train import int_list, train_point
+    from lartpc.bench.train import train_point
+    from lartpc.cliparse import int_list
     from lartpc.config import load_config
 
-    batches = int_list(args.batches, "--batches")
+    batches = int_list(args.batches, "--batches", minimum=1)
     seeds = int_list(args.seeds, "--seeds", minimum=0)
     if args.seconds <= 0:
         raise LartpcError("--seconds must be > 0")

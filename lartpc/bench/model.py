@@ -24,24 +24,28 @@ import statistics
 import sys
 import time
 
+from lartpc.config import choices
+
+DEVICES = choices("train.device", without=("auto",))
+
 log = logging.getLogger(__name__)
 FULL_SIZE = 3600
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, choices=("jishnet", "scnet"))
+    parser.add_argument("--model", required=True, choices=choices("model.name"))
     parser.add_argument("--batch", type=int, default=7, help="events per step (default 7)")
     parser.add_argument("--size", type=int, default=None,
                         help="image side, a divisor of 3600 (default 3600, or the --data geometry)")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--device", default="cpu", choices=DEVICES)
     parser.add_argument("--repeats", type=int, default=3, help="timed steps (median reported)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     parser.add_argument("--data", default=None, help="event store to read the batch from")
     parser.add_argument("--seed", type=int, default=0, help="generator seed without --data")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument("--loss", default="ce", choices=("ce", "paper"))
+    parser.add_argument("--loss", default="ce", choices=choices("model.loss"))
     speed = parser.add_argument_group("speed options (all off by default)")
-    speed.add_argument("--amp", default="none", choices=("none", "bf16", "fp16"),
+    speed.add_argument("--amp", default="none", choices=choices("train.amp"),
                        help="autocast dtype around forward (JishNet; SCNet uses --half)")
     speed.add_argument("--channels-last", action="store_true", help="JishNet: NHWC activations")
     speed.add_argument("--elu-after-pool", action="store_true",
@@ -53,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the device's peak TFLOP/s for fraction_of_peak (default: "
                              "from the device name and precision, when known)")
     speed.add_argument("--algo", default=None,
-                       choices=("native", "implicit_gemm", "split_implicit_gemm"),
+                       choices=choices("model.algo", without=("auto",)),
                        help="SCNet: spconv algorithm (default: spconv's choice)")
     speed.add_argument("--half", action="store_true", help="SCNet: float16 trunk (CUDA)")
 
@@ -68,9 +72,14 @@ def _model_options(args) -> dict:
     used = [flag for flag, value in foreign.items() if value]
     if used:
         raise LartpcError(f"{', '.join(used)}: not an option of --model {args.model}")
-    if args.model == "jishnet":
-        return {"channels_last": args.channels_last, "elu_after_pool": args.elu_after_pool}
-    return {"algo": args.algo, "half": args.half}
+    from lartpc.config import ModelConfig
+    from lartpc.models import model_class
+
+    cfg = ModelConfig(name=args.model, channels_last=args.channels_last,
+                      elu_after_pool=args.elu_after_pool, algo=args.algo or "auto")
+    # the model's own checks, as in training (SCNet's --half is its fp16 trunk)
+    amp = "fp16" if args.half else "none"
+    return model_class(args.model).options(cfg, amp, args.device)
 
 
 def _batch_from_events(events, shape: tuple[int, int], kind: str):

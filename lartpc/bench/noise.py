@@ -16,9 +16,11 @@ import statistics
 import sys
 import time
 
+from lartpc.config import choices
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="jishnet", choices=("jishnet", "scnet"))
+    parser.add_argument("--model", default="jishnet", choices=choices("model.name"))
     parser.add_argument("--batch", type=int, default=7, help="events per step (default 7)")
     parser.add_argument("--size", type=int, default=400,
                         help="image side without --data (default 400, downsample 9)")

@@ -18,7 +18,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from lartpc.cliparse import int_list
+from lartpc.config import choices
 from lartpc.errors import LartpcError
+
+DEVICES = choices("train.device", without=("auto",))
 
 BIN = Path(sys.executable).parent
 #: ``lartpc`` through this interpreter: works in a venv and from a bare working tree on
@@ -27,37 +31,27 @@ LARTPC = [sys.executable, "-m", "lartpc"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", choices=("jishnet", "scnet"), required=True)
+    parser.add_argument("--model", choices=choices("model.name"), required=True)
     parser.add_argument("--ranks", default="1,2", help="comma-separated rank counts")
     parser.add_argument("--data", type=Path, help="event folder (default: simulate one)")
     parser.add_argument("--events", type=int, default=210, help="events to simulate")
     parser.add_argument("--downsample", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=60.0, help="time limit per training")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--device", choices=DEVICES, default="cpu")
     parser.add_argument("--batch", type=int, default=7)
     parser.add_argument("--config", default=None,
                         help="training preset or TOML file (default tiny-MODEL)")
     parser.add_argument("--loader", default="auto",
-                        choices=("auto", "blosc", "device-dense", "sparse"),
+                        choices=choices("data.loader"),
                         help="batch path (data.loader); auto = the preset's")
-    parser.add_argument("--backend", choices=("horovod", "torch", "none"), default="horovod",
+    parser.add_argument("--backend", choices=choices("dist.backend", without=("auto",)),
+                        default="horovod",
                         help="launcher of each point (none: one plain process, --ranks 1)")
     parser.add_argument("--compare-torch", action=argparse.BooleanOptionalAction, default=True,
                         help="also run the largest rank count under torchrun "
                              "(with --backend horovod)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.KEY=VALUE")
-
-
-def int_list(text: str, option: str, minimum: int = 1) -> list[int]:
-    """The comma-separated integers of ``option``, each at least ``minimum``."""
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError as e:
-        raise LartpcError(f"{option} {text!r}: expected comma-separated integers") from e
-    if not values or min(values) < minimum:
-        raise LartpcError(f"{option} {text!r}: expected integers >= {minimum}")
-    return values
 
 
 def _launch(backend: str, n: int, train_args: list[str]) -> list[str]:
@@ -121,7 +115,7 @@ def measure_run(out: Path, threshold: float = 1.2) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    ranks = int_list(args.ranks, "--ranks")
+    ranks = int_list(args.ranks, "--ranks", minimum=1)
     if args.backend == "none" and ranks != [1]:
         raise LartpcError(f"--ranks {args.ranks}: only 1 with --backend none")
     with tempfile.TemporaryDirectory(prefix="lartpc-bench-train-") as tmp:

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from jobs.sites import site_names
+    from jobs.sweep import CONFIG_PREFIXES, TEMPLATES
 
     p.add_argument("--site", default=None,
                    help=f"cluster options from jobs/sites/NAME.toml ({', '.join(site_names())}) "
@@ -35,14 +36,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", dest="configs", action="append", default=[],
                    metavar="PRESET_OR_TOML", help="config for the model it names (repeatable, "
                    "one per model); a TOML file is copied into the sweep's jobs/ folder")
-    p.add_argument("--config-prefix", default=None, choices=("tiny", "paper"),
+    p.add_argument("--config-prefix", default=None, choices=CONFIG_PREFIXES,
                    help="without --config: presets <prefix>-<model> (tiny = events "
                    "downsampled by 4; default paper)")
     p.add_argument("--gpus", default="1,2,4", help="comma-separated GPU (rank) counts")
     p.add_argument("--seeds", default="0", help="comma-separated seeds (train.seed)")
-    p.add_argument("--scheduler", choices=("slurm", "lsf"), default=None,
+    p.add_argument("--scheduler", choices=sorted({s for s, _ in TEMPLATES}), default=None,
                    help="required unless the site sets it")
-    p.add_argument("--launcher", choices=("horovod", "horovod-gloo", "torchrun", "jsrun"),
+    p.add_argument("--launcher", choices=list(dict.fromkeys(lch for _, lch in TEMPLATES)),
                    default=None, help="slurm: horovod (srun --mpi), horovod-gloo "
                    "(horovodrun; srun across nodes), torchrun; lsf: jsrun, horovod "
                    "(horovodrun)")
@@ -116,6 +117,7 @@ def _copies(args: argparse.Namespace, configs: dict[str, str], jobs_dir: Path
 def run(args: argparse.Namespace) -> int:
     from jobs import resolve, sweep
     from jobs import submit as jobsubmit
+    from lartpc.cliparse import int_list
 
     resolve.apply_site(args)
     if args.submit:  # fail before checking or writing anything if it cannot be submitted
@@ -125,8 +127,8 @@ def run(args: argparse.Namespace) -> int:
         if shutil.which(exe) is None:
             raise LartpcError(f"--submit --scheduler {args.scheduler}: `{exe}` not found on PATH")
     configs = resolve.configs(args)
-    gpus = sweep.parse_list(args.gpus, "--gpus", positive=True)
-    seeds = sweep.parse_list(args.seeds, "--seeds")
+    gpus = int_list(args.gpus, "--gpus", minimum=1, distinct=True)
+    seeds = int_list(args.seeds, "--seeds", distinct=True)
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         raise LartpcError(f"--gpus-per-node {args.gpus_per_node}: must be at least 1")
     for option in ("queue", "account", "qos", "reservation"):

@@ -51,6 +51,15 @@ class JishNet(nn.Module):
 
     input_kind = "dense"
 
+    @classmethod
+    def options(cls, cfg, amp: str, device_type: str) -> dict:
+        """Constructor options from a :class:`~lartpc.config.ModelConfig`; an SCNet
+        option set there is a :class:`ConfigError`. (``amp`` is an autocast around the
+        whole model, not an option of its own.)"""
+        if cfg.algo != "auto":
+            raise ConfigError(f"model.algo={cfg.algo!r} is an SCNet option (model.name=jishnet)")
+        return {"channels_last": cfg.channels_last, "elu_after_pool": cfg.elu_after_pool}
+
     def __init__(self, image_size: tuple[int, int], *, channels_last: bool = False,
                  elu_after_pool: bool = False):
         super().__init__()

@@ -79,6 +79,21 @@ class SCNet(nn.Module):
 
     input_kind = "sparse"
 
+    @classmethod
+    def options(cls, cfg, amp: str, device_type: str) -> dict:
+        """Constructor options from a :class:`~lartpc.config.ModelConfig` and the mixed
+        precision asked for; a JishNet option, or a precision spconv cannot run on
+        ``device_type``, is a :class:`ConfigError`."""
+        if cfg.channels_last:
+            raise ConfigError("model.channels_last is a JishNet option (model.name=scnet)")
+        if amp == "bf16":
+            raise ConfigError("train.amp=bf16 with model.name=scnet: spconv has no bfloat16 "
+                              "kernels; use train.amp=fp16 (CUDA) or none")
+        if amp == "fp16" and device_type != "cuda":
+            raise ConfigError("train.amp=fp16 with model.name=scnet needs CUDA (spconv's CPU "
+                              "kernels are float32 only); use train.amp=none on CPU")
+        return {"algo": None if cfg.algo == "auto" else cfg.algo, "half": amp == "fp16"}
+
     def __init__(self, image_size: tuple[int, int], *, algo: str | None = None,
                  half: bool = False):
         super().__init__()

@@ -3,8 +3,11 @@
 A run folder may hold ``truth_limits.json``: the output of
 ``lartpc inspect DATA --truth-limits --json > RUN/truth_limits.json`` for the data the
 run was evaluated on. It gives, per class, the share of events no image can classify
-(pions and kaons leaving as clean MIP stubs, events with little visible energy), so a
-measured confusion matrix can be read against the best any network could do.
+(pions and kaons leaving as clean MIP stubs, events with little visible energy) and the
+accuracy ceiling that leaves (the best a perfect classifier reaches per class, and the
+class-balanced overall), so a measured confusion matrix can be read against the best
+any network could do. Files written before the ceilings existed get them derived as
+``1 - indistinguishable``.
 """
 
 from __future__ import annotations
@@ -41,10 +44,20 @@ def _checked(data) -> dict:
         classes[str(name)] = {"events": int(_number(c.get("events", 0), f"classes.{name}.events")),
                               **{k: _number(c.get(k, 0), f"classes.{name}.{k}")
                                  for k in FRACTIONS}}
+    for name, c in classes.items():
+        acc = lim["classes"][name].get("accuracy_ceiling")
+        c["accuracy_ceiling"] = (1.0 - c["indistinguishable"] if acc is None
+                                 else _number(acc, f"classes.{name}.accuracy_ceiling"))
     ceiling = lim.get("muon_purity_ceiling")
+    overall = lim.get("overall_accuracy_ceiling")
+    present = [c["accuracy_ceiling"] for c in classes.values() if c["events"]]
+    if overall is None and present:
+        overall = sum(present) / len(present)
     return {"classes": classes, "source_geometry": str(lim.get("source_geometry", "?")),
             "muon_purity_ceiling": None if ceiling is None
-            else _number(ceiling, "muon_purity_ceiling")}
+            else _number(ceiling, "muon_purity_ceiling"),
+            "overall_accuracy_ceiling": None if overall is None
+            else _number(overall, "overall_accuracy_ceiling")}
 
 
 def load_truth_limits(run_dir: str | Path) -> dict | None:
@@ -68,14 +81,19 @@ def truth_limits_html(run_dirs: Iterable[str | Path]) -> str:
             continue
         rows = "".join(
             f"<tr><td class='l'>{html.escape(name)}</td><td>{c['events']}</td>"
-            + "".join(f"<td>{100 * c[k]:.1f}</td>" for k in FRACTIONS) + "</tr>"
+            + "".join(f"<td>{100 * c[k]:.1f}</td>" for k in FRACTIONS)
+            + f"<td>{100 * c['accuracy_ceiling']:.1f}</td></tr>"
             for name, c in lim["classes"].items())
         ceiling = lim.get("muon_purity_ceiling")
-        tail = (f"<p>Muon purity ceiling (exiting π/K stubs called muon): "
-                f"{100 * ceiling:.1f} %</p>" if ceiling is not None else "")
+        overall = lim.get("overall_accuracy_ceiling")
+        tail = (f"<p>Overall accuracy ceiling (class-balanced mean of the per-class "
+                f"ceilings): {100 * overall:.1f} %</p>" if overall is not None else "")
+        tail += (f"<p>Muon purity ceiling (exiting π/K stubs called muon): "
+                 f"{100 * ceiling:.1f} %</p>" if ceiling is not None else "")
         return (f"<h4>Truth limits of the evaluation data (source geometry "
                 f"{html.escape(lim['source_geometry'])}, from "
                 f"{html.escape(str(Path(d) / FILE))})</h4><table><tr><th class='l'>class"
                 "</th><th>events</th><th>exit, no interaction %</th><th>low visible "
-                "energy %</th><th>indistinguishable %</th></tr>" + rows + "</table>" + tail)
+                "energy %</th><th>indistinguishable %</th><th>accuracy ceiling %</th></tr>"
+                + rows + "</table>" + tail)
     return ""

@@ -35,6 +35,25 @@ def test_report_shows_truth_limits(tmp_path, capsys):
     assert "Truth limits of the evaluation data (source geometry isotropic" in html
     assert f"<td>{100 * pion['exit_without_interaction']:.1f}</td>" in html
     assert f"{100 * lim['muon_purity_ceiling']:.1f} %" in html
+    # the ceilings beside the confusion matrix: per class and overall
+    assert pion["accuracy_ceiling"] == 1 - pion["indistinguishable"]
+    assert f"<td>{100 * pion['accuracy_ceiling']:.1f}</td></tr>" in html
+    assert (f"Overall accuracy ceiling (class-balanced mean of the per-class ceilings): "
+            f"{100 * lim['overall_accuracy_ceiling']:.1f} %") in html
+    assert 0 < lim["overall_accuracy_ceiling"] <= 1
+
+
+def test_old_truth_limits_file_gets_ceilings(tmp_path):
+    """a truth_limits.json written before the ceilings existed: derived, not missing"""
+    run = _run(tmp_path)
+    old = {"source_geometry": "isotropic", "muon_purity_ceiling": 0.7,
+           "classes": {"muon": {"events": 10, "indistinguishable": 0.0},
+                       "pion": {"events": 10, "indistinguishable": 0.3},
+                       "kaon": {"events": 0, "indistinguishable": 0.0}}}
+    (run / "truth_limits.json").write_text(json.dumps(old))
+    lim = load_truth_limits(run)
+    assert lim["classes"]["pion"]["accuracy_ceiling"] == 0.7
+    assert lim["overall_accuracy_ceiling"] == 0.85  # kaon has no events
 
 
 def test_bad_truth_limits_file_is_ignored(tmp_path, caplog):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from types import SimpleNamespace
 
@@ -85,3 +86,28 @@ def test_interaction_lengths():
     lengths = np.array([tr.length_cm for tr in ends if tr.end == "interact"])
     assert len(lengths) > 380
     assert lengths.mean() == pytest.approx(mat.LAMBDA_INT_PION_CM, rel=0.12)
+
+
+@pytest.mark.parametrize("kind", ["pi+", "K+"])
+def test_quasi_elastic_kinks_follow_the_t_slope(kind):
+    # d sigma / dt ~ exp(-b |t|), b ~ 7.5 GeV^-2 (pi p elastic diffraction slope at a few
+    # GeV/c, Foley et al. PRL 11 (1963) 425): median |t| = ln 2 / b, so at p = 3 GeV/c the
+    # median kink is sqrt(ln 2 / b) / p = 0.101 rad = 5.8 degrees (small angles,
+    # |t| = p^2 theta^2), and the struck nucleon takes |t| / 2M ~ 50 MeV: > 95 % of the
+    # kinetic energy stays with the hadron. (+sim2: half-normal, sigma 0.5 rad,
+    # median 19 degrees, 60-97 % kept.)
+    b = 7.5
+    rng = np.random.default_rng(5)
+    t = float(mat.kinetic(3000.0, M[kind]))
+    d = np.array([0, 0, 1.0])
+    out = [h.quasi_elastic(rng, M[kind], t, d, b) for _ in range(4000)]
+    theta = np.arccos(np.clip([o[1][2] for o in out], -1, 1))
+    kept = np.array([o[0] for o in out]) / t
+    assert np.median(theta) == pytest.approx(math.sqrt(math.log(2) / b) / 3.0, rel=0.06)
+    assert np.median(kept) > 0.95 and kept.min() > 0.5
+    # momentum is conserved: hadron + recoil = incoming
+    p_in = float(mat.momentum(t, M[kind]))
+    o = out[0]
+    p_out = o[1] * float(mat.momentum(o[0], M[kind])) + o[2]
+    np.testing.assert_allclose(p_out, p_in * d, atol=1e-6 * p_in)
+    assert h.HADRONIC.qe_t_slope_gev2 == b

@@ -9,7 +9,7 @@ import pytest
 
 from lartpc.cli import main
 from lartpc.data import EventStore
-from lartpc.sim.generate import BEAM_VERTEX_CM
+from lartpc.sim.generate import BEAM_VERTEX_BOX_CM
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,9 @@ def test_beam_geometry_truth(samples):
     ev = s.read_many(range(len(s)))
     v = np.array([e.truth["vertex_cm"] for e in ev])
     d = np.array([e.truth["direction"] for e in ev])
-    np.testing.assert_allclose(v, np.tile(BEAM_VERTEX_CM, (len(ev), 1)), atol=1e-4)
+    lo, hi = np.array(BEAM_VERTEX_BOX_CM).T
+    assert ((v >= lo) & (v <= hi)).all()
+    assert (v.max(0) - v.min(0) > 0.8 * (hi - lo)).all()  # spread over the box
     angle = np.degrees(np.arccos(np.clip(d[:, 2], -1, 1)))
     assert angle.max() <= 5.0 + 1e-3 and angle.mean() > 2.0  # filled cone, not a line
     iso = EventStore(samples["isotropic"]).read_many(range(30))
@@ -55,6 +57,18 @@ def test_truth_limits_isotropic_vs_beam(samples, capsys):
     assert iso["classes"]["muon"]["indistinguishable"] == 0.0
     assert iso["classes"]["muon"]["events"] == 25 and iso["classes"]["electron"]["events"] == 0
     assert iso["muon_purity_ceiling"] < 0.8 < 0.95 < beam["muon_purity_ceiling"]
+    # ceilings: 1 - indistinguishable per class, muons 1.0 (the stub pool is called muon),
+    # overall the class-balanced mean over the classes present
+    for lim in (iso, beam):
+        got = {c: v["accuracy_ceiling"] for c, v in lim["classes"].items()}
+        assert got["muon"] == 1.0 and got["electron"] is None
+        for c in ("gamma", "pion", "kaon"):
+            assert got[c] == pytest.approx(1 - lim["classes"][c]["indistinguishable"])
+        assert lim["overall_accuracy_ceiling"] == pytest.approx(
+            np.mean([got[c] for c in ("gamma", "muon", "pion", "kaon")]))
+    assert iso["classes"]["pion"]["accuracy_ceiling"] < 0.85  # the stubs cost pions
+    assert beam["classes"]["pion"]["accuracy_ceiling"] > 0.9
+    assert iso["overall_accuracy_ceiling"] < beam["overall_accuracy_ceiling"]
     assert iso["source_geometry"] == "isotropic" and beam["source_geometry"] == "beam"
 
 
@@ -63,6 +77,9 @@ def test_truth_limits_text_and_old_or_converted_stores(samples, tmp_path, capsys
     assert main(["inspect", str(samples["isotropic"]), "--truth-limits"]) == 0
     text = capsys.readouterr().out
     assert "truth limits (source geometry isotropic)" in text and "muon purity ceiling" in text
+    assert "overall accuracy ceiling" in text
+    header = next(line for line in text.splitlines() if line.startswith("class "))
+    assert header.split()[-1] == "ceiling"
     import shutil
 
     import h5py

@@ -52,8 +52,13 @@ class HadronicParameters:
     # inelastic (pion absorption matters mostly below ~0.5 GeV, taken flat here)
     pion_mix: tuple[float, float, float] = (0.25, 0.10, 0.10)
     kaon_mix: tuple[float, float, float] = (0.40, 0.12, 0.0)
-    qe_energy_kept: tuple[float, float] = (0.6, 0.97)  # uniform range
-    qe_knockout_proton: float = 0.6
+    # quasi-elastic scattering on one nucleon: d sigma / dt ~ exp(-b |t|). b is the
+    # diffraction slope of pi p elastic scattering at a few GeV/c, ~7-8 GeV^-2 (Foley et
+    # al., Phys. Rev. Lett. 11 (1963) 425 and 15 (1965) 45; PDG's compilation of
+    # elastic slopes); taken for K+ too (assumed). At 3 GeV/c the median kink is
+    # sqrt(ln 2 / b) / p ~ 5.5 degrees and the nucleon recoils with |t| / 2M ~ 50 MeV.
+    qe_t_slope_gev2: float = 7.5
+    qe_knockout_proton: float = 0.6  # the struck nucleon is a (visible) proton
     inel_lead_share: tuple[float, float] = (0.2, 0.7)  # leading hadron's share of T
     inel_kaon_keeps_lead: float = 0.6  # else a K0 carries it away unseen
     inel_visible_share: tuple[float, float] = (0.4, 0.8)  # of the rest; neutrons take the remainder
@@ -131,17 +136,47 @@ def _emit_protons(ctx, pos, d, energy: float, n: int) -> None:
             ctx.deps.add_segments(pos[None], pos[None], np.array([t]))
 
 
+def quasi_elastic(rng: np.random.Generator, m_mev: float, t_mev: float, d: np.ndarray,
+                  slope_gev2: float) -> tuple[float, np.ndarray, np.ndarray]:
+    """Elastic scattering of a hadron (mass ``m_mev``, kinetic ``t_mev``, direction
+    ``d``) on a nucleon at rest, |t| drawn from exp(-b |t|) (``slope_gev2`` = b).
+
+    Returns
+    -------
+    (kinetic energy kept, new unit direction, recoil nucleon momentum vector MeV/c).
+    Exact two-body kinematics: the nucleon takes |t| / 2M, and
+    cos theta = (E E' - m^2 - |t| / 2) / (p p').
+    """
+    mn = mat.MASS_MEV["p"]
+    e = t_mev + m_mev
+    p = float(mat.momentum(t_mev, m_mev))
+    s = m_mev**2 + mn**2 + 2 * e * mn
+    t_kin = 4 * p**2 * mn**2 / s  # |t| max: backward scattering in the c.m.
+    u = rng.random() * -np.expm1(-slope_gev2 * t_kin * 1e-6)
+    q2 = min(-np.log1p(-u) / slope_gev2 * 1e6, t_kin)  # MeV^2
+    e2 = e - q2 / (2 * mn)
+    p2 = float(np.sqrt(max(e2**2 - m_mev**2, 0.0)))
+    cos = np.clip((e * e2 - m_mev**2 - q2 / 2) / max(p * p2, 1e-9), -1.0, 1.0)
+    d2 = rotate(d, float(np.arccos(cos)), rng.uniform(0, 2 * np.pi))
+    return float(e2 - m_mev), d2, p * d - p2 * d2
+
+
 def _interact(ctx, kind: str, pos, d, t: float) -> None:
     rng, par = ctx.rng, HADRONIC
     is_kaon = kind == "K+"
     qe, cex, absorb = par.kaon_mix if is_kaon else par.pion_mix
     r = rng.random()
     if r < qe:
-        # quasi-elastic: the same hadron continues at an angle (a kink), maybe a knock-out p
-        t2 = t * rng.uniform(*par.qe_energy_kept)
-        ctx.queue.append((kind, pos, _forward(rng, d, 0.5), t2))
+        # quasi-elastic: the same hadron continues at an angle (a kink), the struck
+        # nucleon recoils
+        t2, d2, p_n = quasi_elastic(rng, MASS[kind], t, d, par.qe_t_slope_gev2)
+        ctx.queue.append((kind, pos, d2, t2))
+        t_n = t - t2
         if rng.random() < par.qe_knockout_proton:
-            _emit_protons(ctx, pos, d, min(t - t2, 250.0) * rng.uniform(0.3, 0.9), 1)
+            if t_n > 2.0:  # below ~2 MeV a proton range is < 0.1 mm: a point deposit
+                ctx.queue.append(("p", pos, p_n / np.linalg.norm(p_n), float(t_n)))
+            else:
+                ctx.deps.add_segments(pos[None], pos[None], np.array([t_n]))
         return
     if r < qe + cex:
         # charge exchange: K+ n -> K0 p (K0 unseen), pi+ n -> pi0 p

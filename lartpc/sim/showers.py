@@ -15,7 +15,6 @@ from lartpc.sim.tracks import STEP_CM, Deposits, deposit_restricted, inside, rot
 
 E_TRACK_MEV = 8.0  # follow e+- above this with a scattered trajectory
 K_CUT_MEV = 6.0  # bremsstrahlung photons above this are emitted as particles
-DEDX_E_MEV_CM = 2.3  # collision loss of relativistic electrons in LAr (ESTAR ~1.65 MeV cm2/g)
 PAIR_MIN_MEV = 10.0
 MAX_FOLLOWED = 400
 _MU = mat.MASS_MEV["mu"]
@@ -66,23 +65,26 @@ class Cascade:
     def electron(self, pos: np.ndarray, d: np.ndarray, t_mev: float, kind: str = "e-") -> float:
         """Transport one e+- (``kind`` "e-" or "e+"); returns its path length (cm).
 
-        Collision loss goes through the heavy-track code: the restricted share with
-        Landau-like fluctuations on every step, plus Moller (e-) or Bhabha (e+) delta
-        electrons above the delta-ray cut.
+        Collision loss goes through the heavy-track code: the restricted Berger-Seltzer
+        loss with thin-layer straggling on every step, plus Moller (e-) or Bhabha (e+)
+        delta electrons above the delta-ray cut. The energy bookkeeping between
+        bremsstrahlung emissions uses the total collision loss at the starting energy
+        (2.2 MeV/cm at 10 MeV to 2.8 MeV/cm at 3 GeV in LAr).
         """
         rng = self.rng
         if t_mev < E_TRACK_MEV or self.followed >= MAX_FOLLOWED:
             self.stubs.append((pos, d, t_mev))
             return float(electron_range_cm(t_mev))
         self.followed += 1
+        dedx = float(mat.electron_dedx(t_mev, None, kind == "e+"))
         e, s = t_mev, 0.0
         em_s, em_k = [], []
         while e > K_CUT_MEV + 1.0:
             dist = rng.exponential(1 / _brems_rate_per_cm(e))
-            if e - DEDX_E_MEV_CM * dist < E_TRACK_MEV:
+            if e - dedx * dist < E_TRACK_MEV:
                 break
             s += dist
-            e -= DEDX_E_MEV_CM * dist
+            e -= dedx * dist
             k = _brems_fraction(rng, K_CUT_MEV / e) * e
             em_s.append(s)
             em_k.append(k)
@@ -94,7 +96,7 @@ class Cascade:
         grid = np.arange(n + 1) * ds
         em_s, em_k = np.array(em_s), np.array(em_k)
         emitted = np.concatenate([[0.0], np.cumsum(em_k)])[np.searchsorted(em_s, grid, "right")]
-        t = np.where(grid <= s, t_mev - DEDX_E_MEV_CM * grid - emitted,
+        t = np.where(grid <= s, t_mev - dedx * grid - emitted,
                      electron_energy_at_range(np.maximum(length - grid, 0.0)))
         t[-1] = 0.0
         pts, _ = trajectory(pos, d, np.maximum(t, 0.0), mat.ME_MEV, ds, rng, chunk=16)
@@ -103,9 +105,8 @@ class Cascade:
         stop = len(pts) if ok.all() else int(np.argmin(ok)) + 1
         de = np.maximum(de[:stop - 1], 0.0)
         if len(de):
-            de = deposit_restricted(pts[:stop], t[:stop], mat.ME_MEV, de, rng, self.queue,
-                                    kind, dedx_mev_cm=np.maximum(de / ds, 1e-6))
-        self.deps.add_polyline(pts[:stop], de)
+            self.deps.add_polyline(*deposit_restricted(pts[:stop], t[:stop], mat.ME_MEV, de,
+                                                       rng, self.queue, kind))
         for si, k in zip(em_s, em_k, strict=True):
             i = min(int(si / ds), n - 1)
             if i + 1 < stop:

@@ -13,9 +13,11 @@ import numpy as np
 
 from lartpc.geometry import ACTIVE_X_CM, ACTIVE_Y_CM, ACTIVE_Z_CM
 from lartpc.sim import materials as mat
+from lartpc.sim.straggling import fluctuate
 
 STEP_CM = 0.3
 DELTA_CUT_MEV = 3.0  # delta electrons above this are tracked; below they are local dE/dx
+SUBSTEPS = 3  # straggling pieces per step (0.1 cm each at the 0.3 cm step)
 _LO = np.array([ACTIVE_X_CM[0], ACTIVE_Y_CM[0], ACTIVE_Z_CM[0]])
 _HI = np.array([ACTIVE_X_CM[1], ACTIVE_Y_CM[1], ACTIVE_Z_CM[1]])
 
@@ -139,7 +141,7 @@ def heavy_track(start, direction, t0_mev: float, mass_mev: float, rng: np.random
                 step_cm: float = STEP_CM) -> Track:
     """Propagate a muon/pion/kaon/proton until it stops, interacts or leaves the volume.
 
-    Deposits the restricted ionisation loss (with Landau-like fluctuations) into ``deps``
+    Deposits the restricted ionisation loss (with thin-layer Landau straggling) into ``deps``
     and appends delta electrons above ``DELTA_CUT_MEV`` to ``queue`` as
     ``("e-", pos, dir, T)``.
     """
@@ -163,8 +165,7 @@ def heavy_track(start, direction, t0_mev: float, mass_mev: float, rng: np.random
             if len(pts) > 1 else direction
     de = -np.diff(t)
     if len(de):
-        de = deposit_restricted(pts, t, mass_mev, de, rng, queue)
-    deps.add_polyline(pts, de)
+        deps.add_polyline(*deposit_restricted(pts, t, mass_mev, de, rng, queue))
     return Track(pts, t, end, dlast)
 
 
@@ -210,8 +211,10 @@ def delta_loss_mev_cm(t_mev: np.ndarray, mass_mev: float, kind: str = "") -> np.
 
 def deposit_restricted(pts: np.ndarray, t: np.ndarray, mass_mev: float, de: np.ndarray,
                        rng: np.random.Generator, queue, kind: str = "",
-                       dedx_mev_cm: np.ndarray | None = None) -> np.ndarray:
-    """Visible ionisation per step: the restricted loss, fluctuated, plus sampled deltas.
+                       dedx_mev_cm: np.ndarray | None = None
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """Visible ionisation along a track: the restricted loss, straggled, plus sampled
+    deltas.
 
     Parameters
     ----------
@@ -221,23 +224,44 @@ def deposit_restricted(pts: np.ndarray, t: np.ndarray, mass_mev: float, de: np.n
     de : (n,) mean collision loss per step (MeV).
     rng, queue : random stream; tracked delta electrons are appended to ``queue``.
     kind : ``"e-"``/``"e+"`` for Moller/Bhabha kinematics, else a heavy particle.
-    dedx_mev_cm : (n,) mean collision stopping power per step (default Bethe).
+    dedx_mev_cm : (n,) mean collision stopping power per step of a heavy particle
+        (default Bethe); e+- use :func:`lartpc.sim.materials.electron_restricted_dedx`.
 
     Returns
     -------
-    (n,) energy deposited locally per step. Every step keeps its restricted share of the
-    mean loss whatever deltas were drawn, so a track is never dimmed by its deltas; the
-    mean total (local + deltas) is still the full collision loss.
+    (points, energies) of a finer polyline: each step is cut into ``SUBSTEPS`` pieces
+    (0.1 cm, the readout's sampling) straggled independently, so the loss on any 0.3 cm
+    of track (one wire) has the thin-layer width whatever the steps' alignment with
+    the wires (see :mod:`lartpc.sim.straggling`). Every
+    step keeps its restricted share of the mean loss whatever deltas were drawn, so a
+    track is never dimmed by its deltas; the mean total (local + deltas) is still the
+    full collision loss (for e+-: the restricted Berger-Seltzer loss, at most the step's
+    collision loss, plus the deltas).
     """
     tm = 0.5 * (t[1:] + t[:-1])
-    if dedx_mev_cm is None:
-        dedx_mev_cm = mat.bethe_dedx(tm, mass_mev)
-    frac = np.clip(1 - delta_loss_mev_cm(tm, mass_mev, kind) / dedx_mev_cm, 0.0, 1.0)
-    # Landau-like fluctuation of the restricted part (mean preserved); the high tail
-    # comes from the explicit delta rays
-    out = de * frac * rng.gamma(8.0, 1 / 8.0, size=len(de))
+    seg = np.linalg.norm(np.diff(pts, axis=0), axis=1)
+    if kind in ("e-", "e+"):
+        # Berger-Seltzer restricted loss (Moller/Bhabha), within the step's collision loss
+        mean = np.minimum(mat.electron_dedx(tm, DELTA_CUT_MEV, kind == "e+") * seg, de)
+    else:
+        if dedx_mev_cm is None:
+            dedx_mev_cm = mat.bethe_dedx(tm, mass_mev)
+        frac = np.clip(1 - delta_loss_mev_cm(tm, mass_mev, kind) / dedx_mev_cm, 0.0, 1.0)
+        mean = de * frac
+    beta2 = _beta2(tm, mass_mev)
+    # thin-layer (Landau) straggling of the restricted part, mean preserved; the high
+    # tail beyond the delta cut comes from the explicit delta rays
+    t_max = delta_tmax_mev(tm, mass_mev, kind)
+    k = SUBSTEPS
+    out = fluctuate(np.repeat(mean / k, k), np.repeat(_delta_prefactor(beta2) * seg / k, k),
+                    np.repeat(np.minimum(DELTA_CUT_MEV, t_max), k), np.repeat(t_max, k),
+                    np.repeat(beta2, k), rng)
+    fine = np.empty((k * len(de) + 1, 3))
+    fine[:-1] = (pts[:-1, None, :] + np.diff(pts, axis=0)[:, None, :]
+                 * (np.arange(k) / k)[None, :, None]).reshape(-1, 3)
+    fine[-1] = pts[len(de)]
     _delta_rays(pts, tm, mass_mev, rng, queue, kind)
-    return out
+    return fine, out
 
 
 def _delta_rays(pts, tm, mass_mev, rng, queue, kind: str = "") -> None:

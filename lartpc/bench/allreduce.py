@@ -46,6 +46,8 @@ from lartpc.errors import LartpcError
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2,
           "mib": 1024**2, "g": 1024**3, "gb": 1024**3, "gib": 1024**3}
 MIN_REPEATS = 3
+_ONE_RANK = ("allreduce needs 2 or more ranks: start it as a job step (srun -N2 lartpc bench "
+             "allreduce), under torchrun or horovodrun")
 
 
 def parse_bytes(text: str, option: str) -> int:
@@ -245,15 +247,16 @@ def _out_problem(out: Path | None) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lartpc.dist import init
+    from lartpc.dist import detect_backend, init
     from lartpc.runfolder.durable import atomic_write
 
     sizes = _check(args)
+    if args.backend == "auto" and detect_backend() == "none":
+        raise LartpcError(_ONE_RANK)
     world = init(args.backend, args.device, timeout_s=args.timeout_s)
     try:
         if world.size < 2:
-            raise LartpcError("allreduce needs 2 or more ranks: start it as a job step "
-                              "(srun -N2 lartpc bench allreduce), under torchrun or horovodrun")
+            raise LartpcError(_ONE_RANK)
         # rank 0 writes: it decides for everyone whether --out will do, before any timing
         problem = world.broadcast_object(_out_problem(args.out) if world.is_root else None)
         if problem:

@@ -57,6 +57,9 @@ def _predict_parser(sub) -> None:
     _common(p)
     p.add_argument("--cluster", help="profile in analysis/clusters.json: summitdev, summit, "
                    "perlmutter, h100-ndr, local-cpu")
+    p.add_argument("--cluster-file", type=Path, metavar="FILE",
+                   help="cluster profile JSON instead of --cluster: one entry of "
+                   "analysis/clusters.json's form, e.g. from `lartpc bench allreduce --out`")
     p.add_argument("--gpus", default=",".join(str(2**k) for k in range(11)),
                    help="comma-separated GPU counts (default 1,2,4,...,1024)")
     p.add_argument("--alpha-us", type=float, help="allreduce latency per step, microseconds")

@@ -75,13 +75,87 @@ def load_profiles(path: Path = CLUSTERS_FILE) -> dict[str, Profile]:
     return {k: Profile(name=k, **v) for k, v in data.items() if not k.startswith("_")}
 
 
+_LINK_FIELDS = ("alpha_intra_us", "beta_intra_GBps", "alpha_inter_us", "beta_inter_GBps")
+_COMPUTES = ("runs", "images_per_s", "fp32_scaled", "given")
+
+
+def load_profile_file(path: Path | str) -> Profile:
+    """One cluster profile from a JSON file (``--cluster-file``): the fields of an entry of
+    analysis/clusters.json (``lartpc bench allreduce --out`` writes one), plus an optional
+    ``name`` and ``measured`` block. Every problem is a :class:`PredictError` naming the
+    file and the field."""
+    where = f"--cluster-file {path}"
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise PredictError(f"{where}: cannot read ({e.strerror or e})") from e
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PredictError(f"{where}: not JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise PredictError(f"{where}: expected one JSON object (a cluster profile)")
+    known = {f for f in Profile.__dataclass_fields__} | {"measured", "_doc"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise PredictError(f"{where}: unknown field {unknown[0]!r}")
+    for f in ("gpus_per_node", *_LINK_FIELDS):
+        if f not in data:
+            raise PredictError(f"{where}: missing field {f!r}")
+
+    def number(f: str, positive: bool) -> float:
+        v = data[f]
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) \
+            and (v > 0 if positive else v >= 0)
+        if not ok:
+            raise PredictError(f"{where}: field {f!r} must be a "
+                               f"{'positive' if positive else 'non-negative'} number, got {v!r}")
+        return float(v)
+
+    gpn = data["gpus_per_node"]
+    if not isinstance(gpn, int) or isinstance(gpn, bool) or gpn < 1:
+        raise PredictError(f"{where}: field 'gpus_per_node' must be a whole number >= 1, "
+                           f"got {gpn!r}")
+    links = {f: number(f, f.startswith("beta")) for f in _LINK_FIELDS}
+    compute = data.get("compute", "runs")
+    if compute not in _COMPUTES:
+        raise PredictError(f"{where}: field 'compute' must be one of {', '.join(_COMPUTES)}, "
+                           f"got {compute!r}")
+    need = {"images_per_s": "images_per_s", "fp32_scaled": "fp32_tflops",
+            "given": "compute_ms"}.get(compute)
+    if need and need not in data:
+        raise PredictError(f"{where}: missing field {need!r} (compute is {compute!r})")
+    for f in ("fp32_tflops", "compute_ms"):
+        if f in data:
+            number(f, True)
+    ips = data.get("images_per_s", {})
+    if not isinstance(ips, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+            for v in ips.values()):
+        raise PredictError(f"{where}: field 'images_per_s' must map models to positive numbers")
+    name = data.get("name", Path(path).stem)
+    sources = data.get("sources", [])
+    if not isinstance(name, str) or not name:
+        raise PredictError(f"{where}: field 'name' must be a non-empty string")
+    if not isinstance(sources, list) or not all(isinstance(x, str) for x in sources):
+        raise PredictError(f"{where}: field 'sources' must be a list of strings")
+    return Profile(name=name, gpus_per_node=gpn, **links, compute=compute,
+                   gpu=str(data.get("gpu", "")), fp32_tflops=data.get("fp32_tflops"),
+                   images_per_s=dict(ips), compute_ms=data.get("compute_ms"),
+                   sources=[*sources, f"profile read from {path}"])
+
+
 def choose_profile(name: str | None, alpha_us: float | None, beta_gbps: float | None,
-                   compute_ms: float | None) -> Profile:
-    """A named profile, optionally overridden by hand, or one given wholly by hand."""
+                   compute_ms: float | None, cluster_file: Path | str | None = None) -> Profile:
+    """A named profile or one from ``cluster_file``, optionally overridden by hand, or one
+    given wholly by hand."""
     profiles = load_profiles()
-    if name is None:
+    if name is not None and cluster_file is not None:
+        raise PredictError("give --cluster NAME or --cluster-file FILE, not both")
+    if cluster_file is not None:
+        prof = load_profile_file(cluster_file)
+    elif name is None:
         if alpha_us is None or beta_gbps is None:
-            raise PredictError("give --cluster NAME, or --alpha-us and --beta-gbps "
+            raise PredictError("give --cluster NAME, --cluster-file FILE, or --alpha-us and "
+                               "--beta-gbps "
                                f"(clusters: {', '.join(profiles)})")
         prof = Profile(name="custom", gpus_per_node=1, alpha_intra_us=alpha_us,
                        beta_intra_GBps=beta_gbps, alpha_inter_us=alpha_us,
@@ -337,7 +411,8 @@ def run_predict(runs: list[Run], args) -> tuple[list[dict], dict]:
     if args.train_events is not None and args.train_events < 1:
         raise PredictError(f"--train-events must be >= 1, got {args.train_events}")
     gpus = parse_gpus(args.gpus)
-    prof = choose_profile(args.cluster, args.alpha_us, args.beta_gbps, args.compute_ms)
+    prof = choose_profile(args.cluster, args.alpha_us, args.beta_gbps, args.compute_ms,
+                          getattr(args, "cluster_file", None))
     inputs = gather_inputs(runs, args.threshold, args.smooth, args.span, args.base_gpus)
     results = []
     for inp in inputs.values():

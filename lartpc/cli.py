@@ -24,7 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "watch": ("lartpc.commands.watch",
               "live table of running trainings: step, loss, accuracy, images/s, ETA"),
     "bench": ("lartpc.commands.bench",
-              "benchmarks that print JSON (simulate, loader, model, train, minibatch, noise)"),
+              "benchmarks that print JSON (simulate, loader, model, train, minibatch, noise, "
+              "allreduce)"),
     "sweep": ("lartpc.commands.sweep", "write job scripts for models x GPU counts x seeds"),
 }
 

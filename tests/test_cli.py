@@ -43,7 +43,7 @@ def test_unknown_command_is_an_error():
 @pytest.mark.parametrize("argv,shown", [
     (["simulate"], ["--momentum-gev MOMENTUM_GEV", "(default: 1.5:4.5)", "(default: 1000)",
                     "processes (output is identical) (default: 1)"]),
-    (["bench"], ["simulate", "loader", "model", "train", "minibatch", "noise"]),
+    (["bench"], ["simulate", "loader", "model", "train", "minibatch", "noise", "allreduce"]),
 ])
 def test_help_shows_defaults_and_every_kind(argv, shown, capsys):
     from lartpc.cli import main

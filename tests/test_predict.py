@@ -126,6 +126,63 @@ def test_bad_input_is_one_line_error(runs, capsys, args, message):
     assert message in err and err.count("\n") == 1
 
 
+MEASURED = {"name": "two-nodes", "gpu": "CPU (torch backend)", "gpus_per_node": 1,
+            "alpha_intra_us": 250.0, "beta_intra_GBps": 0.0237,
+            "alpha_inter_us": 250.0, "beta_inter_GBps": 0.0237, "compute": "runs",
+            "sources": ["measured by lartpc bench allreduce"],
+            "measured": {"date": "2026-11-24", "hosts": ["n1", "n2"], "world_size": 2}}
+
+
+def test_cluster_file_profile_is_used(runs, capsys, tmp_path):
+    f = tmp_path / "net.json"
+    f.write_text(json.dumps(MEASURED))
+    out = _predict_json(capsys, str(runs), "--cluster-file", str(f), "--gpus", "1,2,4")
+    assert out["cluster"] == "two-nodes"
+    pts = {p["gpus"]: p for p in out["predicted"]}
+    nbytes = 4 * PARAMETERS["jishnet"]
+    assert pts[2]["allreduce_s"] == pytest.approx(nbytes / 0.0237e9 + 2 * 250e-6)
+    assert pts[4]["allreduce_s"] == pytest.approx(1.5 * nbytes / 0.0237e9 + 6 * 250e-6)
+    # compute 'runs': the measured points stand beside the prediction
+    assert {m["gpus"] for m in out["measured_runs"]} == {1, 2}
+    assert f"profile read from {f}" in out["assumed"]["allreduce"]
+
+
+def _without(key):
+    return {k: v for k, v in MEASURED.items() if k != key}
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "cannot read"),
+    ("{not json", "not JSON"),
+    ([], "expected one JSON object"),
+    (_without("beta_inter_GBps"), "missing field 'beta_inter_GBps'"),
+    ({**MEASURED, "beta_intra_GBps": -1}, "field 'beta_intra_GBps' must be a positive number"),
+    ({**MEASURED, "beta_inter_GBps": 0}, "field 'beta_inter_GBps' must be a positive number"),
+    ({**MEASURED, "alpha_inter_us": "5"}, "field 'alpha_inter_us' must be a non-negative"),
+    ({**MEASURED, "gpus_per_node": 0}, "field 'gpus_per_node' must be a whole number >= 1"),
+    ({**MEASURED, "beta_inter_gbps": 1}, "unknown field 'beta_inter_gbps'"),
+    ({**MEASURED, "compute": "fp32_scaled"}, "missing field 'fp32_tflops'"),
+    ({**MEASURED, "compute": "magic"}, "field 'compute' must be one of"),
+])
+def test_bad_cluster_file_is_one_line_error_naming_file_and_field(runs, capsys, tmp_path,
+                                                                  content, message):
+    f = tmp_path / "net.json"
+    if content is not None:
+        f.write_text(content if isinstance(content, str) else json.dumps(content))
+    assert main(["predict", str(runs), "--cluster-file", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert f"--cluster-file {f}: {message}" in err and err.count("\n") == 1, err
+
+
+def test_cluster_and_cluster_file_together_are_refused(runs, capsys, tmp_path):
+    f = tmp_path / "net.json"
+    f.write_text(json.dumps(MEASURED))
+    assert main(["predict", str(runs), "--cluster", "summit", "--cluster-file", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "give --cluster NAME or --cluster-file FILE, not both" in err
+    assert err.count("\n") == 1
+
+
 def test_missing_noise_data_is_an_error(runs, capsys):
     (runs / "jishnet-n1" / "noise.csv").unlink()
     assert main(["predict", str(runs), "--cluster", "summit"]) == 2

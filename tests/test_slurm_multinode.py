@@ -122,3 +122,51 @@ def test_scontrol_requeue_of_a_two_node_job_resumes_exactly(cluster, tmp_path,
     assert meta["status"] == "completed" and len(meta["segments"]) >= 2
     assert meta["segments"][0]["status"] == "preempted"
     _same_as(Path(point["run"]), reference)
+
+
+THROTTLE = sh.ROOT / "jobs" / "slurm" / "local" / "throttle.sh"
+RATE_MBIT = 200  # known to give 185-191 Mbit/s on a 64 MiB allreduce through tbf
+
+
+def test_allreduce_bench_measures_the_throttled_link(cluster, tmp_path):
+    """`lartpc bench allreduce` as a 2-node job step (srun -N2, torch.distributed from
+    SLURM's variables) on links that tbf limits to RATE_MBIT: the fitted bandwidth is
+    the configured rate within 20 %, and the profile it writes is one analysis takes."""
+    from analysis.predict import load_profile_file
+
+    profile = tmp_path / "profile.json"
+    script = tmp_path / "allreduce.sbatch"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"#SBATCH --nodes=2 --ntasks-per-node=1 --output={tmp_path}/%j.out\n"
+        f"srun --nodes=2 --ntasks=2 {sys.executable} -m lartpc bench allreduce "
+        "--max-bytes 4MiB --factor 4 --warmup 2 --repeats 10 --seconds-per-size 1 "
+        f"--out {profile}\n")
+    r = subprocess.run(["bash", str(THROTTLE), f"{RATE_MBIT}mbit"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    try:
+        qdiscs = [subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
+                  for cmd in (["tc", "qdisc", "show", "dev", "lartpc-v1"],
+                              ["tc", "-n", "lartpc-n2", "qdisc", "show", "dev", "eth0"])]
+        assert all("tbf" in q and f"rate {RATE_MBIT}Mbit" in q for q in qdiscs), qdiscs
+        before = _bytes_through("lartpc-v1")
+        info = sh.wait(sh.sbatch(script, cluster), cluster, timeout_s=300)
+        moved = _bytes_through("lartpc-v1") - before
+    finally:
+        subprocess.run(["bash", str(THROTTLE), "off"], capture_output=True, timeout=60)
+    out = "\n".join(p.read_text() for p in tmp_path.glob("*.out"))
+    assert info["JobState"] == "COMPLETED", out
+    prof = json.loads(profile.read_text())
+    m = prof["measured"]
+    assert m["world_size"] == 2 and sorted(set(m["hosts"])) == NODES and m["link"] == "inter"
+    assert m["sizes_bytes"][0] == 4 and m["sizes_bytes"][-1] == 4 << 20
+    # every timed allreduce crossed the veth: each rank sends and receives its size
+    assert moved > sum(s * n for s, n in zip(m["sizes_bytes"], m["repeats"], strict=True))
+    beta_mbit = prof["beta_inter_GBps"] * 8e3
+    assert beta_mbit == pytest.approx(RATE_MBIT, rel=0.20), m["fit"]
+    assert prof["alpha_inter_us"] >= 0
+    loaded = load_profile_file(profile)
+    assert loaded.gpus_per_node == 1 and loaded.beta_inter_GBps == prof["beta_inter_GBps"]
+    assert "tbf" not in subprocess.run(["tc", "qdisc", "show", "dev", "lartpc-v1"],
+                                       capture_output=True, text=True).stdout

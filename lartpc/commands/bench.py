@@ -11,4 +11,6 @@ KINDS: dict[str, tuple[str, str]] = {
     "train": ("lartpc.bench.train", "short trainings at several rank counts"),
     "minibatch": ("lartpc.bench.minibatch", "throughput and time-to-loss vs minibatch size"),
     "noise": ("lartpc.bench.noise", "cost of measuring the gradient noise scale per step"),
+    "allreduce": ("lartpc.bench.allreduce", "allreduce time vs message size on the job's "
+                  "ranks; fits a cluster profile"),
 }

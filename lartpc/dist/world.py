@@ -281,12 +281,37 @@ def _torch_env() -> tuple[int, int, int]:
     if "RANK" not in env and "SLURM_PROCID" in env:
         env["RANK"], env["WORLD_SIZE"] = env["SLURM_PROCID"], env["SLURM_NTASKS"]
         env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
-        env.setdefault("MASTER_PORT", "29500")
         if "MASTER_ADDR" not in env:
-            raise ConfigError("srun with the torch backend needs MASTER_ADDR (the first host of "
-                              "the allocation); the sbatch scripts in jobs/slurm/ export it")
+            # as jobs/slurm/common.sh's lartpc_master: the step's first node, a port per job
+            nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+            if not nodes:
+                raise ConfigError("srun with the torch backend needs MASTER_ADDR (the first "
+                                  "host of the allocation); the sbatch scripts in jobs/slurm/ "
+                                  "export it")
+            env["MASTER_ADDR"] = first_host(nodes)
+            env.setdefault("MASTER_PORT", str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
+        env.setdefault("MASTER_PORT", "29500")
     try:
         return int(env["RANK"]), int(env.get("LOCAL_RANK", "0")), int(env["WORLD_SIZE"])
     except KeyError as e:
         raise ConfigError(f"dist.backend=torch needs {e.args[0]} in the environment "
                           "(start with torchrun or srun)") from e
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list (``n[07-09,12],m1`` -> ``n07``), as
+    ``scontrol show hostnames`` would give it."""
+    depth, end = 0, len(nodelist)
+    for i, c in enumerate(nodelist):  # the first name: up to a comma outside brackets
+        depth += (c == "[") - (c == "]")
+        if c == "," and depth == 0:
+            end = i
+            break
+    name = nodelist[:end].strip()
+    while "[" in name:  # each bracket group: its first number, zero padding kept
+        head, _, rest = name.partition("[")
+        group, _, tail = rest.partition("]")
+        name = head + group.split(",")[0].split("-")[0] + tail
+    if not name:
+        raise ConfigError(f"SLURM node list {nodelist!r}: no host name in it")
+    return name

@@ -19,7 +19,7 @@ def _fidelity(out: Path, *extra: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "jobs.local.fidelity", "--out", str(out), "--config",
            "tiny-scnet", "--events", "60", "--eval-events", "10", "--downsample", "8",
            "--minutes", "1", "--segment-s", "20", "--workers", "2", "--device", "cpu",
-           "--set", "train.threads=1", *extra]
+           "--ranks", "2", "--batch-per-rank", "4", "--set", "train.threads=1", *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=clean_env(),
                           cwd=ROOT)
 
@@ -34,13 +34,13 @@ def test_segments_on_fresh_hosts_add_up_to_the_budget(tmp_path):
     r = _fidelity(out)
     assert r.returncode == 3, r.stderr[-3000:]
     assert "training minutes left: call again" in r.stderr
-    assert not (out / "fidelity-scnet.json").exists()
-    shutil.rmtree(out / "events")
+    assert not (out / "fidelity-scnet-isotropic.json").exists()
+    shutil.rmtree(out / "events-isotropic-ds8")
     r = _fidelity(out, "--workers", "1", "--results", str(tmp_path / "docs" / "f.json"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resuming at epoch" in r.stderr
     res = json.loads((tmp_path / "docs" / "f.json").read_text())
-    assert res == json.loads((out / "fidelity-scnet.json").read_text())
+    assert res == json.loads((out / "fidelity-scnet-isotropic.json").read_text())
     assert 30 < res["training_s"] <= 45 and res["segments"] == 2
     cm = res["confusion"]
     assert len(cm) == 5 and sum(map(sum, cm)) == res["overall"]["events"] == 10
@@ -50,7 +50,13 @@ def test_segments_on_fresh_hosts_add_up_to_the_budget(tmp_path):
     assert lo <= res["overall"]["accuracy"] <= hi
     assert set(res["goals"]) == {"electron", "muon", "overall"}
     assert res["paper"]["accuracy"] == 0.768 and res["steps"] > 0
-    assert 0 < res["images_seen"] <= res["steps"] * 7
+    assert 0 < res["images_seen"] <= res["steps"] * 4 * 2
+    assert res["world_size"] == 2 and res["batch_per_rank"] == 4
+    assert res["lr"] == pytest.approx(1e-3 * (4 / 7) ** 0.5)  # the square-root rule
+    assert res["learning_curve"] and res["learning_curve"][-1]["epoch"] >= 0
+    ceilings = res["truth_limits"]["classes"]
+    assert set(ceilings) == set(res["classes"])
+    assert all(0 <= c["accuracy_ceiling"] <= 1 for c in ceilings.values())
 
 
 def test_bad_arguments_are_refused(tmp_path):

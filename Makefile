@@ -30,19 +30,19 @@ test-fast: install
 	$(RUN_IN_VENV) $(PY) -m pytest -m "not slow and not slurm" $(PYTEST_ARGS)
 
 demo: install
-	$(RUN_IN_VENV) $(PY) -m jobs.local.study --out demo
+	$(RUN_IN_VENV) $(PY) -m lartpc.jobs.local.study --out demo
 
 # Every GPU speed measurement on this host's GPU, into GPU_BENCH_OUT; run it in
-# parts with e.g. GPU_BENCH_ARGS="--only 'model-*'" (python -m jobs.local.gpu_bench --help).
+# parts with e.g. GPU_BENCH_ARGS="--only 'model-*'" (python -m lartpc.jobs.local.gpu_bench --help).
 GPU_BENCH_OUT ?= gpu-bench
 GPU_BENCH_ARGS ?=
 bench-gpu: install
-	$(RUN_IN_VENV) $(PY) -m jobs.local.gpu_bench --out $(GPU_BENCH_OUT) $(GPU_BENCH_ARGS)
+	$(RUN_IN_VENV) $(PY) -m lartpc.jobs.local.gpu_bench --out $(GPU_BENCH_OUT) $(GPU_BENCH_ARGS)
 
 # The packages an offline GPU host lacks (spconv-cu126, blosc2, ...), repacked to travel
 # under 64 MiB with the working tree; on the host: bash gpu-bundle/install.sh (README).
 gpu-bundle: install
-	$(PY) -m jobs.gpu_bundle --out gpu-bundle
+	$(PY) -m lartpc.jobs.gpu_bundle --out gpu-bundle
 
 lint: install
 	$(VENV)/bin/ruff check lartpc analysis jobs tests

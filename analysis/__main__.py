@@ -1,5 +1,5 @@
-"""``python -m analysis {fit,curves,confusion,report,predict} RUN...``; exit code 2 on bad
-input."""
+"""``lartpc analyze {fit,curves,confusion,report,predict} RUN...`` (also
+``python -m lartpc.analysis ...``, which imports no torch); exit code 2 on bad input."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import logging
 import sys
 from pathlib import Path
 
-from analysis.runs import RunFolderError
+from lartpc.analysis.runs import RunFolderError
+
 from lartpc.helpformat import HelpFormatter
 
-log = logging.getLogger("analysis")
+log = logging.getLogger("lartpc.analysis")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -24,14 +25,22 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="centred rolling-mean window in steps (default min(50, steps//10))")
     p.add_argument("--strict", action="store_true",
                    help="fail on an unusable run folder instead of skipping it with a note")
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``python -m lartpc.analysis`` (``lartpc analyze`` adds the same
+    commands to its own subcommand, :func:`add_commands`)."""
     parser = argparse.ArgumentParser(
-        prog="python -m analysis",
+        prog="python -m lartpc.analysis",
         description="Scaling analysis of lartpc run folders (no torch needed).")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    add_commands(parser)
+    return parser
+
+
+def add_commands(parser: argparse.ArgumentParser) -> None:
+    """fit, curves, confusion, report and predict as subcommands of ``parser``."""
+    sub = parser.add_subparsers(dest="analysis_command", required=True, metavar="COMMAND")
     p = sub.add_parser("fit", help="per-run DLT, epoch rate, TTL; power-law fits per model",
                        formatter_class=HelpFormatter,
                        description="Per-run metrics and per-model power-law fits, printed; "
@@ -47,7 +56,6 @@ def build_parser() -> argparse.ArgumentParser:
         _common(p)
         p.add_argument("--out", type=Path, required=True, help="output folder")
     _predict_parser(sub)
-    return parser
 
 
 def _predict_parser(sub) -> None:
@@ -90,9 +98,9 @@ def _figures_dir(args: argparse.Namespace) -> Path | None:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from analysis.predict import run_predict
-    from analysis.predict_report import to_text, write_figure
-    from analysis.runs import load_runs
+    from lartpc.analysis.predict import run_predict
+    from lartpc.analysis.predict_report import to_text, write_figure
+    from lartpc.analysis.runs import load_runs
 
     skipped: list[str] | None = None if args.strict else []
     runs = load_runs(args.runs, skipped)  # as fit does: one dead job does not stop it
@@ -103,7 +111,7 @@ def _predict(args: argparse.Namespace) -> int:
     fig = write_figure(results, measured, out) if out else None
     if args.json:
         meas = [{"model": m, "gpus": n, **v} for (m, n), v in sorted(measured.items())]
-        from analysis.tables import json_safe
+        from lartpc.analysis.tables import json_safe
 
         # NaN (a quantity that could not be predicted) is null: bare NaN is not JSON
         print(json.dumps(json_safe({"models": results, "measured_runs": meas,
@@ -117,17 +125,27 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def execute(args: argparse.Namespace) -> int:
+    """Run one parsed command; an output folder that cannot be written is a
+    :class:`RunFolderError` too (one line, exit 2)."""
+    try:
+        return run(args)
+    except OSError as e:  # an output folder that cannot be written (read-only, full)
+        where = f"{e.filename}: " if e.filename else ""
+        raise RunFolderError(f"{where}cannot write ({e.strerror or e})") from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Execute one parsed command."""
     if args.smooth is not None and args.smooth < 1:
         raise RunFolderError(f"--smooth must be at least 1 step, got {args.smooth}")
-    if args.command == "predict":
+    if args.analysis_command == "predict":
         return _predict(args)
-    from analysis.tables import analyse, to_json, to_text
+    from lartpc.analysis.tables import analyse, to_json, to_text
 
     a = analyse(args.runs, args.threshold, args.smooth, args.strict)
-    if args.command == "fit":
-        from analysis.report import write_curves
+    if args.analysis_command == "fit":
+        from lartpc.analysis.report import write_curves
 
         out, figs = _figures_dir(args), []
         try:
@@ -139,14 +157,14 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(to_text(a), end="")
             print("".join(f"figure: {f}\n" for f in figs), end="")
-    elif args.command == "curves":
-        from analysis.report import write_curves
+    elif args.analysis_command == "curves":
+        from lartpc.analysis.report import write_curves
 
         for paths in write_curves(a, args.out).values():
             for p in paths:
                 print(p)
-    elif args.command == "confusion":
-        from analysis.confusion import unique_names, write_run_confusion
+    elif args.analysis_command == "confusion":
+        from lartpc.analysis.confusion import unique_names, write_run_confusion
 
         labels = unique_names(a.runs)  # two runs named alike must not share files
         made = [c for r in a.runs
@@ -155,8 +173,8 @@ def run(args: argparse.Namespace) -> int:
             raise RunFolderError("no run has a confusion.csv: nothing to write")
         for c in made:
             print(c["markdown"])
-    elif args.command == "report":
-        from analysis.report import write_report
+    elif args.analysis_command == "report":
+        from lartpc.analysis.report import write_report
 
         print(write_report(a, args.out))
     return 0
@@ -170,14 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     log.setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     log.propagate = False
     try:
-        return run(args)
+        return execute(args)
     except RunFolderError as e:
-        print(f"analysis {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # an output folder that cannot be written (read-only, full)
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"analysis {args.command}: error: {where}cannot write ({e.strerror or e})",
-              file=sys.stderr)
+        print(f"analysis {args.analysis_command}: error: {e}", file=sys.stderr)
         return 2
 
 

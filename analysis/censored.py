@@ -24,9 +24,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from lartpc.analysis.fit import PowerLawFit
 from scipy import optimize, special
-
-from analysis.fit import PowerLawFit
 
 # scipy.special, not scipy.stats: stats probes sys.modules for torch on import
 CHI2_95 = float(special.ndtri(0.975) ** 2)  #: 95 % point of chi-square with 1 dof

@@ -12,11 +12,11 @@ import os
 from pathlib import Path
 
 import numpy as np
+from lartpc.analysis import plots
+from lartpc.analysis.metrics import binomial_se, wilson_interval
+from lartpc.analysis.runcheck import safe_name
+from lartpc.analysis.runs import CLASSES, Run
 
-from analysis import plots
-from analysis.metrics import binomial_se, wilson_interval
-from analysis.runcheck import safe_name
-from analysis.runs import CLASSES, Run
 from lartpc.runfolder.durable import atomic_write
 
 log = logging.getLogger(__name__)

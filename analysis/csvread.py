@@ -1,6 +1,6 @@
 """Reading the numeric CSV tables of a run folder (rank-NNN.csv, eval.csv, confusion.csv).
 
-Every problem raises :class:`~analysis.runcheck.RunFolderError` naming the file and line.
+Every problem raises :class:`~lartpc.analysis.runcheck.RunFolderError` naming the file and line.
 A final line without its newline is *torn* (the trainer writes whole lines; a kill or a
 read racing a write leaves a partial one, and the trainer drops it on resume): it is
 dropped here too, with a note, so a run that is still being written can be analysed.
@@ -14,8 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
-from analysis.runcheck import RunFolderError
+from lartpc.analysis.runcheck import RunFolderError
 
 
 def read_text(path: Path, notes: list[str] | None = None) -> str:

@@ -3,7 +3,7 @@
 - The fit is ordinary least squares of log y on log N over every run (repeated runs per N
   included as separate points). Time-to-loss with censored runs (stopped above the
   threshold) is fitted by maximum likelihood with those runs as lower bounds
-  (:mod:`analysis.censored`); the least-squares fit over the uncensored runs alone is
+  (:mod:`lartpc.analysis.censored`); the least-squares fit over the uncensored runs alone is
   kept beside it for comparison. The exponent's standard error comes from the covariance
   s^2 (X'X)^-1 with s^2 = RSS / (n - 2); with only two points there is none.
 - With repeated runs at some N, a bootstrap resamples runs *within each N* (so every N keeps
@@ -23,8 +23,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-
-from analysis.metrics import RunMetrics
+from lartpc.analysis.metrics import RunMetrics
 
 N_BOOT = 2000
 
@@ -193,7 +192,7 @@ def scaling_table(rows: list[RunMetrics]) -> list[dict]:
 
 def summarize_model(rows: list[RunMetrics], seed: int = 0) -> dict:
     """Fits and scaling for the runs of one model (keys as in ``fit --json``)."""
-    from analysis.censored import fit_censored_power_law
+    from lartpc.analysis.censored import fit_censored_power_law
 
     rows = sorted(rows, key=lambda r: (r.world_size, r.name))
     ok = [r for r in rows if not r.ttl_censored]

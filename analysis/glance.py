@@ -10,8 +10,7 @@ measure contention for them, and the summary says so instead of quoting a speedu
 from __future__ import annotations
 
 import numpy as np
-
-from analysis.tables import Analysis
+from lartpc.analysis.tables import Analysis
 
 
 def _per_rank_rate(a: Analysis, model: str) -> tuple[float, int] | None:
@@ -69,7 +68,7 @@ def shared_host(a: Analysis) -> list[str]:
 
 
 def noise_lines(predictions: list[dict] | None) -> list[str]:
-    """The noise scale and what it forecasts, from :func:`analysis.predict.run_predict`."""
+    """The noise scale and what it forecasts, from :func:`lartpc.analysis.predict.run_predict`."""
     out = []
     for r in predictions or []:
         b, n = r.get("b_noise"), r.get("n_crit")

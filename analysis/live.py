@@ -114,7 +114,7 @@ class LiveRun:
         The run folder; it may not exist yet (a sweep point not started).
     hint : dict, optional
         What is known before ``run.json`` exists: ``model`` and ``gpus`` (a sweep
-        manifest's point, see :func:`analysis.runs.sweep_points`).
+        manifest's point, see :func:`lartpc.analysis.runs.sweep_points`).
     """
 
     def __init__(self, path: str | Path, hint: dict | None = None):

@@ -10,7 +10,7 @@ Definitions (also printed in the report):
   rows, because the first step's own duration ends at the first timestamp. Pauses between
   steps (evaluation, checkpoints) count as training time; the step interval holding a
   job restart (a run resumed by a later job, ``run.json`` ``segments``) does not, neither
-  its steps nor its seconds (see :mod:`analysis.segments`).
+  its steps nor its seconds (see :mod:`lartpc.analysis.segments`).
 - **TTL(threshold)**: the run's own wall time from ``start_time`` (DLT included) to the
   first step time at which the smoothed global training loss is below the threshold.
   Own wall time is the time the run's jobs ran: waits in the queue between job segments
@@ -30,9 +30,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pandas as pd
-
-from analysis.runs import Run
-from analysis.segments import Restarts, find_restarts
+from lartpc.analysis.runs import Run
+from lartpc.analysis.segments import Restarts, find_restarts
 
 DEFAULT_SMOOTH_MAX = 50
 

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
-from analysis.runs import RunFolderError, read_table
+from lartpc.analysis.runs import RunFolderError, read_table
 
 log = logging.getLogger(__name__)
 

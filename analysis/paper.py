@@ -2,7 +2,7 @@
 
 Used by the report to stand our results beside the paper's. Accuracies are fractions;
 confusion matrices are row-normalised percent, rows true, columns predicted, in
-:data:`analysis.runs.CLASSES` order (gamma, electron, muon, pion, kaon).
+:data:`lartpc.analysis.runs.CLASSES` order (gamma, electron, muon, pion, kaon).
 """
 
 from __future__ import annotations

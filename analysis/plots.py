@@ -11,11 +11,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from lartpc.analysis.fit import PowerLawFit  # noqa: E402
+from lartpc.analysis.metrics import RunMetrics, primary_steps, smoothed_loss  # noqa: E402
+from lartpc.analysis.runs import CLASSES, Run  # noqa: E402
 from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator  # noqa: E402
 
-from analysis.fit import PowerLawFit  # noqa: E402
-from analysis.metrics import RunMetrics, primary_steps, smoothed_loss  # noqa: E402
-from analysis.runs import CLASSES, Run  # noqa: E402
 from lartpc.runfolder.durable import atomic_write  # noqa: E402
 
 log = logging.getLogger(__name__)

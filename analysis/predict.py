@@ -3,7 +3,7 @@
 Statistical half (measured): synchronous data parallelism at ``b`` images per rank is
 one optimizer at B = b N. Steps to a loss follow S(B) = S_min (1 + B_noise / B)
 (McCandlish et al. 2018), with B_noise measured in training (``noise.csv``, see
-:mod:`analysis.noise`) at the loss threshold and S_min from the base runs' measured steps
+:mod:`lartpc.analysis.noise`) at the loss threshold and S_min from the base runs' measured steps
 to that loss: S_min = S_base / (1 + B_noise / B_base). Critical GPU count
 N_crit = B_noise / b.
 
@@ -33,10 +33,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+from lartpc.analysis.metrics import primary_steps, smoothed_loss, smoothing_window
+from lartpc.analysis.noise import (
+    DEFAULT_SPAN,
+    NoiseAtLoss,
+    b_noise_at_loss,
+    pooled_b_noise,
+    read_noise,
+)
+from lartpc.analysis.runs import Run, RunFolderError
 
-from analysis.metrics import primary_steps, smoothed_loss, smoothing_window
-from analysis.noise import DEFAULT_SPAN, NoiseAtLoss, b_noise_at_loss, pooled_b_noise, read_noise
-from analysis.runs import Run, RunFolderError
 from lartpc.cliparse import int_list
 
 CLUSTERS_FILE = Path(__file__).with_name("clusters.json")
@@ -390,7 +396,7 @@ def predict(inp: Inputs, prof: Profile, gpus: list[int], algo: str = "ring",
 
 def measured_points(runs: list[Run], threshold: float, smooth: int | None) -> dict:
     """(model, N) -> measured mean TTL and epoch rate over the runs at that N."""
-    from analysis.metrics import run_metrics
+    from lartpc.analysis.metrics import run_metrics
 
     acc: dict[tuple[str, int], list] = {}
     for r in runs:
@@ -405,7 +411,7 @@ def measured_points(runs: list[Run], threshold: float, smooth: int | None) -> di
 
 
 def run_predict(runs: list[Run], args) -> tuple[list[dict], dict]:
-    """Everything ``python -m analysis predict`` computes, from parsed arguments."""
+    """Everything ``python -m lartpc.analysis predict`` computes, from parsed arguments."""
     if args.span < 1:
         raise PredictError(f"--span must be at least 1 row, got {args.span}")
     if args.train_events is not None and args.train_events < 1:

@@ -1,4 +1,5 @@
-"""Tables, figures and the report section of the noise-scale prediction (analysis.predict)."""
+"""Tables, figures and the report section of the noise-scale prediction
+(lartpc.analysis.predict)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,9 @@ import html
 from pathlib import Path
 
 import numpy as np
-
-from analysis.noise import binned, read_noise, smoothed
-from analysis.predict import FIT_RANGE, run_predict
-from analysis.runs import Run, RunFolderError
+from lartpc.analysis.noise import binned, read_noise, smoothed
+from lartpc.analysis.predict import FIT_RANGE, run_predict
+from lartpc.analysis.runs import Run, RunFolderError
 
 
 def _fmt(v, spec: str) -> str:
@@ -125,7 +125,7 @@ def write_noise_figure(runs: list[Run], out: Path, span: int) -> Path | None:
 
 def local_prediction(runs: list[Run], threshold: float, smooth: int | None):
     """:func:`run_predict` from 1 to 1,024 ranks with this machine's profile (local-cpu);
-    raises :class:`~analysis.runs.RunFolderError` when the runs measured no noise scale
+    raises :class:`~lartpc.analysis.runs.RunFolderError` when the runs measured no noise scale
     or one it cannot resolve."""
     from argparse import Namespace
 
@@ -157,6 +157,6 @@ def noise_section(runs: list[Run], threshold: float, smooth: int | None, out: Pa
              for r in results]
     parts += ["<ul>" + "".join(f"<li>{html.escape(t)}</li>" for t in lines) + "</ul>",
               img(pred, "predicted TTL and epoch rate"),
-              "<p>Other clusters: <code>python -m analysis predict RUNS --cluster "
+              "<p>Other clusters: <code>lartpc analyze predict RUNS --cluster "
               "summitdev|summit|perlmutter|h100-ndr</code>.</p>"]
     return "".join(parts), results

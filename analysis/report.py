@@ -10,15 +10,15 @@ import time
 from pathlib import Path
 
 import numpy as np
+from lartpc.analysis import plots, scaling_plots
+from lartpc.analysis.confusion import unique_names, write_run_confusion
+from lartpc.analysis.fit import PowerLawFit
+from lartpc.analysis.paper import PAPER, SOURCE, TTL_THRESHOLD
+from lartpc.analysis.runcheck import safe_name
+from lartpc.analysis.runs import CLASSES
+from lartpc.analysis.tables import DEFINITIONS, Analysis, to_text
+from lartpc.analysis.truth_limits import truth_limits_html
 
-from analysis import plots, scaling_plots
-from analysis.confusion import unique_names, write_run_confusion
-from analysis.fit import PowerLawFit
-from analysis.paper import PAPER, SOURCE, TTL_THRESHOLD
-from analysis.runcheck import safe_name
-from analysis.runs import CLASSES
-from analysis.tables import DEFINITIONS, Analysis, to_text
-from analysis.truth_limits import truth_limits_html
 from lartpc.runfolder.durable import atomic_write
 
 log = logging.getLogger(__name__)
@@ -193,8 +193,8 @@ def write_report(a: Analysis, out: Path) -> Path:
     if a.notes:
         body.append('<h2>Notes on the input</h2><ul>' + "".join(
             f'<li class="warn">{html.escape(n)}</li>' for n in a.notes) + "</ul>")
-    from analysis.glance import at_a_glance
-    from analysis.predict_report import noise_section  # '' when no run measured the noise
+    from lartpc.analysis.glance import at_a_glance
+    from lartpc.analysis.predict_report import noise_section  # '' when no run measured the noise
 
     noise_html, predictions = noise_section(a.runs, a.threshold, a.smooth, out, _img)
     glance = at_a_glance(a, predictions)

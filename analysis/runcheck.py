@@ -1,6 +1,6 @@
 """Checks of what a run folder says: run.json fields and the values in its tables.
 
-Only the shape of the files is checked in :mod:`analysis.csvread`; here a value must also
+Only the shape of the files is checked in :mod:`lartpc.analysis.csvread`; here a value must also
 make sense (a time before the run started, an accuracy of 2.5, a batch number beyond the
 epoch, a ``steps_per_epoch`` the event count cannot give are errors naming file, line and
 column). Names taken from files that end up in output file names are restricted to a
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lartpc.runfolder.schema import STATUSES  # noqa: E402 - every status training writes
+from lartpc.runfolder.schema import STATUSES, RunFolderError  # noqa: F401 (re-exported)
 
 #: A clock skew tolerated between the start time in run.json and the step times.
 CLOCK_TOL_S = 1.0
@@ -26,10 +26,6 @@ MAX_COUNT = 10 ** 12
 MAX_WORLD = 10 ** 6
 _MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]")
-
-
-class RunFolderError(ValueError):
-    """A run folder, or a file in it, does not follow the run-folder contract."""
 
 
 def safe_name(text: str, max_len: int = 120) -> str:

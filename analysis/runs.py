@@ -15,9 +15,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
-from analysis.csvread import read_confusion, read_table
-from analysis.runcheck import (
+from lartpc.analysis.csvread import read_confusion, read_table
+from lartpc.analysis.runcheck import (
     STATUSES,
     RunFolderError,
     check_evals,
@@ -172,7 +171,7 @@ def find_run_dirs(paths: list[str | Path], pending: list[Path] | None = None) ->
 
 
 def read_meta(path: Path) -> dict[str, Any]:
-    """Parse and validate one ``run.json`` (see :func:`analysis.runcheck.check_meta`)."""
+    """Parse and validate one ``run.json`` (see :func:`lartpc.analysis.runcheck.check_meta`)."""
     try:
         text = path.read_bytes().decode("utf-8")
     except OSError as e:

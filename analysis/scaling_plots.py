@@ -11,14 +11,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-
-from analysis.fit import PowerLawFit  # noqa: E402
-from analysis.metrics import RunMetrics  # noqa: E402
-from analysis.plots import _fit_label, _gpu_axis, _log_y, _save  # noqa: E402
+from lartpc.analysis.fit import PowerLawFit  # noqa: E402
+from lartpc.analysis.metrics import RunMetrics  # noqa: E402
+from lartpc.analysis.plots import _fit_label, _gpu_axis, _log_y, _save  # noqa: E402
 
 
 def speedup_efficiency(scaling: list[dict], model: str, out: Path) -> Path:
-    """Two panels from :func:`analysis.fit.scaling_table` rows: speedup (epoch rate, and
+    """Two panels from :func:`lartpc.analysis.fit.scaling_table` rows: speedup (epoch rate, and
     time-to-loss where reached) against N with the ideal N/N0, and efficiency with 1."""
     fig, (ax_s, ax_e) = plt.subplots(1, 2, figsize=(11, 4.5))
     gpus = [r["gpus"] for r in scaling] or [1]

@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from analysis.runcheck import CLOCK_TOL_S
+from lartpc.analysis.runcheck import CLOCK_TOL_S
 
 
 @dataclass

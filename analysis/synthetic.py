@@ -11,8 +11,7 @@ import math
 from pathlib import Path
 
 import numpy as np
-
-from analysis.runs import CLASSES, EVAL_COLUMNS, STEP_COLUMNS
+from lartpc.analysis.runs import CLASSES, EVAL_COLUMNS, STEP_COLUMNS
 
 LOSS_START = math.log(5.0)  # chance level of a 5-class cross-entropy
 LOSS_FLOOR = 1.0

@@ -6,9 +6,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from analysis.fit import summarize
-from analysis.metrics import DEFAULT_SMOOTH_MAX, RunMetrics, run_metrics
-from analysis.runs import Run, load_runs
+from lartpc.analysis.fit import summarize
+from lartpc.analysis.metrics import DEFAULT_SMOOTH_MAX, RunMetrics, run_metrics
+from lartpc.analysis.runs import Run, load_runs
 
 DEFINITIONS = {
     "dlt": "earliest first-step time over ranks minus start_time (first loss visible); "

@@ -13,7 +13,7 @@ SHA-256 of the wheels and archives), the archives, and ``install.sh``/``install.
 ``bash gpu-bundle/install.sh`` on the host, with no network, to unpack into
 ``gpu-bundle/site`` and check the imports (see ``jobs/gpu_bundle_install.py``).
 
-Usage: ``python -m jobs.gpu_bundle --out gpu-bundle [--wheels DIR] [--python 3.12]``.
+Usage: ``python -m lartpc.jobs.gpu_bundle --out gpu-bundle [--wheels DIR] [--python 3.12]``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import zipfile
 from pathlib import Path
 
 # The installer runs alone on the host (stdlib only); the builder shares its checksum.
-from jobs.gpu_bundle_install import _sha256, staged
+from lartpc.jobs.gpu_bundle_install import _sha256, staged
 
 HERE = Path(__file__).resolve().parent
 PINS = HERE / "env" / "gpu-bundle.txt"
@@ -170,7 +170,7 @@ def build(out: Path, pins_file: Path = PINS, python: str = "3.12",
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jobs.gpu_bundle", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m lartpc.jobs.gpu_bundle", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("gpu-bundle"))
     ap.add_argument("--pins", type=Path, default=PINS)

@@ -1,4 +1,4 @@
-"""Install a GPU bundle (made by ``python -m jobs.gpu_bundle``) on an offline host.
+"""Install a GPU bundle (made by ``python -m lartpc.jobs.gpu_bundle``) on an offline host.
 
 Copied into the bundle as ``install.py`` and run by its ``install.sh``; standard library
 only. Checks the Python version and every archive's SHA-256 against ``manifest.json``,

@@ -9,8 +9,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from jobs import sweep
-from jobs.sites import load_site
+from lartpc.jobs import sweep
+from lartpc.jobs.sites import load_site
+
 from lartpc.errors import ConfigError, LartpcError
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from jobs.sweep import SUBMIT, Point
+from lartpc.jobs.sweep import SUBMIT, Point
+
 from lartpc.errors import LartpcError
 from lartpc.runfolder.durable import atomic_write
 

@@ -4,7 +4,7 @@ The scripts are the ones in ``jobs/slurm`` and ``jobs/lsf``, rendered: the templ
 own ``#SBATCH``/``#BSUB`` lines are replaced by the point's, and the point's settings
 are written as ``export LARTPC_...`` lines in front of the template's body, which reads
 them (see ``jobs/slurm/common.sh``). The script logic exists once, in the templates.
-Run folders are ``<out_dir>/<model>-n<gpus>-s<seed>``, so ``python -m analysis report
+Run folders are ``<out_dir>/<model>-n<gpus>-s<seed>``, so ``python -m lartpc.analysis report
 <out_dir>`` finds every run of the sweep.
 """
 

@@ -27,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "benchmarks that print JSON (simulate, loader, model, train, minibatch, noise, "
               "allreduce)"),
     "sweep": ("lartpc.commands.sweep", "write job scripts for models x GPU counts x seeds"),
+    "analyze": ("lartpc.commands.analyze",
+                "scaling analysis of run folders: fit, curves, confusion, report, predict"),
 }
 
 

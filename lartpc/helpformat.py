@@ -1,4 +1,4 @@
-"""The help format of every command (``lartpc …`` and ``python -m analysis …``)."""
+"""The help format of every command (``lartpc …`` and ``python -m lartpc.analysis …``)."""
 
 from __future__ import annotations
 

@@ -20,14 +20,13 @@ def rank_from_env() -> int:
 
 
 def setup_logging(verbose: bool = False, rank: int | None = None) -> None:
-    """Configure the root logger for the ``lartpc`` and ``analysis`` packages."""
+    """Configure the ``lartpc`` logger (every module of the package, analysis included)."""
     rank = rank_from_env() if rank is None else rank
     level = logging.DEBUG if verbose else (logging.INFO if rank == 0 else logging.WARNING)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(
         f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
-    for name in ("lartpc", "analysis"):
-        lg = logging.getLogger(name)
-        lg.handlers[:] = [handler]
-        lg.setLevel(level)
-        lg.propagate = False
+    lg = logging.getLogger("lartpc")
+    lg.handlers[:] = [handler]
+    lg.setLevel(level)
+    lg.propagate = False

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from analysis.censored import fit_censored_power_law
-from analysis.fit import fit_power_law, summarize
-from analysis.metrics import run_metrics
-from analysis.runs import load_runs
-from analysis.synthetic import write_synthetic_study
+from lartpc.analysis.censored import fit_censored_power_law
+from lartpc.analysis.fit import fit_power_law, summarize
+from lartpc.analysis.metrics import run_metrics
+from lartpc.analysis.runs import load_runs
+from lartpc.analysis.synthetic import write_synthetic_study
 
 TRUE_B = -0.7
 
@@ -85,8 +84,8 @@ def test_fit_on_synthetic_run_folders(tmp_path):
 def test_report_figures_show_fit_band_and_censored_runs(tmp_path):
     """`write_curves` draws speedup/efficiency and TTL-vs-N for each model (the report
     embeds them); the TTL figure's band comes from the censored fit's covariance."""
-    from analysis.report import write_curves
-    from analysis.tables import analyse
+    from lartpc.analysis.report import write_curves
+    from lartpc.analysis.tables import analyse
 
     write_synthetic_study(tmp_path / "runs", model="jishnet", gpus=[1, 2, 4], seeds=2,
                           rate_c=0.5, rate_b=0.9, ttl_a=1500.0, ttl_b=TRUE_B, dlt_a=10.0,

@@ -10,12 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from analysis.__main__ import main
-from analysis.paper import PAPER
-from analysis.runs import CLASSES, RunFolderError, load_run
-from analysis.synthetic import write_synthetic_run, write_synthetic_study
-from analysis.tables import analyse
+from lartpc.analysis.__main__ import main
+from lartpc.analysis.paper import PAPER
+from lartpc.analysis.runs import CLASSES, RunFolderError, load_run
+from lartpc.analysis.synthetic import write_synthetic_run, write_synthetic_study
+from lartpc.analysis.tables import analyse
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,7 +98,7 @@ def test_classes_match_training_package():
 
 
 def test_fit_json_without_torch(runs_root):
-    """`python -m analysis fit --json` with torch, spconv and horovod unimportable (it
+    """`python -m lartpc.analysis fit --json` with torch, spconv and horovod unimportable (it
     may import lartpc's torch-free run-folder package, nothing else of lartpc)."""
     code = ("import sys, runpy\n"
             "for m in ('torch', 'spconv', 'horovod', 'lartpc.train', 'lartpc.data', "

@@ -6,10 +6,9 @@ from __future__ import annotations
 import os
 
 import pytest
+from lartpc.analysis.glance import at_a_glance, noise_lines
+from lartpc.analysis.tables import analyse
 from train_helpers import BIN, run, train_cmd
-
-from analysis.glance import at_a_glance, noise_lines
-from analysis.tables import analyse
 
 pytestmark = [pytest.mark.slow, pytest.mark.horovod, pytest.mark.sparse]
 

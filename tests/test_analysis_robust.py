@@ -11,12 +11,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
-from analysis.__main__ import main
-from analysis.metrics import run_metrics
-from analysis.runcheck import safe_name
-from analysis.runs import RunFolderError, load_run
-from analysis.synthetic import write_synthetic_run
+from lartpc.analysis.__main__ import main
+from lartpc.analysis.metrics import run_metrics
+from lartpc.analysis.runcheck import safe_name
+from lartpc.analysis.runs import RunFolderError, load_run
+from lartpc.analysis.synthetic import write_synthetic_run
 
 RATE, TTL, DLT = 0.5, 200.0, 20.0
 

@@ -1,4 +1,4 @@
-"""``python -m analysis`` on real ``lartpc train`` output: an uninterrupted run, the
+"""``python -m lartpc.analysis`` on real ``lartpc train`` output: an uninterrupted run, the
 same run killed and requeued (two job segments with a queue wait), and a job that died
 in set-up, side by side in one study tree."""
 
@@ -12,16 +12,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from lartpc.analysis.runcheck import CLOCK_TOL_S
 from train_helpers import kill_after_steps, rows, run, train_cmd
-
-from analysis.runcheck import CLOCK_TOL_S
 
 SETS = ("train.checkpoint_every_steps=2", "train.epochs=3")
 QUEUE_WAIT_S = 2.0  # the requeued job waits this long before it starts again
 
 
 def _analysis(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "analysis", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "lartpc.analysis", *args], capture_output=True,
                           text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
 
 

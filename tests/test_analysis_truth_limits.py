@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 
-from analysis.__main__ import main as analysis_main
-from analysis.paper import PAPER
-from analysis.synthetic import write_synthetic_run
-from analysis.truth_limits import load_truth_limits
+from lartpc.analysis.__main__ import main as analysis_main
+from lartpc.analysis.paper import PAPER
+from lartpc.analysis.synthetic import write_synthetic_run
+from lartpc.analysis.truth_limits import load_truth_limits
+
 from lartpc.cli import main as lartpc_main
 
 

@@ -85,7 +85,7 @@ def test_report_into_a_read_only_folder(done, tmp_path):
     else:
         ro.chmod(0o555)
     try:
-        r = subprocess.run([sys.executable, "-m", "analysis", "report", str(done), "--out",
+        r = subprocess.run([sys.executable, "-m", "lartpc.analysis", "report", str(done), "--out",
                             str(ro / "rep")], capture_output=True, text=True, cwd=ROOT,
                            timeout=120)
     finally:

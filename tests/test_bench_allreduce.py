@@ -11,9 +11,9 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from lartpc.analysis.predict import allreduce_s, load_profile_file, load_profiles
 from train_helpers import BIN, run
 
-from analysis.predict import allreduce_s, load_profile_file, load_profiles
 from lartpc.bench.allreduce import fit_ring, message_sizes, parse_bytes, profile, summarise
 from lartpc.dist.world import first_host
 from lartpc.errors import LartpcError

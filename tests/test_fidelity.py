@@ -1,4 +1,4 @@
-"""`python -m jobs.local.fidelity`: the fidelity run, in segments, on CPU with
+"""`python -m lartpc.jobs.local.fidelity`: the fidelity run, in segments, on CPU with
 tiny settings (the real one is 16,500 full-resolution events and 20 minutes on a GPU)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _fidelity(out: Path, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "jobs.local.fidelity", "--out", str(out), "--config",
+    cmd = [sys.executable, "-m", "lartpc.jobs.local.fidelity", "--out", str(out), "--config",
            "tiny-scnet", "--events", "60", "--eval-events", "10", "--downsample", "8",
            "--minutes", "1", "--segment-s", "20", "--workers", "2", "--device", "cpu",
            "--ranks", "2", "--batch-per-rank", "4", "--set", "train.threads=1", *extra]
@@ -60,7 +60,7 @@ def test_segments_on_fresh_hosts_add_up_to_the_budget(tmp_path):
 
 
 def test_bad_arguments_are_refused(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "jobs.local.fidelity", "--out",
+    r = subprocess.run([sys.executable, "-m", "lartpc.jobs.local.fidelity", "--out",
                         str(tmp_path / "x"), "--events", "10", "--eval-events", "10"],
                        capture_output=True, text=True, timeout=120, env=clean_env(), cwd=ROOT)
     assert r.returncode == 2 and "--eval-events must be between 1" in r.stderr

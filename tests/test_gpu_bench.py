@@ -1,4 +1,4 @@
-"""`python -m jobs.local.gpu_bench`: the one-command GPU measurement set. Its plan for a
+"""`python -m lartpc.jobs.local.gpu_bench`: the one-command GPU measurement set. Its plan for a
 CUDA host is checked option by option; on CPU every step that a CPU can run runs."""
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from lartpc.jobs.local.gpu_bench import plan
 from train_helpers import clean_env
-
-from jobs.local.gpu_bench import plan
 
 
 def _args(device: str) -> argparse.Namespace:
@@ -50,7 +49,7 @@ def test_cpu_plan_skips_only_what_spconv_cpu_cannot_run():
 @pytest.mark.slow
 def test_quick_cpu_run_measures_every_step(tmp_path):
     out = tmp_path / "gb"
-    r = subprocess.run([sys.executable, "-m", "jobs.local.gpu_bench", "--out", str(out),
+    r = subprocess.run([sys.executable, "-m", "lartpc.jobs.local.gpu_bench", "--out", str(out),
                         "--device", "cpu", "--quick"], capture_output=True, text=True,
                        timeout=900, env=clean_env(), cwd=Path(__file__).resolve().parents[1])
     assert r.returncode == 0, r.stderr[-3000:]
@@ -83,7 +82,7 @@ def test_quick_cpu_run_measures_every_step(tmp_path):
 
 
 def _gpu_bench(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "jobs.local.gpu_bench", *argv],
+    return subprocess.run([sys.executable, "-m", "lartpc.jobs.local.gpu_bench", *argv],
                           capture_output=True, text=True, timeout=600, env=clean_env(),
                           cwd=Path(__file__).resolve().parents[1])
 

@@ -15,9 +15,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
-from jobs import gpu_bundle
-from jobs.gpu_bundle import BundleError, build, read_pins
+from lartpc.jobs import gpu_bundle
+from lartpc.jobs.gpu_bundle import BundleError, build, read_pins
 
 PYTHON = f"{sys.version_info[0]}.{sys.version_info[1]}"
 

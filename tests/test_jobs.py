@@ -222,7 +222,7 @@ def test_out_dir_for_directives_must_be_one_word(tmp_path):
 def test_dry_run_launch_line_treats_settings_as_data(tmp_path):
     """The launch line comes from the template with settings in the environment: a value
     holding shell syntax is printed quoted, never run."""
-    from jobs import sweep as sw
+    from lartpc.jobs import sweep as sw
 
     marker = tmp_path / "pwned"
     env = {"LARTPC_CONFIG": "tiny-jishnet", "LARTPC_DATA": f"/d$(touch {marker})",
@@ -236,7 +236,8 @@ def test_dry_run_launch_line_treats_settings_as_data(tmp_path):
 
 
 def test_render_refuses_a_line_break_in_a_directive():
-    from jobs import sweep as sw
+    from lartpc.jobs import sweep as sw
+
     from lartpc.errors import LartpcError
 
     with pytest.raises(LartpcError, match="holds a line break"):

@@ -1,5 +1,5 @@
 """Live views of a run folder: `lartpc watch` (CSV tails, torn last line, rewrite on
-resume) and `python -m analysis curves` on a run that is still going."""
+resume) and `python -m lartpc.analysis curves` on a run that is still going."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import subprocess
 import sys
 
 import pytest
+from lartpc.analysis.live import SMOOTH_STEPS, CsvTail, LiveRun
 from train_helpers import rows, run, train_cmd
 
-from analysis.live import SMOOTH_STEPS, CsvTail, LiveRun
 from lartpc.cli import main
 
 HEADER = "time,epoch,rank,batchno,data_size,global_loss,global_acc\n"
@@ -82,7 +82,7 @@ def test_watch_once_shows_the_csv_numbers(trained, tmp_path, capsys, monkeypatch
 @pytest.mark.slow
 def test_curves_on_a_run_still_going(trained, tmp_path):
     going = _as_running(trained, tmp_path / "going", torn="1.7e9,1,0,")
-    r = subprocess.run([sys.executable, "-m", "analysis", "curves", str(going), "--out",
+    r = subprocess.run([sys.executable, "-m", "lartpc.analysis", "curves", str(going), "--out",
                         str(tmp_path / "c")], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert r.returncode == 0, r.stderr
@@ -175,7 +175,7 @@ def _sweep(root, points: list[str]):
 
 
 def test_find_run_dirs_lists_pending_sweep_points(tmp_path):
-    from analysis.runs import RunFolderError, find_run_dirs
+    from lartpc.analysis.runs import RunFolderError, find_run_dirs
 
     root = _sweep(tmp_path / "runs", ["jishnet-n1-s0", "jishnet-n2-s0", "scnet-n1-s0"])
     (root / "jishnet-n1-s0").mkdir()
@@ -252,9 +252,9 @@ def test_watch_once_on_a_sweep_at_80_columns(trained, preempted, tmp_path):
 
 @pytest.mark.parametrize("width", [200, 80, 60, 40, 32])
 def test_narrow_terminals_keep_run_and_status(width):
+    from lartpc.analysis.live import Snapshot
     from rich.console import Console
 
-    from analysis.live import Snapshot
     from lartpc.commands.watch import table
 
     snaps = [Snapshot(name=f"jishnet-n{n}-s0", status=st, step=120, epoch=3, epochs=40,

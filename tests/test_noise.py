@@ -182,6 +182,6 @@ def test_single_rank_halves_training_writes_noise_csv(train_events_dir, tmp_path
 
 
 def test_analysis_reads_the_columns_training_writes():
-    from analysis.noise import NOISE_COLUMNS as READ
+    from lartpc.analysis.noise import NOISE_COLUMNS as READ
 
     assert READ == NOISE_COLUMNS

@@ -1,4 +1,4 @@
-"""``python -m analysis predict``: the noise scale read back, the S(B) and allreduce
+"""``python -m lartpc.analysis predict``: the noise scale read back, the S(B) and allreduce
 models, the JSON, and one-line errors for bad input (torch-free)."""
 
 from __future__ import annotations
@@ -10,11 +10,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
-from analysis.__main__ import main
-from analysis.noise import NOISE_COLUMNS, b_noise_at_loss, ema, read_noise
-from analysis.predict import PARAMETERS, allreduce_s, load_profiles
-from analysis.synthetic import write_synthetic_run
+from lartpc.analysis.__main__ import main
+from lartpc.analysis.noise import NOISE_COLUMNS, b_noise_at_loss, ema, read_noise
+from lartpc.analysis.predict import PARAMETERS, allreduce_s, load_profiles
+from lartpc.analysis.synthetic import write_synthetic_run
 
 B_NOISE = 56.0  # N_crit = 8 at 7 images per GPU
 
@@ -282,7 +281,7 @@ def test_predict_skips_an_unusable_run_as_fit_does(runs, capsys):
 
 def test_predict_json_has_no_bare_nan(runs, capsys, monkeypatch):
     """a quantity that cannot be predicted was printed as NaN (not JSON)."""
-    import analysis.predict as predict
+    import lartpc.analysis.predict as predict
 
     real = predict.run_predict
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
+from lartpc.runfolder.schema import RunFolderError
 from lartpc.train import checkpoint, runlog
-from lartpc.train.durable import RunFolderError
 from lartpc.train.lock import LOCK_FILE, RunLock
 
 HOLD = textwrap.dedent("""

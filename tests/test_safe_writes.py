@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from lartpc.analysis.__main__ import main as analysis_main
+from lartpc.analysis.synthetic import write_synthetic_run
 from train_helpers import run, train_cmd
 
-from analysis.__main__ import main as analysis_main
-from analysis.synthetic import write_synthetic_run
 from lartpc.runfolder.durable import TEMP_SUFFIX, atomic_write, remove_stale_temporaries
 
 VICTIM = "precious data\n"

@@ -132,7 +132,7 @@ def test_allreduce_bench_measures_the_throttled_link(cluster, tmp_path):
     """`lartpc bench allreduce` as a 2-node job step (srun -N2, torch.distributed from
     SLURM's variables) on links that tbf limits to RATE_MBIT: the fitted bandwidth is
     the configured rate within 20 %, and the profile it writes is one analysis takes."""
-    from analysis.predict import load_profile_file
+    from lartpc.analysis.predict import load_profile_file
 
     profile = tmp_path / "profile.json"
     script = tmp_path / "allreduce.sbatch"

@@ -45,7 +45,7 @@ def study(train_events_dir, tmp_path_factory):
 
 
 def _analysis(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "analysis", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "lartpc.analysis", *args], capture_output=True,
                           text=True, timeout=300, cwd=ROOT)
 
 

@@ -222,7 +222,7 @@ def test_submit_twice_submits_each_point_once(tmp_path, events_dir):
 
 
 def test_transient_submission_failure_is_retried(tmp_path, monkeypatch):
-    from jobs import submit
+    from lartpc.jobs import submit
 
     bin_dir = tmp_path / "bin"
     tries = tmp_path / "tries"

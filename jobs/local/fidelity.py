@@ -1,7 +1,7 @@
 """The fidelity run: does a model trained on our events classify like the paper's?
 
-    python -m jobs.local.fidelity --out fid --geometry beam --minutes 240 --segment-s 1800
-    python -m jobs.local.fidelity --out fid --geometry isotropic --minutes 240 \
+    python -m lartpc.jobs.local.fidelity --out fid --geometry beam --minutes 240 --segment-s 1800
+    python -m lartpc.jobs.local.fidelity --out fid --geometry isotropic --minutes 240 \
         --results docs/results/fidelity-scnet-isotropic.json
 
 It simulates the study's 15,000 + 1,500 full-resolution events of one source geometry
@@ -38,7 +38,8 @@ import math
 import os
 from pathlib import Path
 
-from jobs.local.steps import events, run, say, tool
+from lartpc.jobs.local.steps import events, run, say, tool
+
 from lartpc.bench.train import LARTPC
 from lartpc.config import choices
 from lartpc.runfolder.durable import atomic_write
@@ -76,9 +77,10 @@ def trained_s(run: Path) -> float:
 def results(run: Path, model: str, minutes: float, store: Path) -> dict:
     """The held-out confusion matrix, accuracies and learning curve of ``run``, beside
     the events' truth ceilings and the paper's."""
-    from analysis.metrics import wilson_interval
-    from analysis.paper import PAPER
-    from analysis.runs import CLASSES, load_run
+    from lartpc.analysis.metrics import wilson_interval
+    from lartpc.analysis.paper import PAPER
+    from lartpc.analysis.runs import CLASSES, load_run
+
     from lartpc.data.store import EventStore
     from lartpc.sim.limits import truth_limits
 

@@ -1,16 +1,16 @@
 """Every GPU speed measurement of the project in one command, for one GPU host.
 
-    python -m jobs.local.gpu_bench --out gpu-bench            # on the GPU host
-    python -m jobs.local.gpu_bench --out /tmp/gb --device cpu --quick   # smoke run
-    python -m jobs.local.gpu_bench --list                     # the steps, not run
+    python -m lartpc.jobs.local.gpu_bench --out gpu-bench            # on the GPU host
+    python -m lartpc.jobs.local.gpu_bench --out /tmp/gb --device cpu --quick   # smoke run
+    python -m lartpc.jobs.local.gpu_bench --list                     # the steps, not run
 
 The whole set takes about half an hour on one GPU, mostly the minibatch scan. To run
 it in parts (a job with a short time limit), name steps with ``--only`` (globs) and
 the same ``--out``: a step whose JSON is already there is kept, never run again, and
 ``summary.md`` always covers every step in the folder::
 
-    python -m jobs.local.gpu_bench --out gb --only 'model-*,train-*' --train-seconds 60
-    python -m jobs.local.gpu_bench --out gb --only minibatch-scnet --scan-seeds 0
+    python -m lartpc.jobs.local.gpu_bench --out gb --only 'model-*,train-*' --train-seconds 60
+    python -m lartpc.jobs.local.gpu_bench --out gb --only minibatch-scnet --scan-seeds 0
 
 Runs, each as its own ``lartpc bench`` process, writing its JSON into ``--out``:
 

@@ -4,7 +4,7 @@ Simulates a small downsampled event set, trains JishNet and SCNet on 1 and 2 Hor
 ranks under the same wall-clock limit per run (the paper's 4 h, scaled down), and
 writes the analysis report. Re-running reuses finished pieces.
 
-    python -m jobs.local.study --out demo [--events 350] [--minutes-per-run 2.5]
+    python -m lartpc.jobs.local.study --out demo [--events 350] [--minutes-per-run 2.5]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from jobs.local.steps import events, run, say, tool
+from lartpc.jobs.local.steps import events, run, say, tool
 
 TAG = "study"
 
@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
             _train(data, runs / f"{model}-n{n}-s{args.seed}", model, n,
                    60 * args.minutes_per_run, args.seed)
     report = args.out / "report"
-    _run([sys.executable, "-m", "analysis", "report", str(runs), "--out", str(report)])
-    _run([sys.executable, "-m", "analysis", "fit", str(runs)])
+    _run([sys.executable, "-m", "lartpc.analysis", "report", str(runs), "--out", str(report)])
+    _run([sys.executable, "-m", "lartpc.analysis", "fit", str(runs)])
     for line in _summary(runs):
         _say(line)
     _say(f"done in {(time.time() - t0) / 60:.1f} min; report: {(report / 'report.html').resolve()}")
@@ -79,10 +79,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _summary(runs: Path) -> list[str]:
     """What this machine's runs really show (the report opens with the same lines)."""
-    from analysis.glance import at_a_glance
-    from analysis.predict_report import local_prediction
-    from analysis.runs import RunFolderError
-    from analysis.tables import analyse
+    from lartpc.analysis.glance import at_a_glance
+    from lartpc.analysis.predict_report import local_prediction
+    from lartpc.analysis.runs import RunFolderError
+    from lartpc.analysis.tables import analyse
 
     a = analyse([runs])
     try:

@@ -1,6 +1,6 @@
 """``lartpc bench allreduce``: allreduce time against message size on this job's ranks, the
 latency and bandwidth of the ring-allreduce model fitted to it, and a cluster profile
-that ``python -m analysis predict --cluster-file FILE`` takes.
+that ``python -m lartpc.analysis predict --cluster-file FILE`` takes.
 
 Run it as a job step over the allocation's ranks, as training runs: ``srun lartpc bench
 allreduce`` (plain srun: torch.distributed from SLURM's variables, the first node of the

@@ -211,8 +211,8 @@ def _point(measured: dict, run: str, batch: int, seed: int, lr: float) -> dict:
 def _write_outputs(result: dict, out: Path, scan_dir: Path) -> None:
     import pandas as pd
 
-    from analysis.plots import minibatch_scan
-    from analysis.runs import load_run
+    from lartpc.analysis.plots import minibatch_scan
+    from lartpc.analysis.runs import load_run
 
     table = pd.DataFrame([{k: v for k, v in r.items() if k != "ttl_s_all"}
                           for r in result["rows"]])

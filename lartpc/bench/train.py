@@ -87,8 +87,8 @@ def train_point(args, data: Path, out: Path, n: int, backend: str,
 def measure_run(out: Path, threshold: float = 1.2) -> dict:
     """The bench numbers of one finished run folder (rank 0's steps, the first one left
     out: it carries warm-up costs); ``threshold`` is the TTL loss."""
-    from analysis.metrics import run_metrics
-    from analysis.runs import load_run
+    from lartpc.analysis.metrics import run_metrics
+    from lartpc.analysis.runs import load_run
 
     run = load_run(out)
     m = run_metrics(run, threshold=threshold)

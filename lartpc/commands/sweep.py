@@ -25,8 +25,8 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from jobs.sites import site_names
-    from jobs.sweep import CONFIG_PREFIXES, TEMPLATES
+    from lartpc.jobs.sites import site_names
+    from lartpc.jobs.sweep import CONFIG_PREFIXES, TEMPLATES
 
     p.add_argument("--site", default=None,
                    help=f"cluster options from jobs/sites/NAME.toml ({', '.join(site_names())}) "
@@ -86,7 +86,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _check_prelude(path: Path) -> str:
     """The prelude's text, after a ``bash -n`` syntax check."""
-    from jobs import sweep
+    from lartpc.jobs import sweep
 
     try:
         text = path.read_text()
@@ -115,9 +115,9 @@ def _copies(args: argparse.Namespace, configs: dict[str, str], jobs_dir: Path
 
 
 def run(args: argparse.Namespace) -> int:
-    from jobs import resolve, sweep
-    from jobs import submit as jobsubmit
     from lartpc.cliparse import int_list
+    from lartpc.jobs import resolve, sweep
+    from lartpc.jobs import submit as jobsubmit
 
     resolve.apply_site(args)
     if args.submit:  # fail before checking or writing anything if it cannot be submitted

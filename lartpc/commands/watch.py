@@ -5,7 +5,7 @@ of its ``manifest.json`` is shown, ``pending`` until its job writes ``run.json``
 table lists the runs by model and world size and fits the terminal: when it is narrow,
 headers are abbreviated and the least needed columns dropped; the run and its status
 always stay. It exits when no run is running any more (``run.json`` status), or after
-one table with ``--once``. Reading the folders is :mod:`analysis.live` (no torch).
+one table with ``--once``. Reading the folders is :mod:`lartpc.analysis.live` (no torch).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _duration(s: float | None) -> str:
 
 
 def row(s) -> dict[str, str]:
-    """The cells of an :class:`analysis.live.Snapshot` by column key (epochs counted
+    """The cells of an :class:`lartpc.analysis.live.Snapshot` by column key (epochs counted
     from 1, as in "epoch 3/3"; the CSVs count from 0)."""
     epoch = "-" if s.epoch is None else f"{s.epoch + 1}/{s.epochs or '?'}"
     ev = "-" if s.eval_epoch is None else \
@@ -106,15 +106,15 @@ def _sort_key(s) -> tuple:
 
 
 def find_runs(paths: list[Path]) -> list:
-    """A :class:`analysis.live.LiveRun` for every run (started or pending) under ``paths``.
+    """A :class:`lartpc.analysis.live.LiveRun` for every run (started or pending) under ``paths``.
 
     Raises
     ------
     LartpcError
         A path that does not exist, a file that is not a run's, an unreadable manifest.
     """
-    from analysis.live import LiveRun
-    from analysis.runs import RunFolderError, find_run_dirs, sweep_points
+    from lartpc.analysis.live import LiveRun
+    from lartpc.analysis.runs import RunFolderError, find_run_dirs, sweep_points
 
     pending: list[Path] = []
     try:

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from enum import Enum
 
+from lartpc.errors import LartpcError
+
+
+class RunFolderError(LartpcError, ValueError):
+    """A run folder, or a file in it, cannot be used: it does not follow the run-folder
+    contract, or it cannot be written (locked, disk full, inconsistent)."""
+
 
 class Status(str, Enum):
     """``run.json``'s ``status``: every value a training writes (docs/run-folder.md)."""

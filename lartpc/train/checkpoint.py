@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from lartpc.runfolder.durable import atomic_write
-from lartpc.train.durable import RunFolderError
+from lartpc.runfolder.schema import RunFolderError
 
 CHECKPOINT = "checkpoint.pt"
 

@@ -7,8 +7,8 @@ import time
 import torch
 
 from lartpc.dist import World
+from lartpc.runfolder.schema import RunFolderError
 from lartpc.train import checkpoint
-from lartpc.train.durable import RunFolderError
 from lartpc.train.sinks import Sink
 
 

@@ -23,7 +23,7 @@ import socket
 from pathlib import Path
 
 from lartpc.runfolder.durable import open_nofollow
-from lartpc.train.durable import RunFolderError
+from lartpc.runfolder.schema import RunFolderError
 
 log = logging.getLogger(__name__)
 LOCK_FILE = "run.lock"

@@ -15,7 +15,7 @@ Unbiased estimates of the true gradient's squared norm and the per-example covar
 trace follow from E|g_B|^2 = |G|^2 + tr(Sigma)/B; rank 0 appends them to ``noise.csv``.
 The ratio ``b_simple = trace_est / g2_est`` of single steps is very noisy (and can be
 negative): smooth ``g2_est`` and ``trace_est`` separately before dividing
-(``analysis.noise`` does).
+(``lartpc.analysis.noise`` does).
 """
 
 from __future__ import annotations

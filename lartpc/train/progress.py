@@ -146,7 +146,7 @@ class ConsoleProgress:
 
             # log lines go through tqdm.write, above the bar instead of through it
             self._stack.enter_context(logging_redirect_tqdm(
-                [logging.getLogger("lartpc"), logging.getLogger("analysis")]))
+                [logging.getLogger("lartpc")]))
             self.bar = self._stack.enter_context(tqdm(
                 total=self.spe * self.epochs, initial=self.start_step, unit="step",
                 desc="train", dynamic_ncols=True, file=sys.stderr))

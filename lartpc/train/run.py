@@ -16,9 +16,8 @@ from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError, LartpcError
 from lartpc.runfolder.durable import remove_stale_temporaries
 from lartpc.runfolder.guard import check_trainable
-from lartpc.runfolder.schema import Status
+from lartpc.runfolder.schema import RunFolderError, Status
 from lartpc.train import runinfo, runlog, segments, tblog
-from lartpc.train.durable import RunFolderError
 from lartpc.train.lock import RunLock
 from lartpc.train.signals import StopRequests
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from lartpc import CLASSES
 from lartpc.runfolder.durable import atomic_write, open_nofollow
-from lartpc.train.durable import RunFolderError
+from lartpc.runfolder.schema import RunFolderError
 
 STEP_COLUMNS = ("time", "epoch", "rank", "batchno", "data_size", "local_loss", "global_loss",
                 "local_acc", "global_acc", "data_s", "compute_s", "comm_s")

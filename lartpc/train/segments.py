@@ -20,8 +20,8 @@ import numpy as np
 from lartpc.config import Config
 from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError
+from lartpc.runfolder.schema import RunFolderError
 from lartpc.train import checkpoint, runlog
-from lartpc.train.durable import RunFolderError
 from lartpc.train.lock import job_id
 
 log = logging.getLogger(__name__)

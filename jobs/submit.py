@@ -81,9 +81,11 @@ def merge(old: dict, points: list[Point], meta: dict) -> dict:
         if not p.job_id:
             entry["job_id"] = prev.get("job_id")
         by_name[p.name] = entry
-    sweeps = [*old.get("sweeps", []), meta]
+    sweeps = [*old.get("sweeps", []), {k: v for k, v in meta.items() if k != "network"}]
     first = old.get("created", meta.get("created"))
-    return {**meta, "created": first, "sweeps": sweeps, "points": list(by_name.values())}
+    network = meta.get("network") or old.get("network")
+    return {**meta, "created": first, "sweeps": sweeps, "points": list(by_name.values()),
+            **({"network": network} if network else {})}
 
 
 def write_manifest(manifest: Path, old: dict, points: list[Point], meta: dict) -> None:
@@ -132,11 +134,13 @@ def skip_reason(p: Point, scheduler: str, previous: dict) -> str | None:
     return None
 
 
-def submit_one(exe: str, script: str) -> str:
-    """Submit ``script``, retrying what the scheduler calls temporary; the job id."""
+def submit_one(exe: str, script: str, options: tuple[str, ...] = ()) -> str:
+    """Submit ``script`` (with extra sbatch ``options``), retrying what the scheduler
+    calls temporary; the job id."""
     for attempt in range(len(BACKOFF_S) + 1):
         if exe == "sbatch":
-            out = subprocess.run([exe, "--parsable", script], capture_output=True, text=True)
+            out = subprocess.run([exe, "--parsable", *options, script], capture_output=True,
+                                 text=True)
             job_id = out.stdout.strip().split(";")[0]
         else:  # bsub reads the script on stdin so its #BSUB lines count
             with open(script) as f:
@@ -155,11 +159,24 @@ def submit_one(exe: str, script: str) -> str:
     raise AssertionError("not reached")
 
 
+def submit_network(script: str, profile: Path, old: dict) -> str | None:
+    """Submit the network measurement unless its profile exists or its job is still
+    queued or running; the job id the points should wait for (None: nothing to wait)."""
+    if profile.exists():
+        log.info("network profile %s exists: not measured again", profile)
+        return None
+    job = (old.get("network") or {}).get("job_id")
+    if job and job_state("slurm", str(job)) in ACTIVE["slurm"]:
+        return str(job)
+    return submit_one("sbatch", script)
+
+
 def submit(points: list[Point], scheduler: str, manifest: Path, meta: dict,
-           old: dict) -> list[tuple[Point, str]]:
+           old: dict, after: str | None = None) -> list[tuple[Point, str]]:
     """Submit every point not already done or queued; the skipped ones with the reason.
 
-    Job ids go into the manifest as they come, so a failure half way keeps them.
+    ``after``: a job id each point starts after (the network measurement), whatever its
+    outcome. Job ids go into the manifest as they come, so a failure half way keeps them.
     """
     exe = SUBMIT[scheduler]
     if shutil.which(exe) is None:
@@ -172,7 +189,8 @@ def submit(points: list[Point], scheduler: str, manifest: Path, meta: dict,
             skipped.append((p, why))
             continue
         try:
-            p.job_id = submit_one(exe, p.script)
+            p.job_id = submit_one(exe, p.script,
+                                  (f"--dependency=afterany:{after}",) if after else ())
         finally:
             write_manifest(manifest, old, points, meta)
         log.info("submitted %s as job %s", p.name, p.job_id)

@@ -316,12 +316,47 @@ def directives(p: Point, shape: JobShape, logs_dir: Path) -> list[str]:
         lines += [f"--gpus-per-node={tpn}"] * (not shape.cpu)
     lines += [f"--time={shape.time}", f"--output={logs_dir / p.name}-%j.out",
               "--open-mode=append", "--requeue", "--signal=B:USR1@120"]
-    lines += [f"--account={shape.account}"] * bool(shape.account)
+    return [f"#SBATCH {x}" for x in [*lines, *_site_lines(shape)]]
+
+
+def _site_lines(shape: JobShape) -> list[str]:
+    """SLURM options every job of the sweep carries (account, partition, ...)."""
+    lines = [f"--account={shape.account}"] * bool(shape.account)
     lines += [f"--partition={shape.queue}"] * bool(shape.queue)
     lines += [f"--constraint={shape.constraint}"] * bool(shape.constraint)
     lines += [f"--qos={shape.qos}"] * bool(shape.qos)
     lines += [f"--reservation={shape.reservation}"] * bool(shape.reservation)
-    return [f"#SBATCH {x}" for x in [*lines, *shape.extra_args]]
+    return [*lines, *shape.extra_args]
+
+
+#: The job that measures the network before the sweep (``--measure-network``).
+NETWORK_TEMPLATE = "slurm/allreduce.sbatch"
+NETWORK_TIME = "00:15:00"
+
+
+def network_script(points: list[Point], shape: JobShape, out_dir: Path,
+                   logs_dir: Path) -> tuple[str, dict[str, str]]:
+    """The allreduce job for the sweep's largest allocation (one rank per node; on one
+    node, that node's ranks) and its settings; its profile is ``out_dir/network.json``."""
+    if shape.scheduler != "slurm":
+        raise LartpcError("--measure-network needs --scheduler slurm")
+    nodes, tpn = max(layout(p.gpus, shape) for p in points)
+    per_node = 1 if nodes > 1 else max(2, tpn)
+    lines = ["--job-name=lartpc-allreduce", f"--nodes={nodes}",
+             f"--ntasks-per-node={per_node}", f"--cpus-per-task={shape.cores_per_rank}",
+             f"--time={NETWORK_TIME}", f"--output={logs_dir}/allreduce-%j.out"]
+    lines += [f"--gpus-per-node={tpn}"] * (not shape.cpu)
+    env = {"LARTPC_JOBS_DIR": str(jobs_dir()),
+           "LARTPC_NETWORK_OUT": str(out_dir / "network.json"),
+           "LARTPC_NNODES": str(nodes), "LARTPC_TASKS_PER_NODE": str(per_node),
+           "LARTPC_CORES_PER_TASK": str(shape.cores_per_rank)}
+    if shape.prelude:
+        env["LARTPC_PRELUDE"] = shape.prelude
+    if sys.prefix != sys.base_prefix:
+        env["LARTPC_VENV"] = sys.prefix
+    text = render((jobs_dir() / NETWORK_TEMPLATE).read_text(),
+                  [f"#SBATCH {x}" for x in [*lines, *_site_lines(shape)]], env)
+    return text, env
 
 
 def exports(p: Point, shape: JobShape, data: Path, sets: list[str]) -> dict[str, str]:

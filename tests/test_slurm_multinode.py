@@ -128,20 +128,18 @@ THROTTLE = sh.ROOT / "jobs" / "slurm" / "local" / "throttle.sh"
 RATE_MBIT = 200  # known to give 185-191 Mbit/s on a 64 MiB allreduce through tbf
 
 
-def test_allreduce_bench_measures_the_throttled_link(cluster, tmp_path):
-    """`lartpc bench allreduce` as a 2-node job step (srun -N2, torch.distributed from
-    SLURM's variables) on links that tbf limits to RATE_MBIT: the fitted bandwidth is
-    the configured rate within 20 %, and the profile it writes is one analysis takes."""
+def test_allreduce_bench_measures_the_throttled_link(cluster, tmp_path, train_events_dir):
+    """`lartpc sweep --measure-network`'s job (`lartpc bench allreduce` as a 2-node job
+    step, torch.distributed from SLURM's variables) on links that tbf limits to
+    RATE_MBIT: the fitted bandwidth is the configured rate within 20 %, and the profile
+    it writes is one analysis takes."""
     from lartpc.analysis.predict import load_profile_file
 
-    profile = tmp_path / "profile.json"
-    script = tmp_path / "allreduce.sbatch"
-    script.write_text(
-        "#!/bin/bash\n"
-        f"#SBATCH --nodes=2 --ntasks-per-node=1 --output={tmp_path}/%j.out\n"
-        f"srun --nodes=2 --ntasks=2 {sys.executable} -m lartpc bench allreduce "
-        "--max-bytes 4MiB --factor 4 --warmup 2 --repeats 10 --seconds-per-size 1 "
-        f"--out {profile}\n")
+    _sweep(tmp_path, train_events_dir, "torchrun", "--measure-network")
+    profile = tmp_path / "runs" / "network.json"
+    script = tmp_path / "runs" / "jobs" / "allreduce.sbatch"
+    env = {**cluster, "LARTPC_ALLREDUCE_ARGS": "--max-bytes 4MiB --factor 4 --warmup 2 "
+                                               "--repeats 10 --seconds-per-size 1"}
     r = subprocess.run(["bash", str(THROTTLE), f"{RATE_MBIT}mbit"], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -151,12 +149,11 @@ def test_allreduce_bench_measures_the_throttled_link(cluster, tmp_path):
                               ["tc", "-n", "lartpc-n2", "qdisc", "show", "dev", "eth0"])]
         assert all("tbf" in q and f"rate {RATE_MBIT}Mbit" in q for q in qdiscs), qdiscs
         before = _bytes_through("lartpc-v1")
-        info = sh.wait(sh.sbatch(script, cluster), cluster, timeout_s=300)
+        info = sh.wait(sh.sbatch(script, env), cluster, timeout_s=300)
         moved = _bytes_through("lartpc-v1") - before
     finally:
         subprocess.run(["bash", str(THROTTLE), "off"], capture_output=True, timeout=60)
-    out = "\n".join(p.read_text() for p in tmp_path.glob("*.out"))
-    assert info["JobState"] == "COMPLETED", out
+    assert info["JobState"] == "COMPLETED", _log(tmp_path)
     prof = json.loads(profile.read_text())
     m = prof["measured"]
     assert m["world_size"] == 2 and sorted(set(m["hosts"])) == NODES and m["link"] == "inter"

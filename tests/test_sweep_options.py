@@ -277,3 +277,40 @@ def test_threads_follow_the_cpu_mask_not_the_machine():
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "1"
+
+
+def test_measure_network_runs_first_and_the_points_wait_for_it(tmp_path, events_dir):
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    counter = tmp_path / "count"
+    fake(bin_dir, "sbatch", f'echo "$@" >> {calls}\n'
+                            f'n=$(cat {counter} 2>/dev/null || echo 200); n=$((n + 1))\n'
+                            f'echo $n > {counter}; echo "$n"\n')
+    fake(bin_dir, "squeue", 'case "$3" in 202|203) echo PENDING ;; esac\n')  # the points
+    args = ("sweep", "--models", "jishnet", "--gpus", "1,2", "--data", str(events_dir),
+            "--out-dir", str(tmp_path / "runs"), "--scheduler", "slurm", "--launcher",
+            "torchrun", "--config-prefix", "tiny", "--cpu", "--gpus-per-node", "1",
+            "--cores-per-rank", "1", "--measure-network")
+    res = lartpc(*args, "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert "#SBATCH --job-name=lartpc-allreduce\n#SBATCH --nodes=2\n" in res.stdout
+    (launch,) = [ln for ln in res.stdout.splitlines()
+                 if ln.startswith("### launch:") and "bench allreduce" in ln]
+    assert launch.startswith("### launch: srun --nodes=2 --ntasks=2 --ntasks-per-node=1 ")
+    assert f"--out {tmp_path}/runs/network.json" in launch
+    res = lartpc(*args, "--submit", path_first=bin_dir)
+    assert res.returncode == 0, res.stderr
+    lines = calls.read_text().splitlines()
+    assert lines[0].endswith("jobs/allreduce.sbatch")
+    assert all("--dependency=afterany:201" in ln for ln in lines[1:]) and len(lines) == 3
+    man = json.loads((tmp_path / "runs/manifest.json").read_text())
+    assert man["network"]["job_id"] == "201"
+    assert man["network"]["profile"] == str(tmp_path / "runs/network.json")
+    # measured already, the points queued: only the new point, not waiting for anything
+    (tmp_path / "runs/network.json").write_text("{}")
+    res = lartpc(*args[:4], "1,2,4", *args[5:], "--submit", path_first=bin_dir)
+    assert res.returncode == 0, res.stderr
+    new = calls.read_text().splitlines()[3:]
+    assert len(new) == 1 and "allreduce" not in new[0] and "--dependency" not in new[0]
+    res = lartpc("sweep", "--data", str(tmp_path), "--scheduler", "lsf", "--launcher",
+                 "jsrun", "--measure-network", "--dry-run")
+    assert res.returncode == 2 and "--measure-network needs --scheduler slurm" in res.stderr

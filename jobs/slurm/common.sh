@@ -83,12 +83,9 @@ lartpc_time_limit_s() {
     echo $(( left < 60 ? 60 : left ))
 }
 
-# lartpc_setup BACKEND: check the settings, activate the environment and fill
-# LARTPC_TRAIN_ARGS with the `lartpc train ...` arguments (without "lartpc").
-lartpc_setup() {
-    : "${LARTPC_CONFIG:?set LARTPC_CONFIG (preset or TOML file)}"
-    : "${LARTPC_DATA:?set LARTPC_DATA (event folder)}"
-    : "${LARTPC_RUN:?set LARTPC_RUN (run folder)}"
+# lartpc_prepare: source the prelude, set the ranks' environment (env.sh), activate
+# the environment and check lartpc is there.
+lartpc_prepare() {
     if [[ -n ${LARTPC_PRELUDE:-} && ${LARTPC_DRY_RUN:-0} != 1 ]]; then
         [[ -r $LARTPC_PRELUDE ]] || lartpc_die "prelude $LARTPC_PRELUDE not readable"
         lartpc_log "prelude: $LARTPC_PRELUDE"
@@ -106,6 +103,16 @@ lartpc_setup() {
     if [[ ${LARTPC_DRY_RUN:-0} != 1 ]]; then
         command -v lartpc >/dev/null || lartpc_die "lartpc not on PATH (set LARTPC_VENV)"
     fi
+    return 0
+}
+
+# lartpc_setup BACKEND: check the settings, prepare (lartpc_prepare) and fill
+# LARTPC_TRAIN_ARGS with the `lartpc train ...` arguments (without "lartpc").
+lartpc_setup() {
+    : "${LARTPC_CONFIG:?set LARTPC_CONFIG (preset or TOML file)}"
+    : "${LARTPC_DATA:?set LARTPC_DATA (event folder)}"
+    : "${LARTPC_RUN:?set LARTPC_RUN (run folder)}"
+    lartpc_prepare
     LARTPC_TRAIN_ARGS=(train --config "$LARTPC_CONFIG" --data "$LARTPC_DATA" --out "$LARTPC_RUN"
                        --set "dist.backend=$1")
     local -a extra

@@ -76,6 +76,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prelude", type=Path, default=None, metavar="FILE",
                    help="shell file sourced on the node before the launch (module load, "
                    "conda, container set-up); copied into the sweep's jobs/ folder")
+    p.add_argument("--measure-network", action="store_true",
+                   help="first run `lartpc bench allreduce` on the sweep's largest "
+                   "allocation (SLURM): OUT-DIR/network.json for `lartpc analyze predict "
+                   "--cluster-file`; the points start after it")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="K=V",
                    help="extra train override for every point (repeatable; no spaces)")
     mode = p.add_mutually_exclusive_group()
@@ -163,6 +167,10 @@ def run(args: argparse.Namespace) -> int:
     logs_dir = out_dir / "logs"
     points = sweep.plan(configs, gpus, seeds, out_dir, jobs_dir, args.scheduler)
     scripts = sweep.build_scripts(points, shape, data, args.sets, logs_dir)
+    network = sweep.network_script(points, shape, out_dir, logs_dir)[0] \
+        if args.measure_network else None
+    if network is not None:
+        sweep.check_syntax(network, "allreduce")
     submit_cmd = sweep.SUBMIT[args.scheduler] + (" <" if args.scheduler == "lsf" else "")
 
     for p in points:
@@ -171,6 +179,12 @@ def run(args: argparse.Namespace) -> int:
         template = sweep.template_path(shape)
         for path in copies:
             print(f"### would copy: {path}")
+        if network is not None:
+            env = sweep.network_script(points, shape, out_dir, logs_dir)[1]
+            print(f"### network: {jobs_dir / 'allreduce.sbatch'} -> {out_dir / 'network.json'}")
+            print(network, end="")
+            template_net = sweep.jobs_dir() / sweep.NETWORK_TEMPLATE
+            print(f"### launch: {sweep.launch_line(template_net, env)}\n")
         for p in points:
             env = sweep.exports(p, shape, data, args.sets)
             print(f"### {p.name}: {p.script} -> run {p.run}")
@@ -191,10 +205,22 @@ def run(args: argparse.Namespace) -> int:
     for path, text in copies.items():
         jobsubmit.write_script(path, text)
     manifest = out_dir / "manifest.json"
+    after = None
+    if network is not None:
+        net_script = jobs_dir / "allreduce.sbatch"
+        jobsubmit.write_script(net_script, network, 0o755)
+        meta["network"] = {"script": str(net_script), "profile": str(out_dir / "network.json"),
+                           "job_id": None}
+        if args.submit:
+            old_doc = jobsubmit.read_manifest(manifest)
+            after = jobsubmit.submit_network(str(net_script), out_dir / "network.json", old_doc)
+            meta["network"]["job_id"] = after
+            if after:
+                print(f"{net_script}  job {after}")
     old = jobsubmit.write(points, scripts, manifest, meta)
     skipped = []
     if args.submit:
-        skipped = jobsubmit.submit(points, args.scheduler, manifest, meta, old)
+        skipped = jobsubmit.submit(points, args.scheduler, manifest, meta, old, after)
     for p in points:
         print(f"{p.script}" + (f"  job {p.job_id}" if p.job_id else ""))
     for p, why in skipped:

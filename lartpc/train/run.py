@@ -93,15 +93,32 @@ def run_training(cfg: Config, store: EventStore, out: Path, process_start: float
 
 def _train_segment(cfg: Config, store: EventStore, out: Path, process_start: float,
                    world: dist.World, resume: dict | None) -> str:
-    from lartpc.train.checkpointer import Checkpointer
-    from lartpc.train.loop import fit
     from lartpc.train.parts import set_threads
-    from lartpc.train.sinks import open_sinks
-    from lartpc.train.trainer import Trainer
 
     threads = set_threads(cfg, world)
     store_id = segments.store_identity(store, cfg.data.max_events)
-    info_path, info = out / "run.json", {}
+    info = _begin(cfg, store, out, process_start, world, resume, store_id, threads)
+    stops = StopRequests().install()
+    status, error = "failed", None
+    try:
+        status = _fit(cfg, store, out, process_start, world, resume, info, stops, store_id)
+    except BaseException as e:
+        error = str(e) if isinstance(e, LartpcError) else f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        stops.restore()
+        if world.is_root:
+            _write_final(out / "run.json", info, status, error)
+    log.info("run %s: %s", out, status)
+    world.allreduce_sum(torch.zeros(1))  # no rank exits before rank 0 marked the run
+    return status
+
+
+def _begin(cfg: Config, store: EventStore, out: Path, process_start: float,
+           world: dist.World, resume: dict | None, store_id: dict, threads: int) -> dict:
+    """Rank 0 opens this segment in run.json (status running); the record (empty on
+    other ranks). Every rank returns once the folder is there to write into."""
+    info = {}
     hosts = world.allgather_object(runinfo.host())  # every rank takes part
     if world.is_root:
         info = segments.begin_segment(cfg, out, resume, process_start, store_id)
@@ -116,40 +133,39 @@ def _train_segment(cfg: Config, store: EventStore, out: Path, process_start: flo
             "host_cpus": os.cpu_count(), "local_size": world.local_size,
             "nodes": list(dict.fromkeys(hosts))})  # the job's hosts, in rank order
         segments.end_segment(info, "running", None)
-        runlog.write_json(info_path, info)
+        runlog.write_json(out / "run.json", info)
     world.broadcast_object(None)  # the folder exists before any rank writes into it
-    stops = StopRequests().install()
-    status, error = "failed", None
+    return info
+
+
+def _fit(cfg: Config, store: EventStore, out: Path, process_start: float, world: dist.World,
+         resume: dict | None, info: dict, stops: StopRequests, store_id: dict) -> str:
+    """Build the trainer, its checkpointer and sinks, and train; the status."""
+    from lartpc.train.checkpointer import Checkpointer
+    from lartpc.train.loop import fit
+    from lartpc.train.sinks import open_sinks
+    from lartpc.train.trainer import Trainer
+
+    trainer = Trainer.build(cfg, store, world, out, process_start, resume)
+    trainer.stops, trainer.store_id = stops, store_id
+    plan = trainer.plan
+    if world.is_root:
+        info.update(steps_per_epoch=plan.steps_per_epoch, train_events=len(plan.train),
+                    eval_events=len(plan.eval), loader=trainer.train_loader.mode)
+        runlog.write_json(out / "run.json", info)
+    sinks = open_sinks(cfg, out, world.rank, world.is_root, plan.steps_per_epoch,
+                       process_start, trainer.state.global_step)
+    ckpt = Checkpointer(world, out, cfg.train.checkpoint_every_steps,
+                        cfg.train.checkpoint_every_s)
     try:
-        trainer = Trainer.build(cfg, store, world, out, process_start, resume)
-        trainer.stops, trainer.store_id = stops, store_id
-        plan = trainer.plan
-        if world.is_root:
-            info.update(steps_per_epoch=plan.steps_per_epoch, train_events=len(plan.train),
-                        eval_events=len(plan.eval), loader=trainer.train_loader.mode)
-            runlog.write_json(info_path, info)
-        sinks = open_sinks(cfg, out, world.rank, world.is_root, plan.steps_per_epoch,
-                           process_start, trainer.state.global_step)
-        ckpt = Checkpointer(world, out, cfg.train.checkpoint_every_steps,
-                            cfg.train.checkpoint_every_s)
-        try:
-            status = fit(trainer, ckpt, sinks)
-        finally:
-            sinks.close()
-        divergence = trainer.close()
-        if world.is_root:
-            info["param_divergence"] = divergence
-        if divergence != 0.0:
-            log.error("ranks ended with different parameters (max |diff| %.3g)", divergence)
-    except BaseException as e:
-        error = str(e) if isinstance(e, LartpcError) else f"{type(e).__name__}: {e}"
-        raise
+        status = fit(trainer, ckpt, sinks)
     finally:
-        stops.restore()
-        if world.is_root:
-            _write_final(info_path, info, status, error)
-    log.info("run %s: %s", out, status)
-    world.allreduce_sum(torch.zeros(1))  # no rank exits before rank 0 marked the run
+        sinks.close()
+    divergence = trainer.close()
+    if world.is_root:
+        info["param_divergence"] = divergence
+    if divergence != 0.0:
+        log.error("ranks ended with different parameters (max |diff| %.3g)", divergence)
     return status
 
 

@@ -98,8 +98,13 @@ def b_noise_at_loss(name: str, df: pd.DataFrame, threshold: float,
     Raises
     ------
     RunFolderError
-        The mean |G|^2 or tr(Sigma) of those rows is not positive (not resolved).
+        The mean |G|^2 or tr(Sigma) of those rows is not positive (not resolved), or no
+        row is finite (a run that diverged at once).
     """
+    finite = np.isfinite(df[["loss", "g2_est", "trace_est"]].to_numpy(float)).all(axis=1)
+    df = df[finite]
+    if df.empty:
+        raise RunFolderError(f"{name}: noise.csv: no row with a finite loss and estimates")
     loss = ema(df["loss"].to_numpy(float), span)
     reached = bool((loss <= threshold).any())
     k = min(len(df), rows or max(20, len(df) // 5))

@@ -28,6 +28,7 @@ time. Efficiency = TTL(1) / (N TTL(N)); step efficiency = t_step(1) / t_step(N).
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -45,6 +46,7 @@ from lartpc.analysis.runs import Run, RunFolderError
 
 from lartpc.cliparse import int_list
 
+log = logging.getLogger(__name__)
 CLUSTERS_FILE = Path(__file__).with_name("clusters.json")
 #: float32 parameters of the published models (counted by lartpc.models at 3600 x 3600)
 PARAMETERS = {"jishnet": 1_335_817, "scnet": 1_703_999}
@@ -252,16 +254,35 @@ def _steps_to_loss(run: Run, threshold: float, smooth: int | None) -> int | None
     return int(below[0]) + 1 if below.size else None
 
 
+def _noise_scales(noisy: list, threshold: float, span: int, strict: bool) -> list:
+    """B_noise of each (run, noise table) that resolves one."""
+    at, why = [], []
+    for r, df in noisy:
+        try:
+            at.append(b_noise_at_loss(r.name, df, threshold, span))
+        except RunFolderError as e:
+            if strict:
+                raise
+            why.append(str(e))
+            log.warning("%s: not used for the noise scale", e)
+    if not at:
+        raise PredictError("no run resolves a noise scale: " + "; ".join(why))
+    return at
+
+
 def _batch(run: Run) -> int:
     return int(run.meta.get("batch_per_rank", 7))
 
 
 def gather_inputs(runs: list[Run], threshold: float, smooth: int | None = None,
-                  span: int = DEFAULT_SPAN, base_gpus: int | None = None) -> dict[str, Inputs]:
+                  span: int = DEFAULT_SPAN, base_gpus: int | None = None,
+                  strict: bool = False) -> dict[str, Inputs]:
     """Per model, the inputs measured by its base runs: the runs at ``base_gpus`` (default
     the smallest world size with a noise.csv) and the same minibatch. The noise scale
-    comes from those with a noise.csv; steps to the threshold, step time, pauses and DLT
-    from all of them (with or without the measurement). Runs at other sizes are not used."""
+    comes from those with a noise.csv (a run whose noise.csv resolves none, such as one
+    that diverged at once, is left out with a warning; ``strict``: an error); steps to the
+    threshold, step time, pauses and DLT from all of them (with or without the
+    measurement). Runs at other sizes are not used."""
     out = {}
     for model in sorted({r.model for r in runs}):
         mine = [r for r in runs if r.model == model]
@@ -274,7 +295,7 @@ def gather_inputs(runs: list[Run], threshold: float, smooth: int | None = None,
         noisy = [(r, df) for r, df in noisy if r.world_size == base]
         if not noisy:
             raise PredictError(f"no {model} run at {base} GPU(s) has a noise.csv")
-        at = [b_noise_at_loss(r.name, df, threshold, span) for r, df in noisy]
+        at = _noise_scales(noisy, threshold, span, strict)
         b = _batch(noisy[0][0])
         if len({_batch(r) for r, _ in noisy}) > 1:
             raise PredictError(f"{model} runs at {base} GPU(s) with a noise.csv differ in "
@@ -419,7 +440,8 @@ def run_predict(runs: list[Run], args) -> tuple[list[dict], dict]:
     gpus = parse_gpus(args.gpus)
     prof = choose_profile(args.cluster, args.alpha_us, args.beta_gbps, args.compute_ms,
                           getattr(args, "cluster_file", None))
-    inputs = gather_inputs(runs, args.threshold, args.smooth, args.span, args.base_gpus)
+    inputs = gather_inputs(runs, args.threshold, args.smooth, args.span, args.base_gpus,
+                           getattr(args, "strict", False))
     results = []
     for inp in inputs.values():
         res = predict(inp, prof, gpus, args.allreduce, args.train_events)

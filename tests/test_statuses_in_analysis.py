@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from train_helpers import BIN, clean_env, run, train_cmd
+from test_train_segments import DISK_FULL
+from train_helpers import BIN, clean_env, kill_after_steps, run, train_cmd
 
 from lartpc.runfolder.schema import STATUSES
 
@@ -20,17 +21,29 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 
 
+#: every run measures the noise scale at every step (one rank: halves), so predict has
+#: its input
+NOISE = ("train.noise_scale=halves", "train.noise_every_steps=1")
+
+
 @pytest.fixture(scope="module")
 def study(train_events_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("statuses")
-    r = run(train_cmd(train_events_dir, root / "completed", "train.epochs=1"))
+    r = run(train_cmd(train_events_dir, root / "completed", "train.epochs=1", *NOISE))
     assert r.returncode == 0, r.stderr
-    r = run(train_cmd(train_events_dir, root / "time_limit", "train.time_limit_s=1"))
+    r = run(train_cmd(train_events_dir, root / "time_limit", "train.time_limit_s=1", *NOISE))
     assert r.returncode == 0, r.stderr
-    r = run(train_cmd(train_events_dir, root / "diverged", "train.lr=1e30", "train.epochs=1"))
+    r = run(train_cmd(train_events_dir, root / "diverged", "train.lr=1e30", "train.epochs=1",
+                      *NOISE))
     assert r.returncode == 1, r.stderr
+    # a full disk at the second checkpoint: status failed, exit 2
+    cmd = train_cmd(train_events_dir, root / "failed", *NOISE)
+    r = run([sys.executable, "-c", DISK_FULL, "runtimeerror", *cmd[1:]])
+    assert r.returncode == 2, r.stderr
+    # SIGKILL, as a lost node leaves it: status running
+    kill_after_steps(train_cmd(train_events_dir, root / "running", *NOISE), root / "running", 3)
     out = root / "preempted"
-    proc = subprocess.Popen(train_cmd(train_events_dir, out), env=clean_env(),
+    proc = subprocess.Popen(train_cmd(train_events_dir, out, *NOISE), env=clean_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log = out / "rank-000.csv"
     deadline = time.monotonic() + 240
@@ -40,7 +53,7 @@ def study(train_events_dir, tmp_path_factory):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 0
     got = {p.name: json.loads((p / "run.json").read_text())["status"] for p in root.iterdir()}
-    assert got == {s: s for s in ("completed", "time_limit", "diverged", "preempted")}
+    assert got == {s: s for s in STATUSES}
     return root
 
 
@@ -55,13 +68,20 @@ def test_schema_lists_every_status_training_writes():
     assert set(EXIT_CODES) | {"running", "failed"} == set(STATUSES)
 
 
-@pytest.mark.parametrize("command", ["fit", "curves", "report"])
+@pytest.mark.parametrize("command", ["fit", "curves", "confusion", "report", "predict"])
 def test_analysis_takes_every_status(study, tmp_path, command):
-    extra = [] if command == "fit" else ["--out", str(tmp_path / command)]
-    r = _analysis(command, str(study), "--strict", *extra)
+    extra = {"fit": [], "predict": ["--cluster", "local-cpu", "--gpus", "1,2",
+                                    "--out", str(tmp_path / command)]}
+    # predict without --strict: a run that diverged at once resolves no noise scale,
+    # which (not its status) leaves it out with a warning
+    strict = [] if command == "predict" else ["--strict"]
+    r = _analysis(command, str(study), *strict,
+                  *extra.get(command, ["--out", str(tmp_path / command)]))
     assert r.returncode == 0, r.stderr[-2000:]
+    if command == "predict":
+        assert "B_noise" in r.stdout and "diverged: noise.csv" in r.stderr
     if command == "fit":
-        for status in ("completed", "time_limit", "diverged", "preempted"):
+        for status in STATUSES:
             assert status in r.stdout
 
 

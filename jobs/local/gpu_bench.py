@@ -122,7 +122,7 @@ def plan(args) -> list[tuple[str, list[str] | None, str]]:
                   ["bench", "minibatch", "--model", "scnet", *dev, "--downsample", downsample,
                    "--events", str(args.events), "--batches", args.batches, "--seeds",
                    args.scan_seeds, "--seconds", str(args.scan_seconds),
-                   "--out", str(args.out / "minibatch"), *fast_scnet], ""))
+                   "--out", str(args.out / "minibatch"), *fast_scnet, *bound], ""))
     return steps
 
 
@@ -213,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="time limit of each train-* run (default 120; --quick 600, "
                          "bounded by 2 epochs)")
     ap.add_argument("--scan-seconds", type=float, default=None,
-                    help="time limit of each minibatch-scan run (default 90; --quick 8)")
+                    help="time limit of each minibatch-scan run (default 90; --quick 600, "
+                    "bounded by 2 epochs)")
     ap.add_argument("--scan-seeds", default=None,
                     help="seeds of the minibatch scan (default 0,1; --quick 0)")
     args = ap.parse_args(argv)
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     args.repeats, args.warmup = (1, 1) if quick else (10, 3)
     args.events = 40 if quick else 700
     args.train_seconds = args.train_seconds or (600 if quick else 120)
-    args.scan_seconds = args.scan_seconds or (8 if quick else 90)
+    args.scan_seconds = args.scan_seconds or (600 if quick else 90)
     args.batches = "4,8" if quick else "7,14,28,56,112,256"
     args.scan_seeds = args.scan_seeds or ("0" if quick else "0,1")
     if args.list:

@@ -22,10 +22,10 @@ import numpy as np
 import pandas as pd
 from lartpc.analysis.runs import RunFolderError, read_table
 
+from lartpc.runfolder.schema import NOISE_COLUMNS
+
 log = logging.getLogger(__name__)
 
-NOISE_COLUMNS = ("step", "epoch", "loss", "batch_small", "batch_big", "g2_small", "g2_big",
-                 "g2_est", "trace_est", "b_simple")
 #: EMA span, in measured rows: alpha = 2 / (span + 1)
 DEFAULT_SPAN = 20
 

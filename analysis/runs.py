@@ -25,21 +25,19 @@ from lartpc.analysis.runcheck import (
     drop_duplicate_steps,
 )
 
+from lartpc import CLASSES
+from lartpc.runfolder.schema import (  # noqa: F401 (re-exported)
+    CONFUSION_HEADER,
+    EVAL_COLUMNS,
+    STEP_COLUMNS,
+)
+
 __all__ = ["CLASSES", "STATUSES", "Run", "RunFolderError", "find_run_dirs", "load_run",
            "load_runs", "read_meta", "sweep_points"]
 
 log = logging.getLogger(__name__)
 
-#: Class names in index order; the same as ``lartpc.CLASSES`` (a test checks they agree).
-#: Kept here so the analysis never needs the training package.
-CLASSES: tuple[str, ...] = ("gamma", "electron", "muon", "pion", "kaon")
 
-STEP_COLUMNS: tuple[str, ...] = (
-    "time", "epoch", "rank", "batchno", "data_size", "local_loss", "global_loss",
-    "local_acc", "global_acc", "data_s", "compute_s", "comm_s")
-EVAL_COLUMNS: tuple[str, ...] = (
-    "epoch", "time", "loss", "accuracy", "n_events", *(f"acc_{c}" for c in CLASSES))
-CONFUSION_HEADER: tuple[str, ...] = ("true", *CLASSES)
 _INT_STEP_COLUMNS = ("epoch", "rank", "batchno", "data_size")
 _RANK_FILE = re.compile(r"rank-(\d{3,})\.csv$")
 #: What ``lartpc sweep`` writes into its output folder: the points and their run folders.

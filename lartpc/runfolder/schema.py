@@ -4,7 +4,31 @@ from __future__ import annotations
 
 from enum import Enum
 
+from lartpc import CLASSES
 from lartpc.errors import LartpcError
+
+#: The files of a run folder (docs/run-folder.md).
+RUN_JSON, EVAL_CSV, CONFUSION_CSV, NOISE_CSV = "run.json", "eval.csv", "confusion.csv", "noise.csv"
+CHECKPOINT, LOCK = "checkpoint.pt", "run.lock"
+
+#: Columns of rank-NNN.csv (one row per optimizer step of that rank).
+STEP_COLUMNS: tuple[str, ...] = (
+    "time", "epoch", "rank", "batchno", "data_size", "local_loss", "global_loss",
+    "local_acc", "global_acc", "data_s", "compute_s", "comm_s")
+#: Columns of eval.csv (one row per evaluation).
+EVAL_COLUMNS: tuple[str, ...] = (
+    "epoch", "time", "loss", "accuracy", "n_events", *(f"acc_{c}" for c in CLASSES))
+#: Header of confusion.csv: rows true class, columns predicted.
+CONFUSION_HEADER: tuple[str, ...] = ("true", *CLASSES)
+#: Columns of noise.csv (one row per measured step).
+NOISE_COLUMNS: tuple[str, ...] = (
+    "step", "epoch", "loss", "batch_small", "batch_big", "g2_small", "g2_big", "g2_est",
+    "trace_est", "b_simple")
+
+
+def rank_csv_name(rank: int) -> str:
+    """``rank-NNN.csv`` of ``rank``."""
+    return f"rank-{rank:03d}.csv"
 
 
 class RunFolderError(LartpcError, ValueError):

@@ -30,11 +30,10 @@ import torch
 
 from lartpc.errors import ConfigError
 from lartpc.runfolder.durable import atomic_write
+from lartpc.runfolder.schema import NOISE_COLUMNS
 
 log = logging.getLogger(__name__)
 
-NOISE_COLUMNS = ("step", "epoch", "loss", "batch_small", "batch_big", "g2_small", "g2_big",
-                 "g2_est", "trace_est", "b_simple")
 MODES = ("off", "auto", "ranks", "halves")
 
 

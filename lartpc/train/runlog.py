@@ -16,12 +16,12 @@ from pathlib import Path
 
 from lartpc import CLASSES
 from lartpc.runfolder.durable import atomic_write, open_nofollow
-from lartpc.runfolder.schema import RunFolderError
-
-STEP_COLUMNS = ("time", "epoch", "rank", "batchno", "data_size", "local_loss", "global_loss",
-                "local_acc", "global_acc", "data_s", "compute_s", "comm_s")
-EVAL_COLUMNS = ("epoch", "time", "loss", "accuracy", "n_events",
-                *(f"acc_{c}" for c in CLASSES))
+from lartpc.runfolder.schema import (  # noqa: F401 (re-exported)
+    EVAL_COLUMNS,
+    STEP_COLUMNS,
+    RunFolderError,
+    rank_csv_name,
+)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -62,7 +62,7 @@ def read_json(path: Path) -> dict:
 
 
 def rank_csv_path(run: Path, rank: int) -> Path:
-    return Path(run) / f"rank-{rank:03d}.csv"
+    return Path(run) / rank_csv_name(rank)
 
 
 def _fmt(v) -> str:

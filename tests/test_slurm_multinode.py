@@ -135,7 +135,7 @@ def test_allreduce_bench_measures_the_throttled_link(cluster, tmp_path, train_ev
     it writes is one analysis takes."""
     from lartpc.analysis.predict import load_profile_file
 
-    _sweep(tmp_path, train_events_dir, "torchrun", "--measure-network")
+    _sweep(tmp_path, train_events_dir, "torchrun", *TRAIN, "--measure-network")
     profile = tmp_path / "runs" / "network.json"
     script = tmp_path / "runs" / "jobs" / "allreduce.sbatch"
     env = {**cluster, "LARTPC_ALLREDUCE_ARGS": "--max-bytes 4MiB --factor 4 --warmup 2 "

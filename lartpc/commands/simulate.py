@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=1, help="processes (output is identical)")
     p.add_argument("--shard-size", type=int, default=1000, help="events per file")
     p.add_argument("--overwrite", action="store_true", help="replace shards already in --out")
-    p.add_argument("--geometry", default="isotropic", choices=("isotropic", "beam"),
+    p.add_argument("--geometry", default="isotropic",
                    help="isotropic: vertex uniform in the volume, any direction; beam: "
                         "vertex uniform in a box along the beam axis (500 cm), within 5 "
                         "degrees of it (lartpc.sim.generate.draw_source)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -85,5 +86,11 @@ class TorchWorld(World):
         return self._exchange[0].exposed_s()
 
     def shutdown(self) -> None:
+        # The DDP model, its reducer and the bucket hook must go while the process group
+        # is alive: destroyed at interpreter exit instead, Gloo's threads could still
+        # hold their work and the process aborted ("terminate called without an active
+        # exception") after a completed run.
+        self._exchange.clear()
+        gc.collect()
         if tdist.is_initialized():
             tdist.destroy_process_group()

@@ -247,4 +247,8 @@ class Trainer:
         between ranks (0.0, as the distributed optimizer must keep them identical)."""
         if self.noise is not None:
             self.noise.close()
-        return self.world.param_divergence(unwrap_model(self.model))
+        divergence = self.world.param_divergence(unwrap_model(self.model))
+        # DDP's reducer (held by the model and the parameters' hooks) goes before the
+        # process group
+        self.model = self.opt = self.noise = self.train_loader = self.eval_loader = None
+        return divergence

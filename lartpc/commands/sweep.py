@@ -167,8 +167,8 @@ def run(args: argparse.Namespace) -> int:
     logs_dir = out_dir / "logs"
     points = sweep.plan(configs, gpus, seeds, out_dir, jobs_dir, args.scheduler)
     scripts = sweep.build_scripts(points, shape, data, args.sets, logs_dir)
-    network = sweep.network_script(points, shape, out_dir, logs_dir)[0] \
-        if args.measure_network else None
+    network, network_env = sweep.network_script(points, shape, out_dir, logs_dir) \
+        if args.measure_network else (None, None)
     if network is not None:
         sweep.check_syntax(network, "allreduce")
     submit_cmd = sweep.SUBMIT[args.scheduler] + (" <" if args.scheduler == "lsf" else "")
@@ -180,11 +180,10 @@ def run(args: argparse.Namespace) -> int:
         for path in copies:
             print(f"### would copy: {path}")
         if network is not None:
-            env = sweep.network_script(points, shape, out_dir, logs_dir)[1]
             print(f"### network: {jobs_dir / 'allreduce.sbatch'} -> {out_dir / 'network.json'}")
             print(network, end="")
             template_net = sweep.jobs_dir() / sweep.NETWORK_TEMPLATE
-            print(f"### launch: {sweep.launch_line(template_net, env)}\n")
+            print(f"### launch: {sweep.launch_line(template_net, network_env)}\n")
         for p in points:
             env = sweep.exports(p, shape, data, args.sets)
             print(f"### {p.name}: {p.script} -> run {p.run}")

@@ -16,6 +16,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 START = ROOT / "jobs" / "slurm" / "local" / "start.sh"
 STOP = ROOT / "jobs" / "slurm" / "local" / "stop.sh"
+#: What a launcher sets for its ranks; a job step must get them from its own launcher.
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT")
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                 "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
 
@@ -41,8 +44,9 @@ def start(timeout_s: float = 600.0, nodes: int = 1) -> dict[str, str]:
         raise SlurmUnavailable(f"{START} failed (exit {out.returncode}):\n{tail}")
     env = dict(os.environ)
     env["SLURM_CONF"] = m.group(1)
-    for k in [k for k in env if k.startswith(("SLURM_JOB", "SLURM_NTASKS", "LARTPC_"))]:
-        del env[k]  # never inherit an outer job's settings
+    outer = ("SLURM_JOB", "SLURM_NTASKS", "LARTPC_", "TORCHELASTIC_", "HOROVOD_")
+    for k in [k for k in env if k.startswith(outer) or k in LAUNCHER_VARS]:
+        del env[k]  # never inherit an outer job's settings (sbatch exports them all)
     return env
 
 

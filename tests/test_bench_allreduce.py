@@ -132,15 +132,55 @@ def test_plain_srun_meets_at_the_steps_first_node(monkeypatch):
     step's first node and common.sh's per-job port, as lartpc_master would export."""
     from lartpc.dist.world import _torch_env
 
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(k, raising=False)
-    for k, v in {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
-                 "SLURM_JOB_ID": "123456", "SLURM_STEP_NODELIST": "lartpc-n[1-2]",
-                 "SLURM_JOB_NODELIST": "lartpc-n[1-3]"}.items():
-        monkeypatch.setenv(k, v)
+    # _torch_env fills os.environ: a copy, so nothing it sets outlives the test (a RANK
+    # left in the test process once reached a later SLURM job through sbatch)
+    monkeypatch.setattr(os, "environ", _clean_copy())
+    os.environ.update({"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
+                       "SLURM_JOB_ID": "123456", "SLURM_STEP_NODELIST": "lartpc-n[1-2]",
+                       "SLURM_JOB_NODELIST": "lartpc-n[1-3]"})
     assert _torch_env() == (1, 0, 2)
     assert os.environ["MASTER_ADDR"] == "lartpc-n1"
     assert os.environ["MASTER_PORT"] == str(20000 + 123456 % 20000)
+
+
+def _clean_copy() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items()
+            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+            and not k.startswith(("SLURM_", "TORCHELASTIC_"))}
+
+
+@pytest.mark.parametrize("stale", [{"RANK": "1", "WORLD_SIZE": "2"}, {"RANK": "0"},
+                                   {"LOCAL_RANK": "3"}])
+def test_plain_srun_task_ignores_a_rank_inherited_from_the_submitting_shell(
+        monkeypatch, caplog, stale):
+    """sbatch exports the submitting environment: a RANK set there reaches every task of
+    the job's srun steps alike, and with it no task would host the rendezvous (both
+    ranks waited on a server no one started). SLURM's task variables decide."""
+    from lartpc.dist.world import _torch_env
+
+    monkeypatch.setattr(os, "environ", _clean_copy())
+    for task, expect in (("0", (0, 0, 2)), ("1", (1, 1, 2))):
+        os.environ.clear()
+        os.environ.update({**_clean_copy(), **stale, "SLURM_PROCID": task, "SLURM_NTASKS": "2",
+                           "SLURM_LOCALID": task, "SLURM_STEP_ID": "0",
+                           "MASTER_ADDR": "lartpc-n1", "MASTER_PORT": "20046"})
+        with caplog.at_level("WARNING", logger="lartpc.dist.world"):
+            assert _torch_env() == expect
+        assert all(os.environ[k] == v for k, v in zip(
+            ("RANK", "LOCAL_RANK", "WORLD_SIZE"), map(str, expect), strict=True))
+    assert "from the submitting environment ignored" in caplog.text
+
+
+def test_torchrun_worker_keeps_its_rank_under_srun(monkeypatch):
+    """torchrun started by srun (torchrun.sbatch): its workers' RANK is torchrun's, not
+    the srun task's (one task per node starts several ranks)."""
+    from lartpc.dist.world import _torch_env
+
+    monkeypatch.setattr(os, "environ", _clean_copy())
+    os.environ.update({"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0",
+                       "TORCHELASTIC_RUN_ID": "42", "RANK": "3", "LOCAL_RANK": "1",
+                       "WORLD_SIZE": "4", "MASTER_ADDR": "n1", "MASTER_PORT": "29400"})
+    assert _torch_env() == (3, 1, 4)
 
 
 @pytest.mark.parametrize("argv,message", [

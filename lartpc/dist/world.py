@@ -14,7 +14,6 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import time
 from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -276,11 +275,23 @@ def _world_class(backend: str) -> type[World]:
 
 def _torch_env() -> tuple[int, int, int]:
     """Rank, local rank and size for torch.distributed; fills the env:// variables from
-    SLURM's when the job was started by plain ``srun``."""
+    SLURM's when the job was started by plain ``srun``.
+
+    Under plain srun (a job step, no torchrun in between) SLURM's task variables decide:
+    a ``RANK``, ``WORLD_SIZE`` or ``LOCAL_RANK`` inherited from the environment the job
+    was submitted from is replaced, since every task would inherit the same value and no
+    rank would host the rendezvous."""
     env = os.environ
-    if "RANK" not in env and "SLURM_PROCID" in env:
-        env["RANK"], env["WORLD_SIZE"] = env["SLURM_PROCID"], env["SLURM_NTASKS"]
-        env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
+    plain_srun = "SLURM_PROCID" in env and "SLURM_STEP_ID" in env \
+        and "TORCHELASTIC_RUN_ID" not in env
+    if plain_srun or ("RANK" not in env and "SLURM_PROCID" in env):
+        slurm = {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_NTASKS"],
+                 "LOCAL_RANK": env.get("SLURM_LOCALID", "0")}
+        for k, v in slurm.items():
+            if env.get(k, v) != v:
+                log.warning("%s=%s from the submitting environment ignored: this srun "
+                            "task's is %s", k, env[k], v)
+            env[k] = v
         if "MASTER_ADDR" not in env:
             # as jobs/slurm/common.sh's lartpc_master: the step's first node, a port per job
             nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")

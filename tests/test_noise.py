@@ -147,17 +147,35 @@ def _assert_noise_csv(path, n_steps: int, every: int) -> list[dict]:
     return got
 
 
+# 3 epochs (12 rows): single-step |G|^2 estimates swing in sign on 70 events, their mean
+# over one epoch's 4 steps was negative on the +sim2 events
+NOISE_SETS = ("train.epochs=3", "train.noise_scale=ranks", "train.noise_every_steps=1")
+
+
+@pytest.fixture(scope="module")
+def two_rank_noise_runs(train_events_dir, tmp_path_factory):
+    """The same 2-rank training under Horovod (gradient hooks on each parameter) and
+    under torchrun (DistributedDataParallel, the local norms taken in its bucket hook)."""
+    base = tmp_path_factory.mktemp("noise-runs")
+    launchers = {
+        "horovod": [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo"],
+        "torch": [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", "29623",
+                  "--no-python"],
+    }
+    outs = {}
+    for name, launch in launchers.items():
+        out = base / name
+        r = run([*launch, *train_cmd(train_events_dir, out, *NOISE_SETS)], timeout=600)
+        assert r.returncode == 0, f"{name}: " + r.stdout[-3000:] + r.stderr[-3000:]
+        outs[name] = out
+    return outs
+
+
 @pytest.mark.slow
 @pytest.mark.horovod
-def test_two_rank_horovod_training_writes_noise_csv(train_events_dir, tmp_path):
-    out = tmp_path / "run"
-    cmd = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
-           # 3 epochs (12 rows): single-step |G|^2 estimates swing in sign on 70 events,
-           # their mean over one epoch's 4 steps was negative on the +sim2 events
-           *train_cmd(train_events_dir, out, "train.epochs=3", "train.noise_scale=ranks",
-                      "train.noise_every_steps=1")]
-    r = run(cmd, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+@pytest.mark.parametrize("backend", ["horovod", "torch"])
+def test_two_rank_training_writes_noise_csv(two_rank_noise_runs, backend):
+    out = two_rank_noise_runs[backend]
     got = _assert_noise_csv(out / "noise.csv", len(rows(out / "rank-000.csv")), 1)
     # 7 per rank (an epoch's short last step makes B_small a harmonic mean); B_big = 2 B_small
     assert float(got[0]["batch_small"]) == 7
@@ -165,6 +183,19 @@ def test_two_rank_horovod_training_writes_noise_csv(train_events_dir, tmp_path):
         assert float(r["batch_big"]) == pytest.approx(2 * float(r["batch_small"]))
         # |mean of local gradients|^2 <= mean of |local|^2 (Jensen), whatever the data
         assert float(r["g2_big"]) <= float(r["g2_small"])
+
+
+@pytest.mark.slow
+@pytest.mark.horovod
+def test_ddp_bucket_hook_measures_what_horovod_hooks_measure(two_rank_noise_runs):
+    """Both backends train the same steps (their rank logs agree), so the norms of the
+    local and the averaged gradients must agree too: DDP's are summed bucket by bucket,
+    Horovod's parameter by parameter, which changes only the float rounding."""
+    hvd, ddp = (rows(two_rank_noise_runs[b] / "noise.csv") for b in ("horovod", "torch"))
+    assert [r["step"] for r in ddp] == [r["step"] for r in hvd]
+    for a, b in zip(ddp, hvd, strict=True):
+        for c in ("g2_small", "g2_big", "batch_small", "batch_big", "loss"):
+            assert float(a[c]) == pytest.approx(float(b[c]), rel=1e-4), (a["step"], c)
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """Two SLURM nodes on this machine, each in its own network namespace with its own
 address (jobs/slurm/local/start.sh with LARTPC_SLURM_NODES=2): the project's job
-scripts, unmodified, train across both with torchrun and with Horovod (srun-launched
-Gloo, no ssh), through the veths, and a requeued 2-node job resumes exactly.
+scripts, unmodified and submitted by ``lartpc sweep --submit``, train across both with
+torchrun and with Horovod (srun-launched Gloo, no ssh), through the veths, and a
+requeued 2-node job resumes exactly.
 
 Needs root. Skips with the reason where SLURM or namespaces cannot be started, unless
 LARTPC_REQUIRE_SLURM=1 (CI), where that is a failure.
@@ -35,15 +36,20 @@ def cluster():
     assert "lartpc-" not in links and "lartpc-" not in spaces, "tear-down left links"
 
 
-def _sweep(tmp: Path, data: Path, launcher: str, *extra: str) -> dict:
+def _sweep(tmp: Path, data: Path, launcher: str, *extra: str,
+           cluster: dict | None = None) -> dict:
+    """One 2-rank point of ``lartpc sweep``; given the cluster's environment, submitted
+    to it by ``lartpc sweep --submit`` (its job id in the manifest)."""
     out = tmp / "runs"
     cmd = [sys.executable, "-m", "lartpc", "sweep", "--models", "jishnet", "--gpus", "2",
            "--seeds", "0", "--scheduler", "slurm", "--launcher", launcher, "--cpu",
            "--gpus-per-node", "1", "--config-prefix", "tiny", "--time", "00:15:00",
-           "--data", str(data), "--out-dir", str(out), *SETS, *extra]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+           "--data", str(data), "--out-dir", str(out), *SETS, *extra,
+           *(["--submit"] if cluster else [])]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=cluster)
     assert res.returncode == 0, res.stderr
     (point,) = json.loads((out / "manifest.json").read_text())["points"]
+    assert not cluster or point["job_id"], point
     return point
 
 
@@ -87,9 +93,9 @@ TRAIN = ("--set", "data.downsample=9", "--set", "data.eval_fraction=0.2", "--set
 @pytest.mark.parametrize("launcher", ["torchrun", "horovod-gloo"])
 def test_two_node_job_trains_across_the_link(cluster, tmp_path, train_events_dir, reference,
                                              launcher):
-    point = _sweep(tmp_path, train_events_dir, launcher, *TRAIN)
     before = [_bytes_through(f"lartpc-v{i}") for i in (1, 2)]
-    info = sh.wait(sh.sbatch(point["script"], cluster), cluster)
+    point = _sweep(tmp_path, train_events_dir, launcher, *TRAIN, cluster=cluster)
+    info = sh.wait(point["job_id"], cluster)
     assert info["JobState"] == "COMPLETED", _log(tmp_path)
     run_dir = Path(point["run"])
     meta = json.loads((run_dir / "run.json").read_text())
@@ -106,8 +112,8 @@ def test_two_node_job_trains_across_the_link(cluster, tmp_path, train_events_dir
 
 def test_scontrol_requeue_of_a_two_node_job_resumes_exactly(cluster, tmp_path,
                                                             train_events_dir, reference):
-    point = _sweep(tmp_path, train_events_dir, "torchrun", *TRAIN)
-    job = sh.sbatch(point["script"], cluster)
+    point = _sweep(tmp_path, train_events_dir, "torchrun", *TRAIN, cluster=cluster)
+    job = point["job_id"]
     log0 = Path(point["run"]) / "rank-000.csv"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not (log0.exists() and len(rows(log0)) >= 2):
@@ -149,8 +155,8 @@ def test_allreduce_bench_measures_the_throttled_link(cluster, tmp_path, train_ev
                               ["tc", "-n", "lartpc-n2", "qdisc", "show", "dev", "eth0"])]
         assert all("tbf" in q and f"rate {RATE_MBIT}Mbit" in q for q in qdiscs), qdiscs
         before = _bytes_through("lartpc-v1")
-        # generous: on a busy 2-core host the job step's start-up alone took minutes
-        info = sh.wait(sh.sbatch(script, env), cluster, timeout_s=900)
+        # inside pytest's 600 s per test, with room for the sweep and the throttling
+        info = sh.wait(sh.sbatch(script, env), cluster, timeout_s=420)
         moved = _bytes_through("lartpc-v1") - before
     finally:
         subprocess.run(["bash", str(THROTTLE), "off"], capture_output=True, timeout=60)

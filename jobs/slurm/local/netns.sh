@@ -20,7 +20,7 @@ node_addr() { echo "$subnet.$((10 + $1))"; }
 # net_up N DIR: the bridge, N namespaces with their veths, and DIR/etc-N/{hosts,resolv.conf}
 net_up() {
     local n=$1 dir=$2 i name
-    net_down "$n"
+    net_down
     ip link add "$bridge" type bridge
     ip addr add "$ctl_addr/24" dev "$bridge"
     ip link set "$bridge" up
@@ -57,12 +57,16 @@ node_exec() {
         _ "$(node_name "$i")" "$dir/etc-$i" "$@"
 }
 
-# net_down N: remove every namespace and link net_up made (also after a crash).
+# net_down: remove every namespace and link net_up made under this prefix, however
+# many nodes it started (also after a crash).
 net_down() {
-    local n=${1:-8} i
-    for ((i = 1; i <= n; i++)); do
-        ip netns del "$(node_name "$i")" 2>/dev/null || true
-        ip link del "${net}-v$i" 2>/dev/null || true
+    local ns link
+    for ns in $(ip netns list | awk '{print $1}' | grep -E "^${net}-n[0-9]+\$"); do
+        ip netns del "$ns" 2>/dev/null || true
+    done
+    for link in $(ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' \
+                  | grep -E "^${net}-v[0-9]+\$"); do
+        ip link del "$link" 2>/dev/null || true
     done
     ip link del "$bridge" 2>/dev/null || true
 }

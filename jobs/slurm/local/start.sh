@@ -15,6 +15,7 @@
 #   LARTPC_SLURM_DIR      state, logs and slurm.conf (default /var/tmp/lartpc-slurm)
 #   LARTPC_SLURM_NODES    nodes (default 1: this host; 2 or more: network namespaces)
 #   LARTPC_SLURM_NET, LARTPC_SLURM_SUBNET  names and /24 of the namespaces (netns.sh)
+#   LARTPC_SLURM_PORT     slurmctld's port; slurmd's is the next one (default 6817)
 #   LARTPC_SLURM_TIMEOUT  seconds to wait for the nodes to become idle (default 60)
 #   LARTPC_SLURM_NO_APT   1: fail instead of installing missing packages
 set -euo pipefail
@@ -22,6 +23,7 @@ set -euo pipefail
 dir=${LARTPC_SLURM_DIR:-/var/tmp/lartpc-slurm}
 nodes=${LARTPC_SLURM_NODES:-1}
 timeout=${LARTPC_SLURM_TIMEOUT:-60}
+port=${LARTPC_SLURM_PORT:-6817}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=jobs/slurm/local/netns.sh
 source "$here/netns.sh"
@@ -29,6 +31,10 @@ source "$here/netns.sh"
 die() { echo "start.sh: $*" >&2; exit 1; }
 
 [[ $(id -u) == 0 ]] || die "needs root (slurmd runs jobs as their user; munged needs its key)"
+[[ $nodes =~ ^[1-9][0-9]*$ ]] || die "LARTPC_SLURM_NODES=$nodes: expected a count >= 1"
+if [[ ! $port =~ ^[0-9]+$ ]] || (( port < 1024 || port > 65534 )); then
+    die "LARTPC_SLURM_PORT=$port: expected a port from 1024 to 65534"
+fi
 
 if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null \
         || ! command -v sbatch >/dev/null || ! command -v munged >/dev/null; then
@@ -48,7 +54,10 @@ mem_mb=$(awk '/^MemTotal:/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)
 mkdir -p "$dir"/{ctld,spool,log,run}
 conf=$dir/slurm.conf
 
-[[ $nodes =~ ^[1-9][0-9]*$ ]] || die "LARTPC_SLURM_NODES=$nodes: expected a count >= 1"
+# A start that fails half-way stops what it started: daemons, namespaces, links.
+up=0
+undo() { (( up )) || LARTPC_SLURM_DIR=$dir bash "$here/stop.sh" >/dev/null 2>&1 || true; }
+trap undo EXIT
 # Stop what a previous start left running, so the new config is the one in force.
 for pidfile in "$dir"/run/slurmd*.pid "$dir"/run/slurmctld.pid; do
     if [[ -s $pidfile ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
@@ -100,8 +109,8 @@ SlurmctldPidFile=$dir/run/slurmctld.pid
 SlurmdPidFile=$pidf
 SlurmctldLogFile=$dir/log/slurmctld.log
 SlurmdLogFile=$logf
-SlurmctldPort=6817
-SlurmdPort=6818
+SlurmctldPort=$port
+SlurmdPort=$((port + 1))
 MinJobAge=600
 InactiveLimit=0
 KillWait=30
@@ -148,5 +157,6 @@ for name in "${names[@]}"; do
         die "node $name not idle after ${timeout}s (state: ${state:-none})"
     fi
 done
+up=1
 echo "start.sh: SLURM up, node(s) ${names[*]} idle with $cpus CPUs each" >&2
 echo "export SLURM_CONF=$conf"

@@ -11,6 +11,8 @@ from lartpc.analysis.noise import binned, read_noise, smoothed
 from lartpc.analysis.predict import FIT_RANGE, run_predict
 from lartpc.analysis.runs import Run, RunFolderError
 
+from lartpc.runfolder.durable import atomic_write
+
 
 def _fmt(v, spec: str) -> str:
     """``v`` formatted by ``spec``; a missing value is a '-' at the same width."""
@@ -87,8 +89,10 @@ def write_figure(results: list[dict], measured: dict[tuple[str, int], dict],
     fig.suptitle(f"predicted on {results[0]['cluster']} (grey: the paper's 32-192 GPUs)")
     path = out / f"predict-{results[0]['cluster']}.png"
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:  # replaces a link planted at path, never writes through it
+        atomic_write(path, lambda f: fig.savefig(f, dpi=100, format="png"))
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -118,8 +122,10 @@ def write_noise_figure(runs: list[Run], out: Path, span: int) -> Path | None:
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     path = out / "noise_scale.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        atomic_write(path, lambda f: fig.savefig(f, dpi=100, format="png"))
+    finally:
+        plt.close(fig)
     return path
 
 

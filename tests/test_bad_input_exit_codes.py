@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from train_helpers import rows, run, train_cmd
+from train_helpers import BIN, rows, run, train_cmd
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,12 +41,21 @@ def test_corrupt_run_json_beside_a_valid_checkpoint(done, train_events_dir, tmp_
     _one_line_exit_2(r, f"{out / 'run.json'}: not valid JSON")
 
 
-@pytest.mark.parametrize("sets,message", [
-    (["train.weight_decay=1e308"], "train.weight_decay = 1e+308: must be in [0, 1]"),
-    (["train.threads=100000"], "train.threads = 100000: must be at most 1024"),  # segfaulted
+@pytest.mark.parametrize("argv,message", [
+    (["train", "train.weight_decay=1e308"], "train.weight_decay = 1e+308: must be in [0, 1]"),
+    (["train", "train.threads=100000"], "train.threads = 100000: must be at most 1024"),
+    # each segfaulted creating the threads, as train.threads did
+    (["bench", "model", "--model", "jishnet", "--size", "400", "--threads", "100000"],
+     "--threads = 100000: must be in 0..1024"),
+    (["bench", "model", "--model", "jishnet", "--size", "400", "--threads", "-1"],
+     "--threads = -1: must be in 0..1024"),
+    (["bench", "noise", "--threads", "100000"], "--threads = 100000: must be in 1..1024"),
+    (["bench", "noise", "--threads", "0"], "--threads = 0: must be in 1..1024"),
 ])
-def test_out_of_range_settings(train_events_dir, tmp_path, sets, message):
-    _one_line_exit_2(run(train_cmd(train_events_dir, tmp_path / "run", *sets)), message)
+def test_out_of_range_settings(train_events_dir, tmp_path, argv, message):
+    cmd = (train_cmd(train_events_dir, tmp_path / "run", *argv[1:]) if argv[0] == "train"
+           else [str(BIN / "lartpc"), *argv])
+    _one_line_exit_2(run(cmd), message)
 
 
 @pytest.mark.parametrize("text,message", [

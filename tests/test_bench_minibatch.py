@@ -9,7 +9,7 @@ import math
 import pytest
 from train_helpers import BIN, run
 
-from lartpc.bench.minibatch import markdown, scaled_lr, summarise
+from lartpc.bench.minibatch import _write_outputs, markdown, scaled_lr, summarise
 
 
 @pytest.mark.slow
@@ -35,6 +35,19 @@ def test_minibatch_scan_trains_each_size_and_writes_table_and_plot(train_events_
     for name in ("minibatch.csv", "minibatch.md", "minibatch.json"):
         assert (out / name).stat().st_size > 0
     assert (out / "minibatch.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the outputs replace links planted at their names, never write through them
+    victim, planted = tmp_path / "victim.txt", tmp_path / "planted"
+    victim.write_text("precious data\n")
+    planted.mkdir()
+    names = ("minibatch.csv", "minibatch.md", "minibatch.json", "minibatch.png")
+    for name in names:
+        (planted / name).symlink_to(victim)
+    _write_outputs(res, planted, out)
+    assert victim.read_text() == "precious data\n"
+    for name in names[:3]:  # the same table, text and JSON as the scan's own
+        assert (planted / name).read_text() == (out / name).read_text()
+    assert (planted / "minibatch.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not any((planted / name).is_symlink() for name in names)
     # measured again without training: the paper's loss lies in [0.905, 1.905], so every
     # run is below 2.0 from its first smoothed step and none ever gets below 0.9
     for threshold, censored in (("2.0", False), ("0.9", True)):

@@ -111,6 +111,34 @@ def test_steps_run_in_parts_into_one_folder_and_none_runs_twice(tmp_path):
     assert summary.index("model-jishnet-published") < summary.index("model-scnet-default")
 
 
+@pytest.mark.slow
+def test_outputs_never_follow_links_planted_in_out(tmp_path):
+    """--out may be an earlier run's folder: the step JSON, summary.md, failures.json,
+    results.json and --results were written with write_text, through planted links."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious data\n")
+    outside = tmp_path / "outside.json"
+    out = tmp_path / "gb"
+    out.mkdir()
+    for name in ("summary.md", "failures.json", "results.json"):
+        (out / name).symlink_to(victim)
+    (out / "model-jishnet-published.json").symlink_to(outside)  # dangling: the step runs
+    results = tmp_path / "docs" / "gpu.json"
+    results.parent.mkdir()
+    results.symlink_to(victim)
+    r = _gpu_bench("--out", str(out), "--device", "cpu", "--quick", "--only",
+                   "model-jishnet-published", "--results", str(results))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert victim.read_text() == "precious data\n" and not outside.exists()
+    for f in (*(out / n for n in ("summary.md", "failures.json", "results.json",
+                                   "model-jishnet-published.json")), results):
+        assert not f.is_symlink()
+    step = json.loads((out / "model-jishnet-published.json").read_text())
+    assert step["name"] == "model-jishnet-published" and step["images_per_s"] > 0
+    assert json.loads(results.read_text()) == json.loads((out / "results.json").read_text())
+    assert "| model-jishnet-published |" in (out / "summary.md").read_text()
+
+
 def test_only_that_matches_nothing_and_list():
     r = _gpu_bench("--out", "unused", "--only", "model-resnet*")
     assert r.returncode == 2 and "matches no step" in r.stderr

@@ -46,3 +46,16 @@ def test_time_limit_requeues_but_a_refused_resume_does_not(train_events_dir, tmp
     assert "train.seed" in r.stderr
     assert "training refused to run or failed on its input (exit 2" in r.stderr
     assert "not requeued" in r.stderr
+    # The same refusal while the scheduler's wall-time signal arrives: the launcher
+    # (which ignores the TERM passed on to it, as a slow-to-stop launcher would) signals
+    # the job script, then the refused training exits 2. A checkpoint is there, yet the
+    # job must end with the refusal, not requeue.
+    signalled = ["bash", "-c", 'trap "" TERM; kill -USR1 "$PPID"; sleep 1; exec "$@"',
+                 "launcher", *cmd, "--set", "train.seed=7"]
+    r, calls = _launch(tmp_path, run, signalled)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert calls == []
+    assert "wall-time signal while training still runs" in r.stderr
+    assert "train.seed" in r.stderr
+    assert "training refused to run or failed on its input (exit 2" in r.stderr
+    assert "not requeued" in r.stderr

@@ -4,6 +4,7 @@ user made is deleted or overwritten."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 from lartpc.analysis.__main__ import main as analysis_main
 from lartpc.analysis.synthetic import write_synthetic_run
-from train_helpers import run, train_cmd
+from train_helpers import rows, run, train_cmd
 
 from lartpc.runfolder.durable import TEMP_SUFFIX, atomic_write, remove_stale_temporaries
 
@@ -27,7 +28,7 @@ def _victim(tmp_path: Path) -> Path:
 
 
 def _untouched(v: Path) -> None:
-    assert v.read_text() == VICTIM and (v.stat().st_mode & 0o777) == 0o600
+    assert v.read_bytes() == VICTIM.encode() and (v.stat().st_mode & 0o777) == 0o600
 
 
 def test_atomic_write_replaces_a_link_and_never_writes_through_it(tmp_path):
@@ -63,14 +64,23 @@ def test_stale_temporaries_are_only_ours(tmp_path):
     assert (tmp_path / ".draft.tmp").exists() and (tmp_path / f".link{TEMP_SUFFIX}").is_symlink()
 
 
+def _run_folder_with_link(tmp_path: Path, name: str, target: Path, marked: bool = True) -> Path:
+    """``tmp_path/run`` holding a link ``name`` -> ``target``; ``marked``: with a run.json,
+    so the folder is a run folder and only the link is in question."""
+    out = tmp_path / "run"
+    out.mkdir()
+    if marked:
+        (out / "run.json").write_text("{}")
+    (out / name).symlink_to(target)
+    return out
+
+
 @pytest.mark.slow
 def test_symlinked_lock_is_refused_and_its_target_untouched(train_events_dir, tmp_path):
     """run.lock planted as a link to another file: training used to truncate and
     write the file it points to."""
     v = _victim(tmp_path)
-    out = tmp_path / "run"
-    out.mkdir()
-    (out / "run.lock").symlink_to(v)
+    out = _run_folder_with_link(tmp_path, "run.lock", v, marked=False)
     r = run(train_cmd(train_events_dir, out), timeout=120)
     assert r.returncode == 2, r.stderr[-2000:]
     assert f"{out / 'run.lock'}: is a symbolic link; refusing to write through it" in r.stderr
@@ -129,6 +139,30 @@ def test_analysis_writers_never_follow_planted_links(tmp_path):
     assert not (out / "report.html").is_symlink()
 
 
+@pytest.mark.slow
+def test_noise_scale_figures_never_follow_planted_links(train_events_dir, tmp_path):
+    """noise_scale.png and predict-<cluster>.png (report and predict --out) were saved
+    with savefig(path): a link planted at either name had its target overwritten."""
+    study = tmp_path / "runs"
+    r = run(train_cmd(train_events_dir, study / "run", "train.epochs=1",
+                      "train.noise_scale=halves", "train.noise_every_steps=1"), timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    v = _victim(tmp_path)
+    out = tmp_path / "rep"
+    out.mkdir()
+    names = ("noise_scale.png", "predict-local-cpu.png", "predict-summit.png")
+    for name in names:
+        (out / name).symlink_to(v)
+    assert analysis_main(["report", str(study), "--out", str(out)]) == 0
+    assert analysis_main(["predict", str(study), "--cluster", "summit", "--out", str(out)]) == 0
+    _untouched(v)
+    for name in names:
+        assert not (out / name).is_symlink()
+        assert (out / name).read_bytes().startswith(b"\x89PNG\r\n")
+    page = (out / "report.html").read_text()
+    assert "Gradient noise scale and predicted scaling" in page
+
+
 def test_sweep_scripts_never_follow_planted_links(tmp_path):
     """`lartpc sweep` wrote each script through '.NAME.tmp' and chmod-ed it 755."""
     v = _victim(tmp_path)
@@ -144,3 +178,39 @@ def test_sweep_scripts_never_follow_planted_links(tmp_path):
     assert r.returncode == 0, r.stderr
     _untouched(v)
     assert (scripts / name).read_text().startswith("#!/usr/bin/env bash")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dangling", [True, False], ids=["dangling", "to-a-file"])
+def test_symlinked_noise_log_is_refused_and_never_written_through(train_events_dir, tmp_path,
+                                                                  dangling):
+    """noise.csv planted as a link: rank 0 appended its rows to wherever it pointed
+    (a dangling link created the file outside the run folder)."""
+    v = tmp_path / "outside.csv" if dangling else _victim(tmp_path)
+    out = _run_folder_with_link(tmp_path, "noise.csv", v)
+    r = run(train_cmd(train_events_dir, out, "train.epochs=1", "train.noise_scale=halves",
+                      "train.noise_every_steps=1"), timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert (f"{out / 'noise.csv'}: the noise-scale log is a symbolic link; refusing to "
+            "write through it") in r.stderr
+    assert "Traceback" not in r.stderr
+    if dangling:
+        assert not os.path.lexists(v)
+    else:
+        _untouched(v)
+    assert (out / "noise.csv").is_symlink()
+    assert json.loads((out / "run.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.slow
+def test_symlinked_rank_log_is_never_written_through(train_events_dir, tmp_path):
+    """rank-000.csv planted as a link: the new log replaces the link, the file it
+    points to stays as it was."""
+    v = _victim(tmp_path)
+    out = _run_folder_with_link(tmp_path, "rank-000.csv", v)
+    log = out / "rank-000.csv"
+    r = run(train_cmd(train_events_dir, out, "train.epochs=1"), timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    _untouched(v)
+    assert not log.is_symlink() and len(rows(log)) == 8  # 55 training events, 7 per step
+    assert [int(x["batchno"]) for x in rows(log)] == list(range(8))

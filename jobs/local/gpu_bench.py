@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 
 from lartpc.bench.train import LARTPC
+from lartpc.runfolder.durable import atomic_write
 
 JISHNET_STEPS = (  # (name, added flags): each step keeps the previous ones
     ("published", []),
@@ -80,7 +81,7 @@ def _lartpc(out: Path, name: str, argv: list[str], timeout: float) -> dict:
         return {"name": name, "error": r.stderr[-3000:], "command": cmd}
     res = json.loads(r.stdout)
     res.update(name=name, command=cmd, wall_s=round(time.time() - t0, 1))
-    (out / f"{name}.json").write_text(json.dumps(res, indent=2))
+    atomic_write(out / f"{name}.json", json.dumps(res, indent=2))
     return res
 
 
@@ -253,15 +254,16 @@ def main(argv: list[str] | None = None) -> int:
             if f.name not in ("failures.json", "results.json")]
     order = [name for name, *_ in everything]
     done.sort(key=lambda r: order.index(r["name"]) if r.get("name") in order else len(order))
-    (args.out / "summary.md").write_text(summary(done + failed, skipped))
-    (args.out / "failures.json").write_text(json.dumps(failed, indent=2))
+    # every file through atomic_write: a link planted in --out is replaced, not followed
+    atomic_write(args.out / "summary.md", summary(done + failed, skipped))
+    atomic_write(args.out / "failures.json", json.dumps(failed, indent=2))
     env = environment()
     res = {"date": time.strftime("%Y-%m-%d"), "environment": env,
            "measurements": records(done, _device_name(done, env))}
-    (args.out / "results.json").write_text(json.dumps(res, indent=2))
+    atomic_write(args.out / "results.json", json.dumps(res, indent=2))
     if args.results is not None:
         args.results.parent.mkdir(parents=True, exist_ok=True)
-        args.results.write_text(json.dumps(res, indent=2))
+        atomic_write(args.results, json.dumps(res, indent=2))
     _say(f"done: {len(results) - len(failed)} measured, {len(skipped)} skipped, "
          f"{len(failed)} failed; see {args.out / 'summary.md'}")
     return 1 if failed else 0

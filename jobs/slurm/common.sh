@@ -244,16 +244,18 @@ lartpc_launch() {
         lartpc_requeue
         exit 0
     fi
+    # A refused resume is refused again after a requeue: never requeue it, even when the
+    # scheduler's signal came while it ran.
+    if (( rc == 2 )); then
+        lartpc_log "training refused to run or failed on its input (exit 2, the error is above); not requeued"
+        exit 2
+    fi
     if [[ $LARTPC_SIGNALLED == 1 && -e $LARTPC_RUN/checkpoint.pt ]]; then
         lartpc_requeue
         exit 0
     fi
     (( rc != 0 )) || rc=1
-    if (( rc == 2 )); then
-        lartpc_log "training refused to run or failed on its input (exit 2, the error is above); not requeued"
-    else
-        lartpc_log "run failed (exit $rc, run status ${status:-none}); not requeued"
-    fi
+    lartpc_log "run failed (exit $rc, run status ${status:-none}); not requeued"
     exit "$rc"
 }
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from lartpc.config import choices
 from lartpc.errors import LartpcError
+from lartpc.runfolder.durable import atomic_write
 
 DEVICES = choices("train.device", without=("auto",))
 
@@ -216,8 +217,9 @@ def _write_outputs(result: dict, out: Path, scan_dir: Path) -> None:
 
     table = pd.DataFrame([{k: v for k, v in r.items() if k != "ttl_s_all"}
                           for r in result["rows"]])
-    table.to_csv(out / "minibatch.csv", index=False)
-    (out / "minibatch.md").write_text(markdown(result))
-    (out / "minibatch.json").write_text(json.dumps(result, indent=2))
+    # through atomic_write: a link planted at an output is replaced, never written through
+    atomic_write(out / "minibatch.csv", table.to_csv(index=False))
+    atomic_write(out / "minibatch.md", markdown(result))
+    atomic_write(out / "minibatch.json", json.dumps(result, indent=2))
     runs = [load_run(scan_dir / p["run"]) for p in result["points"]]
     minibatch_scan(result, runs, out / "minibatch.png")

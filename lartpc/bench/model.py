@@ -24,7 +24,7 @@ import statistics
 import sys
 import time
 
-from lartpc.config import choices
+from lartpc.config import MAX_THREADS, choices
 
 DEVICES = choices("train.device", without=("auto",))
 
@@ -175,6 +175,10 @@ def run(args) -> int:
 
     if args.batch < 1 or args.repeats < 1 or args.warmup < 0:
         raise LartpcError("--batch and --repeats must be >= 1, --warmup >= 0")
+    if args.threads is not None and not 0 <= args.threads <= MAX_THREADS:
+        # torch crashes creating that many threads
+        raise LartpcError(f"--threads = {args.threads}: must be in 0..{MAX_THREADS} (0: "
+                          "torch's default)")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise LartpcError("--device cuda: torch sees no CUDA device")
     if args.threads:

@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 
-from lartpc.config import choices
+from lartpc.config import MAX_THREADS, choices
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,8 +69,11 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from lartpc.bench.model import _batch_from_events, _load_events
+    from lartpc.errors import LartpcError
     from lartpc.models import build
 
+    if not 1 <= args.threads <= MAX_THREADS:  # torch crashes creating that many threads
+        raise LartpcError(f"--threads = {args.threads}: must be in 1..{MAX_THREADS}")
     torch.set_num_threads(args.threads)
     events, shape = _load_events(args)
     kind = build(args.model, image_size=shape).input_kind

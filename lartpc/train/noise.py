@@ -28,8 +28,13 @@ from pathlib import Path
 
 import torch
 
-from lartpc.errors import ConfigError
-from lartpc.runfolder.durable import atomic_write
+from lartpc.errors import ConfigError, LartpcError
+from lartpc.runfolder.durable import (
+    UnsafePathError,
+    atomic_write,
+    open_nofollow,
+    refuse_symlink,
+)
 from lartpc.runfolder.schema import NOISE_COLUMNS
 
 log = logging.getLogger(__name__)
@@ -106,8 +111,21 @@ class NoiseMeter:
         buckets = self.mode == "ranks" and world.watch_local_gradients(self._hook)
         self._handles = [p.register_hook(self._hook) for p in self.params] \
             if self.mode != "off" and not buckets else []
-        if self.path is not None and world.is_root and self.mode != "off":
-            keep_rows_before(self.path, start_step)  # a resumed run logs each step once
+        if self.path is not None and self.mode != "off":
+            self._prepare_log(start_step)
+
+    def _prepare_log(self, start_step: int) -> None:
+        """Rank 0 cuts ``noise.csv`` back to ``start_step`` (a resumed run logs each step
+        once); a refusal (a symlink there) fails every rank at once."""
+        error = None
+        if self.world.is_root:
+            try:
+                keep_rows_before(self.path, start_step)
+            except LartpcError as e:
+                error = str(e)
+        error = self.world.broadcast_object(error)
+        if error:
+            raise UnsafePathError(error if self.world.is_root else f"rank 0: {error}")
 
     def due(self, step: int) -> bool:
         return self.mode != "off" and step % self.every == 0
@@ -242,12 +260,13 @@ def split_batch(batch):
 
 
 def append_row(path: Path, row: dict) -> None:
-    """Append one line (header first on a new file) in a single write."""
-    new = not path.exists()
+    """Append one line (header first on a new file) in a single write; a symlink at
+    ``path`` is refused, never written through (:class:`UnsafePathError`)."""
+    new = not os.path.lexists(path)
     line = ",".join(repr(float(row[c])) if isinstance(row[c], float) else str(row[c])
                     for c in NOISE_COLUMNS) + "\n"
     text = (",".join(NOISE_COLUMNS) + "\n" if new else "") + line
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, text.encode())
     finally:
@@ -269,7 +288,10 @@ def keep_rows_before(path: Path, step: int) -> None:
 
     It is a measurement log, not training state: a row that cannot be read (torn by a
     kill, or edited) is dropped with a warning rather than making the run un-resumable.
+    A symlink at ``path`` (dangling or not) is refused before anything is read or
+    removed (:class:`UnsafePathError`).
     """
+    refuse_symlink(path, "the noise-scale log")
     if not path.exists():
         return
     if step <= 0:

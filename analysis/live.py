@@ -11,13 +11,15 @@ exist (a sweep point whose job has not started).
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+
+from lartpc.runfolder.record import peek_record, record_path
+from lartpc.runfolder.schema import EVAL_CSV, rank_csv_name
 
 CHUNK = 1 << 20
 SMOOTH_STEPS = 20  #: rows averaged for the smoothed loss/accuracy and for images/s
@@ -120,19 +122,22 @@ class LiveRun:
     def __init__(self, path: str | Path, hint: dict | None = None):
         self.path = Path(path)
         self.hint = hint or {}
-        self.steps = CsvTail(self.path / "rank-000.csv", keep=SMOOTH_STEPS)
+        self.steps = CsvTail(self.path / rank_csv_name(0), keep=SMOOTH_STEPS)
         self._eval: tuple[float, dict | None] = (-1.0, None)
+        self._meta: dict = {}
 
     def meta(self) -> dict:
-        """``run.json`` (rewritten atomically, so always whole); {} before it exists."""
-        try:
-            return json.loads((self.path / "run.json").read_text())
-        except FileNotFoundError:
-            return {}
+        """``run.json``; {} before it exists. lartpc rewrites it atomically, but a copy
+        in progress or a hand edit can leave it torn: then the last whole one read."""
+        if not record_path(self.path).exists():
+            self._meta = {}
+        else:
+            self._meta = peek_record(self.path) or self._meta
+        return self._meta
 
     def last_eval(self) -> dict | None:
         """The last row of ``eval.csv``, read again only when the file changed."""
-        p = self.path / "eval.csv"
+        p = self.path / EVAL_CSV
         try:
             mtime = p.stat().st_mtime
         except FileNotFoundError:

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 from lartpc.analysis.runs import RunFolderError, read_table
 
-from lartpc.runfolder.schema import NOISE_COLUMNS
+from lartpc.runfolder.schema import NOISE_COLUMNS, NOISE_CSV
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ DEFAULT_SPAN = 20
 
 def read_noise(run_path: str | Path) -> pd.DataFrame | None:
     """``noise.csv`` of a run folder (None when the run did not measure the noise scale)."""
-    path = Path(run_path) / "noise.csv"
+    path = Path(run_path) / NOISE_CSV
     if not path.is_file():
         return None
     df = read_table(path, NOISE_COLUMNS, ("step", "epoch"))

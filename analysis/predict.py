@@ -45,6 +45,7 @@ from lartpc.analysis.noise import (
 from lartpc.analysis.runs import Run, RunFolderError
 
 from lartpc.cliparse import int_list
+from lartpc.runfolder.record import batch_per_rank
 
 log = logging.getLogger(__name__)
 CLUSTERS_FILE = Path(__file__).with_name("clusters.json")
@@ -271,7 +272,7 @@ def _noise_scales(noisy: list, threshold: float, span: int, strict: bool) -> lis
 
 
 def _batch(run: Run) -> int:
-    return int(run.meta.get("batch_per_rank", 7))
+    return int(batch_per_rank(run.meta) or 7)
 
 
 def gather_inputs(runs: list[Run], threshold: float, smooth: int | None = None,

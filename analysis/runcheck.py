@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from lartpc.runfolder.record import batch_per_rank
 from lartpc.runfolder.schema import STATUSES, RunFolderError  # noqa: F401 (re-exported)
 
 #: A clock skew tolerated between the start time in run.json and the step times.
@@ -72,8 +73,8 @@ def _check_segments(path: Path, segs: Any, start: float) -> None:
 
 def _check_steps_per_epoch(path: Path, meta: dict[str, Any]) -> None:
     """steps_per_epoch = ceil(max shard / batch): between ceil(T/(N B)) and ceil(T/B)."""
-    spe, events, batch = (meta.get(k) for k in ("steps_per_epoch", "train_events",
-                                                "batch_per_rank"))
+    spe, events, batch = meta.get("steps_per_epoch"), meta.get("train_events"), \
+        batch_per_rank(meta)
     if not events or not batch:
         return
     lo, hi = math.ceil(events / (batch * meta["world_size"])), math.ceil(events / batch)
@@ -109,10 +110,12 @@ def check_meta(path: Path, meta: Any) -> dict[str, Any]:
     if end is not None and not (is_time(end) and end >= meta["start_time"] - CLOCK_TOL_S):
         raise RunFolderError(f"{path}: field 'end_time' must be null or unix seconds not "
                              f"before start_time, got {end!r:.80}")
-    for key in ("train_events", "eval_events", "batch_per_rank"):
-        if key in meta and not is_int(meta[key]):
+    for key, v in (("train_events", meta.get("train_events")),
+                   ("eval_events", meta.get("eval_events")),
+                   ("batch_per_rank", batch_per_rank(meta))):
+        if v is not None and not is_int(v):
             raise RunFolderError(f"{path}: field '{key}' must be an integer in "
-                                 f"0..{MAX_COUNT}, got {meta[key]!r:.80}")
+                                 f"0..{MAX_COUNT}, got {v!r:.80}")
     _check_segments(path, meta.get("segments", []), meta["start_time"])
     _check_steps_per_epoch(path, meta)
     return meta

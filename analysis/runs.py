@@ -26,10 +26,15 @@ from lartpc.analysis.runcheck import (
 )
 
 from lartpc import CLASSES
+from lartpc.runfolder.record import read_json
 from lartpc.runfolder.schema import (  # noqa: F401 (re-exported)
+    CONFUSION_CSV,
     CONFUSION_HEADER,
     EVAL_COLUMNS,
+    EVAL_CSV,
+    RUN_JSON,
     STEP_COLUMNS,
+    rank_csv_name,
 )
 
 __all__ = ["CLASSES", "STATUSES", "Run", "RunFolderError", "find_run_dirs", "load_run",
@@ -149,17 +154,17 @@ def find_run_dirs(paths: list[str | Path], pending: list[Path] | None = None) ->
         if not p.exists():
             raise RunFolderError(f"{p}: no such file or directory")
         if p.is_file():
-            p = p.parent if p.name == "run.json" else p
-        if (p / "run.json").is_file():
+            p = p.parent if p.name == RUN_JSON else p
+        if (p / RUN_JSON).is_file():
             found.append(p)
             continue
-        below = sorted(q.parent for q in p.rglob("run.json"))
+        below = sorted(q.parent for q in p.rglob(RUN_JSON))
         if pending is not None and p.is_dir():
-            points = [q for q in sweep_points(p) if not (q / "run.json").is_file()]
+            points = [q for q in sweep_points(p) if not (q / RUN_JSON).is_file()]
             waiting.extend(points or ([] if below else [p]))
         elif not below:
-            raise RunFolderError(f"{p}: not a run folder (missing {p / 'run.json'}) "
-                                 "and no run.json found below it")
+            raise RunFolderError(f"{p}: not a run folder (missing {p / RUN_JSON}) "
+                                 f"and no {RUN_JSON} found below it")
         found.extend(below)
     unique = list(dict.fromkeys(q.resolve() for q in found))
     if pending is not None:
@@ -169,20 +174,9 @@ def find_run_dirs(paths: list[str | Path], pending: list[Path] | None = None) ->
 
 
 def read_meta(path: Path) -> dict[str, Any]:
-    """Parse and validate one ``run.json`` (see :func:`lartpc.analysis.runcheck.check_meta`)."""
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except OSError as e:
-        raise RunFolderError(f"{path}: cannot read: {e.strerror or e}") from e
-    except UnicodeDecodeError as e:
-        raise RunFolderError(f"{path}: not UTF-8 text (byte {e.start}), not JSON") from None
-    try:
-        meta = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise RunFolderError(f"{path}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno})") from e
-    except RecursionError:
-        raise RunFolderError(f"{path}: invalid JSON: nested too deeply") from None
-    return check_meta(path, meta)
+    """Parse (:func:`lartpc.runfolder.record.read_json`) and validate
+    (:func:`lartpc.analysis.runcheck.check_meta`) one ``run.json``."""
+    return check_meta(path, read_json(path))
 
 
 def _read_rank(run: Run, f: Path, rank: int) -> pd.DataFrame:
@@ -206,7 +200,7 @@ def load_run(path: str | Path) -> Run:
         a rank file whose ``rank`` column disagrees with its name.
     """
     path = Path(path)
-    meta_path = path / "run.json"
+    meta_path = path / RUN_JSON
     if not meta_path.is_file():
         raise RunFolderError(f"{meta_path}: missing (not a run folder)")
     run = Run(path=path, meta=read_meta(meta_path))
@@ -218,14 +212,14 @@ def load_run(path: str | Path) -> Run:
         run.notes.append(f"{path}: {len(run.steps)} rank file(s) for world_size "
                          f"{run.world_size}")
     if max(run.steps, default=0) >= run.world_size:
-        raise RunFolderError(f"{path}: rank-{max(run.steps):03d}.csv but world_size is "
-                             f"{run.world_size} in run.json")
-    if (path / "eval.csv").is_file():
-        run.evals = read_table(path / "eval.csv", EVAL_COLUMNS, ("epoch", "n_events"),
+        raise RunFolderError(f"{path}: {rank_csv_name(max(run.steps))} but world_size is "
+                             f"{run.world_size} in {RUN_JSON}")
+    if (path / EVAL_CSV).is_file():
+        run.evals = read_table(path / EVAL_CSV, EVAL_COLUMNS, ("epoch", "n_events"),
                                run.notes)
-        check_evals(path / "eval.csv", run.evals, run.meta)
-    if (path / "confusion.csv").is_file():
-        run.confusion = read_confusion(path / "confusion.csv", CLASSES)
+        check_evals(path / EVAL_CSV, run.evals, run.meta)
+    if (path / CONFUSION_CSV).is_file():
+        run.confusion = read_confusion(path / CONFUSION_CSV, CLASSES)
     for note in run.notes:
         log.warning("%s", note)
     return run

@@ -6,12 +6,14 @@ data-loading time it is given, so the fits can be checked against the truth.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 from lartpc.analysis.runs import CLASSES, EVAL_COLUMNS, STEP_COLUMNS
+
+from lartpc.runfolder.record import write_record
+from lartpc.runfolder.schema import CONFUSION_CSV, CONFUSION_HEADER, EVAL_CSV, rank_csv_name
 
 LOSS_START = math.log(5.0)  # chance level of a 5-class cross-entropy
 LOSS_FLOOR = 1.0
@@ -52,7 +54,7 @@ def write_synthetic_run(folder: str | Path, *, model: str, world_size: int,
                 global_loss + rng.normal(0, 3 * loss_noise, n), global_loss,
                 np.clip(global_acc + rng.normal(0, 0.05, n), 0, 1), global_acc,
                 np.full(n, 0.1 * dt), np.full(n, 0.8 * dt), np.full(n, 0.1 * dt)]
-        np.savetxt(folder / f"rank-{rank:03d}.csv", np.column_stack(cols), delimiter=",",
+        np.savetxt(folder / rank_csv_name(rank), np.column_stack(cols), delimiter=",",
                    header=header, comments="",
                    fmt=["%.3f", "%d", "%d", "%d", "%d"] + ["%.5f"] * 7)
     end = t[-1] + 1.0
@@ -71,23 +73,23 @@ def write_synthetic_run(folder: str | Path, *, model: str, world_size: int,
         acc = 0.2 + frac * (acc_cls.mean() - 0.2)
         rows.append([e, t[i] + 0.5, clean[i], acc, per_class * len(CLASSES),
                      *(0.2 + frac * (acc_cls - 0.2))])
-    np.savetxt(folder / "eval.csv", np.array(rows), delimiter=",",
+    np.savetxt(folder / EVAL_CSV, np.array(rows), delimiter=",",
                header=",".join(EVAL_COLUMNS), comments="",
                fmt=["%d", "%.3f", "%.5f", "%.5f", "%d"] + ["%.5f"] * len(CLASSES))
-    with (folder / "confusion.csv").open("w") as f:
-        f.write("true," + ",".join(CLASSES) + "\n")
+    with (folder / CONFUSION_CSV).open("w") as f:
+        f.write(",".join(CONFUSION_HEADER) + "\n")
         for cls, row in zip(CLASSES, counts, strict=True):
             f.write(cls + "," + ",".join(str(int(v)) for v in row) + "\n")
     meta = {
         "model": model, "world_size": world_size, "start_time": start_time, "end_time": end,
         "status": "completed" if reached else "time_limit", "steps_per_epoch": steps_per_epoch,
-        "batch_per_rank": batch_per_rank, "train_events": train_events,
-        "eval_events": per_class * len(CLASSES), "loss": "ce",
-        "config": {"model": {"name": model}, "train": {"seed": seed}},
+        "train_events": train_events, "eval_events": per_class * len(CLASSES), "loss": "ce",
+        "config": {"model": {"name": model},
+                   "train": {"seed": seed, "batch_per_rank": batch_per_rank}},
         "geometry": {"synthetic": True}, "versions": {}, "git_sha": "synthetic",
         "host": "synthetic", "backend": "none",
     }
-    (folder / "run.json").write_text(json.dumps(meta, indent=2))
+    write_record(folder, meta)
     return folder
 
 

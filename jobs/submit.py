@@ -24,6 +24,7 @@ from lartpc.jobs.sweep import SUBMIT, Point
 
 from lartpc.errors import LartpcError
 from lartpc.runfolder.durable import atomic_write
+from lartpc.runfolder.record import peek_record
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +103,8 @@ def write(points: list[Point], scripts: dict[str, str], manifest: Path, meta: di
 
 
 def run_status(run: str) -> str | None:
-    """The run folder's status (run.json), or None."""
-    try:
-        return json.loads((Path(run) / "run.json").read_text()).get("status")
-    except (OSError, ValueError, AttributeError):
-        return None
+    """The run folder's status (run.json), or None (no run.json, or not readable)."""
+    return (peek_record(run) or {}).get("status")
 
 
 def job_state(scheduler: str, job_id: str) -> str | None:

@@ -119,6 +119,9 @@ CHOICES = {
     "train.amp": ("none", "bf16", "fp16"),
     "train.noise_scale": ("off", "auto", "ranks", "halves"),
     "dist.backend": ("auto", "horovod", "torch", "none"),
+    # not settings: other enumerated options, named after their command or module
+    "simulate.geometry": ("isotropic", "beam"),  #: the generator's source geometries
+    "loader.mode": ("dense", "sparse", "device-dense"),  #: lartpc.data.loaders' classes
 }
 
 
@@ -224,7 +227,7 @@ def validate(cfg: Config) -> None:
     d = cfg.to_dict()
     for key, allowed in CHOICES.items():
         s, k = key.split(".")
-        if d[s][k] not in allowed:
+        if s in d and d[s][k] not in allowed:  # a section not in Config: not a setting
             raise ConfigError(f"{key} = {d[s][k]!r}: expected one of {', '.join(allowed)}")
     for keys, ok, rule in ((POSITIVE, lambda v: v > 0, "must be > 0"),
                            (NON_NEGATIVE, lambda v: v >= 0, "must be >= 0"),

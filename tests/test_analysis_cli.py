@@ -73,7 +73,7 @@ def test_bad_run_json(one_run):
     with pytest.raises(RunFolderError, match=r"run\.json: field 'world_size'"):
         load_run(one_run)
     meta.write_text("{\n  \"model\": \"jishnet\",\n  oops\n}")
-    with pytest.raises(RunFolderError, match=r"run\.json:3: invalid JSON"):
+    with pytest.raises(RunFolderError, match=r"run\.json: not valid JSON \(line 3, column 3"):
         load_run(one_run)
 
 

@@ -268,3 +268,13 @@ def test_narrow_terminals_keep_run_and_status(width):
     for s in snaps:
         assert f"│ {s.name} │ {s.status}" in out
     assert ("1:00:00" in out) == (width >= 80) and ("epoch 3: 1.3000" in out) == (width >= 120)
+
+
+def test_meta_of_a_torn_run_json_is_the_last_whole_one(tmp_path):
+    live = LiveRun(tmp_path / "run")
+    assert live.meta() == {}  # no folder yet
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.json").write_text('{"status": "running"}')
+    assert live.meta() == {"status": "running"}
+    (tmp_path / "run" / "run.json").write_text('{"status": "compl')  # a copy in progress
+    assert live.meta() == {"status": "running"}

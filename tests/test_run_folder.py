@@ -10,19 +10,21 @@ import random
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from lartpc.runfolder.schema import RunFolderError
+from lartpc.runfolder import record
+from lartpc.runfolder.lock import RunLock
+from lartpc.runfolder.schema import LOCK, RUN_JSON, RunFolderError
 from lartpc.train import checkpoint, runlog
-from lartpc.train.lock import LOCK_FILE, RunLock
 
 HOLD = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from lartpc.train.lock import RunLock
+    from lartpc.runfolder.lock import RunLock
     RunLock(Path(sys.argv[1]), 123.0).acquire()
     print("locked", flush=True)
     time.sleep(120)
@@ -41,7 +43,7 @@ def test_lock_names_holder_and_dies_with_it(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     holder = hold_lock(tmp_path)
     try:
-        record = json.loads((tmp_path / LOCK_FILE).read_text())
+        record = json.loads((tmp_path / LOCK).read_text())
         assert record["pid"] == holder.pid and record["job_id"] == "4242"
         assert record["start_time"] == 123.0 and record["host"]
         with pytest.raises(RunFolderError, match=f"pid {holder.pid} on host .* \\(job 4242\\)"):
@@ -50,7 +52,7 @@ def test_lock_names_holder_and_dies_with_it(tmp_path, monkeypatch):
         holder.kill()
         holder.wait()
     lock = RunLock(tmp_path, 2.0).acquire()  # the kernel released the dead holder's lock
-    assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+    assert json.loads((tmp_path / LOCK).read_text())["pid"] == os.getpid()
     lock.release()
 
 
@@ -62,7 +64,7 @@ def test_lock_without_flock_checks_the_recorded_holder(tmp_path, monkeypatch):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         lock = RunLock(tmp_path, 1.0)
-        (tmp_path / LOCK_FILE).write_text(json.dumps({**lock.info, "pid": sleeper.pid}))
+        (tmp_path / LOCK).write_text(json.dumps({**lock.info, "pid": sleeper.pid}))
         with pytest.raises(RunFolderError, match=f"pid {sleeper.pid} .*no flock"):
             lock.acquire()
     finally:
@@ -132,17 +134,17 @@ def test_checkpoint_on_full_disk_keeps_the_last_one(tmp_path, monkeypatch):
 
 
 def test_atomic_write_on_full_disk_leaves_old_file_and_no_temporary(tmp_path, monkeypatch):
-    path = tmp_path / "run.json"
-    runlog.write_json(path, {"status": "running"})
+    path = tmp_path / RUN_JSON
+    record.write_record(tmp_path, {"status": "running"})
 
     def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", full)
     with pytest.raises(RunFolderError, match="run.json: cannot write"):
-        runlog.write_json(path, {"status": "completed"})
-    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
-    assert runlog.read_json(path) == {"status": "running"}
+        record.write_record(tmp_path, {"status": "completed"})
+    assert [p.name for p in tmp_path.iterdir()] == [RUN_JSON]
+    assert record.read_json(path) == {"status": "running"}
 
 
 @pytest.mark.parametrize("content,message", [
@@ -173,3 +175,52 @@ def test_stop_signals_are_recorded_and_a_second_sigint_aborts():
     finally:
         stops.restore()
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+@pytest.mark.parametrize("data,message", [
+    (b'{\n  "status": "running",\n  oops\n}', r"not valid JSON \(line 3, column 3"),
+    (b"\xff\xfe{", r"not UTF-8 text \(byte 0\)"),
+    (b"[1, 2]", "expected a JSON object, found list"),
+])
+def test_run_record_reader_names_the_file(tmp_path, data, message):
+    (tmp_path / RUN_JSON).write_bytes(data)
+    with pytest.raises(RunFolderError, match=f"{RUN_JSON}: {message}"):
+        record.read_record(tmp_path)
+    assert record.peek_record(tmp_path) is None  # the views that poll a folder
+    (tmp_path / RUN_JSON).unlink()
+    with pytest.raises(RunFolderError, match=f"{RUN_JSON}: cannot read"):
+        record.read_record(tmp_path)
+    assert record.peek_record(tmp_path) is None
+
+
+def test_batch_per_rank_from_the_config_or_an_old_record():
+    assert record.batch_per_rank({"config": {"train": {"batch_per_rank": 56}}}) == 56
+    assert record.batch_per_rank({"batch_per_rank": 7, "config": {"train": {}}}) == 7
+    assert record.batch_per_rank({"config": "torn"}) is None
+
+
+@pytest.mark.parametrize("name", ["run-scnet-beam", "run-scnet-isotropic"])
+def test_committed_run_folders_with_the_old_top_level_copy_load(name):
+    """Written while run.json held batch_per_rank twice; they still load and agree."""
+    from lartpc.analysis.runs import load_run
+
+    run = load_run(Path(__file__).resolve().parents[1] / "docs/results/fidelity-runs" / name)
+    assert record.batch_per_rank(run.meta) == run.meta["batch_per_rank"] == 56
+
+
+def test_segments_keep_a_resumed_record_and_discard_on_restart(tmp_path):
+    from lartpc.config import load_config
+
+    cfg = load_config("tiny-jishnet").to_dict()
+    seg = {"start_time": 1.0, "end_time": 2.0, "status": "time_limit"}
+    record.write_record(tmp_path, {"start_time": 1.0, "segments": [seg], "config": cfg,
+                                   "batch_per_rank": 7, "status": "time_limit"})
+    info = record.begin_segment(cfg, tmp_path, 5, 3.0, {"events": 9})
+    assert (info["start_time"], info["batch_per_rank"], info["store"]) == (1.0, 7, {"events": 9})
+    assert [s["start_step"] for s in info["segments"][1:]] == [5]
+    record.end_segment(info, "completed", 4.0)
+    assert info["status"] == info["segments"][-1]["status"] == "completed"
+    record.write_record(tmp_path, info)
+    fresh = record.begin_segment(cfg, tmp_path, None, 5.0, {"events": 9})
+    assert "batch_per_rank" not in fresh and fresh["start_time"] == 5.0
+    assert len(fresh["discarded_segments"]) == 2 and len(fresh["segments"]) == 1

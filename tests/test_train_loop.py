@@ -11,6 +11,7 @@ from train_helpers import rows
 
 from lartpc import dist
 from lartpc.config import load_config
+from lartpc.data.sharding import plan_run
 from lartpc.data.store import EventStore
 from lartpc.train import checkpoint
 from lartpc.train.checkpointer import Checkpointer
@@ -48,7 +49,9 @@ def world():
 
 def _trainer(world, data, out, *sets, resume=None):
     cfg = load_config("tiny-jishnet", [*SETS, *sets])
-    return cfg, Trainer.build(cfg, EventStore(data), world, out, time.time(), resume)
+    store = EventStore(data)
+    plan = plan_run(cfg, store, world.size)
+    return cfg, Trainer.build(cfg, store, plan, world, out, time.time(), resume)
 
 
 def test_loop_in_process_writes_every_step_and_evaluation(world, train_events_dir, tmp_path):

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.horovod]
 HOLD = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from lartpc.train.lock import RunLock
+    from lartpc.runfolder.lock import RunLock
     RunLock(Path(sys.argv[1]), 0.0).acquire()
     print("locked", flush=True)
     time.sleep(300)

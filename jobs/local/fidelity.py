@@ -43,6 +43,7 @@ from lartpc.jobs.local.steps import events, run, say, tool
 from lartpc.bench.train import LARTPC
 from lartpc.config import choices
 from lartpc.runfolder.durable import atomic_write
+from lartpc.runfolder.record import batch_per_rank, read_record, record_path
 
 PAPER_LR, PAPER_BATCH = 1e-3, 7  #: the study's Adam learning rate at 7 events per GPU
 EXIT_MORE = 3  #: this segment ended and the budget is not yet spent: call again
@@ -69,9 +70,8 @@ def segments_s(segments: list[dict]) -> float:
 
 def trained_s(run: Path) -> float:
     """:func:`segments_s` of the run folder's ``run.json`` (0 before its first segment)."""
-    meta = run / "run.json"
-    return segments_s(json.loads(meta.read_text()).get("segments") or []) \
-        if meta.exists() else 0.0
+    return segments_s(read_record(run).get("segments") or []) \
+        if record_path(run).exists() else 0.0
 
 
 def results(run: Path, model: str, minutes: float, store: Path) -> dict:
@@ -99,7 +99,7 @@ def results(run: Path, model: str, minutes: float, store: Path) -> dict:
     acc = {**{c: v["accuracy"] for c, v in per_class.items()}, "overall": overall["accuracy"]}
     paper = PAPER[model]
     steps = max((len(df) for df in r.steps.values()), default=0)
-    spe, b = int(r.meta.get("steps_per_epoch") or 1), int(r.meta.get("batch_per_rank", 7))
+    spe, b = int(r.meta.get("steps_per_epoch") or 1), int(batch_per_rank(r.meta) or 7)
     n_train, ranks = int(r.meta.get("train_events") or 0), int(r.meta.get("world_size") or 1)
     cfg = {f"{sec}.{k}": v for sec, kv in (r.meta.get("config") or {}).items()
            for k, v in kv.items()}
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="folder for events and run")
     ap.add_argument("--model", choices=choices("model.name"), default="scnet")
-    ap.add_argument("--geometry", choices=("isotropic", "beam"), default="isotropic",
+    ap.add_argument("--geometry", choices=choices("simulate.geometry"), default="isotropic",
                     help="source geometry of the events (lartpc simulate --geometry)")
     ap.add_argument("--ranks", type=int, default=os.cpu_count() or 1,
                     help="data-parallel ranks (torchrun; 1: one plain process)")

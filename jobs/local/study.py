@@ -10,13 +10,15 @@ writes the analysis report. Re-running reuses finished pieces.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import time
 from pathlib import Path
 
 from lartpc.jobs.local.steps import events, run, say, tool
+
+from lartpc.runfolder.record import read_record, record_path
+from lartpc.runfolder.schema import Status
 
 TAG = "study"
 
@@ -30,9 +32,8 @@ def _run(cmd: list[str]) -> None:
 
 
 def _train(data: Path, run: Path, model: str, ranks: int, limit_s: float, seed: int) -> None:
-    info = run / "run.json"
-    if info.exists() and json.loads(info.read_text()).get("status") in ("completed",
-                                                                          "time_limit"):
+    if record_path(run).exists() and read_record(run).get("status") in (Status.COMPLETED,
+                                                                         Status.TIME_LIMIT):
         _say(f"reusing finished run {run}")
         return
     if run.exists():

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lartpc.config import choices
 from lartpc.errors import LartpcError
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2,
@@ -84,9 +85,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="cluster profile JSON for `python -m "
                         "analysis predict --cluster-file` (written by rank 0)")
     parser.add_argument("--name", default="measured", help="the profile's name")
-    parser.add_argument("--backend", default="auto", choices=("auto", "torch", "horovod"),
+    parser.add_argument("--backend", default="auto",
+                        choices=choices("dist.backend", without=("none",)),
                         help="distributed backend (auto: from the launcher's environment)")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--device", default="auto", choices=choices("train.device"))
     parser.add_argument("--timeout-s", type=float, default=300.0,
                         help="a rank that stops answering fails the others after this long")
 

@@ -18,6 +18,8 @@ import logging
 import statistics
 import time
 
+from lartpc.config import choices
+
 log = logging.getLogger(__name__)
 
 # Per-step assembly runs in one thread (the prefetch thread).
@@ -26,7 +28,7 @@ BATCH_THREADS = 1
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="event file or folder of events-*.h5")
-    p.add_argument("--mode", default="dense", choices=("dense", "sparse", "device-dense"))
+    p.add_argument("--mode", default="dense", choices=choices("loader.mode"))
     p.add_argument("--ranks", type=int, default=1, help="simulate rank 0 of N (its shard)")
     p.add_argument("--batch", type=int, default=7, help="events per batch")
     p.add_argument("--repeats", type=int, default=3, help="fresh loaders to time")

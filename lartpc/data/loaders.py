@@ -23,13 +23,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from lartpc.config import choices
 from lartpc.data.batch import Batch
 from lartpc.data.blosc_cache import BloscConfig, BloscImageCache
 from lartpc.data.loader_base import Loader, SparseEvents
 from lartpc.data.store import Event, EventStore
 from lartpc.errors import ConfigError
 
-MODES = ("dense", "sparse", "device-dense")
+MODES = choices("loader.mode")  #: dense (Blosc, the paper), sparse, device-dense
 
 
 class DenseBloscLoader(Loader):

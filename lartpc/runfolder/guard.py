@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from lartpc.runfolder.durable import UnsafePathError, refuse_symlink
+from lartpc.runfolder.schema import LOCK, RUN_JSON
 
 #: Present in a folder that a training has taken: the lock comes first, run.json next.
-MARKERS = ("run.json", "run.lock")
+MARKERS = (RUN_JSON, LOCK)
 
 
 def check_trainable(folder: Path) -> None:

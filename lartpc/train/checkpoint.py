@@ -16,9 +16,7 @@ import numpy as np
 import torch
 
 from lartpc.runfolder.durable import atomic_write
-from lartpc.runfolder.schema import RunFolderError
-
-CHECKPOINT = "checkpoint.pt"
+from lartpc.runfolder.schema import CHECKPOINT, RunFolderError
 
 
 def rng_state() -> dict:

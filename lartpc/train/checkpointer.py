@@ -7,7 +7,7 @@ import time
 import torch
 
 from lartpc.dist import World
-from lartpc.runfolder.schema import RunFolderError
+from lartpc.runfolder.schema import CHECKPOINT, RunFolderError
 from lartpc.train import checkpoint
 from lartpc.train.sinks import Sink
 
@@ -45,7 +45,7 @@ class Checkpointer:
             except RunFolderError as e:
                 error = e
             trainer.timing.checkpoint_s = time.time() - t0
-        self._agree(error, "checkpoint.pt")
+        self._agree(error, CHECKPOINT)
         self.last_time = time.time()
         trainer.saved_step = trainer.state.global_step
 

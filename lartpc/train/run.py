@@ -6,20 +6,25 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from lartpc import dist
 from lartpc.config import Config
-from lartpc.data.sharding import check_store_fits, plan_run
+from lartpc.data.sharding import ShardPlan, check_store_fits, plan_run
 from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError, LartpcError
+from lartpc.runfolder import record
 from lartpc.runfolder.durable import remove_stale_temporaries
 from lartpc.runfolder.guard import check_trainable
+from lartpc.runfolder.lock import RunLock
 from lartpc.runfolder.schema import RunFolderError, Status
-from lartpc.train import runinfo, runlog, segments, tblog
-from lartpc.train.lock import RunLock
+from lartpc.train import runinfo, segments, tblog
 from lartpc.train.signals import StopRequests
+
+if TYPE_CHECKING:
+    from lartpc.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
 #: exit code of ``lartpc train`` by run status ("failed" raises, exit 2 from the CLI).
@@ -41,7 +46,9 @@ def prepare(cfg: Config, data: Path, out: Path) -> EventStore:
     # raises if the image is too small or a speed option cannot run on this device
     build(cfg.model.name, image_size=store.geometry.shape,
           **model_options(cfg, dist.device_type(cfg.train.device)))
-    plan_run(cfg, store, 1)  # empty splits; run_training checks again for its world size
+    # before any backend starts: a split with no evaluation event (the same for every
+    # world size); run_training plans the shards for its world
+    plan_run(cfg, store, 1)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a folder")
@@ -74,7 +81,7 @@ def run_training(cfg: Config, store: EventStore, out: Path, process_start: float
     world = dist.init(cfg.dist.backend, cfg.train.device, cfg.dist.timeout_s)
     setup_logging(rank=world.rank)
     out = Path(out)
-    plan_run(cfg, store, world.size)  # before run.json: too few events for these ranks
+    plan = plan_run(cfg, store, world.size)  # before run.json: too few events for the ranks
     lock = lock_run_folder(world, out, process_start)
     try:
         resume = segments.load_resume(cfg, store, out, world.size)
@@ -83,7 +90,7 @@ def run_training(cfg: Config, store: EventStore, out: Path, process_start: float
                      resume["epoch"], cfg.train.epochs)
             world.shutdown()
             return 0
-        status = _train_segment(cfg, store, out, process_start, world, resume)
+        status = _train_segment(cfg, store, out, process_start, world, resume, plan)
     finally:
         if lock is not None:
             lock.release()
@@ -92,8 +99,9 @@ def run_training(cfg: Config, store: EventStore, out: Path, process_start: float
 
 
 def _train_segment(cfg: Config, store: EventStore, out: Path, process_start: float,
-                   world: dist.World, resume: dict | None) -> str:
+                   world: dist.World, resume: dict | None, plan: ShardPlan) -> str:
     from lartpc.train.parts import set_threads
+    from lartpc.train.trainer import Trainer
 
     threads = set_threads(cfg, world)
     store_id = segments.store_identity(store, cfg.data.max_events)
@@ -101,14 +109,16 @@ def _train_segment(cfg: Config, store: EventStore, out: Path, process_start: flo
     stops = StopRequests().install()
     status, error = "failed", None
     try:
-        status = _fit(cfg, store, out, process_start, world, resume, info, stops, store_id)
+        trainer = Trainer.build(cfg, store, plan, world, out, process_start, resume,
+                                stops=stops, store_id=store_id)
+        status = _fit(trainer, info)
     except BaseException as e:
         error = str(e) if isinstance(e, LartpcError) else f"{type(e).__name__}: {e}"
         raise
     finally:
         stops.restore()
         if world.is_root:
-            _write_final(out / "run.json", info, status, error)
+            _write_final(out, info, status, error)
     log.info("run %s: %s", out, status)
     world.allreduce_sum(torch.zeros(1))  # no rank exits before rank 0 marked the run
     return status
@@ -121,10 +131,12 @@ def _begin(cfg: Config, store: EventStore, out: Path, process_start: float,
     info = {}
     hosts = world.allgather_object(runinfo.host())  # every rank takes part
     if world.is_root:
-        info = segments.begin_segment(cfg, out, resume, process_start, store_id)
+        info = record.begin_segment(
+            cfg.to_dict(), out, None if resume is None else resume["global_step"],
+            process_start, store_id)
         info.update({
             "model": cfg.model.name, "world_size": world.size, "backend": world.backend,
-            "batch_per_rank": cfg.train.batch_per_rank, "loss": cfg.model.loss,
+            "loss": cfg.model.loss,
             "geometry": store.geometry.to_attrs(), "versions": runinfo.versions(),
             "git_sha": runinfo.git_sha(), "host": runinfo.host(),
             "data": str(Path(store.paths[0]).parent.resolve()),
@@ -132,29 +144,25 @@ def _begin(cfg: Config, store: EventStore, out: Path, process_start: float,
             # with world_size and local ranks: did the ranks share a host's cores?
             "host_cpus": os.cpu_count(), "local_size": world.local_size,
             "nodes": list(dict.fromkeys(hosts))})  # the job's hosts, in rank order
-        segments.end_segment(info, "running", None)
-        runlog.write_json(out / "run.json", info)
+        record.end_segment(info, Status.RUNNING.value, None)
+        record.write_record(out, info)
     world.broadcast_object(None)  # the folder exists before any rank writes into it
     return info
 
 
-def _fit(cfg: Config, store: EventStore, out: Path, process_start: float, world: dist.World,
-         resume: dict | None, info: dict, stops: StopRequests, store_id: dict) -> str:
-    """Build the trainer, its checkpointer and sinks, and train; the status."""
+def _fit(trainer: Trainer, info: dict) -> str:
+    """Give the trainer its checkpointer and sinks, and train; the status."""
     from lartpc.train.checkpointer import Checkpointer
     from lartpc.train.loop import fit
     from lartpc.train.sinks import open_sinks
-    from lartpc.train.trainer import Trainer
 
-    trainer = Trainer.build(cfg, store, world, out, process_start, resume)
-    trainer.stops, trainer.store_id = stops, store_id
-    plan = trainer.plan
+    cfg, world, out, plan = trainer.cfg, trainer.world, trainer.run, trainer.plan
     if world.is_root:
         info.update(steps_per_epoch=plan.steps_per_epoch, train_events=len(plan.train),
                     eval_events=len(plan.eval), loader=trainer.train_loader.mode)
-        runlog.write_json(out / "run.json", info)
+        record.write_record(out, info)
     sinks = open_sinks(cfg, out, world.rank, world.is_root, plan.steps_per_epoch,
-                       process_start, trainer.state.global_step)
+                       trainer.process_start, trainer.state.global_step)
     ckpt = Checkpointer(world, out, cfg.train.checkpoint_every_steps,
                         cfg.train.checkpoint_every_s)
     try:
@@ -169,10 +177,10 @@ def _fit(cfg: Config, store: EventStore, out: Path, process_start: float, world:
     return status
 
 
-def _write_final(path: Path, info: dict, status: str, error: str | None) -> None:
+def _write_final(out: Path, info: dict, status: str, error: str | None) -> None:
     """Mark the run's end; a disk that cannot take even this is logged, not raised."""
-    segments.end_segment(info, status, time.time(), error)
+    record.end_segment(info, status, time.time(), error)
     try:
-        runlog.write_json(path, info)
+        record.write_record(out, info)
     except RunFolderError as e:
         log.error("%s", e)

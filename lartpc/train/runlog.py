@@ -1,6 +1,7 @@
-"""Run-folder writers (the contract with ``analysis``; see docs/run-folder.md).
+"""The training's table writers (the contract with ``analysis``; see docs/run-folder.md);
+``run.json`` is :mod:`lartpc.runfolder.record`'s.
 
-``run.json``, ``eval.csv`` and ``confusion.csv`` are rewritten whole through a
+``eval.csv`` and ``confusion.csv`` are rewritten whole through a
 temporary file and a rename. ``rank-NNN.csv`` grows by whole lines written in one
 call each flush; on resume it is cut back to the checkpointed step, so no step is
 ever logged twice or lost.
@@ -10,55 +11,21 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 from pathlib import Path
 
 from lartpc import CLASSES
-from lartpc.runfolder.durable import atomic_write, open_nofollow
+from lartpc.runfolder.durable import open_nofollow
+from lartpc.runfolder.record import write_text
 from lartpc.runfolder.schema import (  # noqa: F401 (re-exported)
+    CONFUSION_CSV,
+    CONFUSION_HEADER,
     EVAL_COLUMNS,
+    EVAL_CSV,
     STEP_COLUMNS,
     RunFolderError,
     rank_csv_name,
 )
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and rename (never torn), durably.
-
-    Raises
-    ------
-    RunFolderError
-        When it cannot be written (disk full...); ``path`` keeps its old content and no
-        temporary file is left behind.
-    """
-    try:
-        atomic_write(path, text)
-    except OSError as e:
-        raise RunFolderError(f"{path}: cannot write ({e.strerror or e})") from None
-
-
-def write_json(path: Path, obj: dict) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
-
-
-def read_json(path: Path) -> dict:
-    """A run-folder JSON file as a dict.
-
-    Raises
-    ------
-    RunFolderError
-        Naming the file when it is not a JSON object (a torn or edited file).
-    """
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError
-        raise RunFolderError(f"{path}: not valid JSON ({e}); restore it from a backup, or "
-                             "move the run folder away to start afresh") from None
-    if not isinstance(data, dict):
-        raise RunFolderError(f"{path}: expected a JSON object, found {type(data).__name__}")
-    return data
 
 
 def rank_csv_path(run: Path, rank: int) -> Path:
@@ -88,7 +55,7 @@ class StepLog:
                 raise RunFolderError(short_log_message(self.path, len(kept), keep_steps))
         elif keep_steps:
             raise RunFolderError(short_log_message(self.path, None, keep_steps))
-        atomic_write_text(self.path, header + "".join(kept))
+        write_text(self.path, header + "".join(kept))
 
     def log(self, **row) -> None:
         self._rows.append(",".join(_fmt(row[c]) for c in STEP_COLUMNS) + "\n")
@@ -134,14 +101,14 @@ def write_eval(run: Path, rows: list[dict]) -> None:
     w.writerow(EVAL_COLUMNS)
     for r in rows:
         w.writerow([_fmt(r[c]) for c in EVAL_COLUMNS])
-    atomic_write_text(Path(run) / "eval.csv", buf.getvalue())
+    write_text(Path(run) / EVAL_CSV, buf.getvalue())
 
 
 def write_confusion(run: Path, counts) -> None:
     """``confusion.csv``: rows true class, columns predicted, in CLASSES order."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["true", *CLASSES])
+    w.writerow(CONFUSION_HEADER)
     for name, row in zip(CLASSES, counts, strict=True):
         w.writerow([name, *(int(c) for c in row)])
-    atomic_write_text(Path(run) / "confusion.csv", buf.getvalue())
+    write_text(Path(run) / CONFUSION_CSV, buf.getvalue())

@@ -5,8 +5,7 @@ segment starts, :func:`load_resume` decides between a fresh start, a restart fro
 step 0 (``run.json`` but no checkpoint: killed early or failed in set-up) and a
 resume, refusing a resume that would change what the run means: another store,
 another model or minibatch, another world size, or rank logs that lost rows.
-:func:`begin_segment` records the segment in ``run.json`` (``segments``), with the
-settings that may change between segments, instead of overwriting the run's config.
+:func:`lartpc.runfolder.record.begin_segment` then records the segment in ``run.json``.
 """
 
 from __future__ import annotations
@@ -20,17 +19,14 @@ import numpy as np
 from lartpc.config import Config
 from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError
+from lartpc.runfolder.record import flat, record_path
 from lartpc.runfolder.schema import RunFolderError
 from lartpc.train import checkpoint, runlog
-from lartpc.train.lock import job_id
 
 log = logging.getLogger(__name__)
 # Changing these on resume would change what the run means.
 FIXED_ON_RESUME = ("model", "data.downsample", "data.eval_fraction", "data.max_events",
                    "train.batch_per_rank", "train.seed", "train.optimizer")
-# Recorded in every segment: these may change between segments of one run.
-SEGMENT_SETTINGS = ("train.lr", "train.epochs", "train.time_limit_s",
-                    "train.checkpoint_every_steps", "train.checkpoint_every_s")
 
 
 def store_identity(store: EventStore, max_events: int) -> dict:
@@ -46,17 +42,6 @@ def store_identity(store: EventStore, max_events: int) -> dict:
     return {"events": int(n), "sha256": h.hexdigest()}
 
 
-def flat(d: dict, prefix: str = "") -> dict:
-    """``{"a": {"b": 1}}`` as ``{"a.b": 1}``."""
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def load_resume(cfg: Config, store: EventStore, out: Path, world_size: int) -> dict | None:
     """The checkpoint to resume, checked against this job (None: start at step 0).
 
@@ -64,7 +49,7 @@ def load_resume(cfg: Config, store: EventStore, out: Path, world_size: int) -> d
     """
     resume = checkpoint.load(out)
     if resume is None:
-        if (out / "run.json").exists():
+        if record_path(out).exists():
             log.warning("%s: run.json but no checkpoint.pt: restarting the run from step 0",
                         out)
         return None
@@ -101,45 +86,3 @@ def _check_store(saved: dict | None, now: dict, out: Path, store: EventStore) ->
 def is_complete(cfg: Config, resume: dict | None) -> bool:
     """True when the checkpoint already holds every configured epoch."""
     return resume is not None and resume["epoch"] >= cfg.train.epochs
-
-
-def begin_segment(cfg: Config, out: Path, resume: dict | None, process_start: float,
-                  store_id: dict) -> dict:
-    """``run.json`` as this segment starts it (rank 0; written by the caller).
-
-    A resumed run keeps its recorded config and start time; the segment notes the
-    settings it runs with and every config value that differs from the recorded one.
-    A restart from step 0 keeps earlier segments under ``discarded_segments``.
-    """
-    path = out / "run.json"
-    old = runlog.read_json(path) if path.exists() else None
-    now = cfg.to_dict()
-    if resume is not None and old is not None:
-        info = old
-    else:
-        info = {"start_time": process_start, "segments": [], "config": now}
-        if old is not None:
-            info["discarded_segments"] = old.get("discarded_segments", []) + \
-                old.get("segments", [])
-    recorded, current = flat(info["config"]), flat(now)
-    changed = {k: v for k, v in current.items() if recorded.get(k) != v}
-    for k, v in changed.items():
-        log.warning("config %s=%r for this segment (the run was started with %r)", k, v,
-                    recorded.get(k))
-    info["store"] = store_id
-    info["segments"].append({
-        "start_time": process_start, "end_time": None, "status": "running",
-        "start_step": resume["global_step"] if resume is not None else 0,
-        "job_id": job_id(), "settings": {k: current[k] for k in SEGMENT_SETTINGS},
-        "changed": changed})
-    return info
-
-
-def end_segment(info: dict, status: str, end_time: float, error: str | None = None) -> None:
-    """Mark the run and its last segment with how this segment ended."""
-    info.update(status=status, end_time=end_time)
-    info["segments"][-1].update(status=status, end_time=end_time)
-    if error is not None:
-        info["error"] = error
-    else:
-        info.pop("error", None)

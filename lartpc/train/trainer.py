@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from lartpc.config import Config
-from lartpc.data.sharding import ShardPlan, plan_run
+from lartpc.data.sharding import ShardPlan
 from lartpc.data.store import EventStore
 from lartpc.dist import World, unwrap_model
 from lartpc.train import checkpoint
@@ -32,6 +32,7 @@ from lartpc.train.evaluate import evaluate
 from lartpc.train.noise import NoiseMeter
 from lartpc.train.optim import build_optimizer, lr_at, set_lr
 from lartpc.train.parts import autocast_and_scaler, loader_mode, make_loader, model_options
+from lartpc.train.signals import StopRequests
 from lartpc.train.sinks import EvalRecord, StepRecord
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,8 @@ class Trainer:
     """Everything one rank trains with; built by :meth:`build`."""
 
     def __init__(self, cfg: Config, world: World, run: Path, plan: ShardPlan,
-                 model: torch.nn.Module, opt: torch.optim.Optimizer, process_start: float):
+                 model: torch.nn.Module, opt: torch.optim.Optimizer, process_start: float,
+                 stops: StopRequests | None = None, store_id: dict | None = None):
         from lartpc.models.losses import build_loss
 
         self.cfg, self.world, self.run, self.plan = cfg, world, Path(run), plan
@@ -111,19 +113,21 @@ class Trainer:
         self.state, self.timing = TrainState(), Timing()
         self.train_loader = self.eval_loader = None
         self.noise: NoiseMeter | None = None
-        self.stops = None  #: signals.StopRequests the vote reads
-        self.store_id: dict | None = None  #: segments.store_identity, saved in checkpoints
+        self.stops = stops  #: the signals the stop vote reads (None: none)
+        self.store_id = store_id  #: segments.store_identity, saved in checkpoints
         self.stop: str | None = None  #: the agreed reason to stop, after a step
         self.last_loss = 0.0
         self.saved_step = -1  #: global step of the last checkpoint (written or loaded)
 
     @classmethod
-    def build(cls, cfg: Config, store: EventStore, world: World, run: Path,
-              process_start: float, resume: dict | None) -> Trainer:
+    def build(cls, cfg: Config, store: EventStore, plan: ShardPlan, world: World, run: Path,
+              process_start: float, resume: dict | None, *,
+              stops: StopRequests | None = None, store_id: dict | None = None) -> Trainer:
+        """The trainer of this rank, on ``plan`` (``plan_run`` for this world's size);
+        ``stops`` and ``store_id`` as :class:`Trainer` keeps them."""
         from lartpc.models import build
 
         tc = cfg.train
-        plan = plan_run(cfg, store, world.size)
         torch.manual_seed(tc.seed)
         if world.device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # fixed input shapes: autotune once
@@ -132,7 +136,7 @@ class Trainer:
         mode = loader_mode(cfg, model)
         opt = world.distributed_optimizer(build_optimizer(tc, model), model,
                                           tc.grad_compression)
-        t = cls(cfg, world, run, plan, model, opt, process_start)
+        t = cls(cfg, world, run, plan, model, opt, process_start, stops, store_id)
         if resume is not None:
             t.load_state_dict(resume)
         world.broadcast_parameters(model)  # every rank starts from rank 0's state

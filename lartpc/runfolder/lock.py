@@ -1,4 +1,4 @@
-"""One training at a time per run folder: an OS lock on ``<run>/run.lock``.
+"""One training at a time per run folder: an OS lock on ``<run>/run.lock`` (torch-free).
 
 The lock is ``fcntl.flock`` on an open file, so the kernel releases it when the
 holder exits or dies (kill -9, node crash on local disks); nothing needs cleaning up.
@@ -23,10 +23,9 @@ import socket
 from pathlib import Path
 
 from lartpc.runfolder.durable import open_nofollow
-from lartpc.runfolder.schema import RunFolderError
+from lartpc.runfolder.schema import LOCK, RunFolderError
 
 log = logging.getLogger(__name__)
-LOCK_FILE = "run.lock"
 _NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS}
 
 
@@ -52,7 +51,7 @@ class RunLock:
     """Exclusive hold on a run folder for the life of this object (or process)."""
 
     def __init__(self, run: Path, start_time: float):
-        self.path = Path(run) / LOCK_FILE
+        self.path = Path(run) / LOCK
         self.info = {"host": socket.gethostname(), "pid": os.getpid(), "job_id": job_id(),
                      "start_time": start_time}
         self._fd: int | None = None

@@ -1,0 +1,39 @@
+"""jobs/local/dedx_check: the first centimetres of a converted photon carry two
+minimum-ionising particles' charge per wire, an electron's one (the dE/dx that tells
+them apart once the beam vertex does not), measured on generated beam events."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from train_helpers import run
+
+from lartpc.jobs.local.dedx_check import main
+
+
+@pytest.fixture(scope="module")
+def e_gamma_beam(tmp_path_factory):
+    from lartpc.sim import write_dataset
+
+    d = tmp_path_factory.mktemp("e_gamma_beam")
+    write_dataset(d, 60, seed=11, classes="gamma,electron", source_geometry="beam")
+    return d
+
+
+def test_photon_starts_carry_two_mips_per_wire(e_gamma_beam, capsys):
+    assert main([str(e_gamma_beam), "--events", "60", "--lengths", "2,4"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    for cut in got.values():
+        assert cut["events_gamma"] == cut["events_electron"] == 30
+        # a pair is two MIPs (Bethe-Bloch: each e+- near 2.1 MeV/cm on the Fermi plateau)
+        assert 1.6 < cut["median_gamma"] / cut["median_electron"] < 2.5, cut
+    assert got["2cm"]["balanced_accuracy"] >= 0.8, got
+
+
+def test_downsampled_store_is_refused_in_one_line(events_dir):
+    r = run([sys.executable, "-m", "lartpc.jobs.local.dedx_check", str(events_dir)],
+            timeout=120)
+    assert r.returncode == 2 and "full-resolution events" in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1, r.stderr

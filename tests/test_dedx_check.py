@@ -8,9 +8,8 @@ import json
 import sys
 
 import pytest
-from train_helpers import run
-
 from lartpc.jobs.local.dedx_check import main
+from train_helpers import run
 
 
 @pytest.fixture(scope="module")

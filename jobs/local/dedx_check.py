@@ -21,7 +21,6 @@ import argparse
 import json
 from pathlib import Path
 
-import h5py
 import numpy as np
 
 from lartpc.data.store import EventStore
@@ -29,6 +28,7 @@ from lartpc.errors import LartpcError
 
 GAMMA, ELECTRON = 0, 1  #: class indices (lartpc.CLASSES order)
 ROW_WINDOW = 6  #: time pixels either side of the expected track that count for a wire
+CHUNK_EVENTS = 100  #: events read from the store at a time
 
 
 def _lengths(text: str) -> list[float]:
@@ -51,24 +51,15 @@ def start_medians(store: EventStore, lengths: list[float], max_events: int
         raise LartpcError(f"{store.paths[0].parent}: downsample {geom.downsample}; the "
                           "charge per wire needs full-resolution events (downsample 1)")
     out = {L: {GAMMA: [], ELECTRON: []} for L in lengths}
-    seen = 0
-    for path in store.paths:
-        with h5py.File(path, "r") as f:
-            labels, offsets = f["label"][:], f["offsets"][:]
-            vertex, direction = f["truth/vertex_cm"][:], f["truth/direction"][:]
-            path_cm = f["truth/path_length_cm"][:]
-            for j in np.flatnonzero(labels <= ELECTRON):
-                if seen >= max_events:
-                    return out
-                seen += 1
-                d = direction[j]
-                start = vertex[j] + (d * path_cm[j] if labels[j] == GAMMA else 0.0)
-                a, b = offsets[j], offsets[j + 1]
-                pixels = (f["row"][a:b].astype(float), f["col"][a:b].astype(float),
-                          f["charge"][a:b])
-                for L in lengths:
-                    out[L][int(labels[j])].append(
-                        _median_per_wire(geom, start, d, L, *pixels))
+    picked = np.flatnonzero(store.labels <= ELECTRON)[:max_events]
+    for chunk in np.array_split(picked, max(1, len(picked) // CHUNK_EVENTS)):
+        for ev in store.read_many(chunk):
+            d = np.asarray(ev.truth["direction"])
+            start = np.asarray(ev.truth["vertex_cm"]) \
+                + (d * ev.truth["path_length_cm"] if ev.label == GAMMA else 0.0)
+            pixels = (ev.row.astype(float), ev.col.astype(float), ev.charge)
+            for L in lengths:
+                out[L][ev.label].append(_median_per_wire(geom, start, d, L, *pixels))
     return out
 
 

@@ -119,15 +119,17 @@ CHOICES = {
     "train.amp": ("none", "bf16", "fp16"),
     "train.noise_scale": ("off", "auto", "ranks", "halves"),
     "dist.backend": ("auto", "horovod", "torch", "none"),
-    # not settings: other enumerated options, named after their command or module
+}
+#: Other enumerated options, not settings, named after their command or module.
+OPTION_CHOICES = {
     "simulate.geometry": ("isotropic", "beam"),  #: the generator's source geometries
     "loader.mode": ("dense", "sparse", "device-dense"),  #: lartpc.data.loaders' classes
 }
 
 
 def choices(key: str, *, without: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """The allowed values of setting ``key`` (``"model.name"``), less ``without``."""
-    return tuple(v for v in CHOICES[key] if v not in without)
+    """The allowed values of setting or option ``key`` (``"model.name"``), less ``without``."""
+    return tuple(v for v in {**CHOICES, **OPTION_CHOICES}[key] if v not in without)
 
 
 POSITIVE = ("data.downsample", "train.batch_per_rank", "train.epochs", "train.time_limit_s",
@@ -227,7 +229,7 @@ def validate(cfg: Config) -> None:
     d = cfg.to_dict()
     for key, allowed in CHOICES.items():
         s, k = key.split(".")
-        if s in d and d[s][k] not in allowed:  # a section not in Config: not a setting
+        if d[s][k] not in allowed:
             raise ConfigError(f"{key} = {d[s][k]!r}: expected one of {', '.join(allowed)}")
     for keys, ok, rule in ((POSITIVE, lambda v: v > 0, "must be > 0"),
                            (NON_NEGATIVE, lambda v: v >= 0, "must be >= 0"),

@@ -1,6 +1,6 @@
 """``lartpc bench allreduce``: allreduce time against message size on this job's ranks, the
 latency and bandwidth of the ring-allreduce model fitted to it, and a cluster profile
-that ``python -m lartpc.analysis predict --cluster-file FILE`` takes.
+that ``lartpc analyze predict --cluster-file FILE`` takes.
 
 Run it as a job step over the allocation's ranks, as training runs: ``srun lartpc bench
 allreduce`` (plain srun: torch.distributed from SLURM's variables, the first node of the
@@ -82,8 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds-per-size", type=float, default=5.0,
                         help=f"fewer repeats (at least {MIN_REPEATS}) where they would take "
                              "longer, judged by the slowest warm-up")
-    parser.add_argument("--out", type=Path, help="cluster profile JSON for `python -m "
-                        "analysis predict --cluster-file` (written by rank 0)")
+    parser.add_argument("--out", type=Path, help="cluster profile JSON for `lartpc analyze "
+                        "predict --cluster-file` (written by rank 0)")
     parser.add_argument("--name", default="measured", help="the profile's name")
     parser.add_argument("--backend", default="auto",
                         choices=choices("dist.backend", without=("none",)),

@@ -13,12 +13,11 @@ import subprocess
 import time
 from pathlib import Path
 
+from train_helpers import clean_env
+
 ROOT = Path(__file__).resolve().parents[1]
 START = ROOT / "jobs" / "slurm" / "local" / "start.sh"
 STOP = ROOT / "jobs" / "slurm" / "local" / "stop.sh"
-#: What a launcher sets for its ranks; a job step must get them from its own launcher.
-LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                 "MASTER_PORT")
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                 "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
 
@@ -42,11 +41,9 @@ def start(timeout_s: float = 600.0, nodes: int = 1) -> dict[str, str]:
     if out.returncode != 0 or not m:
         tail = "\n".join(out.stderr.strip().splitlines()[-15:])
         raise SlurmUnavailable(f"{START} failed (exit {out.returncode}):\n{tail}")
-    env = dict(os.environ)
+    # never an outer job's or launcher's settings (sbatch exports them all to the job)
+    env = {k: v for k, v in clean_env().items() if not k.startswith("LARTPC_")}
     env["SLURM_CONF"] = m.group(1)
-    outer = ("SLURM_JOB", "SLURM_NTASKS", "LARTPC_", "TORCHELASTIC_", "HOROVOD_")
-    for k in [k for k in env if k.startswith(outer) or k in LAUNCHER_VARS]:
-        del env[k]  # never inherit an outer job's settings (sbatch exports them all)
     return env
 
 

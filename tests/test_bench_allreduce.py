@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from lartpc.analysis.predict import allreduce_s, load_profile_file, load_profiles
-from train_helpers import BIN, run
+from train_helpers import BIN, clean_env, run
 
 from lartpc.bench.allreduce import fit_ring, message_sizes, parse_bytes, profile, summarise
 from lartpc.dist.world import first_host
@@ -134,19 +134,13 @@ def test_plain_srun_meets_at_the_steps_first_node(monkeypatch):
 
     # _torch_env fills os.environ: a copy, so nothing it sets outlives the test (a RANK
     # left in the test process once reached a later SLURM job through sbatch)
-    monkeypatch.setattr(os, "environ", _clean_copy())
+    monkeypatch.setattr(os, "environ", clean_env())
     os.environ.update({"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
                        "SLURM_JOB_ID": "123456", "SLURM_STEP_NODELIST": "lartpc-n[1-2]",
                        "SLURM_JOB_NODELIST": "lartpc-n[1-3]"})
     assert _torch_env() == (1, 0, 2)
     assert os.environ["MASTER_ADDR"] == "lartpc-n1"
     assert os.environ["MASTER_PORT"] == str(20000 + 123456 % 20000)
-
-
-def _clean_copy() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items()
-            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-            and not k.startswith(("SLURM_", "TORCHELASTIC_"))}
 
 
 @pytest.mark.parametrize("stale", [{"RANK": "1", "WORLD_SIZE": "2"}, {"RANK": "0"},
@@ -158,10 +152,10 @@ def test_plain_srun_task_ignores_a_rank_inherited_from_the_submitting_shell(
     ranks waited on a server no one started). SLURM's task variables decide."""
     from lartpc.dist.world import _torch_env
 
-    monkeypatch.setattr(os, "environ", _clean_copy())
+    monkeypatch.setattr(os, "environ", clean_env())
     for task, expect in (("0", (0, 0, 2)), ("1", (1, 1, 2))):
         os.environ.clear()
-        os.environ.update({**_clean_copy(), **stale, "SLURM_PROCID": task, "SLURM_NTASKS": "2",
+        os.environ.update({**clean_env(), **stale, "SLURM_PROCID": task, "SLURM_NTASKS": "2",
                            "SLURM_LOCALID": task, "SLURM_STEP_ID": "0",
                            "MASTER_ADDR": "lartpc-n1", "MASTER_PORT": "20046"})
         with caplog.at_level("WARNING", logger="lartpc.dist.world"):
@@ -176,7 +170,7 @@ def test_torchrun_worker_keeps_its_rank_under_srun(monkeypatch):
     the srun task's (one task per node starts several ranks)."""
     from lartpc.dist.world import _torch_env
 
-    monkeypatch.setattr(os, "environ", _clean_copy())
+    monkeypatch.setattr(os, "environ", clean_env())
     os.environ.update({"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0",
                        "TORCHELASTIC_RUN_ID": "42", "RANK": "3", "LOCAL_RANK": "1",
                        "WORLD_SIZE": "4", "MASTER_ADDR": "n1", "MASTER_PORT": "29400"})

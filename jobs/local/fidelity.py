@@ -43,7 +43,7 @@ from lartpc.jobs.local.steps import events, run, say, tool
 from lartpc.bench.train import LARTPC
 from lartpc.config import choices
 from lartpc.runfolder.durable import atomic_write
-from lartpc.runfolder.record import batch_per_rank, read_record, record_path
+from lartpc.runfolder.record import batch_per_rank, flat, read_record, record_path
 
 PAPER_LR, PAPER_BATCH = 1e-3, 7  #: the study's Adam learning rate at 7 events per GPU
 EXIT_MORE = 3  #: this segment ended and the budget is not yet spent: call again
@@ -101,8 +101,7 @@ def results(run: Path, model: str, minutes: float, store: Path) -> dict:
     steps = max((len(df) for df in r.steps.values()), default=0)
     spe, b = int(r.meta.get("steps_per_epoch") or 1), int(batch_per_rank(r.meta) or 7)
     n_train, ranks = int(r.meta.get("train_events") or 0), int(r.meta.get("world_size") or 1)
-    cfg = {f"{sec}.{k}": v for sec, kv in (r.meta.get("config") or {}).items()
-           for k, v in kv.items()}
+    cfg = flat(r.meta.get("config") or {})
     images = (steps // spe) * n_train + min((steps % spe) * b * ranks, n_train)
     return {
         "model": model, "run": str(run), "status": r.meta.get("status"),

@@ -153,7 +153,6 @@ def begin_segment(config: dict, out: Path, resume_step: int | None, process_star
     return info
 
 
-
 def end_segment(info: dict, status: str, end_time: float | None,
                 error: str | None = None) -> None:
     """Mark the run and its last segment with how this segment ended."""

@@ -85,6 +85,10 @@ class TrainConfig:
     #: ranks, off on one: halves changes the measured steps' rounding, so it is asked for)
     noise_scale: str = "auto"
     noise_every_steps: int = 10  #: measure every K steps (cost measured in BENCHMARKS.md)
+    #: a new run starts from the model weights of this checkpoint.pt (or run folder's
+    #: checkpoint): fine-tuning; its optimizer, counters and RNGs are not taken, and a
+    #: run that resumes from its own checkpoint ignores it. "" = random initialisation.
+    init_from: str = ""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -57,11 +57,26 @@ def test_segments_on_fresh_hosts_add_up_to_the_budget(tmp_path):
     ceilings = res["truth_limits"]["classes"]
     assert set(ceilings) == set(res["classes"])
     assert all(0 <= c["accuracy_ceiling"] <= 1 for c in ceilings.values())
+    assert res["events_seed"] == 0 and res["init_from"] is None
+    # fine-tuning that run on other events: another seed, its weights as the start
+    fine, start = tmp_path / "fine", out / "run-scnet-isotropic"
+    r = _fidelity(fine, "--seed", "1", "--minutes", "0.6", "--segment-s", "40",
+                  "--set", f"train.init_from={str(start)!r}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"model weights from {start} (train.init_from)" in r.stderr
+    tuned = json.loads((fine / "fidelity-scnet-isotropic.json").read_text())
+    assert tuned["events_seed"] == 1 and tuned["init_from"] == str(start)
+    assert tuned["learning_curve"][0]["epoch"] == 0 and tuned["segments"] == 1
 
 
-def test_bad_arguments_are_refused(tmp_path):
+@pytest.mark.parametrize("argv,message", [
+    (["--events", "10", "--eval-events", "10"], "--eval-events must be between 1"),
+    (["--minutes", "0.4"], "--minutes 0.4: must exceed 30 s"),
+    (["--segment-s", "0"], "--segment-s 0: must be positive"),
+])
+def test_bad_arguments_are_refused(tmp_path, argv, message):
     r = subprocess.run([sys.executable, "-m", "lartpc.jobs.local.fidelity", "--out",
-                        str(tmp_path / "x"), "--events", "10", "--eval-events", "10"],
+                        str(tmp_path / "x"), *argv],
                        capture_output=True, text=True, timeout=120, env=clean_env(), cwd=ROOT)
-    assert r.returncode == 2 and "--eval-events must be between 1" in r.stderr
+    assert r.returncode == 2 and message in r.stderr, r.stderr
     assert not (tmp_path / "x").exists()

@@ -116,3 +116,49 @@ def test_time_limit_stops_and_evaluates(world, train_events_dir, tmp_path):
     assert 0 < len(rec.steps) < 50 * t.plan.steps_per_epoch
     assert rec.evals and rec.evals[-1].global_step == len(rec.steps) - 1
     assert checkpoint.load(out)["global_step"] == len(rec.steps)
+
+
+def test_init_from_takes_another_runs_weights_and_nothing_else(world, train_events_dir,
+                                                                tmp_path):
+    """train.init_from (fine-tuning): a new run starts from a checkpoint's weights, with
+    a fresh optimizer and counters; a run folder or the file itself may be given."""
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    a_dir.mkdir(), b_dir.mkdir()
+    _, a = _trainer(world, train_events_dir, a_dir, "train.epochs=1")
+    batches = a.batches()
+    for _ in range(3):
+        a.step(*next(batches))
+    checkpoint.write(a_dir, a.state_dict())
+    _, fresh = _trainer(world, train_events_dir, b_dir, "train.seed=5")
+    for source in (a_dir, a_dir / "checkpoint.pt"):
+        _, b = _trainer(world, train_events_dir, b_dir, f"train.init_from={str(source)!r}",
+                        "train.seed=5")
+        assert b.state.global_step == 0 and b.saved_step == -1 and not b.opt.state
+        for pa, pb, pf in zip(a.model.parameters(), b.model.parameters(),
+                              fresh.model.parameters(), strict=True):
+            assert torch.equal(pa, pb) and not torch.equal(pb, pf)
+
+
+def test_init_from_refuses_a_missing_file_another_model_and_other_shapes(
+        world, train_events_dir, tmp_path):
+    from lartpc.errors import ConfigError
+
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    a_dir.mkdir(), b_dir.mkdir()
+    _, a = _trainer(world, train_events_dir, a_dir, "train.epochs=1")
+    state = a.state_dict()
+    checkpoint.write(a_dir, state)
+    with pytest.raises(ConfigError, match=r"train.init_from '.*nothing': no checkpoint"):
+        _trainer(world, train_events_dir, b_dir, f"train.init_from={str(tmp_path / 'nothing')!r}")
+    state["config"]["model"]["name"] = "scnet"
+    torch.save(state, tmp_path / "other.pt")
+    with pytest.raises(ConfigError, match="a scnet checkpoint cannot start a jishnet run"):
+        _trainer(world, train_events_dir, b_dir,
+                 f"train.init_from={str(tmp_path / 'other.pt')!r}")
+    state["config"]["model"]["name"] = "jishnet"
+    name, w = next(iter(state["model"].items()))
+    state["model"][name] = torch.zeros(*w.shape[:-1], w.shape[-1] + 1)
+    torch.save(state, tmp_path / "shapes.pt")
+    with pytest.raises(ConfigError, match="its weights do not fit this model"):
+        _trainer(world, train_events_dir, b_dir,
+                 f"train.init_from={str(tmp_path / 'shapes.pt')!r}")

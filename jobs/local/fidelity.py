@@ -48,7 +48,8 @@ from lartpc.runfolder.record import batch_per_rank, flat, read_record, record_pa
 PAPER_LR, PAPER_BATCH = 1e-3, 7  #: the study's Adam learning rate at 7 events per GPU
 EXIT_MORE = 3  #: this segment ended and the budget is not yet spent: call again
 GOALS = {"electron": 0.90, "muon": 0.90, "overall": 0.70}  #: per-class and overall goals
-SEED = 0  #: events; fixed so a regenerated store is the same store
+MIN_SEGMENT_S = 30  #: a budget left below this is not worth a segment (set-up, evaluation)
+SEED = 0  #: events' default seed; fixed so a regenerated store is the same store
 
 
 TAG = "fidelity"
@@ -115,6 +116,8 @@ def results(run: Path, model: str, minutes: float, store: Path) -> dict:
         "confusion_percent": [[round(100 * v / max(1, row.sum()), 1) for v in row]
                               for row in cm],
         "per_class": per_class, "overall": overall,
+        "events_seed": EventStore(store).attrs.get("seed"),
+        "init_from": cfg.get("train.init_from") or None,
         "batch_per_rank": b, "world_size": ranks, "lr": cfg.get("train.lr"),
         "lr_scaling": cfg.get("train.lr_scaling"), "loss": cfg.get("model.loss"),
         "learning_curve": [] if r.evals is None else
@@ -147,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--events", type=int, default=16500,
                     help="events to simulate (default 15,000 training + 1,500 held out)")
     ap.add_argument("--eval-events", type=int, default=1500)
+    ap.add_argument("--seed", type=int, default=SEED,
+                    help="the events' seed (another seed: other events, e.g. to fine-tune "
+                         "a run with --set train.init_from=RUN on events it has not seen)")
     ap.add_argument("--downsample", type=int, default=1, help="1 = 3600x3600 (the study)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--config", default=None,
@@ -157,8 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", type=Path, default=None,
                     help="also write the results JSON here (to commit under docs/results/)")
     args = ap.parse_args(argv)
-    if args.minutes <= 0 or (args.segment_s is not None and args.segment_s <= 0):
-        ap.error("--minutes and --segment-s must be positive")
+    if args.minutes * 60 <= MIN_SEGMENT_S:
+        ap.error(f"--minutes {args.minutes:g}: must exceed {MIN_SEGMENT_S} s (model set-up "
+                 "and evaluation)")
+    if args.segment_s is not None and args.segment_s <= 0:
+        ap.error(f"--segment-s {args.segment_s:g}: must be positive")
     if not 0 < args.eval_events < args.events:
         ap.error(f"--eval-events must be between 1 and --events - 1, got {args.eval_events}")
     if args.ranks < 1 or args.batch_per_rank < 1:
@@ -166,19 +175,19 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     name = f"{args.model}-{args.geometry}"
     store = events(TAG, args.out / f"events-{args.geometry}-ds{args.downsample}", args.events,
-                   downsample=args.downsample, seed=SEED, workers=args.workers,
+                   downsample=args.downsample, seed=args.seed, workers=args.workers,
                    extra=("--geometry", args.geometry),
                    expect={"source_geometry": args.geometry})
     run = args.out / f"run-{name}"
     budget = 60 * args.minutes
     left = budget - trained_s(run)
-    if left > 30:  # less than that is not worth a segment: model set-up and evaluation
+    if left > MIN_SEGMENT_S:
         _run([*launcher(args.ranks), "train", "--config", args.config or f"paper-{args.model}",
               "--data", str(store), "--out", str(run),
               *[x for s in train_sets(args, min(left, args.segment_s or left))
                 for x in ("--set", s)]])
         left = budget - trained_s(run)
-        if left > 30:
+        if left > MIN_SEGMENT_S:
             _say(f"{left / 60:.1f} of {args.minutes:g} training minutes left: call again")
             return EXIT_MORE
     res = results(run, args.model, args.minutes, store)

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lartpc.errors import ConfigError
 from lartpc.runfolder.durable import atomic_write
 from lartpc.runfolder.schema import CHECKPOINT, RunFolderError
 
@@ -70,6 +71,11 @@ def load(run: Path) -> dict | None:
     path = Path(run) / CHECKPOINT
     if not path.exists():
         return None
+    return read(path)
+
+
+def read(path: Path) -> dict:
+    """The checkpoint in the file ``path`` (see :func:`load`)."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
@@ -89,6 +95,31 @@ def load(run: Path) -> dict | None:
                              f"{', '.join(missing)}); move it away to restart the run "
                              "from step 0")
     return state
+
+
+def init_weights(source: str, model: str) -> dict:
+    """The model weights of ``source`` (``train.init_from``: a checkpoint file or a run
+    folder holding one), from a run of ``model``.
+
+    Raises
+    ------
+    ConfigError
+        When there is no checkpoint there or it is another model's.
+    RunFolderError
+        When the file is not a readable lartpc checkpoint.
+    """
+    path = Path(source)
+    if path.is_dir():
+        path = path / CHECKPOINT
+    if not path.is_file():
+        raise ConfigError(f"train.init_from {source!r}: no checkpoint there (give a "
+                          f"checkpoint file or a run folder holding {CHECKPOINT})")
+    state = read(path)
+    theirs = state["config"].get("model", {}).get("name")
+    if theirs != model:
+        raise ConfigError(f"train.init_from {source!r}: a {theirs} checkpoint cannot "
+                          f"start a {model} run")
+    return state["model"]
 
 
 def restore_rng(state: dict) -> None:

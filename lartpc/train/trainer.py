@@ -27,6 +27,7 @@ from lartpc.config import Config
 from lartpc.data.sharding import ShardPlan
 from lartpc.data.store import EventStore
 from lartpc.dist import World, unwrap_model
+from lartpc.errors import ConfigError
 from lartpc.train import checkpoint
 from lartpc.train.evaluate import evaluate
 from lartpc.train.noise import NoiseMeter
@@ -139,6 +140,8 @@ class Trainer:
         t = cls(cfg, world, run, plan, model, opt, process_start, stops, store_id)
         if resume is not None:
             t.load_state_dict(resume)
+        elif tc.init_from:
+            t.init_weights(tc.init_from)
         world.broadcast_parameters(model)  # every rank starts from rank 0's state
         world.broadcast_optimizer_state(opt)
         # DDP around the plain model (checkpoints hold that one: no `module.` keys),
@@ -179,6 +182,19 @@ class Trainer:
         self.saved_step = self.state.global_step
         log.info("resuming at epoch %d step %d (global step %d)", self.state.epoch,
                  self.state.step_in_epoch, self.state.global_step)
+
+    def init_weights(self, source: str) -> None:
+        """Model weights of another run's checkpoint (``train.init_from``), nothing else."""
+        weights = checkpoint.init_weights(source, self.cfg.model.name)
+        try:
+            unwrap_model(self.model).load_state_dict(weights)
+        except RuntimeError as e:  # other shapes: another resolution or architecture
+            first = str(e).strip().splitlines()[0]
+            raise ConfigError(f"train.init_from {source!r}: its weights do not fit this "
+                              f"model ({first}); same model.name, data.downsample and "
+                              "model options are needed") from None
+        log.info("model weights from %s (train.init_from); optimizer and counters fresh",
+                 source)
 
     def batches(self):
         """The rest of this epoch's batches, each with the seconds spent waiting for it

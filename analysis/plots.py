@@ -220,3 +220,64 @@ def minibatch_scan(result: dict, runs: list[Run], out: Path) -> Path:
                  f"lr scaling {result['lr_scaling']}, {result['seconds_per_run']:g} s per run",
                  fontsize=10)
     return _save(fig, out)
+
+
+def _percent_matrix(ax: plt.Axes, pct: np.ndarray, title: str, ylabels: bool) -> None:
+    """One row-normalised confusion matrix in percent (rows = true class)."""
+    ax.imshow(pct, cmap="Blues", vmin=0, vmax=100)
+    for i in range(len(CLASSES)):
+        for j in range(len(CLASSES)):
+            ax.text(j, i, f"{pct[i, j]:.0f}", ha="center", va="center", fontsize=8,
+                    color="white" if pct[i, j] > 55 else "black")
+    short = ["γ", "e", "μ", "π", "K"]
+    ax.set_xticks(range(len(CLASSES)), short)
+    ax.set_yticks(range(len(CLASSES)), short if ylabels else [])
+    ax.set_xlabel("predicted")
+    if ylabels:
+        ax.set_ylabel("true")
+    ax.set_title(title, fontsize=9)
+
+
+def fidelity(results: list[tuple[str, dict]], paper: tuple[str, list[list[float]],
+             float], out: Path) -> Path:
+    """The fidelity runs beside the paper: each run's held-out confusion matrix, Table 1's,
+    and per class the accuracy (Wilson 95 % bars), the events' truth ceiling (a black
+    tick) and the paper's accuracy. ``results``: (label, fidelity results JSON);
+    ``paper``: (label, confusion in percent, overall accuracy)."""
+    n = len(results) + 1
+    fig = plt.figure(figsize=(3.0 * n + 5.5, 3.6))
+    grid = fig.add_gridspec(1, n + 2, width_ratios=[1] * n + [0.05, 1.9], wspace=0.25)
+    for k, (label, res) in enumerate(results):
+        ax = fig.add_subplot(grid[0, k])
+        acc = res["overall"]["accuracy"]
+        _percent_matrix(ax, np.asarray(res["confusion_percent"], dtype=float),
+                        f"{label}\n{100 * acc:.1f} % overall", ylabels=k == 0)
+    label, pct, acc = paper
+    _percent_matrix(fig.add_subplot(grid[0, n - 1]), np.asarray(pct, dtype=float),
+                    f"{label}\n{100 * acc:.1f} % overall", ylabels=False)
+    ax = fig.add_subplot(grid[0, n + 1])
+    x = np.arange(len(CLASSES))
+    width = 0.8 / n
+    colours = plt.cm.tab10(np.arange(n))
+    for k, (label, res) in enumerate(results):
+        pos = x - 0.4 + width * (k + 0.5)
+        cls = [res["per_class"][c] for c in CLASSES]
+        a = np.array([100 * c["accuracy"] for c in cls])
+        lo = np.array([100 * c["wilson95"][0] for c in cls])
+        hi = np.array([100 * c["wilson95"][1] for c in cls])
+        ax.bar(pos, a, width, color=colours[k], label=label,
+               yerr=[a - lo, hi - a], capsize=2, error_kw={"lw": 0.8})
+        ceil = [100 * res["truth_limits"]["classes"][c]["accuracy_ceiling"] for c in CLASSES]
+        ax.plot(pos, ceil, "_", color="black", ms=12, mew=2,
+                label="truth ceiling of those events" if k == 0 else None)
+    pos = x - 0.4 + width * (n - 0.5)
+    ax.bar(pos, np.diag(np.asarray(pct, dtype=float)), width, color=colours[n - 1],
+           hatch="//", edgecolor="white", label=paper[0])
+    ax.set_xticks(x, list(CLASSES))
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("held-out accuracy (%)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2,
+              frameon=False)
+    ax.set_title("per class", fontsize=9)
+    return _save(fig, out)

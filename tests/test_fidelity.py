@@ -80,3 +80,40 @@ def test_bad_arguments_are_refused(tmp_path, argv, message):
                        capture_output=True, text=True, timeout=120, env=clean_env(), cwd=ROOT)
     assert r.returncode == 2 and message in r.stderr, r.stderr
     assert not (tmp_path / "x").exists()
+
+
+def _figure(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lartpc.jobs.local.fidelity_figure", *argv],
+                          capture_output=True, text=True, timeout=120, env=clean_env(),
+                          cwd=ROOT)
+
+
+def test_figure_of_the_committed_results(tmp_path):
+    """The README figure from the committed fidelity results (real runs of this tool)."""
+    results = sorted((ROOT / "docs" / "results").glob("fidelity-scnet-*.json"))
+    assert {"beam", "isotropic"} <= {p.stem.split("-")[2] for p in results}
+    out = tmp_path / "fig" / "fidelity.png"
+    r = _figure(*map(str, results), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
+    from lartpc.jobs.local.fidelity_figure import geometry, label, load
+
+    res = load(results[0])
+    assert geometry(res) in {"beam", "isotropic"} and geometry(res) in label(res)
+
+
+def test_figure_refuses_what_is_not_a_results_file(tmp_path):
+    good = sorted((ROOT / "docs" / "results").glob("fidelity-scnet-*.json"))[0]
+    res = json.loads(good.read_text())
+    del res["truth_limits"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(res))
+    other = tmp_path / "jish.json"
+    other.write_text(json.dumps({**json.loads(good.read_text()), "model": "jishnet"}))
+    out = tmp_path / "fig.png"
+    for argv, message in [([str(bad)], f"{bad}: not a fidelity results JSON (no truth_limits)"),
+                          ([str(tmp_path / "none.json")], "cannot read a results JSON"),
+                          ([str(good), str(other)], "the results are of jishnet, scnet")]:
+        r = _figure(*argv, "--out", str(out))
+        assert r.returncode == 2 and message in r.stderr, r.stderr
+        assert r.stderr.count("\n") == 1 and not out.exists()

@@ -116,6 +116,7 @@ def results(run: Path, model: str, minutes: float, store: Path) -> dict:
         "confusion_percent": [[round(100 * v / max(1, row.sum()), 1) for v in row]
                               for row in cm],
         "per_class": per_class, "overall": overall,
+        "geometry": EventStore(store).attrs.get("source_geometry"),
         "events_seed": EventStore(store).attrs.get("seed"),
         "init_from": cfg.get("train.init_from") or None,
         "batch_per_rank": b, "world_size": ranks, "lr": cfg.get("train.lr"),

@@ -201,8 +201,10 @@ def preempted(train_events_dir, tmp_path_factory):
     from train_helpers import clean_env
 
     out = tmp_path_factory.mktemp("live") / "preempted"
-    proc = subprocess.Popen(train_cmd(train_events_dir, out), env=clean_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # epochs enough that it cannot complete before the signal lands on a busy host
+    proc = subprocess.Popen(train_cmd(train_events_dir, out, "train.epochs=1000"),
+                            env=clean_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 240
         log = out / "rank-000.csv"

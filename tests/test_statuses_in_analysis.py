@@ -43,8 +43,10 @@ def study(train_events_dir, tmp_path_factory):
     # SIGKILL, as a lost node leaves it: status running
     kill_after_steps(train_cmd(train_events_dir, root / "running", *NOISE), root / "running", 3)
     out = root / "preempted"
-    proc = subprocess.Popen(train_cmd(train_events_dir, out, *NOISE), env=clean_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # epochs enough that it cannot complete before the signal lands on a busy host
+    proc = subprocess.Popen(train_cmd(train_events_dir, out, *NOISE, "train.epochs=1000"),
+                            env=clean_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     log = out / "rank-000.csv"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and not (log.exists()

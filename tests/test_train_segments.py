@@ -241,8 +241,10 @@ def test_sighup_checkpoints_preempted(train_events_dir, tmp_path):
     """A closed terminal or ssh session (SIGHUP) stops the run as preempted, with a
     checkpoint at the last logged step, instead of leaving status "running"."""
     out = tmp_path / "run"
-    proc = subprocess.Popen(train_cmd(train_events_dir, out), env=clean_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # epochs enough that it cannot complete before the signal lands on a busy host
+    proc = subprocess.Popen(train_cmd(train_events_dir, out, "train.epochs=1000"),
+                            env=clean_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
     try:
         _wait_rows(out, 2, proc)
         proc.send_signal(signal.SIGHUP)

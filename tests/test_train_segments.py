@@ -237,6 +237,12 @@ def test_disk_full_fails_cleanly_and_retry_resumes(reference, train_events_dir, 
     assert _losses(out) == _losses(reference[0])
 
 
+def _hup(disposition):
+    """A child's SIGHUP disposition as a terminal (SIG_DFL) or ``nohup`` (SIG_IGN) leaves
+    it, whatever the test runner inherited (a suite started under nohup ignores it)."""
+    return lambda: signal.signal(signal.SIGHUP, disposition)
+
+
 def test_sighup_checkpoints_preempted(train_events_dir, tmp_path):
     """A closed terminal or ssh session (SIGHUP) stops the run as preempted, with a
     checkpoint at the last logged step, instead of leaving status "running"."""
@@ -244,7 +250,8 @@ def test_sighup_checkpoints_preempted(train_events_dir, tmp_path):
     # epochs enough that it cannot complete before the signal lands on a busy host
     proc = subprocess.Popen(train_cmd(train_events_dir, out, "train.epochs=1000"),
                             env=clean_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_hup(signal.SIG_DFL))
     try:
         _wait_rows(out, 2, proc)
         proc.send_signal(signal.SIGHUP)
@@ -257,3 +264,25 @@ def test_sighup_checkpoints_preempted(train_events_dir, tmp_path):
     assert _info(out)["status"] == "preempted"
     done = len(rows(out / "rank-000.csv"))
     assert torch.load(out / "checkpoint.pt", weights_only=True)["global_step"] == done >= 2
+
+
+def test_sighup_is_left_ignored_under_nohup(train_events_dir, tmp_path):
+    """Started under nohup (SIGHUP ignored), the training outlives the terminal: SIGHUP
+    changes nothing, and a later SIGTERM still stops it as preempted."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(train_cmd(train_events_dir, out, "train.epochs=1000"),
+                            env=clean_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_hup(signal.SIG_IGN))
+    try:
+        _wait_rows(out, 2, proc)
+        proc.send_signal(signal.SIGHUP)
+        seen = len(rows(out / "rank-000.csv"))
+        _wait_rows(out, seen + 3, proc)  # still training, three steps later
+        assert _info(out)["status"] == "running"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert _info(out)["status"] == "preempted"

@@ -47,10 +47,11 @@ def load(path: Path) -> dict:
 
 
 def label(res: dict) -> str:
-    hours = res.get("training_s", 0) / 3600
-    start = " + fine-tune" if res.get("init_from") else ""
-    return (f"{geometry(res)}, CPU{start}, {hours:.1f} h"
-            + (" (interim)" if res.get("interim") else ""))
+    """What the figure calls a run: geometry, hours of training (of this run only: a
+    fine-tuned run says so) and whether the results are interim."""
+    hours = f"{res.get('training_s', 0) / 3600:.1f} h"
+    trained = f"fine-tuned {hours}" if res.get("init_from") else hours
+    return f"{geometry(res)}, CPU, {trained}" + (" (interim)" if res.get("interim") else "")
 
 
 def main(argv: list[str] | None = None) -> int:

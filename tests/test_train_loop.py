@@ -77,15 +77,23 @@ def test_loop_in_process_writes_every_step_and_evaluation(world, train_events_di
     assert t.close() == 0.0
 
 
-def test_state_dict_round_trip_continues_identically(world, train_events_dir, tmp_path):
-    """A trainer rebuilt from another's state_dict takes the very same next step."""
+def _three_steps_saved(world, data, tmp_path):
+    """A trainer in ``tmp_path/a`` three steps in, its checkpoint written through the file
+    (as a resume reads it); returns it, its batch iterator, its folder and an empty
+    ``tmp_path/b`` for a second trainer."""
     a_dir, b_dir = tmp_path / "a", tmp_path / "b"
     a_dir.mkdir(), b_dir.mkdir()
-    _, a = _trainer(world, train_events_dir, a_dir, "train.epochs=1")
+    _, a = _trainer(world, data, a_dir, "train.epochs=1")
     batches = a.batches()
     for _ in range(3):
         a.step(*next(batches))
-    checkpoint.write(a_dir, a.state_dict())  # through the file, as a resume reads it
+    checkpoint.write(a_dir, a.state_dict())
+    return a, batches, a_dir, b_dir
+
+
+def test_state_dict_round_trip_continues_identically(world, train_events_dir, tmp_path):
+    """A trainer rebuilt from another's state_dict takes the very same next step."""
+    a, batches, a_dir, b_dir = _three_steps_saved(world, train_events_dir, tmp_path)
     state = checkpoint.load(a_dir)
     _, b = _trainer(world, train_events_dir, b_dir, "train.epochs=1", resume=state)
     assert b.state.global_step == 3 and b.saved_step == 3
@@ -122,13 +130,7 @@ def test_init_from_takes_another_runs_weights_and_nothing_else(world, train_even
                                                                 tmp_path):
     """train.init_from (fine-tuning): a new run starts from a checkpoint's weights, with
     a fresh optimizer and counters; a run folder or the file itself may be given."""
-    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
-    a_dir.mkdir(), b_dir.mkdir()
-    _, a = _trainer(world, train_events_dir, a_dir, "train.epochs=1")
-    batches = a.batches()
-    for _ in range(3):
-        a.step(*next(batches))
-    checkpoint.write(a_dir, a.state_dict())
+    a, batches, a_dir, b_dir = _three_steps_saved(world, train_events_dir, tmp_path)
     _, fresh = _trainer(world, train_events_dir, b_dir, "train.seed=5")
     for source in (a_dir, a_dir / "checkpoint.pt"):
         _, b = _trainer(world, train_events_dir, b_dir, f"train.init_from={str(source)!r}",

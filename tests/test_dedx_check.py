@@ -21,6 +21,15 @@ def e_gamma_beam(tmp_path_factory):
     return d
 
 
+@pytest.fixture(scope="module")
+def e_gamma_isotropic(tmp_path_factory):
+    from lartpc.sim import write_dataset
+
+    d = tmp_path_factory.mktemp("e_gamma_isotropic")
+    write_dataset(d, 120, seed=12, classes="gamma,electron", source_geometry="isotropic")
+    return d
+
+
 def test_photon_starts_carry_two_mips_per_wire(e_gamma_beam, capsys):
     assert main([str(e_gamma_beam), "--events", "60", "--lengths", "2,4"]) == 0
     got = json.loads(capsys.readouterr().out)
@@ -29,6 +38,25 @@ def test_photon_starts_carry_two_mips_per_wire(e_gamma_beam, capsys):
         # a pair is two MIPs (Bethe-Bloch: each e+- near 2.1 MeV/cm on the Fermi plateau)
         assert 1.6 < cut["median_gamma"] / cut["median_electron"] < 2.5, cut
     assert got["2cm"]["balanced_accuracy"] >= 0.8, got
+    # beam directions are within 5 degrees of the wire-number axis: all in the last bin
+    bins = got["2cm"]["by_wire_cosine"]
+    assert [b["events_gamma"] + b["events_electron"] for b in bins] == [0, 0, 0, 60], bins
+
+
+def test_charge_per_cm_does_not_depend_on_the_direction(e_gamma_beam, e_gamma_isotropic,
+                                                        capsys):
+    """Charge per wire times |cos| / pitch is dQ/dx: an isotropic electron's start gives
+    the beam electron's (one MIP), whatever its angle to the wires; and the per-angle
+    bins hold every event, with |cos| of isotropic directions spread over all of them."""
+    assert main([str(e_gamma_beam), "--events", "60", "--lengths", "4"]) == 0
+    beam = json.loads(capsys.readouterr().out)["4cm"]
+    assert main([str(e_gamma_isotropic), "--events", "120", "--lengths", "4"]) == 0
+    iso = json.loads(capsys.readouterr().out)["4cm"]
+    assert 0.75 < iso["median_electron"] / beam["median_electron"] < 1.33, (iso, beam)
+    bins = iso["by_wire_cosine"]
+    assert sum(b["events_gamma"] for b in bins) == iso["events_gamma"] == 60, bins
+    assert sum(b["events_electron"] for b in bins) == iso["events_electron"] == 60, bins
+    assert all(b["events_gamma"] + b["events_electron"] >= 15 for b in bins), bins
 
 
 def test_downsampled_store_is_refused_in_one_line(events_dir):

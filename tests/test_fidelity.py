@@ -3,6 +3,7 @@ tiny settings (the real one is 16,500 full-resolution events and 20 minutes on a
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 import subprocess
@@ -54,6 +55,17 @@ def test_segments_on_fresh_hosts_add_up_to_the_budget(tmp_path):
     assert res["world_size"] == 2 and res["batch_per_rank"] == 4
     assert res["lr"] == pytest.approx(1e-3 * (4 / 7) ** 0.5)  # the square-root rule
     assert res["learning_curve"] and res["learning_curve"][-1]["epoch"] >= 0
+    # the training side of the curve: rank 0's global loss and accuracy over each epoch
+    with open(out / "run-scnet-isotropic" / "rank-000.csv") as f:
+        rows = list(csv.DictReader(f))
+    for point in res["learning_curve"]:
+        assert {"acc_electron", "acc_kaon"} <= set(point), point
+        mine = [r for r in rows if int(r["epoch"]) == int(point["epoch"])]
+        assert mine, point
+        assert point["train_loss"] == pytest.approx(
+            sum(float(r["global_loss"]) for r in mine) / len(mine))
+        assert point["train_accuracy"] == pytest.approx(
+            sum(float(r["global_acc"]) for r in mine) / len(mine))
     ceilings = res["truth_limits"]["classes"]
     assert set(ceilings) == set(res["classes"])
     assert all(0 <= c["accuracy_ceiling"] <= 1 for c in ceilings.values())

@@ -6,8 +6,10 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -79,6 +81,48 @@ def test_segments_on_fresh_hosts_add_up_to_the_budget(tmp_path):
     tuned = json.loads((fine / "fidelity-scnet-isotropic.json").read_text())
     assert tuned["events_seed"] == 1 and tuned["init_from"] == str(start)
     assert tuned["learning_curve"][0]["epoch"] == 0 and tuned["segments"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.sparse
+def test_sigterm_to_the_job_preempts_its_training(tmp_path):
+    """A SIGTERM to the fidelity job alone (kill, a scheduler) reaches the training under
+    it: the ranks checkpoint and stop (status preempted), none is left running, and the
+    job says so in one line and exits 128 + 15."""
+    out = tmp_path / "fid"
+    cmd = [sys.executable, "-m", "lartpc.jobs.local.fidelity", "--out", str(out), "--config",
+           "tiny-scnet", "--events", "60", "--eval-events", "10", "--downsample", "8",
+           "--minutes", "10", "--workers", "2", "--device", "cpu", "--ranks", "2",
+           "--batch-per-rank", "4", "--set", "train.threads=1"]
+    log = tmp_path / "job.log"  # a file, not a pipe: a full pipe would stall the ranks
+    with open(log, "w") as f:
+        job = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=clean_env(),
+                               cwd=ROOT)
+    started = out / "run-scnet-isotropic" / "rank-000.csv"
+    deadline = time.monotonic() + 300
+    while not started.exists() and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert started.exists(), "the training never started"
+    job.send_signal(signal.SIGTERM)
+    try:
+        job.wait(timeout=180)
+    finally:
+        job.kill()
+    err = log.read_text()
+    assert job.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "stopped by SIGTERM" in err and "run the same command again" in err, err[-3000:]
+    record = json.loads((out / "run-scnet-isotropic" / "run.json").read_text())
+    assert record["status"] == "preempted", record["status"]
+    left = [p for p in Path("/proc").glob("[0-9]*")
+            if str(out).encode() in _cmdline(p)]
+    assert not left, [_cmdline(p) for p in left]
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 @pytest.mark.parametrize("argv,message", [

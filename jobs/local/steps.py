@@ -4,6 +4,7 @@ a command, and making (or reusing) an event store."""
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -23,12 +24,39 @@ def say(tag: str, msg: str) -> None:
 
 
 def run(tag: str, cmd: list[str]) -> None:
-    """Run ``cmd``; a failure ends the job with a line naming it."""
+    """Run ``cmd``; a failure ends the job with a line naming it.
+
+    A SIGTERM to this job (``kill``, a scheduler) is passed on to ``cmd``, so a training
+    checkpoints and stops (status preempted) instead of running on without its job; a
+    Ctrl-C reaches ``cmd`` from the terminal itself, so it is only waited out. Either
+    way the job then ends with 128 + the signal's number and a line saying that the same
+    command resumes."""
     say(tag, "$ " + " ".join(cmd))
-    r = subprocess.run(cmd)
-    if r.returncode != 0:
-        raise SystemExit(f"{tag}: command failed with exit code {r.returncode}: "
-                         f"{' '.join(cmd)}")
+    got: list[int] = []
+    procs: list[subprocess.Popen] = []
+
+    def on_term(signum, frame) -> None:
+        got.append(signum)
+        for proc in procs:
+            proc.send_signal(signum)
+
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, on_term),
+                signal.SIGINT: signal.signal(signal.SIGINT, lambda s, f: got.append(s))}
+    try:
+        code = 0
+        if not got:
+            procs.append(subprocess.Popen(cmd))
+            code = procs[0].wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if got:
+        name = signal.Signals(got[0]).name
+        say(tag, f"stopped by {name} (exit code {code} from {Path(cmd[0]).name}); "
+                 "run the same command again to go on")
+        raise SystemExit(128 + got[0])
+    if code != 0:
+        raise SystemExit(f"{tag}: command failed with exit code {code}: {' '.join(cmd)}")
 
 
 def events(tag: str, data: Path, n: int, *, downsample: int, seed: int, workers: int,

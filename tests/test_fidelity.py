@@ -3,7 +3,6 @@ tiny settings (the real one is 16,500 full-resolution events and 20 minutes on a
 
 from __future__ import annotations
 
-import csv
 import json
 import shutil
 import signal
@@ -13,18 +12,22 @@ import time
 from pathlib import Path
 
 import pytest
-from train_helpers import clean_env
+from train_helpers import clean_env, rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _fidelity_cmd(out: Path, *extra: str) -> list[str]:
+    """The fidelity job at tiny settings (``extra`` options override the ones here)."""
+    return [sys.executable, "-m", "lartpc.jobs.local.fidelity", "--out", str(out), "--config",
+            "tiny-scnet", "--events", "60", "--eval-events", "10", "--downsample", "8",
+            "--minutes", "1", "--segment-s", "20", "--workers", "2", "--device", "cpu",
+            "--ranks", "2", "--batch-per-rank", "4", "--set", "train.threads=1", *extra]
+
+
 def _fidelity(out: Path, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "lartpc.jobs.local.fidelity", "--out", str(out), "--config",
-           "tiny-scnet", "--events", "60", "--eval-events", "10", "--downsample", "8",
-           "--minutes", "1", "--segment-s", "20", "--workers", "2", "--device", "cpu",
-           "--ranks", "2", "--batch-per-rank", "4", "--set", "train.threads=1", *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=clean_env(),
-                          cwd=ROOT)
+    return subprocess.run(_fidelity_cmd(out, *extra), capture_output=True, text=True,
+                          timeout=600, env=clean_env(), cwd=ROOT)
 
 
 @pytest.mark.slow
@@ -58,11 +61,10 @@ def test_segments_on_fresh_hosts_add_up_to_the_budget(tmp_path):
     assert res["lr"] == pytest.approx(1e-3 * (4 / 7) ** 0.5)  # the square-root rule
     assert res["learning_curve"] and res["learning_curve"][-1]["epoch"] >= 0
     # the training side of the curve: rank 0's global loss and accuracy over each epoch
-    with open(out / "run-scnet-isotropic" / "rank-000.csv") as f:
-        rows = list(csv.DictReader(f))
+    logged = rows(out / "run-scnet-isotropic" / "rank-000.csv")
     for point in res["learning_curve"]:
         assert {"acc_electron", "acc_kaon"} <= set(point), point
-        mine = [r for r in rows if int(r["epoch"]) == int(point["epoch"])]
+        mine = [r for r in logged if int(r["epoch"]) == int(point["epoch"])]
         assert mine, point
         assert point["train_loss"] == pytest.approx(
             sum(float(r["global_loss"]) for r in mine) / len(mine))
@@ -90,10 +92,7 @@ def test_sigterm_to_the_job_preempts_its_training(tmp_path):
     it: the ranks checkpoint and stop (status preempted), none is left running, and the
     job says so in one line and exits 128 + 15."""
     out = tmp_path / "fid"
-    cmd = [sys.executable, "-m", "lartpc.jobs.local.fidelity", "--out", str(out), "--config",
-           "tiny-scnet", "--events", "60", "--eval-events", "10", "--downsample", "8",
-           "--minutes", "10", "--workers", "2", "--device", "cpu", "--ranks", "2",
-           "--batch-per-rank", "4", "--set", "train.threads=1"]
+    cmd = _fidelity_cmd(out, "--minutes", "10", "--segment-s", "600")
     log = tmp_path / "job.log"  # a file, not a pipe: a full pipe would stall the ranks
     with open(log, "w") as f:
         job = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=clean_env(),

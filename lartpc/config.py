@@ -36,6 +36,9 @@ class ModelConfig:
     #: SCNet: spconv algorithm, auto (spconv's choice: implicit GEMM on CUDA builds,
     #: native on CPU builds) | native | implicit_gemm | split_implicit_gemm
     algo: str = "auto"
+    #: the classifier head: flatten (the study: the last map flattened into a dense
+    #: layer) | max (each channel's maximum over the map: position-free, a diagnostic)
+    head: str = "flatten"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -120,6 +123,7 @@ CHOICES = {
     "train.grad_compression": ("none", "fp16"),
     "train.device": ("auto", "cpu", "cuda"),
     "model.algo": ("auto", "native", "implicit_gemm", "split_implicit_gemm"),
+    "model.head": ("flatten", "max"),
     "train.amp": ("none", "bf16", "fp16"),
     "train.noise_scale": ("off", "auto", "ranks", "halves"),
     "dist.backend": ("auto", "horovod", "torch", "none"),

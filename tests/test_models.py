@@ -73,6 +73,28 @@ def test_output_shape_at_other_sizes(name, size):
     assert model.head.in_features == 256 * model.out_hw[0] * model.out_hw[1]
 
 
+@pytest.mark.sparse
+def test_max_head_sees_an_event_the_same_wherever_it_lies():
+    """model.head=max: an event moved by SCNet's total stride (5*5*4*4 = 400 pixels)
+    gives the same map one cell over, so the same logits; the study's flattened head
+    weighs each cell on its own and tells the two apart."""
+    events, _ = events_at(8, 3)  # real 450 x 450 events
+    size = (450, 1250)  # trunk map 1 x 3: columns 0-399, 400-799, 800-1199
+    here = _batch_from_events(events, size, "sparse")
+    there = _batch_from_events(events, size, "sparse")
+    there.coords = there.coords.clone()
+    there.coords[:, 2] += 400
+    torch.manual_seed(0)
+    pooled, flat = build("scnet", size, head="max"), build("scnet", size)
+    with torch.no_grad():
+        assert torch.allclose(pooled(here), pooled(there), atol=1e-5)
+        assert not torch.allclose(flat(here), flat(there), atol=1e-3)
+    assert pooled.head.in_features == 256 and flat.head.in_features == 256 * 3
+    assert build("jishnet", size, head="max").head.in_features == 256
+    with pytest.raises(ConfigError, match="model.head='mean': expected one of flatten, max"):
+        build("scnet", size, head="mean")
+
+
 @pytest.mark.parametrize("size,jish,sc", [
     (3600, (9, 9), (9, 9)), (1800, (4, 4), (4, 4)), (900, (2, 2), (2, 2)),
     # JishNet's k4/p2 convolutions grow the map by one pixel; the poolings floor

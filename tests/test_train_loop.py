@@ -141,6 +141,23 @@ def test_init_from_takes_another_runs_weights_and_nothing_else(world, train_even
             assert torch.equal(pa, pb) and not torch.equal(pb, pf)
 
 
+def test_init_from_with_another_head_takes_the_trunk_and_starts_the_head_fresh(
+        world, train_events_dir, tmp_path, caplog):
+    """model.head=max from a flatten-head run (the pooled-head diagnostic started from a
+    trained trunk): the convolutions' weights carry over, the head is this run's own."""
+    a, _, a_dir, b_dir = _three_steps_saved(world, train_events_dir, tmp_path)
+    _, fresh = _trainer(world, train_events_dir, b_dir, "train.seed=5", "model.head='max'")
+    with caplog.at_level("INFO", logger="lartpc.train.trainer"):
+        _, b = _trainer(world, train_events_dir, b_dir, f"train.init_from={str(a_dir)!r}",
+                        "train.seed=5", "model.head='max'")
+    assert "trunk only: its head is not model.head=max" in caplog.text
+    for name, p in b.model.named_parameters():
+        source = fresh if name.startswith("head.") else a
+        assert torch.equal(p, dict(source.model.named_parameters())[name]), name
+    assert (a.model.head.pooling, b.model.head.pooling) == ("flatten", "max")
+    assert not torch.equal(b.model.head.fc1.weight, a.model.head.fc1.weight)
+
+
 def test_init_from_refuses_a_missing_file_another_model_and_other_shapes(
         world, train_events_dir, tmp_path):
     from lartpc.errors import ConfigError

@@ -47,6 +47,8 @@ class JishNet(nn.Module):
         increasing, so ``pool(elu(x)) == elu(pool(x))`` and the gradient goes to the
         same arg-max; the activation then touches 1/k^2 of the pixels. Off by default
         so the default graph is the published one, layer for layer.
+    head : the classifier head's pooling, ``flatten`` (the study) or ``max``
+        (:class:`~lartpc.models.head.Head`).
     """
 
     input_kind = "dense"
@@ -58,10 +60,11 @@ class JishNet(nn.Module):
         whole model, not an option of its own.)"""
         if cfg.algo != "auto":
             raise ConfigError(f"model.algo={cfg.algo!r} is an SCNet option (model.name=jishnet)")
-        return {"channels_last": cfg.channels_last, "elu_after_pool": cfg.elu_after_pool}
+        return {"channels_last": cfg.channels_last, "elu_after_pool": cfg.elu_after_pool,
+                "head": cfg.head}
 
     def __init__(self, image_size: tuple[int, int], *, channels_last: bool = False,
-                 elu_after_pool: bool = False):
+                 elu_after_pool: bool = False, head: str = "flatten"):
         super().__init__()
         self.image_size = (int(image_size[0]), int(image_size[1]))
         self.out_hw = trunk_shape(self.image_size)
@@ -73,7 +76,7 @@ class JishNet(nn.Module):
             cin = cout
         self.convs = nn.ModuleList(convs)
         self.pools = [pool for *_, pool in STAGES]
-        self.head = Head(cin * self.out_hw[0] * self.out_hw[1])
+        self.head = Head(cin, self.out_hw, head)
         if channels_last:
             self.to(memory_format=torch.channels_last)
 

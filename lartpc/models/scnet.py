@@ -75,6 +75,8 @@ class SCNet(nn.Module):
         ``split_implicit_gemm``, or None for spconv's default.
     half : run the sparse trunk in float16 under CUDA autocast (CUDA only); the head
         stays float32.
+    head : the classifier head's pooling, ``flatten`` (the study) or ``max``
+        (:class:`~lartpc.models.head.Head`).
     """
 
     input_kind = "sparse"
@@ -92,10 +94,11 @@ class SCNet(nn.Module):
         if amp == "fp16" and device_type != "cuda":
             raise ConfigError("train.amp=fp16 with model.name=scnet needs CUDA (spconv's CPU "
                               "kernels are float32 only); use train.amp=none on CPU")
-        return {"algo": None if cfg.algo == "auto" else cfg.algo, "half": amp == "fp16"}
+        return {"algo": None if cfg.algo == "auto" else cfg.algo, "half": amp == "fp16",
+                "head": cfg.head}
 
     def __init__(self, image_size: tuple[int, int], *, algo: str | None = None,
-                 half: bool = False):
+                 half: bool = False, head: str = "flatten"):
         super().__init__()
         spconv = import_spconv()
         self.image_size = (int(image_size[0]), int(image_size[1]))
@@ -110,7 +113,7 @@ class SCNet(nn.Module):
             pools.append(spconv.SparseMaxPool2d(pool, stride=pool, algo=conv_algo))
             cin = cout
         self.convs, self.pools = nn.ModuleList(convs), nn.ModuleList(pools)
-        self.head = Head(cin * self.out_hw[0] * self.out_hw[1])
+        self.head = Head(cin, self.out_hw, head)
 
     def forward(self, batch) -> torch.Tensor:
         """Logits (B, 5) for a :class:`~lartpc.data.batch.Batch` with ``coords`` and

@@ -97,9 +97,11 @@ def read(path: Path) -> dict:
     return state
 
 
-def init_weights(source: str, model: str) -> dict:
+def init_weights(source: str, model: str, head: str = "flatten") -> tuple[dict, bool]:
     """The model weights of ``source`` (``train.init_from``: a checkpoint file or a run
-    folder holding one), from a run of ``model``.
+    folder holding one), from a run of ``model``, and whether its head was left out:
+    when ``source`` was trained with another ``model.head`` than ``head``, only the
+    trunk's weights carry over (the head's shapes differ) and the head starts fresh.
 
     Raises
     ------
@@ -119,7 +121,10 @@ def init_weights(source: str, model: str) -> dict:
     if theirs != model:
         raise ConfigError(f"train.init_from {source!r}: a {theirs} checkpoint cannot "
                           f"start a {model} run")
-    return state["model"]
+    weights = state["model"]
+    if state["config"]["model"].get("head", "flatten") == head:
+        return weights, False
+    return {k: v for k, v in weights.items() if not k.startswith("head.")}, True
 
 
 def restore_rng(state: dict) -> None:

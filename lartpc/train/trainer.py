@@ -185,16 +185,23 @@ class Trainer:
 
     def init_weights(self, source: str) -> None:
         """Model weights of another run's checkpoint (``train.init_from``), nothing else."""
-        weights = checkpoint.init_weights(source, self.cfg.model.name)
+        weights, head_fresh = checkpoint.init_weights(source, self.cfg.model.name,
+                                                      self.cfg.model.head)
         try:
-            unwrap_model(self.model).load_state_dict(weights)
+            missing, unexpected = unwrap_model(self.model).load_state_dict(
+                weights, strict=not head_fresh)
         except RuntimeError as e:  # other shapes: another resolution or architecture
             first = str(e).strip().splitlines()[0]
             raise ConfigError(f"train.init_from {source!r}: its weights do not fit this "
                               f"model ({first}); same model.name, data.downsample and "
                               "model options are needed") from None
-        log.info("model weights from %s (train.init_from); optimizer and counters fresh",
-                 source)
+        odd = [k for k in missing if not k.startswith("head.")] + unexpected
+        if odd:
+            raise ConfigError(f"train.init_from {source!r}: its weights do not fit this "
+                              f"model (missing or unexpected: {', '.join(odd)})")
+        log.info("model weights from %s (train.init_from%s); optimizer and counters fresh",
+                 source, f", trunk only: its head is not model.head={self.cfg.model.head}"
+                 if head_fresh else "")
 
     def batches(self):
         """The rest of this epoch's batches, each with the seconds spent waiting for it

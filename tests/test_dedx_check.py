@@ -59,6 +59,25 @@ def test_charge_per_cm_does_not_depend_on_the_direction(e_gamma_beam, e_gamma_is
     assert all(b["events_gamma"] + b["events_electron"] >= 15 for b in bins), bins
 
 
+def test_one_plane_cannot_see_how_far_a_track_leans_along_the_wires(
+        e_gamma_beam, e_gamma_isotropic, capsys):
+    """``seen``: charge per cm of the track's projection onto the plane, what an image
+    shows. Beam tracks lie in the plane (|d_y| < 0.09), so it is their dQ/dx; an
+    isotropic electron leaning along the wires (|d_y| > 0.75: its projection is under
+    2/3 of its length) looks like 1.5 MIPs or more, so the cut takes it for a photon."""
+    assert main([str(e_gamma_beam), "--events", "60", "--lengths", "4"]) == 0
+    beam = json.loads(capsys.readouterr().out)["4cm"]
+    assert 1.0 <= beam["seen"]["median_electron"] / beam["median_electron"] < 1.01, beam
+    assert [b["events_gamma"] + b["events_electron"]
+            for b in beam["seen"]["by_along_wires"]] == [60, 0, 0, 0], beam
+    assert main([str(e_gamma_isotropic), "--events", "120", "--lengths", "4"]) == 0
+    iso = json.loads(capsys.readouterr().out)["4cm"]
+    flat, leaning = iso["seen"]["by_along_wires"][0], iso["seen"]["by_along_wires"][-1]
+    assert min(flat["events_electron"], leaning["events_electron"]) >= 8, iso
+    assert leaning["electron_accuracy"] < flat["electron_accuracy"] - 0.3, iso
+    assert iso["seen"]["balanced_accuracy"] < iso["balanced_accuracy"], iso
+
+
 def test_downsampled_store_is_refused_in_one_line(events_dir):
     r = run([sys.executable, "-m", "lartpc.jobs.local.dedx_check", str(events_dir)],
             timeout=120)

@@ -155,6 +155,9 @@ def test_figure_of_the_committed_results(tmp_path):
 
     res = load(results[0])
     assert geometry(res) in {"beam", "isotropic"} and geometry(res) in label(res)
+    # a run at another resolution or with the diagnostic head says so in the legend
+    assert "x450" not in label(res) and "head" not in label(res)
+    assert label({**res, "downsample": 8, "head": "max"}).endswith(", 450x450, max head")
 
 
 def test_figure_refuses_what_is_not_a_results_file(tmp_path):

@@ -121,6 +121,8 @@ def results(run: Path, model: str, minutes: float, store: Path) -> dict:
         "init_from": cfg.get("train.init_from") or None,
         "batch_per_rank": b, "world_size": ranks, "lr": cfg.get("train.lr"),
         "lr_scaling": cfg.get("train.lr_scaling"), "loss": cfg.get("model.loss"),
+        "head": cfg.get("model.head", "flatten"),
+        "downsample": EventStore(store).geometry.downsample,
         "learning_curve": learning_curve(r),
         "truth_limits": truth_limits(EventStore(store)),
         "goals": {c: {"goal": g, "met": acc[c] is not None and acc[c] >= g}

@@ -51,7 +51,11 @@ def label(res: dict) -> str:
     fine-tuned run says so) and whether the results are interim."""
     hours = f"{res.get('training_s', 0) / 3600:.1f} h"
     trained = f"fine-tuned {hours}" if res.get("init_from") else hours
-    return f"{geometry(res)}, CPU, {trained}" + (" (interim)" if res.get("interim") else "")
+    side = 3600 // res.get("downsample", 1)
+    extra = ([f"{side}x{side}"] if side != 3600 else []) \
+        + ([f"{res['head']} head"] if res.get("head", "flatten") != "flatten" else [])
+    return ", ".join([geometry(res), "CPU", trained, *extra]) \
+        + (" (interim)" if res.get("interim") else "")
 
 
 def main(argv: list[str] | None = None) -> int:

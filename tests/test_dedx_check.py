@@ -92,6 +92,23 @@ def test_the_start_found_in_the_image_alone_still_separates_e_from_gamma(
         assert got["median_gamma"] > 1.5 * got["median_electron"], got
 
 
+def test_find_start_of_an_event_with_next_to_nothing_visible(e_gamma_isotropic):
+    """A shower below threshold leaves no pixel, or a few: a start is still returned (the
+    charge after it is then what there is), not an error."""
+    import numpy as np
+    from lartpc.jobs.local.dedx_check import find_start
+
+    from lartpc.data.store import EventStore
+
+    store = EventStore(e_gamma_isotropic)
+    ev = store.read_many([0])[0]
+    for n in (0, 1, 2):
+        start, d = find_start(store.geometry, ev.row[:n].astype(float),
+                              ev.col[:n].astype(float), ev.charge[:n])
+        assert start.shape == (2,) and np.isfinite(start).all()
+        assert abs(np.hypot(*d) - 1) < 1e-9
+
+
 def test_downsampled_store_is_refused_in_one_line(events_dir):
     r = run([sys.executable, "-m", "lartpc.jobs.local.dedx_check", str(events_dir)],
             timeout=120)

@@ -82,7 +82,9 @@ def start_medians(store: EventStore, lengths: list[float], max_events: int) -> d
     """Per class (gamma, electron), arrays over its events: ``cos`` (|d_z|, to the
     wire-number axis), ``along`` (|d_y|, along the wires), and per length L the median
     over the first L cm after the visible start of the charge per cm, in 3D (``(L,
-    "dqdx")``) and of the projected track (``(L, "seen")``)."""
+    "dqdx")``) and of the projected track (``(L, "seen")``), and the same after the start
+    :func:`find_start` finds (``(L, "from_image")``, with ``start_found``: within
+    ``START_MATCH_CM`` of the truth start)."""
     geom = store.geometry
     if geom.downsample != 1:
         raise LartpcError(f"{store.paths[0].parent}: downsample {geom.downsample}; the "
@@ -137,6 +139,8 @@ def find_start(geom, rows, cols, charge) -> tuple[np.ndarray, np.ndarray]:
     p = np.c_[(rows - geom.pretrigger_ticks / geom.tick_group) * geom.time_pixel_cm,
               cols * geom.wire_pitch_cm]
     w = np.clip(charge, 1e-6, None)
+    if len(p) == 0:  # nothing visible: any start, no charge after it
+        return np.zeros(2), np.array([0.0, 1.0])
     pairs = cKDTree(p).query_pairs(LINK_CM, output_type="ndarray")
     links = coo_matrix((np.ones(len(pairs)), (pairs[:, 0], pairs[:, 1])),
                        shape=(len(p), len(p)))

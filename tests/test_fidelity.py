@@ -143,10 +143,13 @@ def _figure(*argv: str) -> subprocess.CompletedProcess:
                           cwd=ROOT)
 
 
-def test_figure_of_the_committed_results(tmp_path):
-    """The README figure from the committed fidelity results (real runs of this tool)."""
-    results = sorted((ROOT / "docs" / "results").glob("fidelity-scnet-*.json"))
-    assert {"beam", "isotropic"} <= {p.stem.split("-")[2] for p in results}
+@pytest.mark.parametrize("model", ["scnet", "jishnet"])
+def test_figure_of_the_committed_results(tmp_path, model):
+    """The README figures from the committed fidelity results (real runs of this tool):
+    SCNet's on both geometries, JishNet's at 450 x 450 on beam events."""
+    results = sorted((ROOT / "docs" / "results").glob(f"fidelity-{model}-*.json"))
+    geometries = {p.stem.split("-")[2] for p in results}
+    assert geometries >= ({"beam", "isotropic"} if model == "scnet" else {"beam"}), results
     out = tmp_path / "fig" / "fidelity.png"
     r = _figure(*map(str, results), "--out", str(out))
     assert r.returncode == 0, r.stderr
@@ -155,6 +158,9 @@ def test_figure_of_the_committed_results(tmp_path):
 
     res = load(results[0])
     assert geometry(res) in {"beam", "isotropic"} and geometry(res) in label(res)
+    if model == "jishnet":  # trained at 450 x 450, which its legend says
+        assert label(res).endswith(", 450x450")
+        return
     # a run at another resolution or with the diagnostic head says so in the legend
     assert "x450" not in label(res) and "head" not in label(res)
     assert label({**res, "downsample": 8, "head": "max"}).endswith(", 450x450, max head")

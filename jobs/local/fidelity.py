@@ -86,6 +86,7 @@ def results(run: Path, model: str, minutes: float, store: Path) -> dict:
     from lartpc.sim.limits import truth_limits
 
     r = load_run(run)
+    event_store = EventStore(store)
     if r.confusion is None:
         raise SystemExit(f"fidelity: {run}: no confusion.csv (no evaluation ran)")
     cm = r.confusion
@@ -116,15 +117,15 @@ def results(run: Path, model: str, minutes: float, store: Path) -> dict:
         "confusion_percent": [[round(100 * v / max(1, row.sum()), 1) for v in row]
                               for row in cm],
         "per_class": per_class, "overall": overall,
-        "geometry": EventStore(store).attrs.get("source_geometry"),
-        "events_seed": EventStore(store).attrs.get("seed"),
+        "geometry": event_store.attrs.get("source_geometry"),
+        "events_seed": event_store.attrs.get("seed"),
         "init_from": cfg.get("train.init_from") or None,
         "batch_per_rank": b, "world_size": ranks, "lr": cfg.get("train.lr"),
         "lr_scaling": cfg.get("train.lr_scaling"), "loss": cfg.get("model.loss"),
         "head": cfg.get("model.head", "flatten"),
-        "downsample": EventStore(store).geometry.downsample,
+        "downsample": event_store.geometry.downsample,
         "learning_curve": learning_curve(r),
-        "truth_limits": truth_limits(EventStore(store)),
+        "truth_limits": truth_limits(event_store),
         "goals": {c: {"goal": g, "met": acc[c] is not None and acc[c] >= g}
                   for c, g in GOALS.items()},
         "paper": {"accuracy": paper["accuracy"], "accuracy_err": paper["accuracy_err"],

@@ -35,8 +35,11 @@ def test_cuda_plan_measures_every_issue_target():
         assert argv[argv.index("--downsample") + 1] == "1"
         # one plain process per training: a GPU host need not have Horovod built
         assert argv[argv.index("--backend") + 1] == "none"
-    assert "train.amp=fp16" in steps["train-scnet-sparse"]
+    # SCNet's fastest measured option (float32 implicit GEMM: 952 against 660 images/s
+    # in float16 on an H200), not the float16 trunk, whose training step failed there
     assert "model.algo=implicit_gemm" in steps["train-scnet-sparse"]
+    assert "train.amp=fp16" not in steps["train-scnet-sparse"]
+    assert "train.amp=fp16" not in steps["minibatch-scnet"]
     scan = steps["minibatch-scnet"]
     assert scan[scan.index("--batches") + 1] == "7,14,28,56,112,256"
 

@@ -173,3 +173,21 @@ def test_manifest_checks_run_no_code(bundle, tmp_path, entry):
                        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
     assert r.returncode == 1 and "is not a module name; refusing to run it" in r.stderr
     assert not (tmp_path / "PWNED").exists()
+
+
+def test_a_source_checkout_on_pythonpath_imports_analysis_and_jobs(tmp_path):
+    """The offline host runs the checkout from PYTHONPATH, with no install to map
+    ``analysis/`` and ``jobs/`` into the package (an H200 host failed
+    ``python3 -m lartpc.jobs.local.gpu_bench`` and the trainings' metrics import so)."""
+    import sysconfig
+
+    repo = Path(__file__).resolve().parents[1]
+    # -S: no site, so no editable install's finder; the venv's packages by PYTHONPATH
+    env = {"PYTHONPATH": f"{repo}:{sysconfig.get_paths()['purelib']}", "PATH": "/usr/bin:/bin"}
+    code = ("import lartpc.jobs.local.gpu_bench as g, lartpc.analysis.metrics as m; "
+            "print(g.__file__); print(m.__file__)")
+    out = subprocess.run([sys.executable, "-S", "-c", code], cwd=tmp_path, env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(repo / "jobs/local/gpu_bench.py"),
+                                  str(repo / "analysis/metrics.py")]

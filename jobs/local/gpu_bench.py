@@ -106,8 +106,10 @@ def plan(args) -> list[tuple[str, list[str] | None, str]]:
     downsample = str(3600 // args.size)
     fast_jish = ["--set", "train.amp=bf16", "--set", "model.channels_last=true"] \
         if args.device == "cuda" else []
-    fast_scnet = ["--set", "train.amp=fp16", "--set", "model.algo=implicit_gemm"] \
-        if args.device == "cuda" else []
+    # SCNet's fastest on an H200 (2026-11-25): implicit GEMM in float32, 952 images/s
+    # against 660 in float16; and spconv 2.3.8's float16 tuner found no kernel for a
+    # training step there (docs/results/gpu-2026-11-25-h200.json)
+    fast_scnet = ["--set", "model.algo=implicit_gemm"] if args.device == "cuda" else []
     # --quick (a smoke run, also in the tests) bounds its trainings by epochs, not by a
     # wall-clock limit: on a busy machine a 10 s limit left one step to measure.
     bound = ["--set", "train.epochs=2"] if args.quick else []

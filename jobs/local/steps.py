@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from lartpc.bench.train import LARTPC  # python -m lartpc: no console script needed
+
 BIN = Path(sys.executable).parent
 
 
@@ -80,7 +82,7 @@ def events(tag: str, data: Path, n: int, *, downsample: int, seed: int, workers:
             say(tag, f"reusing {n} events in {data}")
             return data
         say(tag, f"{data} holds other events; making new ones")
-    run(tag, [tool("lartpc"), "simulate", "--out", str(data), "--events", str(n),
+    run(tag, [*LARTPC, "simulate", "--out", str(data), "--events", str(n),
               "--downsample", str(downsample), "--seed", str(seed), "--workers", str(workers),
               "--overwrite", *extra])
     return data

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from lartpc.jobs.local.steps import events, run, say, tool
 
+from lartpc.bench.train import LARTPC
 from lartpc.runfolder.record import read_record, record_path
 from lartpc.runfolder.schema import Status
 
@@ -40,7 +41,7 @@ def _train(data: Path, run: Path, model: str, ranks: int, limit_s: float, seed: 
         shutil.rmtree(run)  # an interrupted demo run: start it again, it is ours
     _say(f"training {model} on {ranks} Horovod rank(s) for up to {limit_s:.0f} s -> {run}")
     _run([tool("horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo",
-          tool("lartpc"), "train", "--config", f"tiny-{model}", "--data", str(data),
+          *LARTPC, "train", "--config", f"tiny-{model}", "--data", str(data),
           "--out", str(run), "--set", f"train.time_limit_s={limit_s}",
           "--set", "train.epochs=1000", "--set", f"train.seed={seed}",
           # One core per rank, as one GPU per rank in the paper: N ranks use N cores,

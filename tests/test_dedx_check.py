@@ -92,6 +92,24 @@ def test_the_start_found_in_the_image_alone_still_separates_e_from_gamma(
         assert got["median_gamma"] > 1.5 * got["median_electron"], got
 
 
+def test_brightest_pixel_at_the_found_start_tells_fewer_apart_where_directions_vary(
+        e_gamma_beam, e_gamma_isotropic, capsys):
+    """``brightest_pixel``: the charge of a wire's brightest pixel, not divided by the
+    path, at the start found in the image. Beam tracks cross the wires at one angle, so
+    the pixel keeps two MIPs against one; isotropic ones spread or pile a wire's charge
+    by their angle, and the pixel tells e from gamma less often than the charge per cm."""
+    got = {}
+    for name, store, n in (("beam", e_gamma_beam, 60), ("isotropic", e_gamma_isotropic, 120)):
+        assert main([str(store), "--events", str(n), "--lengths", "2"]) == 0
+        got[name] = json.loads(capsys.readouterr().out)["2cm"]["from_image"]
+        pixel = got[name]["brightest_pixel"]
+        assert pixel["median_gamma"] > 1.3 * pixel["median_electron"], pixel
+    assert got["beam"]["brightest_pixel"]["balanced_accuracy"] >= 0.85, got["beam"]
+    iso = got["isotropic"]
+    assert 0.6 <= iso["brightest_pixel"]["balanced_accuracy"] \
+        <= iso["balanced_accuracy"] + 0.02, iso
+
+
 def test_find_start_of_an_event_with_next_to_nothing_visible(e_gamma_isotropic):
     """A shower below threshold leaves no pixel, or a few: a start is still returned (the
     charge after it is then what there is), not an error."""

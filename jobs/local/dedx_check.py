@@ -39,6 +39,13 @@ charge; of its two ends along its principal axis, the narrower one; the directio
 charge within a few cm of it), then measures the charge per projected cm the same way.
 ``start_found`` is the share of events whose found start lies within 2 cm of the truth
 start in the plane. A network has at least this much to learn from.
+
+``from_image.brightest_pixel`` keeps that found start and its wires but drops the
+division by the path: per wire, the charge of its brightest pixel, what a small
+convolution sees before it knows the track's direction. In a pixel the charge depends on
+the angle as well as on dE/dx (a track steep to the wires spreads a wire's charge over
+many time pixels, one along the wires piles it into few), so where directions vary the
+pixel alone says less about one MIP or two than the charge per cm does.
 """
 
 from __future__ import annotations
@@ -84,13 +91,15 @@ def start_medians(store: EventStore, lengths: list[float], max_events: int) -> d
     over the first L cm after the visible start of the charge per cm, in 3D (``(L,
     "dqdx")``) and of the projected track (``(L, "seen")``), and the same after the start
     :func:`find_start` finds (``(L, "from_image")``, with ``start_found``: within
-    ``START_MATCH_CM`` of the truth start)."""
+    ``START_MATCH_CM`` of the truth start) and, from there, the median brightest pixel
+    per wire (``(L, "pixel")``)."""
     geom = store.geometry
     if geom.downsample != 1:
         raise LartpcError(f"{store.paths[0].parent}: downsample {geom.downsample}; the "
                           "charge per wire needs full-resolution events (downsample 1)")
     out = {c: {"cos": [], "along": [], "start_found": [],
-               **{(L, k): [] for L in lengths for k in ("dqdx", "seen", "from_image")}}
+               **{(L, k): [] for L in lengths
+                  for k in ("dqdx", "seen", "from_image", "pixel")}}
            for c in (GAMMA, ELECTRON)}
     picked = np.flatnonzero(store.labels <= ELECTRON)[:max_events]
     for chunk in np.array_split(picked, max(1, len(picked) // CHUNK_EVENTS)):
@@ -116,6 +125,8 @@ def start_medians(store: EventStore, lengths: list[float], max_events: int) -> d
                 mine[(L, "seen")].append(q / seen_cm)
                 q = _median_charge_per_wire(geom, found, found_d, L, *pixels)
                 mine[(L, "from_image")].append(q / found_cm)
+                mine[(L, "pixel")].append(
+                    _median_charge_per_wire(geom, found, found_d, L, *pixels, reduce=np.max))
     return {c: {k: np.array(v) for k, v in by.items()} for c, by in out.items()}
 
 
@@ -169,7 +180,10 @@ def find_start(geom, rows, cols, charge) -> tuple[np.ndarray, np.ndarray]:
     return start, (d if np.average((p[near] - start) @ d, weights=w[near]) >= 0 else -d)
 
 
-def _median_charge_per_wire(geom, start, d, length_cm, rows, cols, charge) -> float:
+def _median_charge_per_wire(geom, start, d, length_cm, rows, cols, charge,
+                            reduce=np.sum) -> float:
+    """Median over the wires of the first ``length_cm`` of track of ``reduce`` (the sum,
+    or np.max: the brightest pixel) of each wire's charge near the expected track."""
     cos = max(1e-3, abs(d[2]))
     step = np.sign(d[2]) or 1.0
     n = max(1, int(round(length_cm * cos / geom.wire_pitch_cm)))
@@ -182,7 +196,7 @@ def _median_charge_per_wire(geom, start, d, length_cm, rows, cols, charge) -> fl
     for k in range(1, n + 1):
         near = (np.abs(cols - round(c0 + step * k)) < 0.5) \
             & (np.abs(rows - (r0 + slope * k)) <= window)
-        per_wire.append(float(charge[near].sum()))
+        per_wire.append(float(reduce(charge[near])) if near.any() else 0.0)
     return float(np.median(per_wire))
 
 
@@ -238,7 +252,10 @@ def main(argv: list[str] | None = None) -> int:
                                   "start_found": float(np.mean(np.r_[g["start_found"],
                                                                      e["start_found"]])),
                                   **_separation(g[(L, "from_image")], e[(L, "from_image")],
-                                                g["along"], e["along"], "by_along_wires")}}
+                                                g["along"], e["along"], "by_along_wires"),
+                                  "brightest_pixel": _separation(
+                                      g[(L, "pixel")], e[(L, "pixel")], g["along"],
+                                      e["along"], "by_along_wires")}}
     print(json.dumps(result, indent=2))
     return 0
 

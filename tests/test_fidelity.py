@@ -181,3 +181,18 @@ def test_figure_refuses_what_is_not_a_results_file(tmp_path):
         r = _figure(*argv, "--out", str(out))
         assert r.returncode == 2 and message in r.stderr, r.stderr
         assert r.stderr.count("\n") == 1 and not out.exists()
+
+
+def test_default_ranks_one_per_gpu_on_cuda_else_one_per_core(monkeypatch):
+    import os
+
+    import torch
+    from lartpc.jobs.local.fidelity import default_ranks
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert default_ranks("auto") == 1 and default_ranks("cuda") == 1
+    assert default_ranks("cpu") == 16
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert default_ranks("auto") == 16

@@ -161,8 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", choices=choices("model.name"), default="scnet")
     ap.add_argument("--geometry", choices=choices("simulate.geometry"), default="isotropic",
                     help="source geometry of the events (lartpc simulate --geometry)")
-    ap.add_argument("--ranks", type=int, default=os.cpu_count() or 1,
-                    help="data-parallel ranks (torchrun; 1: one plain process)")
+    ap.add_argument("--ranks", type=int, default=None,
+                    help="data-parallel ranks (torchrun; 1: one plain process); default one "
+                         "per GPU when training on CUDA, else one per core")
     ap.add_argument("--batch-per-rank", type=int, default=56,
                     help="events per rank per step")
     ap.add_argument("--loss", choices=choices("model.loss"), default="ce",
@@ -194,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--segment-s {args.segment_s:g}: must be positive")
     if not 0 < args.eval_events < args.events:
         ap.error(f"--eval-events must be between 1 and --events - 1, got {args.eval_events}")
+    if args.ranks is None:
+        args.ranks = default_ranks(args.device)
     if args.ranks < 1 or args.batch_per_rank < 1:
         ap.error("--ranks and --batch-per-rank must be at least 1")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -224,6 +227,20 @@ def main(argv: list[str] | None = None) -> int:
     _say(f"{name}: overall accuracy {res['overall']['accuracy']:.3f} on "
          f"{res['overall']['events']} held-out events ({met}); {args.out}/fidelity-{name}.json")
     return 0
+
+
+def default_ranks(device: str) -> int:
+    """One rank per GPU when the training runs on CUDA (``cuda``, or ``auto`` with a GPU),
+    else one per core: each rank takes the GPU of its local rank, so a one-GPU host with
+    16 cores (the H200 the project was lent) must not start 16."""
+    if device != "cpu":
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.device_count()
+        if device == "cuda":
+            return 1  # the training refuses it with its own message
+    return os.cpu_count() or 1
 
 
 def launcher(ranks: int) -> list[str]:

@@ -108,7 +108,7 @@ def plan(args) -> list[tuple[str, list[str] | None, str]]:
         if args.device == "cuda" else []
     # SCNet's fastest on an H200 (2026-11-25): implicit GEMM in float32, 952 images/s
     # against 660 in float16; and spconv 2.3.8's float16 tuner found no kernel for a
-    # training step there (docs/results/gpu-2026-11-25-h200.json)
+    # training step there (docs/results/gpu-2026-11-25-h200-scnet-fp16-failure.txt)
     fast_scnet = ["--set", "model.algo=implicit_gemm"] if args.device == "cuda" else []
     # --quick (a smoke run, also in the tests) bounds its trainings by epochs, not by a
     # wall-clock limit: on a busy machine a 10 s limit left one step to measure.

@@ -164,6 +164,7 @@ def test_figure_of_the_committed_results(tmp_path, model):
     # a run at another resolution or with the diagnostic head says so in the legend
     assert "x450" not in label(res) and "head" not in label(res)
     assert label({**res, "downsample": 8, "head": "max"}).endswith(", 450x450, max head")
+    assert label({**res, "oriented_by": "find_start"}).endswith(", oriented")
 
 
 def test_figure_refuses_what_is_not_a_results_file(tmp_path):

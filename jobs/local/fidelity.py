@@ -124,6 +124,9 @@ def results(run: Path, model: str, minutes: float, store: Path) -> dict:
         "lr_scaling": cfg.get("train.lr_scaling"), "loss": cfg.get("model.loss"),
         "head": cfg.get("model.head", "flatten"),
         "downsample": event_store.geometry.downsample,
+        # a store mirrored by orient_store (a diagnostic) is not the events as they are
+        **({"oriented_by": str(event_store.attrs["oriented_by"])}
+           if "oriented_by" in event_store.attrs else {}),
         "learning_curve": learning_curve(r),
         "truth_limits": truth_limits(event_store),
         "goals": {c: {"goal": g, "met": acc[c] is not None and acc[c] >= g}

@@ -53,7 +53,8 @@ def label(res: dict) -> str:
     trained = f"fine-tuned {hours}" if res.get("init_from") else hours
     side = 3600 // res.get("downsample", 1)
     extra = ([f"{side}x{side}"] if side != 3600 else []) \
-        + ([f"{res['head']} head"] if res.get("head", "flatten") != "flatten" else [])
+        + ([f"{res['head']} head"] if res.get("head", "flatten") != "flatten" else []) \
+        + (["oriented"] if res.get("oriented_by") else [])
     return ", ".join([geometry(res), "CPU", trained, *extra]) \
         + (" (interim)" if res.get("interim") else "")
 

@@ -120,13 +120,13 @@ def start_medians(store: EventStore, lengths: list[float], max_events: int) -> d
             found, found_d = np.array([fx, 0.0, fz]), np.array([fdx, 0.0, fdz])
             found_cm = geom.wire_pitch_cm / max(1e-3, abs(fdz))
             for L in lengths:
-                q = _median_charge_per_wire(geom, start, d, L, *pixels)
+                (q,) = _medians_per_wire(geom, start, d, L, *pixels)
                 mine[(L, "dqdx")].append(q / per_wire_cm)
                 mine[(L, "seen")].append(q / seen_cm)
-                q = _median_charge_per_wire(geom, found, found_d, L, *pixels)
+                q, brightest = _medians_per_wire(geom, found, found_d, L, *pixels,
+                                                 reduces=(np.sum, np.max))
                 mine[(L, "from_image")].append(q / found_cm)
-                mine[(L, "pixel")].append(
-                    _median_charge_per_wire(geom, found, found_d, L, *pixels, reduce=np.max))
+                mine[(L, "pixel")].append(brightest)
     return {c: {k: np.array(v) for k, v in by.items()} for c, by in out.items()}
 
 
@@ -180,10 +180,11 @@ def find_start(geom, rows, cols, charge) -> tuple[np.ndarray, np.ndarray]:
     return start, (d if np.average((p[near] - start) @ d, weights=w[near]) >= 0 else -d)
 
 
-def _median_charge_per_wire(geom, start, d, length_cm, rows, cols, charge,
-                            reduce=np.sum) -> float:
-    """Median over the wires of the first ``length_cm`` of track of ``reduce`` (the sum,
-    or np.max: the brightest pixel) of each wire's charge near the expected track."""
+def _medians_per_wire(geom, start, d, length_cm, rows, cols, charge,
+                      reduces=(np.sum,)) -> list[float]:
+    """For each of ``reduces`` (np.sum: the wire's charge; np.max: its brightest pixel),
+    its median over the wires of the first ``length_cm`` of track, applied to each wire's
+    pixels near the expected track (one pass over the wires for all of them)."""
     cos = max(1e-3, abs(d[2]))
     step = np.sign(d[2]) or 1.0
     n = max(1, int(round(length_cm * cos / geom.wire_pitch_cm)))
@@ -196,8 +197,8 @@ def _median_charge_per_wire(geom, start, d, length_cm, rows, cols, charge,
     for k in range(1, n + 1):
         near = (np.abs(cols - round(c0 + step * k)) < 0.5) \
             & (np.abs(rows - (r0 + slope * k)) <= window)
-        per_wire.append(float(reduce(charge[near])) if near.any() else 0.0)
-    return float(np.median(per_wire))
+        per_wire.append([float(f(charge[near])) if near.any() else 0.0 for f in reduces])
+    return [float(m) for m in np.median(np.array(per_wire), axis=0)]
 
 
 def best_cut(gamma: np.ndarray, electron: np.ndarray) -> dict:

@@ -51,6 +51,9 @@ class DataConfig:
     blosc_clevel: int = 5
     blosc_shuffle: str = "noshuffle"  #: noshuffle | shuffle | bitshuffle
     prefetch: int = 2  #: batches prepared ahead of the step in a background thread
+    #: none | mirror: mirror each training event on the wire and/or time axis, chosen
+    #: by (train.seed, epoch, event); for isotropic events (lartpc/data/augment.py)
+    augment: str = "none"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -118,6 +121,7 @@ CHOICES = {
     "model.loss": ("ce", "paper"),
     "data.loader": ("auto", "blosc", "device-dense", "sparse"),
     "data.blosc_shuffle": ("noshuffle", "shuffle", "bitshuffle"),
+    "data.augment": ("none", "mirror"),
     "train.optimizer": ("adam", "sgd"),
     "train.lr_scaling": ("none", "linear", "sqrt"),
     "train.grad_compression": ("none", "fp16"),

@@ -73,15 +73,17 @@ def test_segments_on_fresh_hosts_add_up_to_the_budget(tmp_path):
     ceilings = res["truth_limits"]["classes"]
     assert set(ceilings) == set(res["classes"])
     assert all(0 <= c["accuracy_ceiling"] <= 1 for c in ceilings.values())
-    assert res["events_seed"] == 0 and res["init_from"] is None
-    # fine-tuning that run on other events: another seed, its weights as the start
+    assert res["events_seed"] == 0 and res["init_from"] is None and res["augment"] == "none"
+    # fine-tuning that run on other events: another seed, its weights as the start,
+    # mirrored training events
     fine, start = tmp_path / "fine", out / "run-scnet-isotropic"
     r = _fidelity(fine, "--seed", "1", "--minutes", "0.6", "--segment-s", "40",
-                  "--set", f"train.init_from={str(start)!r}")
+                  "--set", f"train.init_from={str(start)!r}", "--set", "data.augment=mirror")
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"model weights from {start} (train.init_from)" in r.stderr
     tuned = json.loads((fine / "fidelity-scnet-isotropic.json").read_text())
     assert tuned["events_seed"] == 1 and tuned["init_from"] == str(start)
+    assert tuned["augment"] == "mirror"
     assert tuned["learning_curve"][0]["epoch"] == 0 and tuned["segments"] == 1
 
 
@@ -165,6 +167,7 @@ def test_figure_of_the_committed_results(tmp_path, model):
     assert "x450" not in label(res) and "head" not in label(res)
     assert label({**res, "downsample": 8, "head": "max"}).endswith(", 450x450, max head")
     assert label({**res, "oriented_by": "find_start"}).endswith(", oriented")
+    assert label({**res, "augment": "mirror"}).endswith(", mirror augmentation")
 
 
 def test_figure_refuses_what_is_not_a_results_file(tmp_path):

@@ -123,6 +123,7 @@ def results(run: Path, model: str, minutes: float, store: Path) -> dict:
         "batch_per_rank": b, "world_size": ranks, "lr": cfg.get("train.lr"),
         "lr_scaling": cfg.get("train.lr_scaling"), "loss": cfg.get("model.loss"),
         "head": cfg.get("model.head", "flatten"),
+        "augment": cfg.get("data.augment", "none"),
         "downsample": event_store.geometry.downsample,
         # a store mirrored by orient_store (a diagnostic) is not the events as they are
         **({"oriented_by": str(event_store.attrs["oriented_by"])}

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from lartpc.config import Config
+from lartpc.data.augment import mirror
 from lartpc.data.sharding import ShardPlan
 from lartpc.data.store import EventStore
 from lartpc.dist import World, unwrap_model
@@ -209,7 +210,10 @@ class Trainer:
         self.train_loader.set_epoch(self.state.epoch)
         self.model.train()
         t_prev = time.perf_counter()
+        mirrored = self.cfg.data.augment == "mirror"
         for batch in self.train_loader.iterate(start=self.state.step_in_epoch):
+            if mirrored:
+                batch = mirror(batch, self.cfg.train.seed, self.state.epoch)
             yield batch, time.perf_counter() - t_prev
             t_prev = time.perf_counter()
 

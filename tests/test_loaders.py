@@ -282,3 +282,18 @@ def test_bench_loader_prints_json(events_dir, capsys):
                 "resident_bytes_per_event"):
         assert out[key] > 0
     assert out["dlt_s"] >= out["loader_read_s"]  # the loading time includes its read
+
+
+@pytest.mark.parametrize("mode", ["dense", "sparse"])
+def test_bench_loader_times_mirrored_batches(events_dir, capsys, monkeypatch, mode):
+    from lartpc.cli import main
+    from lartpc.data import augment
+
+    calls = []
+    real = augment.mirror
+    monkeypatch.setattr(augment, "mirror", lambda b, s, e: calls.append(e) or real(b, s, e))
+    rc = main(["bench", "loader", "--data", str(events_dir), "--mode", mode,
+               "--repeats", "1", "--batches", "3", "--augment", "mirror"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["augment"] == "mirror" and out["batch_s"] > 0
+    assert len(calls) >= 3 + 1 and 0 in calls and max(calls) >= 1  # epoch 0 and a later one

@@ -8,6 +8,8 @@ built; ``loader_read_s`` is the same read inside the loader, overlapping buffer 
 prefetching off (so nothing is hidden behind another thread; on CUDA the device is
 synchronised after each batch, so the host-to-device copy counts); ``batch_gbps`` the
 dense float32 bytes that produces per second per assembling thread (one).
+``--augment mirror`` times each batch with the training's mirroring
+(:mod:`lartpc.data.augment`) applied after it is assembled.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="dense: Blosc threads per compression call (0 = all cores)")
     p.add_argument("--compress-at", default=None, choices=("start", "first-epoch"),
                    help="dense: compress the shard before training (paper) or during epoch 0")
+    p.add_argument("--augment", default="none", choices=choices("data.augment"),
+                   help="time each batch with this training augmentation applied")
 
 
 def _blosc_config(args):
@@ -57,6 +61,7 @@ def _blosc_config(args):
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from lartpc.data.augment import mirror
     from lartpc.data.loaders import build_loader
     from lartpc.data.sharding import ShardPlan
     from lartpc.data.store import EventStore
@@ -69,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
     indices = plan.train_indices(0)
     blosc = _blosc_config(args) if args.mode == "dense" else None
     sync = torch.cuda.synchronize if torch.device(args.device).type == "cuda" else (lambda: None)
+
+    def augment(batch, epoch: int):
+        return mirror(batch, 0, epoch) if args.augment == "mirror" else batch
     dlts, reads, loader_reads, preps, times, firsts, compress = [], [], [], [], [], [], []
     for rep in range(args.repeats):
         # The HDF5 read alone, from a fresh store, with nothing else running.
@@ -79,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         loader = build_loader(store, args.mode, indices, args.batch, device=args.device,
                               steps_per_epoch=plan.steps_per_epoch, prefetch_depth=0, blosc=blosc)
         it = iter(loader)
-        first = next(it)
+        first = augment(next(it), 0)
         sync()
         dlts.append(time.perf_counter() - t0)
         loader_reads.append(loader.read_s)
@@ -88,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         first_epoch = []
         tb = time.perf_counter()
         for b in it:  # finish epoch 0: with lazy compression it also compresses
+            b = augment(b, 0)
             sync()
             if b.batch_size == args.batch:
                 first_epoch.append(time.perf_counter() - tb)
@@ -100,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
             loader.set_epoch(epoch)
             tb = time.perf_counter()
             for b in loader:
+                b = augment(b, epoch)
                 sync()
                 if b.batch_size == args.batch:  # short remainder batches would skew the rate
                     times.append(time.perf_counter() - tb)
@@ -119,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         "store_events": len(store),
         "ranks": args.ranks,
         "batch": args.batch,
+        "augment": args.augment,
         "geometry": [h, w],
         "device": str(loader.device),
         "threads": BATCH_THREADS,

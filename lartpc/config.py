@@ -267,6 +267,15 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.betas = {betas}: expected two numbers in [0, 1)")
 
 
+def config_from_dict(data: dict, origin: str) -> Config:
+    """The config a run recorded (``Config.to_dict()`` in run.json or a checkpoint);
+    keys it lacks keep their defaults, ``origin`` names the source in errors."""
+    cfg = Config()
+    _apply(cfg, data, origin)
+    validate(cfg)
+    return cfg
+
+
 def load_config(name_or_file: str, overrides: list[str] | None = None) -> Config:
     """Resolve a preset name or TOML file plus ``section.key=value`` overrides."""
     cfg = Config()

@@ -57,23 +57,33 @@ def _truth(store: EventStore) -> dict[str, np.ndarray]:
     return arr
 
 
-def truth_limits(store: EventStore) -> dict:
-    """Per-class shares (0-1) of exiting, low-visible and indistinguishable events."""
+def event_masks(store: EventStore) -> dict[str, np.ndarray]:
+    """Per event of ``store`` (bool arrays): ``exit`` (left without interacting),
+    ``low_visible`` and ``indistinguishable``, as the module docstring defines them."""
     t = _truth(store)
     exit_ = t["end_process"] == b"exit"
     low = t["visible_energy_mev"] < LOW_VISIBLE_FRACTION * np.maximum(
         t["kinetic_energy_mev"], 1e-9)
+    labels = np.asarray(store.labels)
+    stub_class = np.isin(labels, [CLASSES.index("pion"), CLASSES.index("kaon")])
+    not_muon = labels != CLASSES.index("muon")
+    return {"exit": exit_, "low_visible": low,
+            "indistinguishable": (exit_ & stub_class) | (low & not_muon)}
+
+
+def truth_limits(store: EventStore) -> dict:
+    """Per-class shares (0-1) of exiting, low-visible and indistinguishable events."""
+    masks = event_masks(store)
+    exit_, low, lost = masks["exit"], masks["low_visible"], masks["indistinguishable"]
     per_class = {}
     for i, name in enumerate(CLASSES):
         m = store.labels == i
         n = int(m.sum())
-        stub = exit_ & m if name in ("pion", "kaon") else np.zeros_like(m)
-        lowm = low & m if name != "muon" else np.zeros_like(m)
         per_class[name] = {
             "events": n,
             "exit_without_interaction": float(exit_[m].mean()) if n else 0.0,
             "low_visible_energy": float(low[m].mean()) if n else 0.0,
-            "indistinguishable": float((stub | lowm)[m].mean()) if n else 0.0,
+            "indistinguishable": float(lost[m].mean()) if n else 0.0,
         }
         per_class[name]["accuracy_ceiling"] = 1.0 - per_class[name]["indistinguishable"] \
             if n else None

@@ -1,0 +1,191 @@
+"""Where a trained run's held-out accuracy is lost, event by event, against the truth.
+
+    python -m lartpc.jobs.local.breakdown RUN STORE [--json OUT]
+
+Rebuilds the run's network from ``RUN/checkpoint.pt`` and its held-out split from the
+run's own config (the events its ``eval.csv`` and ``confusion.csv`` were measured on;
+the run must have been trained on ``STORE``), classifies them once, and splits the
+result by what the generator's truth says about each event (:mod:`lartpc.sim.limits`):
+
+* per class, the events no image can classify (``indistinguishable``: exiting pion and
+  kaon stubs, little visible energy) apart from the rest, with the accuracy on each: the
+  accuracy on the *classifiable* events is the one to set against 100 %, and the gap
+  to the class's truth ceiling splits into what is lost on each part;
+* the minimum-ionising stub pool (every muon, pion and kaon that left without
+  interacting) and what the network calls it: the confusion that the physics forces;
+* electrons and photons by how far their direction leans along the wires (``|d_y|``):
+  one plane sees a track's projection, and the steeper ones look denser.
+
+Prints a table and writes JSON (``--json``) with every number. The checkpoint is the
+run's last one, so its confusion matrix equals the run's ``confusion.csv`` when the run
+ended with an evaluation (the JSON says whether they agree).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from lartpc import CLASSES, NUM_CLASSES
+from lartpc.errors import LartpcError
+
+DY_BINS = (0.0, 0.5, 0.75, 1.0 + 1e-9)  #: |d_y| bins (the direction's component along the wires)
+
+
+def predict(run: Path, store_path: Path, threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """(store indices, predicted classes) of ``run``'s held-out events, from its checkpoint."""
+    import torch
+
+    from lartpc.config import config_from_dict
+    from lartpc.data.sharding import plan_run
+    from lartpc.data.store import EventStore
+    from lartpc.models import build
+    from lartpc.train import checkpoint
+    from lartpc.train.parts import loader_mode, make_loader, model_options
+    from lartpc.train.segments import store_identity
+
+    state = checkpoint.load(run)
+    if state is None:
+        raise LartpcError(f"{run}: no checkpoint.pt (nothing trained there yet)")
+    cfg = config_from_dict(state["config"], f"{run}/checkpoint.pt")
+    store = EventStore(store_path)
+    trained_on = state.get("store")
+    if trained_on and store_identity(store, cfg.data.max_events) != trained_on:
+        raise LartpcError(f"{store_path}: not the events {run} was trained on (their "
+                          f"count and labels differ); give the run's own store")
+    torch.set_num_threads(threads)
+    device = torch.device("cpu")
+    model = build(cfg.model.name, image_size=store.geometry.shape,
+                  **model_options(cfg, device.type))
+    model.load_state_dict(state["model"])
+    model.eval()
+    indices = plan_run(cfg, store, 1).eval_indices(0)
+    loader = make_loader(cfg, store, loader_mode(cfg, model), indices, device, train=False)
+    ids, preds = [], []
+    with torch.no_grad():
+        for batch in loader:
+            preds.append(model(batch).float().argmax(1).numpy())
+            ids.append(batch.event_ids)
+    return np.concatenate(ids), np.concatenate(preds)
+
+
+def _share(mask: np.ndarray, right: np.ndarray) -> dict:
+    n = int(mask.sum())
+    return {"events": n, "accuracy": float(right[mask].mean()) if n else None}
+
+
+def _calls(mask: np.ndarray, preds: np.ndarray) -> dict:
+    """What the network called the events of ``mask``: share per class."""
+    n = int(mask.sum())
+    counts = np.bincount(preds[mask], minlength=NUM_CLASSES)
+    return {c: float(k / n) if n else None for c, k in zip(CLASSES, counts, strict=True)}
+
+
+def breakdown(store_path: Path, ids: np.ndarray, preds: np.ndarray) -> dict:
+    """The split described in the module docstring, of predictions ``preds`` for store
+    events ``ids``."""
+    from lartpc.data.store import EventStore
+    from lartpc.sim.limits import event_masks
+
+    store = EventStore(store_path)
+    masks = {k: v[ids] for k, v in event_masks(store).items()}
+    labels = np.asarray(store.labels)[ids]
+    right = preds == labels
+    direction = np.array([e.truth["direction"] for e in store.read_many(ids)], float)
+    lost = masks["indistinguishable"]
+    per_class = {}
+    for i, cls in enumerate(CLASSES):
+        m = labels == i
+        ceiling = 1.0 - float(lost[m].mean()) if m.any() else None
+        per_class[cls] = {
+            **_share(m, right), "ceiling": ceiling,
+            "classifiable": _share(m & ~lost, right),
+            "indistinguishable": {**_share(m & lost, right), "called": _calls(m & lost, preds)},
+        }
+    mip = np.isin(labels, [CLASSES.index(c) for c in ("muon", "pion", "kaon")])
+    pool = {cls: {"events": int((masks["exit"] & (labels == i)).sum()),
+                  "called": _calls(masks["exit"] & (labels == i), preds)}
+            for i, cls in enumerate(CLASSES) if cls in ("muon", "pion", "kaon")}
+    eg = np.isin(labels, [CLASSES.index("gamma"), CLASSES.index("electron")])
+    dy = np.abs(direction[:, 1])
+    by_dy = []
+    for lo, hi in zip(DY_BINS[:-1], DY_BINS[1:], strict=True):
+        sel = eg & (dy >= lo) & (dy < hi)
+        row = {"dy_from": lo, "dy_to": min(hi, 1.0), "events": int(sel.sum())}
+        for i, cls in ((0, "gamma"), (1, "electron")):
+            row[cls] = _share(sel & (labels == i), right)["accuracy"]
+        by_dy.append(row)
+    conf = np.zeros((NUM_CLASSES, NUM_CLASSES), np.int64)
+    np.add.at(conf, (labels, preds), 1)
+    return {
+        "events": len(ids), "accuracy": float(right.mean()),
+        "classifiable": _share(~lost, right), "confusion": conf.tolist(),
+        "per_class": per_class,
+        "mip_stub_pool": {"events": int((masks["exit"] & mip).sum()), "by_class": pool},
+        "electron_gamma_by_dy": by_dy,
+    }
+
+
+def format_table(res: dict) -> str:
+    """The breakdown as plain text."""
+    def pct(v: float | None) -> str:
+        return "   -" if v is None else f"{100 * v:4.0f}"
+
+    lines = [f"held-out events {res['events']}: accuracy {100 * res['accuracy']:.1f} %, on "
+             f"the classifiable ones {100 * res['classifiable']['accuracy']:.1f} % "
+             f"({res['classifiable']['events']})",
+             "class     events  acc ceiling  classifiable (acc)  indistinguishable (acc)"]
+    for cls, c in res["per_class"].items():
+        a, b = c["classifiable"], c["indistinguishable"]
+        lines.append(f"{cls:9s} {c['events']:6d} {pct(c['accuracy'])} {pct(c['ceiling']):>7s}"
+                     f"  {a['events']:6d} ({pct(a['accuracy'])})      {b['events']:6d} "
+                     f"({pct(b['accuracy'])})")
+    lines.append("MIP stubs (left without interacting), called (%): "
+                 + " ".join(CLASSES))
+    for cls, p in res["mip_stub_pool"]["by_class"].items():
+        lines.append(f"  {cls:7s} {p['events']:5d}  " + " ".join(
+            pct(p["called"][c]) for c in CLASSES))
+    lines.append("electron/gamma by |d_y|: " + "; ".join(
+        f"[{r['dy_from']:.2f}, {r['dy_to']:.2f}] n={r['events']} gamma {pct(r['gamma'])} "
+        f"electron {pct(r['electron'])}" for r in res["electron_gamma_by_dy"]))
+    return "\n".join(lines)
+
+
+def _run_confusion(run: Path) -> list[list[int]] | None:
+    from lartpc.analysis.runs import load_run
+
+    cm = load_run(run).confusion
+    return None if cm is None else cm.tolist()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lartpc.jobs.local.breakdown",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("run", type=Path, help="run folder (its checkpoint.pt)")
+    p.add_argument("store", type=Path, help="the event store the run was trained on")
+    p.add_argument("--json", type=Path, help="also write the numbers here")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads (SCNet: 1 is fastest)")
+    args = p.parse_args(argv)
+    try:
+        ids, preds = predict(args.run, args.store, args.threads)
+        res = breakdown(args.store, ids, preds)
+        recorded = _run_confusion(args.run)
+    except (LartpcError, OSError) as e:
+        print(f"breakdown: {e}", file=sys.stderr)
+        return 2
+    res = {"run": str(args.run), "store": str(args.store),
+           "matches_run_confusion": recorded == res["confusion"], **res}
+    print(format_table(res))
+    if args.json:
+        from lartpc.runfolder.durable import atomic_write
+
+        atomic_write(args.json, json.dumps(res, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

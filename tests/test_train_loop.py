@@ -4,6 +4,7 @@ the checkpointer and the sinks as the loop uses them, without a subprocess."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -181,3 +182,34 @@ def test_init_from_refuses_a_missing_file_another_model_and_other_shapes(
     with pytest.raises(ConfigError, match="its weights do not fit this model"):
         _trainer(world, train_events_dir, b_dir,
                  f"train.init_from={str(tmp_path / 'shapes.pt')!r}")
+
+
+def test_save_vote_counts_any_rank(world):
+    assert StepVote(1.0, 0.5, 0.0, 0.0, 0.5).save > 0  # one rank of two asks: all save
+    assert StepVote(1.0, 0.5, 0.0, 0.0).save == 0
+
+
+@pytest.mark.slow
+def test_ranks_whose_checkpoint_clocks_disagree_save_together(train_events_dir, tmp_path):
+    """Rank 0's checkpoint interval passes after step 3, rank 1's does not: both save
+    there (a checkpoint holds collectives; one rank entering them alone crashed a
+    2-rank run with gloo's 'Received data size doesn't match expected size')."""
+    import json
+    import subprocess
+
+    from train_helpers import BIN, clean_env
+
+    out = tmp_path / "run"
+    out.mkdir()
+    worker = str(Path(__file__).with_name("skewed_save_worker.py"))
+    r = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", worker,
+                        str(train_events_dir), str(out)], capture_output=True, text=True,
+                       timeout=300, env=clean_env(OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    saves = [json.loads((out / f"saves-rank{k}.json").read_text()) for k in (0, 1)]
+    spe = saves[0]["steps_per_epoch"]
+    assert spe > 3, "step 3 must fall inside epoch 0 to test a mid-epoch save"
+    assert saves[0] == saves[1]
+    assert saves[0]["status"] == "completed"
+    assert saves[0]["saved_at"] == [3, spe, 2 * spe]  # the wished one, then epoch ends
+    assert checkpoint.load(out)["global_step"] == 2 * spe

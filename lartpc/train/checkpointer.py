@@ -27,6 +27,9 @@ class Checkpointer:
         self.last_time = time.time()
 
     def due(self, global_step: int) -> bool:
+        """This rank's wish to save once ``global_step`` steps are done. The time rule
+        reads this rank's clock: the loop votes on it with the step
+        (:class:`~lartpc.train.trainer.StepVote`), never acts on it alone."""
         if self.every_steps:
             return global_step % self.every_steps == 0
         return time.time() - self.last_time > self.every_s

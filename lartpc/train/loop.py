@@ -43,10 +43,12 @@ def run_epoch(t: Trainer, ckpt: Checkpointer, sinks: Sink) -> bool:
     """The rest of the current epoch; False when a stop cut it short (``t.stop`` is
     also set when the stop came on its last step)."""
     for batch, data_s in t.batches():
-        sinks.on_step(t.step(batch, data_s))
+        # whether to save is voted with the step: the checkpoint holds collectives, and
+        # ranks reading their own clocks could otherwise enter them a step apart
+        sinks.on_step(t.step(batch, data_s, save_wanted=ckpt.due(t.state.global_step + 1)))
         if t.stop:  # any rank out of time, signalled, or a non-finite loss: all stop
             return t.state.step_in_epoch >= t.plan.steps_per_epoch
-        if ckpt.due(t.state.global_step):
+        if t.save_due:
             ckpt.save(t, sinks)
     return True
 

@@ -73,10 +73,15 @@ class StepVote:
     acc: float
     out_of_time: float  #: 1 on a rank whose next step, evaluation and checkpoint won't fit
     signalled: float  #: 1 on a rank that got SIGTERM/SIGUSR1/SIGINT/SIGHUP
+    #: 1 on a rank whose checkpoint interval has passed. Each rank reads its own clock,
+    #: so ranks may disagree by a step; saving when any rank asks keeps every rank in
+    #: the checkpoint's collectives together.
+    save: float = 0.0
 
     def agree(self, world: World) -> StepVote:
         g = world.allreduce_mean(torch.tensor([self.loss, self.acc, self.out_of_time,
-                                               self.signalled], dtype=torch.float64))
+                                               self.signalled, self.save],
+                                              dtype=torch.float64))
         return StepVote(*(float(x) for x in g))
 
     @property
@@ -118,6 +123,7 @@ class Trainer:
         self.stops = stops  #: the signals the stop vote reads (None: none)
         self.store_id = store_id  #: segments.store_identity, saved in checkpoints
         self.stop: str | None = None  #: the agreed reason to stop, after a step
+        self.save_due = False  #: every rank agreed to checkpoint after this step
         self.last_loss = 0.0
         self.saved_step = -1  #: global step of the last checkpoint (written or loaded)
 
@@ -217,8 +223,9 @@ class Trainer:
             yield batch, time.perf_counter() - t_prev
             t_prev = time.perf_counter()
 
-    def step(self, batch, data_s: float) -> StepRecord:
-        """One optimizer step and the stop vote; ``self.stop`` says whether all stop."""
+    def step(self, batch, data_s: float, save_wanted: bool = False) -> StepRecord:
+        """One optimizer step and the vote: ``self.stop`` says whether all stop,
+        ``self.save_due`` whether all checkpoint now (``save_wanted`` is this rank's wish)."""
         s, tc, world = self.state, self.cfg.train, self.world
         t0 = time.perf_counter()
         set_lr(self.opt, lr_at(tc, world.size, s.global_step, self.plan.steps_per_epoch))
@@ -231,7 +238,7 @@ class Trainer:
         t_vote = time.perf_counter()
         signalled = bool(self.stops is not None and self.stops.requested)
         vote = StepVote(local_loss, local_acc, float(not self.time_left()),
-                        float(signalled)).agree(world)
+                        float(signalled), float(save_wanted)).agree(world)
         noise = self.noise.record(s.global_step, s.epoch, vote.loss)  # a collective too
         t_end = time.perf_counter()
         comm_s += t_end - t_vote
@@ -245,7 +252,7 @@ class Trainer:
         s.train_time_s += rec.step_s
         s.step_in_epoch += 1
         s.global_step += 1
-        self.stop, self.last_loss = vote.stop, vote.loss
+        self.stop, self.last_loss, self.save_due = vote.stop, vote.loss, vote.save > 0
         return rec
 
     def time_left(self) -> bool:

@@ -36,13 +36,13 @@ from lartpc.errors import LartpcError
 DY_BINS = (0.0, 0.5, 0.75, 1.0 + 1e-9)  #: |d_y| bins (the direction's component along the wires)
 
 
-def predict(run: Path, store_path: Path, threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """(store indices, predicted classes) of ``run``'s held-out events, from its checkpoint."""
+def predict(run: Path, store, threads: int = 1) -> tuple[np.ndarray, ...]:
+    """(store indices, predicted classes, truth directions) of ``run``'s held-out events
+    in ``store`` (an EventStore), from its checkpoint."""
     import torch
 
     from lartpc.config import config_from_dict
     from lartpc.data.sharding import plan_run
-    from lartpc.data.store import EventStore
     from lartpc.models import build
     from lartpc.train import checkpoint
     from lartpc.train.parts import loader_mode, make_loader, model_options
@@ -52,10 +52,9 @@ def predict(run: Path, store_path: Path, threads: int = 1) -> tuple[np.ndarray, 
     if state is None:
         raise LartpcError(f"{run}: no checkpoint.pt (nothing trained there yet)")
     cfg = config_from_dict(state["config"], f"{run}/checkpoint.pt")
-    store = EventStore(store_path)
     trained_on = state.get("store")
     if trained_on and store_identity(store, cfg.data.max_events) != trained_on:
-        raise LartpcError(f"{store_path}: not the events {run} was trained on (their "
+        raise LartpcError(f"{store.paths[0].parent}: not the events {run} was trained on (their "
                           f"count and labels differ); give the run's own store")
     torch.set_num_threads(threads)
     device = torch.device("cpu")
@@ -65,12 +64,13 @@ def predict(run: Path, store_path: Path, threads: int = 1) -> tuple[np.ndarray, 
     model.eval()
     indices = plan_run(cfg, store, 1).eval_indices(0)
     loader = make_loader(cfg, store, loader_mode(cfg, model), indices, device, train=False)
-    ids, preds = [], []
+    ids, preds, directions = [], [], []
     with torch.no_grad():
         for batch in loader:
             preds.append(model(batch).float().argmax(1).numpy())
             ids.append(batch.event_ids)
-    return np.concatenate(ids), np.concatenate(preds)
+            directions.append(np.asarray(batch.truth["direction"], float))
+    return np.concatenate(ids), np.concatenate(preds), np.concatenate(directions)
 
 
 def _share(mask: np.ndarray, right: np.ndarray) -> dict:
@@ -85,17 +85,14 @@ def _calls(mask: np.ndarray, preds: np.ndarray) -> dict:
     return {c: float(k / n) if n else None for c, k in zip(CLASSES, counts, strict=True)}
 
 
-def breakdown(store_path: Path, ids: np.ndarray, preds: np.ndarray) -> dict:
-    """The split described in the module docstring, of predictions ``preds`` for store
-    events ``ids``."""
-    from lartpc.data.store import EventStore
+def breakdown(store, ids: np.ndarray, preds: np.ndarray, direction: np.ndarray) -> dict:
+    """The split described in the module docstring, of predictions ``preds`` for the
+    events ``ids`` of ``store`` whose truth directions are ``direction`` (n, 3)."""
     from lartpc.sim.limits import event_masks
 
-    store = EventStore(store_path)
     masks = {k: v[ids] for k, v in event_masks(store).items()}
     labels = np.asarray(store.labels)[ids]
     right = preds == labels
-    direction = np.array([e.truth["direction"] for e in store.read_many(ids)], float)
     lost = masks["indistinguishable"]
     per_class = {}
     for i, cls in enumerate(CLASSES):
@@ -106,10 +103,9 @@ def breakdown(store_path: Path, ids: np.ndarray, preds: np.ndarray) -> dict:
             "classifiable": _share(m & ~lost, right),
             "indistinguishable": {**_share(m & lost, right), "called": _calls(m & lost, preds)},
         }
-    mip = np.isin(labels, [CLASSES.index(c) for c in ("muon", "pion", "kaon")])
-    pool = {cls: {"events": int((masks["exit"] & (labels == i)).sum()),
-                  "called": _calls(masks["exit"] & (labels == i), preds)}
-            for i, cls in enumerate(CLASSES) if cls in ("muon", "pion", "kaon")}
+    tracks = ("muon", "pion", "kaon")
+    stubs = {cls: masks["exit"] & (labels == CLASSES.index(cls)) for cls in tracks}
+    pool = {cls: {"events": int(m.sum()), "called": _calls(m, preds)} for cls, m in stubs.items()}
     eg = np.isin(labels, [CLASSES.index("gamma"), CLASSES.index("electron")])
     dy = np.abs(direction[:, 1])
     by_dy = []
@@ -125,7 +121,7 @@ def breakdown(store_path: Path, ids: np.ndarray, preds: np.ndarray) -> dict:
         "events": len(ids), "accuracy": float(right.mean()),
         "classifiable": _share(~lost, right), "confusion": conf.tolist(),
         "per_class": per_class,
-        "mip_stub_pool": {"events": int((masks["exit"] & mip).sum()), "by_class": pool},
+        "mip_stub_pool": {"events": sum(p["events"] for p in pool.values()), "by_class": pool},
         "electron_gamma_by_dy": by_dy,
     }
 
@@ -156,10 +152,13 @@ def format_table(res: dict) -> str:
 
 
 def _run_confusion(run: Path) -> list[list[int]] | None:
-    from lartpc.analysis.runs import load_run
+    """The run's last evaluation (``confusion.csv``), None when it has none."""
+    from lartpc.analysis.csvread import read_confusion
 
-    cm = load_run(run).confusion
-    return None if cm is None else cm.tolist()
+    from lartpc.runfolder.schema import CONFUSION_CSV
+
+    path = run / CONFUSION_CSV
+    return read_confusion(path, CLASSES).tolist() if path.exists() else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,9 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="also write the numbers here")
     p.add_argument("--threads", type=int, default=1, help="CPU threads (SCNet: 1 is fastest)")
     args = p.parse_args(argv)
+    from lartpc.data.store import EventStore
+
     try:
-        ids, preds = predict(args.run, args.store, args.threads)
-        res = breakdown(args.store, ids, preds)
+        store = EventStore(args.store)
+        res = breakdown(store, *predict(args.run, store, args.threads))
         recorded = _run_confusion(args.run)
     except (LartpcError, OSError) as e:
         print(f"breakdown: {e}", file=sys.stderr)

@@ -54,6 +54,10 @@ class DataConfig:
     #: none | mirror: mirror each training event on the wire and/or time axis, chosen
     #: by (train.seed, epoch, event); for isotropic events (lartpc/data/augment.py)
     augment: str = "none"
+    #: none | start: turn every event (training and evaluation) so the start found in
+    #: its image lies at the low-wire, early end, once when it is read; full resolution
+    #: only (lartpc/data/orient.py)
+    orient: str = "none"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -122,6 +126,7 @@ CHOICES = {
     "data.loader": ("auto", "blosc", "device-dense", "sparse"),
     "data.blosc_shuffle": ("noshuffle", "shuffle", "bitshuffle"),
     "data.augment": ("none", "mirror"),
+    "data.orient": ("none", "start"),
     "train.optimizer": ("adam", "sgd"),
     "train.lr_scaling": ("none", "linear", "sqrt"),
     "train.grad_compression": ("none", "fp16"),
@@ -252,6 +257,10 @@ def validate(cfg: Config) -> None:
                 raise ConfigError(f"{key} = {d[s][k]!r}: {rule}")
     if not 0.0 < cfg.data.eval_fraction < 1.0:
         raise ConfigError(f"data.eval_fraction = {cfg.data.eval_fraction}: must be in (0, 1)")
+    if cfg.data.orient != "none" and cfg.data.downsample != 1:
+        raise ConfigError(f"data.orient = {cfg.data.orient!r} with data.downsample = "
+                          f"{cfg.data.downsample}: finding the start needs full-resolution "
+                          "events (data.downsample = 1)")
     if not 0 <= cfg.data.blosc_clevel <= 9:
         raise ConfigError(f"data.blosc_clevel = {cfg.data.blosc_clevel}: must be in 0..9")
     # Ranges past which a run only fails later (Adam's decay overflowed float32 at 1e308;

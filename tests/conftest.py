@@ -28,6 +28,18 @@ def full_res_events_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def isotropic_events_dir(tmp_path_factory):
+    """40 isotropic gamma, electron and muon events at full resolution, in 2 shards:
+    starts that can be anywhere, pointing anywhere (the start-finding stage's case)."""
+    from lartpc.sim import write_dataset
+
+    d = tmp_path_factory.mktemp("isotropic")
+    write_dataset(d, 40, seed=13, classes="gamma,electron,muon", source_geometry="isotropic",
+                  shard_size=20)
+    return d
+
+
+@pytest.fixture(scope="session")
 def train_events_dir(tmp_path_factory):
     """70 generated events downsampled by 9 (400 x 400): small enough to train on in
     seconds, real enough that the loss moves."""

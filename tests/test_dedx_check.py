@@ -114,8 +114,8 @@ def test_find_start_of_an_event_with_next_to_nothing_visible(e_gamma_isotropic):
     """A shower below threshold leaves no pixel, or a few: a start is still returned (the
     charge after it is then what there is), not an error."""
     import numpy as np
-    from lartpc.jobs.local.dedx_check import find_start
 
+    from lartpc.data.orient import find_start
     from lartpc.data.store import EventStore
 
     store = EventStore(e_gamma_isotropic)

@@ -7,31 +7,21 @@ import json
 
 import numpy as np
 import pytest
-from lartpc.jobs.local.dedx_check import find_start
 from lartpc.jobs.local.orient_store import main
 
+from lartpc.data.orient import find_start
 from lartpc.data.store import EventStore
-
-
-@pytest.fixture(scope="module")
-def isotropic(tmp_path_factory):
-    from lartpc.sim import write_dataset
-
-    d = tmp_path_factory.mktemp("isotropic")
-    write_dataset(d, 40, seed=13, classes="gamma,electron,muon", source_geometry="isotropic",
-                  shard_size=20)
-    return d
 
 
 def _found_direction(ev, geom):
     return find_start(geom, ev.row.astype(float), ev.col.astype(float), ev.charge)[1]
 
 
-def test_oriented_copy_faces_one_way_and_keeps_the_events(isotropic, tmp_path, capsys):
+def test_oriented_copy_faces_one_way_and_keeps_the_events(isotropic_events_dir, tmp_path, capsys):
     out = tmp_path / "oriented"
-    assert main([str(isotropic), str(out), "--workers", "2"]) == 0
+    assert main([str(isotropic_events_dir), str(out), "--workers", "2"]) == 0
     got = json.loads(capsys.readouterr().out)
-    src, dst = EventStore(isotropic), EventStore(out)
+    src, dst = EventStore(isotropic_events_dir), EventStore(out)
     assert got["events"] == len(src) == len(dst) == 40 and got["shards"] == 2
     assert 0 < got["mirrored_wire_axis"] < 40 and 0 < got["mirrored_time_axis"] < 40
     assert dst.attrs["oriented_by"] == "find_start"
@@ -53,14 +43,14 @@ def test_oriented_copy_faces_one_way_and_keeps_the_events(isotropic, tmp_path, c
     assert facing >= 36, facing
 
 
-def test_refusals_name_the_folder_and_write_nothing(isotropic, tmp_path, capsys):
+def test_refusals_name_the_folder_and_write_nothing(isotropic_events_dir, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
-        main([str(isotropic), str(isotropic)])
+        main([str(isotropic_events_dir), str(isotropic_events_dir)])
     assert e.value.code == 2 and "is the source" in capsys.readouterr().err
     full = tmp_path / "full"
-    assert main([str(isotropic), str(full)]) == 0
+    assert main([str(isotropic_events_dir), str(full)]) == 0
     before = sorted(p.stat().st_mtime_ns for p in full.iterdir())
     with pytest.raises(SystemExit) as e:
-        main([str(isotropic), str(full)])
+        main([str(isotropic_events_dir), str(full)])
     assert e.value.code == 2 and "already holds 2 event shard(s)" in capsys.readouterr().err
     assert sorted(p.stat().st_mtime_ns for p in full.iterdir()) == before

@@ -18,7 +18,10 @@ result by what the generator's truth says about each event (:mod:`lartpc.sim.lim
 
 Prints a table and writes JSON (``--json``) with every number. The checkpoint is the
 run's last one, so its confusion matrix equals the run's ``confusion.csv`` when the run
-ended with an evaluation (the JSON says whether they agree).
+ended with an evaluation (the JSON says whether they agree). ``--orient start`` puts the
+events through the start-finding stage (:mod:`lartpc.data.orient`) whatever the run used:
+a network trained on a store oriented ahead by ``orient_store`` is then scored on the
+events as they are, turned as they are read.
 """
 
 from __future__ import annotations
@@ -31,14 +34,17 @@ from pathlib import Path
 import numpy as np
 
 from lartpc import CLASSES, NUM_CLASSES
+from lartpc.config import choices
 from lartpc.errors import LartpcError
 
 DY_BINS = (0.0, 0.5, 0.75, 1.0 + 1e-9)  #: |d_y| bins (the direction's component along the wires)
 
 
-def predict(run: Path, store, threads: int = 1) -> tuple[np.ndarray, ...]:
+def predict(run: Path, store, threads: int = 1,
+            orient: str | None = None) -> tuple[np.ndarray, ...]:
     """(store indices, predicted classes, truth directions) of ``run``'s held-out events
-    in ``store`` (an EventStore), from its checkpoint."""
+    in ``store`` (an EventStore), from its checkpoint; ``orient`` replaces the run's
+    ``data.orient`` (None: keep it)."""
     import torch
 
     from lartpc.config import config_from_dict
@@ -52,6 +58,8 @@ def predict(run: Path, store, threads: int = 1) -> tuple[np.ndarray, ...]:
     if state is None:
         raise LartpcError(f"{run}: no checkpoint.pt (nothing trained there yet)")
     cfg = config_from_dict(state["config"], f"{run}/checkpoint.pt")
+    if orient is not None:
+        cfg.data.orient = orient
     trained_on = state.get("store")
     if trained_on and store_identity(store, cfg.data.max_events) != trained_on:
         raise LartpcError(f"{store.paths[0].parent}: not the events {run} was trained on (their "
@@ -168,17 +176,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("store", type=Path, help="the event store the run was trained on")
     p.add_argument("--json", type=Path, help="also write the numbers here")
     p.add_argument("--threads", type=int, default=1, help="CPU threads (SCNet: 1 is fastest)")
+    p.add_argument("--orient", choices=choices("data.orient"),
+                   help="turn the events by this start-finding stage instead of the run's "
+                        "data.orient (lartpc/data/orient.py)")
     args = p.parse_args(argv)
     from lartpc.data.store import EventStore
 
     try:
         store = EventStore(args.store)
-        res = breakdown(store, *predict(args.run, store, args.threads))
+        res = breakdown(store, *predict(args.run, store, args.threads, args.orient))
         recorded = _run_confusion(args.run)
     except (LartpcError, OSError) as e:
         print(f"breakdown: {e}", file=sys.stderr)
         return 2
     res = {"run": str(args.run), "store": str(args.store),
+           **({"orient": args.orient} if args.orient else {}),
            "matches_run_confusion": recorded == res["confusion"], **res}
     print(format_table(res))
     if args.json:

@@ -56,10 +56,8 @@ from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
-from scipy.spatial import cKDTree
 
+from lartpc.data.orient import find_start
 from lartpc.data.store import EventStore
 from lartpc.errors import LartpcError
 
@@ -67,10 +65,6 @@ GAMMA, ELECTRON = 0, 1  #: class indices (lartpc.CLASSES order)
 ROW_WINDOW = 6  #: time pixels either side of the expected track that count for a wire
 COSINE_BINS = (0.0, 0.25, 0.5, 0.75, 1.0)  #: |cos| to an axis, the per-bin results
 CHUNK_EVENTS = 100  #: events read from the store at a time
-LINK_CM = 1.0  #: pixels closer than this belong to one cluster (find_start)
-END_CM = 5.0  #: length of a cluster's end whose transverse spread is compared
-CORE_CM = 1.0  #: half-width about that end's median line where the start is looked for
-DIRECTION_CM = 6.0  #: radius about the start whose charge gives the direction
 START_MATCH_CM = 2.0  #: a found start this close to the truth start counts as found
 
 
@@ -128,56 +122,6 @@ def start_medians(store: EventStore, lengths: list[float], max_events: int) -> d
                 mine[(L, "from_image")].append(q / found_cm)
                 mine[(L, "pixel")].append(brightest)
     return {c: {k: np.array(v) for k, v in by.items()} for c, by in out.items()}
-
-
-def _principal_axis(p: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Weighted mean of points ``p`` (N, 2) and the unit vector of their largest spread."""
-    mean = np.average(p, axis=0, weights=w)
-    return mean, np.linalg.eigh(np.cov((p - mean).T, aweights=w))[1][:, -1]
-
-
-def find_start(geom, rows, cols, charge) -> tuple[np.ndarray, np.ndarray]:
-    """The start of a shower in one image, without truth: (x, z) in cm and the unit
-    direction (d_x, d_z) of the track leaving it, projected onto the plane.
-
-    Pixels closer than ``LINK_CM`` are linked into clusters; the cluster holding the
-    most charge is the shower's trunk (photons radiated from it make detached blobs).
-    Of the trunk's two ends along its principal axis, the start is the one whose first
-    ``END_CM`` spread least across the axis (one or two tracks, not a shower), and the
-    start point its outermost pixel within ``CORE_CM`` of that end's median line; the
-    direction is the principal axis of the charge within ``DIRECTION_CM`` of it.
-    """
-    p = np.c_[(rows - geom.pretrigger_ticks / geom.tick_group) * geom.time_pixel_cm,
-              cols * geom.wire_pitch_cm]
-    w = np.clip(charge, 1e-6, None)
-    if len(p) == 0:  # nothing visible: any start, no charge after it
-        return np.zeros(2), np.array([0.0, 1.0])
-    pairs = cKDTree(p).query_pairs(LINK_CM, output_type="ndarray")
-    links = coo_matrix((np.ones(len(pairs)), (pairs[:, 0], pairs[:, 1])),
-                       shape=(len(p), len(p)))
-    _, cluster = connected_components(links, directed=False)
-    trunk = cluster == np.argmax(np.bincount(cluster, weights=w))
-    p, w = p[trunk], w[trunk]
-    if len(p) < 3:
-        return p[0], np.array([0.0, 1.0])
-    mean, axis = _principal_axis(p, w)
-    s, t = (p - mean) @ axis, (p - mean) @ np.array([-axis[1], axis[0]])
-
-    def end(sign: float) -> np.ndarray:
-        return sign * s < (sign * s).min() + END_CM
-
-    def spread(sign: float) -> float:
-        near = end(sign)
-        return float(np.cov(t[near], aweights=w[near])) if near.sum() > 1 else 0.0
-
-    sign = min((1.0, -1.0), key=spread)
-    core = np.abs(t - np.median(t[end(sign)])) < CORE_CM
-    start = p[np.flatnonzero(core)[np.argmin(sign * s[core])]]
-    near = np.hypot(*(p - start).T) < DIRECTION_CM
-    if near.sum() < 3:
-        return start, sign * axis
-    _, d = _principal_axis(p[near], w[near])
-    return start, (d if np.average((p[near] - start) @ d, weights=w[near]) >= 0 else -d)
 
 
 def _medians_per_wire(geom, start, d, length_cm, rows, cols, charge,

@@ -124,8 +124,9 @@ def results(run: Path, model: str, minutes: float, store: Path) -> dict:
         "lr_scaling": cfg.get("train.lr_scaling"), "loss": cfg.get("model.loss"),
         "head": cfg.get("model.head", "flatten"),
         "augment": cfg.get("data.augment", "none"),
+        "orient": cfg.get("data.orient", "none"),
         "downsample": event_store.geometry.downsample,
-        # a store mirrored by orient_store (a diagnostic) is not the events as they are
+        # a store mirrored by orient_store: the start-finding stage done ahead, on disk
         **({"oriented_by": str(event_store.attrs["oriented_by"])}
            if "oriented_by" in event_store.attrs else {}),
         "learning_curve": learning_curve(r),

@@ -54,7 +54,8 @@ def label(res: dict) -> str:
     side = 3600 // res.get("downsample", 1)
     extra = ([f"{side}x{side}"] if side != 3600 else []) \
         + ([f"{res['head']} head"] if res.get("head", "flatten") != "flatten" else []) \
-        + (["oriented"] if res.get("oriented_by") else []) \
+        + (["oriented"] if res.get("oriented_by") or res.get("orient", "none") != "none"
+           else []) \
         + ([f"{res['augment']} augmentation"] if res.get("augment", "none") != "none" else [])
     return ", ".join([geometry(res), "CPU", trained, *extra]) \
         + (" (interim)" if res.get("interim") else "")

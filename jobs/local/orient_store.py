@@ -2,18 +2,12 @@
 
     python -m lartpc.jobs.local.orient_store fid/events-isotropic-ds1 fid-or/events-isotropic-ds1
 
-A diagnostic for the isotropic fidelity gap, not part of the study. In beam events a
-shower starts at its upstream end, always on the same side of the image; in isotropic
-ones the start is either end of a track pointing anywhere. This finds each event's start
-and projected direction with :func:`lartpc.jobs.local.dedx_check.find_start` (no truth)
-and mirrors the event on the wire axis when that direction points to lower wires, and
-on the time axis when it points to earlier times, so that the start the rule finds lies
-at the low-wire, early end. Training on the copy asks whether the network's trouble is
-finding the start. Mirroring moves the event in the image (into wire and time ranges the
-detector leaves empty), the charge and truth are kept as they are, and the truth
-direction is not mirrored. The copy keeps the source's file attributes (so ``python -m
-lartpc.jobs.local.fidelity`` takes it as the store of that seed when it sits at
-``OUT/events-GEOMETRY-ds1``) and adds ``oriented_by``. Prints JSON: how many events
+Every event goes through the start-finding stage of :mod:`lartpc.data.orient` (the
+rule and why), once, into a copy on disk; ``data.orient=start`` applies the same stage
+when a loader reads its shard, so a store as it is can be used instead. The copy
+keeps the source's file attributes (so ``python -m lartpc.jobs.local.fidelity`` takes
+it as the store of that seed when it sits at ``OUT/events-GEOMETRY-ds1``) and adds
+``oriented_by``. Prints JSON: how many events
 were mirrored on each axis, and how often the found direction's wire component has the
 sign of the truth direction's.
 """
@@ -26,28 +20,13 @@ import multiprocessing as mp
 from pathlib import Path
 
 import numpy as np
-from lartpc.jobs.local.dedx_check import find_start
 
+from lartpc.data.orient import check_resolution, orient
 from lartpc.data.staging import existing_shards, prepare_out, staged_shards
 from lartpc.data.store import EventStore, write_shard
 from lartpc.errors import LartpcError
 
 KEPT_ATTRS = ("source_geometry", "dead_wire_fraction")  #: the generator's extra attributes
-
-
-def orient(ev, geom) -> tuple[bool, bool, bool]:
-    """Mirror ``ev`` in place; (mirrored on the wire axis, on the time axis, the found
-    direction's wire component has the truth direction's sign)."""
-    if len(ev.charge) == 0:
-        return False, False, False
-    _, (dx, dz) = find_start(geom, ev.row.astype(float), ev.col.astype(float), ev.charge)
-    flip_wire, flip_time = bool(dz < 0), bool(dx < 0)
-    if flip_wire:
-        ev.col = (geom.width - 1 - ev.col).astype(np.int16)
-    if flip_time:
-        ev.row = (geom.height - 1 - ev.row).astype(np.int16)
-    truth_dz = float(np.asarray(ev.truth.get("direction", (0.0, 0.0, 0.0)))[2])
-    return flip_wire, flip_time, bool(np.sign(dz) == np.sign(truth_dz))
 
 
 def _orient_shard(job: tuple[Path, Path]) -> list[int]:
@@ -75,9 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--workers {args.workers}: must be at least 1")
     try:
         store = EventStore(args.source)
-        if store.geometry.downsample != 1:
-            raise LartpcError(f"{args.source}: downsample {store.geometry.downsample}; "
-                              "find_start needs full-resolution events (downsample 1)")
+        check_resolution(store.geometry, str(args.source))
         if args.out.resolve() == args.source.resolve():
             raise LartpcError(f"{args.out}: is the source; give a new folder")
         out = prepare_out(args.out, overwrite=False)

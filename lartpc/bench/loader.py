@@ -9,7 +9,10 @@ prefetching off (so nothing is hidden behind another thread; on CUDA the device 
 synchronised after each batch, so the host-to-device copy counts); ``batch_gbps`` the
 dense float32 bytes that produces per second per assembling thread (one).
 ``--augment mirror`` times each batch with the training's mirroring
-(:mod:`lartpc.data.augment`) applied after it is assembled.
+(:mod:`lartpc.data.augment`) applied after it is assembled. ``--orient start`` builds
+the loaders with the start-finding stage (:mod:`lartpc.data.orient`): its one-off cost
+is ``orient_s`` (median per loader) and ``orient_ms_per_event``, and it is part of
+``dlt_s``.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="dense: compress the shard before training (paper) or during epoch 0")
     p.add_argument("--augment", default="none", choices=choices("data.augment"),
                    help="time each batch with this training augmentation applied")
+    p.add_argument("--orient", default="none", choices=choices("data.orient"),
+                   help="build the loaders with this start-finding stage (data.orient)")
 
 
 def _blosc_config(args):
@@ -78,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     def augment(batch, epoch: int):
         return mirror(batch, 0, epoch) if args.augment == "mirror" else batch
     dlts, reads, loader_reads, preps, times, firsts, compress = [], [], [], [], [], [], []
+    orients = []
     for rep in range(args.repeats):
         # The HDF5 read alone, from a fresh store, with nothing else running.
         t0 = time.perf_counter()
@@ -85,13 +91,15 @@ def run(args: argparse.Namespace) -> int:
         reads.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         loader = build_loader(store, args.mode, indices, args.batch, device=args.device,
-                              steps_per_epoch=plan.steps_per_epoch, prefetch_depth=0, blosc=blosc)
+                              steps_per_epoch=plan.steps_per_epoch, prefetch_depth=0, blosc=blosc,
+                              orient=args.orient)
         it = iter(loader)
         first = augment(next(it), 0)
         sync()
         dlts.append(time.perf_counter() - t0)
         loader_reads.append(loader.read_s)
         preps.append(loader.prepare_s)
+        orients.append(loader.orient_s)
         del first
         first_epoch = []
         tb = time.perf_counter()
@@ -130,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
         "ranks": args.ranks,
         "batch": args.batch,
         "augment": args.augment,
+        "orient": args.orient,
         "geometry": [h, w],
         "device": str(loader.device),
         "threads": BATCH_THREADS,
@@ -142,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
         "loader_read_s": statistics.median(loader_reads),
         "prepare_s": statistics.median(preps),
         "compress_s": statistics.median(compress),
+        "orient_s": statistics.median(orients),
+        "orient_ms_per_event": 1e3 * statistics.median(orients) / len(indices),
         "first_epoch_batch_s": statistics.median(firsts) if firsts else None,
         "dlt_over_read": statistics.median(dlts) / statistics.median(reads),
         "batch_s": batch_s,

@@ -23,13 +23,18 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from lartpc.config import choices
 from lartpc.data.batch import Batch
+from lartpc.data.orient import check_resolution
+from lartpc.data.orient import orient as orient_event
 from lartpc.data.prefetch import n_slots, prefetch
 from lartpc.data.sharding import epoch_batches
 from lartpc.data.store import Event, EventStore
 from lartpc.errors import LartpcError
 
 log = logging.getLogger(__name__)
+
+ORIENT = choices("data.orient")  #: none | start (lartpc/data/orient.py)
 
 
 class SparseEvents:
@@ -80,6 +85,7 @@ class Loader:
     Attributes
     ----------
     read_s : seconds spent reading the shard from the store.
+    orient_s : seconds spent turning its events (``orient="start"``; 0 otherwise).
     prepare_s : seconds spent preparing it (densify + compress, or packing pixels).
     steps_per_epoch : batches one epoch yields.
     resident_bytes : RAM held for the events (compressed images or sparse pixels).
@@ -90,7 +96,12 @@ class Loader:
 
     def __init__(self, store: EventStore, indices: np.ndarray, batch_size: int = 7, *,
                  device: torch.device | str = "cpu", seed: int = 0, shuffle: bool = True,
-                 steps_per_epoch: int | None = None, prefetch_depth: int = 1):
+                 steps_per_epoch: int | None = None, prefetch_depth: int = 1,
+                 orient: str = "none"):
+        if orient not in ORIENT:
+            raise LartpcError(f"orient {orient!r}: choose from {', '.join(ORIENT)}")
+        if orient == "start":
+            check_resolution(store.geometry, f"{store.paths[0].parent} (orient 'start')")
         self.indices = np.asarray(indices, np.int64)
         if len(self.indices) == 0:
             raise LartpcError(f"{store.paths[0].parent}: empty shard (no events for this rank)")
@@ -126,14 +137,21 @@ class Loader:
             alloc.join()
         if failed:
             raise failed[0]
+        self.orient_s = 0.0
+        if orient == "start":
+            t0 = time.perf_counter()
+            for ev in events:
+                orient_event(ev, store.geometry)
+            self.orient_s = time.perf_counter() - t0
         self.labels = np.array([e.label for e in events], np.int64)
         self.truth = _stack_truth(events)
         t0 = time.perf_counter()
         self._prepare(events)
         self.prepare_s = time.perf_counter() - t0
-        log.info("%s loader: %d events, read %.2f s, prepared %.2f s, %.1f MB resident",
-                 self.mode, len(self.indices), self.read_s, self.prepare_s,
-                 self.resident_bytes / 1e6)
+        log.info("%s loader: %d events, read %.2f s, %sprepared %.2f s, %.1f MB resident",
+                 self.mode, len(self.indices), self.read_s,
+                 f"oriented {self.orient_s:.2f} s, " if orient == "start" else "",
+                 self.prepare_s, self.resident_bytes / 1e6)
 
     # -- to be provided by each mode
     def _new_buffer(self) -> torch.Tensor:

@@ -223,7 +223,7 @@ _CLASSES = {"dense": DenseBloscLoader, "sparse": SparseLoader, "device-dense": D
 def build_loader(store: EventStore, mode: str, indices: np.ndarray, batch_size: int = 7, *,
                  device: torch.device | str = "cpu", seed: int = 0, shuffle: bool = True,
                  steps_per_epoch: int | None = None, prefetch_depth: int = 1,
-                 blosc: BloscConfig | None = None) -> Loader:
+                 blosc: BloscConfig | None = None, orient: str = "none") -> Loader:
     """Build the loader of one rank.
 
     Parameters
@@ -239,6 +239,8 @@ def build_loader(store: EventStore, mode: str, indices: np.ndarray, batch_size: 
         ranks step together; default ``ceil(len(indices) / batch_size)``.
     prefetch_depth : batches prepared ahead by the background thread (0 = inline).
     blosc : compression settings of the ``dense`` mode.
+    orient : ``none``, or ``start``: each event turned by the start-finding stage
+        (:mod:`lartpc.data.orient`) as it is read.
 
     Returns
     -------
@@ -249,4 +251,5 @@ def build_loader(store: EventStore, mode: str, indices: np.ndarray, batch_size: 
         raise ConfigError(f"loader mode {mode!r}: choose from {', '.join(MODES)}")
     kw = {"blosc": blosc} if mode == "dense" else {}
     return _CLASSES[mode](store, indices, batch_size, device=device, seed=seed, shuffle=shuffle,
-                          steps_per_epoch=steps_per_epoch, prefetch_depth=prefetch_depth, **kw)
+                          steps_per_epoch=steps_per_epoch, prefetch_depth=prefetch_depth,
+                          orient=orient, **kw)

@@ -58,7 +58,7 @@ def make_loader(cfg: Config, store: EventStore, mode: str, indices: np.ndarray,
     return build_loader(store, "dense" if mode == "blosc" else mode, indices,
                         cfg.train.batch_per_rank, device=device, seed=cfg.train.seed,
                         shuffle=train, steps_per_epoch=steps, prefetch_depth=cfg.data.prefetch,
-                        blosc=blosc)
+                        blosc=blosc, orient=cfg.data.orient)
 
 
 def usable_cores() -> int:

@@ -62,8 +62,11 @@ def test_predictions_reproduce_the_runs_evaluation_and_split_by_truth(trained,
         assert c["events"] == cm[i].sum() == sum(p["events"] for p in parts)
         right = sum(p["events"] * (p["accuracy"] or 0) for p in parts)
         assert right == pytest.approx(cm[i, i])
-        if c["indistinguishable"]["events"]:
-            assert sum(c["indistinguishable"]["called"].values()) == pytest.approx(1)
+        for part in parts:  # what each part was called: its row of the matrix, split
+            if part["events"]:
+                assert sum(part["called"].values()) == pytest.approx(1)
+        assert sum(p["events"] * np.array(list(p["called"].values()))
+                   for p in parts if p["events"]) == pytest.approx(cm[i])
     assert sum(r["events"] for r in res["electron_gamma_by_dy"]) == cm[:2].sum()
 
 

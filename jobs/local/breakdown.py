@@ -8,7 +8,8 @@ the run must have been trained on ``STORE``), classifies them once, and splits t
 result by what the generator's truth says about each event (:mod:`lartpc.sim.limits`):
 
 * per class, the events no image can classify (``indistinguishable``: exiting pion and
-  kaon stubs, little visible energy) apart from the rest, with the accuracy on each: the
+  kaon stubs, little visible energy) apart from the rest, with the accuracy on each and
+  what each part was called (its row of the confusion matrix, split in two): the
   accuracy on the *classifiable* events is the one to set against 100 %, and the gap
   to the class's truth ceiling splits into what is lost on each part;
 * the minimum-ionising stub pool (every muon, pion and kaon that left without
@@ -108,7 +109,7 @@ def breakdown(store, ids: np.ndarray, preds: np.ndarray, direction: np.ndarray) 
         ceiling = 1.0 - float(lost[m].mean()) if m.any() else None
         per_class[cls] = {
             **_share(m, right), "ceiling": ceiling,
-            "classifiable": _share(m & ~lost, right),
+            "classifiable": {**_share(m & ~lost, right), "called": _calls(m & ~lost, preds)},
             "indistinguishable": {**_share(m & lost, right), "called": _calls(m & lost, preds)},
         }
     tracks = ("muon", "pion", "kaon")

@@ -167,6 +167,8 @@ def test_figure_of_the_committed_results(tmp_path, model):
     assert "x450" not in label(res) and "head" not in label(res)
     assert label({**res, "downsample": 8, "head": "max"}).endswith(", 450x450, max head")
     assert label({**res, "oriented_by": "find_start"}).endswith(", oriented")
+    assert label({**res, "orient": "start"}).endswith(", oriented")  # data.orient=start
+    assert not label({**res, "orient": "none"}).endswith(", oriented")
     assert label({**res, "augment": "mirror"}).endswith(", mirror augmentation")
 
 

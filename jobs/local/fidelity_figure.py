@@ -3,7 +3,7 @@ and, per class, accuracy against the events' truth ceiling and the paper::
 
     python -m lartpc.jobs.local.fidelity_figure docs/results/fidelity-scnet-beam-finetuned.json \
         docs/results/fidelity-scnet-isotropic-120k.json \
-        docs/results/fidelity-scnet-isotropic-oriented-120k-lr1e-4.json \
+        docs/results/fidelity-scnet-isotropic-orient-start.json \
         --out docs/img/fidelity-scnet.png
 
 Each file is a results JSON of ``python -m lartpc.jobs.local.fidelity`` (an interim

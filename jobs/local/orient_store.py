@@ -7,9 +7,8 @@ rule and why), once, into a copy on disk; ``data.orient=start`` applies the same
 when a loader reads its shard, so a store as it is can be used instead. The copy
 keeps the source's file attributes (so ``python -m lartpc.jobs.local.fidelity`` takes
 it as the store of that seed when it sits at ``OUT/events-GEOMETRY-ds1``) and adds
-``oriented_by``. Prints JSON: how many events
-were mirrored on each axis, and how often the found direction's wire component has the
-sign of the truth direction's.
+``oriented_by``. Prints JSON: how many events were mirrored on each axis, and how often
+the found direction's wire component has the sign of the truth direction's.
 """
 
 from __future__ import annotations

@@ -58,7 +58,6 @@ import json
 import sys
 from pathlib import Path
 
-import h5py
 import numpy as np
 
 from lartpc import CLASSES
@@ -98,31 +97,19 @@ def category_probabilities() -> dict[str, np.ndarray]:
     return out
 
 
-def _truth(store) -> dict[str, np.ndarray]:
-    keys = ("momentum_mev", "direction", "path_length_cm", "end_process")
-    out: dict[str, list] = {k: [] for k in keys}
-    for p in store.paths:
-        with h5py.File(p, "r") as f:
-            for k in keys:
-                if f"truth/{k}" not in f:
-                    raise LartpcError(f"{p}: no truth/{k}; this needs a store written by "
-                                      "lartpc simulate")
-                out[k].append(f[f"truth/{k}"][:])
-    return {k: np.concatenate(v) for k, v in out.items()}
-
-
 def features(store, wire_resolution: float, seed: int) -> dict[str, np.ndarray]:
     """The classifiable pions and kaons of ``store``: label (0 pion, 1 kaon), type index,
     log charge per projected cm, a delta ray above any kaon's T_max (0/1), path length
     (cm)."""
     from lartpc.sim import materials as mat
-    from lartpc.sim.limits import event_masks
-    from lartpc.sim.tracks import _delta_prefactor, delta_tmax_mev
+    from lartpc.sim.limits import event_masks, read_truth
+    from lartpc.sim.tracks import _beta2, _delta_prefactor, delta_tmax_mev
 
     labels = np.asarray(store.labels)
     pi, k = CLASSES.index("pion"), CLASSES.index("kaon")
     keep = np.isin(labels, [pi, k]) & ~event_masks(store)["indistinguishable"]
-    t = {key: v[keep] for key, v in _truth(store).items()}
+    truth = read_truth(store, ("momentum_mev", "direction", "path_length_cm", "end_process"))
+    t = {key: v[keep] for key, v in truth.items()}
     y = (labels[keep] == k).astype(int)
     if len(np.unique(y)) < 2:
         raise LartpcError(f"{store.paths[0].parent}: needs classifiable pions and kaons")
@@ -149,7 +136,7 @@ def features(store, wire_resolution: float, seed: int) -> dict[str, np.ndarray]:
         # delta rays above k_max per cm, 1/T^2 envelope without the (1 - b^2 T/Tmax)
         # thinning (more of them: generous); only a pion's T_max reaches past k_max
         tmax = np.maximum(delta_tmax_mev(tk, m), k_max)
-        per_cm = _delta_prefactor(1 - 1 / (1 + tk / m) ** 2) * (1 / k_max - 1 / tmax)
+        per_cm = _delta_prefactor(_beta2(tk, m)) * (1 / k_max - 1 / tmax)
         hard[sel] = rng.poisson(per_cm.mean(axis=1) * length[sel]) > 0
     d = np.asarray(t["direction"], float)
     projected = np.sqrt(np.maximum(1 - d[:, 1] ** 2, 1e-6))

@@ -40,17 +40,23 @@ LOW_VISIBLE_FRACTION = 0.1
 _FIELDS = ("end_process", "visible_energy_mev", "kinetic_energy_mev")
 
 
-def _truth(store: EventStore) -> dict[str, np.ndarray]:
-    out: dict[str, list] = {k: [] for k in _FIELDS}
+def read_truth(store: EventStore, fields: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The generator's truth ``fields`` of every event of ``store``, one array each,
+    straight from the shards' ``truth/`` datasets (no pixels read)."""
+    out: dict[str, list] = {k: [] for k in fields}
     for p in store.paths:
         with h5py.File(p, "r") as f:
-            for k in _FIELDS:
+            for k in fields:
                 if f"truth/{k}" not in f:
                     raise EventStoreError(
                         f"{p}: no truth/{k}; truth limits need a store written by "
                         "lartpc simulate with generator version +sim2 or later")
                 out[k].append(f[f"truth/{k}"][:])
-    arr = {k: np.concatenate(v) for k, v in out.items()}
+    return {k: np.concatenate(v) for k, v in out.items()}
+
+
+def _truth(store: EventStore) -> dict[str, np.ndarray]:
+    arr = read_truth(store, _FIELDS)
     if np.all(arr["end_process"] == b"") or np.all(arr["visible_energy_mev"] < 0):
         raise EventStoreError(f"{store.paths[0]}: events carry no generator truth "
                               "(converted files cannot give truth limits)")

@@ -6,6 +6,11 @@ throughput where Horovod is not built); the numbers come from its run folder (th
 readers the analysis uses). Threads per rank are
 the configured default (cores divided by ranks; SCNet on CPU one) unless ``--set
 train.threads=K`` says otherwise; each point reports what it used.
+
+Beside the loop's median step every point reports the bare step
+(:mod:`lartpc.bench.bare_step`: forward, backward and optimizer on the first point's
+batches, no loop) and ``loop_overhead``, loop step / bare step - 1: what the loop
+around the step costs (``--bare-steps 0`` leaves it out).
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare-torch", action=argparse.BooleanOptionalAction, default=True,
                         help="also run the largest rank count under torchrun "
                              "(with --backend horovod)")
+    parser.add_argument("--bare-steps", type=int, default=30,
+                        help="timed bare steps beside the loop (after 5 untimed; 0: none)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.KEY=VALUE")
 
@@ -114,10 +121,30 @@ def measure_run(out: Path, threshold: float = 1.2) -> dict:
     }
 
 
+def measure_bare(out: Path, data: Path, steps: int) -> dict:
+    """The bare step (:mod:`lartpc.bench.bare_step`) of the finished run in ``out``:
+    its recorded config, data and threads per rank."""
+    from lartpc.bench import bare_step as bare
+    from lartpc.config import config_from_dict
+    from lartpc.runfolder.record import read_record
+
+    meta = read_record(out)
+    cfg = config_from_dict(meta["config"], f"{out}/run.json")
+    return bare.measure(cfg, data, steps=steps, threads=meta.get("threads_per_rank"))
+
+
+def add_overhead(point: dict, bare: dict) -> None:
+    """The bare step beside ``point``'s loop step, and the loop's overhead over it."""
+    point["bare_step_s_median"] = bare["bare_step_s_median"]
+    point["loop_overhead"] = point["step_s_median"] / bare["bare_step_s_median"] - 1.0
+
+
 def run(args: argparse.Namespace) -> int:
     ranks = int_list(args.ranks, "--ranks", minimum=1)
     if args.backend == "none" and ranks != [1]:
         raise LartpcError(f"--ranks {args.ranks}: only 1 with --backend none")
+    if args.bare_steps < 0:
+        raise LartpcError(f"--bare-steps {args.bare_steps}: expected 0 or more")
     with tempfile.TemporaryDirectory(prefix="lartpc-bench-train-") as tmp:
         tmp = Path(tmp)
         data = args.data
@@ -140,7 +167,10 @@ def run(args: argparse.Namespace) -> int:
             "batch_per_rank": args.batch, "seconds_per_run": args.seconds,
             "cores": os.cpu_count(),
             "note": "threads_per_rank per point (default cores / ranks, SCNet on CPU 1); "
-                    "efficiency relative to the first point",
+                    "efficiency relative to the first point; bare_step: forward, backward "
+                    "and optimizer of the first point's config on its first batches, no "
+                    "loop, with its threads; loop_overhead = step_s_median / "
+                    "bare_step_s_median - 1",
             "points": points,
         }
         if args.compare_torch and args.backend == "horovod":
@@ -149,6 +179,11 @@ def run(args: argparse.Namespace) -> int:
             h = next(p for p in points if p["ranks"] == n)
             result["torch_point"] = t
             result["horovod_over_torch_step_time"] = h["step_s_median"] / t["step_s_median"]
+        if args.bare_steps:
+            bare = measure_bare(tmp / f"{args.backend}-{ranks[0]}", data, args.bare_steps)
+            result["bare_step"] = bare
+            for p in [*points, *([result["torch_point"]] if "torch_point" in result else [])]:
+                add_overhead(p, bare)
     print(json.dumps(result, indent=2))
     return 0
 

@@ -1,0 +1,67 @@
+"""`lartpc bench train`'s bare step: the trainer's own step on the training's own
+batches, with no loop around it, and the loop's overhead over it in the JSON."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from train_helpers import BIN, run
+
+from lartpc import dist
+from lartpc.bench.bare_step import BareStep
+from lartpc.config import load_config
+from lartpc.data.sharding import plan_run
+from lartpc.data.store import EventStore
+from lartpc.train.trainer import Trainer
+
+SETS = ["data.downsample=9", "data.eval_fraction=0.2", "train.epochs=2", "train.threads=1"]
+
+
+@pytest.mark.sparse
+def test_bare_step_is_the_trainers_step_on_its_batches(train_events_dir, tmp_path):
+    """Across an epoch boundary, the bare step sees the batches the trainer sees and
+    ends with the very parameters the trainer ends with."""
+    torch.set_num_threads(1)
+    cfg = load_config("tiny-scnet", SETS)
+    store = EventStore(train_events_dir)
+    plan = plan_run(cfg, store, 1)
+    n = plan.steps_per_epoch + 2
+    t = Trainer.build(cfg, store, plan, dist.init("none", "cpu"), tmp_path, time.time(), None)
+    seen = []
+    while len(seen) < n:
+        for batch, data_s in t.batches():
+            seen.append((batch.event_ids.copy(), batch.coords.clone(), batch.features.clone()))
+            t.step(batch, data_s)
+            if len(seen) == n:
+                break
+        else:
+            t.state.next_epoch()
+    bare = BareStep(cfg, train_events_dir)
+    batches = bare.batches(n)
+    for k, b in enumerate(batches):
+        ids, coords, features = seen[k]
+        assert (b.event_ids == ids).all()
+        assert torch.equal(b.coords, coords) and torch.equal(b.features, features)
+        bare.step(b, k)
+    for pt, pb in zip(t.model.parameters(), bare.model.parameters(), strict=True):
+        assert torch.equal(pt, pb)
+    t.close()
+
+
+@pytest.mark.slow
+def test_bench_train_reports_the_bare_step_beside_the_loop(train_events_dir):
+    r = run([str(BIN / "lartpc"), "bench", "train", "--model", "scnet", "--ranks", "1",
+             "--backend", "none", "--data", str(train_events_dir), "--downsample", "9",
+             "--bare-steps", "4", "--set", "train.epochs=1", "--set", "data.eval_fraction=0.2"],
+            timeout=300)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    bare, point = res["bare_step"], res["points"][0]
+    assert bare["bare_steps"] == 4 and bare["bare_threads"] == point["threads_per_rank"] == 1
+    assert bare["bare_step_s_median"] > 0 and point["bare_step_s_median"] == \
+        bare["bare_step_s_median"]
+    assert point["loop_overhead"] == pytest.approx(
+        point["step_s_median"] / bare["bare_step_s_median"] - 1)

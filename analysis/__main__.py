@@ -11,7 +11,9 @@ from pathlib import Path
 
 from lartpc.analysis.runs import RunFolderError
 
+from lartpc.errors import LartpcError
 from lartpc.helpformat import HelpFormatter
+from lartpc.runfolder.durable import output_folder
 
 log = logging.getLogger("lartpc.analysis")
 
@@ -139,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
     """Execute one parsed command."""
     if args.smooth is not None and args.smooth < 1:
         raise RunFolderError(f"--smooth must be at least 1 step, got {args.smooth}")
+    if getattr(args, "out", None) is not None:  # the user's own link followed here only
+        args.out = output_folder(args.out)
     if args.analysis_command == "predict":
         return _predict(args)
     from lartpc.analysis.tables import analyse, to_json, to_text
@@ -189,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     log.propagate = False
     try:
         return execute(args)
-    except RunFolderError as e:
+    except LartpcError as e:  # RunFolderError, or a link refused under --out
         print(f"analysis {args.analysis_command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -19,7 +19,7 @@ from lartpc.analysis.runs import CLASSES
 from lartpc.analysis.tables import DEFINITIONS, Analysis, to_text
 from lartpc.analysis.truth_limits import truth_limits_html
 
-from lartpc.runfolder.durable import atomic_write
+from lartpc.runfolder.durable import atomic_write, subfolder
 
 log = logging.getLogger(__name__)
 CSS = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}
@@ -146,7 +146,7 @@ def _model_section(a: Analysis, model: str, s: dict, figs: list[Path]) -> str:
             f'<div>{_img(figs[3], f"{model} time to loss vs GPUs")}</div>')
 
 
-def _confusion_section(a: Analysis, out: Path) -> str:
+def _confusion_section(a: Analysis, folder: Path) -> str:
     parts = ["<h2>Confusion matrices (rows true, row-normalised)</h2>",
              "<p>Accuracy = trace / total of each matrix; ± is the binomial standard error "
              "sqrt(p(1−p)/n), brackets the 95 % Wilson interval. For each model the run "
@@ -155,7 +155,7 @@ def _confusion_section(a: Analysis, out: Path) -> str:
     labels = unique_names(a.runs)  # two runs named alike must not share files
     for model in a.models:
         done = [c for r in a.runs if r.model == model
-                if (c := write_run_confusion(r, out / "confusion", labels[Path(r.path)]))]
+                if (c := write_run_confusion(r, folder, labels[Path(r.path)]))]
         if not done:
             parts.append(f"<p>{html.escape(model)}: no run has confusion.csv.</p>")
             continue
@@ -183,6 +183,8 @@ def _confusion_section(a: Analysis, out: Path) -> str:
 def write_report(a: Analysis, out: Path) -> Path:
     """Write ``out/report.html`` (self-contained) plus the PNGs it embeds."""
     out.mkdir(parents=True, exist_ok=True)
+    # before anything is written: a confusion/ planted as a link is refused, not followed
+    confusion = subfolder(out, "confusion", "the confusion folder")
     figs = write_curves(a, out)
     defs = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>"
                    for k, v in DEFINITIONS.items())
@@ -203,7 +205,7 @@ def write_report(a: Analysis, out: Path) -> Path:
             f"<li>{html.escape(t)}</li>" for t in glance) + "</ul>")
     body += [_model_section(a, m, s, figs[m]) for m, s in a.models.items()]
     body.append(noise_html)
-    body.append(_confusion_section(a, out))
+    body.append(_confusion_section(a, confusion))
     for model, p in PAPER.items():
         if model not in a.models:
             body.append(f"<h3>Paper only: {html.escape(p['label'])}</h3><p>exponents: "

@@ -23,7 +23,7 @@ from pathlib import Path
 from lartpc.jobs.sweep import SUBMIT, Point
 
 from lartpc.errors import LartpcError
-from lartpc.runfolder.durable import atomic_write
+from lartpc.runfolder.durable import atomic_write, read_nofollow
 from lartpc.runfolder.record import peek_record
 
 log = logging.getLogger(__name__)
@@ -58,12 +58,12 @@ def read_manifest(manifest: Path) -> dict:
     LartpcError
         When it exists but is not a manifest: nothing is written over it.
     """
-    if not manifest.exists():
-        return {}
-    try:
-        doc = json.loads(manifest.read_text())
+    try:  # a manifest.json planted as a link is refused, never merged into ours
+        doc = json.loads(read_nofollow(manifest))
         if not isinstance(doc, dict) or not isinstance(doc.get("points", []), list):
             raise ValueError("expected an object with a list of points")
+    except FileNotFoundError:
+        return {}
     except (OSError, ValueError) as e:
         raise LartpcError(f"{manifest}: not a readable sweep manifest ({e}); move it "
                           "away or choose another --out-dir") from e

@@ -15,7 +15,16 @@ from lartpc.analysis.__main__ import main as analysis_main
 from lartpc.analysis.synthetic import write_synthetic_run
 from train_helpers import rows, run, train_cmd
 
-from lartpc.runfolder.durable import TEMP_SUFFIX, atomic_write, remove_stale_temporaries
+from lartpc.runfolder.durable import (
+    TEMP_SUFFIX,
+    UnsafePathError,
+    atomic_write,
+    open_nofollow,
+    output_folder,
+    read_nofollow,
+    remove_stale_temporaries,
+    subfolder,
+)
 
 VICTIM = "precious data\n"
 
@@ -214,3 +223,30 @@ def test_symlinked_rank_log_is_never_written_through(train_events_dir, tmp_path)
     _untouched(v)
     assert not log.is_symlink() and len(rows(log)) == 8  # 55 training events, 7 per step
     assert [int(x["batchno"]) for x in rows(log)] == list(range(8))
+
+
+def test_helpers_refuse_a_linked_folder_and_follow_only_the_users_own_link(tmp_path):
+    """The shared rule: a link at the file or at the folder it is in is refused (a
+    folder swapped after a check too: the write is made relative to the folder
+    opened); the user's link naming the output folder is resolved once."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "sub").symlink_to(victim, target_is_directory=True)
+    for write in (lambda: atomic_write(out / "sub" / "f.txt", "x"),
+                  lambda: open_nofollow(out / "sub" / "f.txt", os.O_WRONLY | os.O_CREAT),
+                  lambda: subfolder(out, "sub", "the folder")):
+        with pytest.raises(UnsafePathError, match="is a symbolic link"):
+            write()
+    assert os.listdir(victim) == []
+    (victim / "f.txt").write_text(VICTIM)
+    (out / "f.txt").symlink_to(victim / "f.txt")
+    with pytest.raises(UnsafePathError, match="refusing to read through it"):
+        read_nofollow(out / "f.txt")
+    users_link = tmp_path / "my-out"
+    users_link.symlink_to(out, target_is_directory=True)
+    real = output_folder(users_link)
+    assert real == out
+    atomic_write(subfolder(real, "made", "a folder") / "g.txt", "y")
+    assert (out / "made" / "g.txt").read_text() == "y"

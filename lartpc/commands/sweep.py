@@ -122,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
     from lartpc.cliparse import int_list
     from lartpc.jobs import resolve, sweep
     from lartpc.jobs import submit as jobsubmit
+    from lartpc.runfolder.durable import refuse_symlink, subfolder
 
     resolve.apply_site(args)
     if args.submit:  # fail before checking or writing anything if it cannot be submitted
@@ -200,7 +201,12 @@ def run(args: argparse.Namespace) -> int:
         text = copies[jobs_dir / "prelude.sh"]
         meta["prelude"] = {"from": str(Path(args.prelude).resolve()),
                            "sha256": hashlib.sha256(text.encode()).hexdigest()}
-    logs_dir.mkdir(parents=True, exist_ok=True)  # the scheduler will not create it
+    out_dir.mkdir(parents=True, exist_ok=True)
+    whats = {sub: f"the sweep's {sub.name} folder" for sub in (jobs_dir, logs_dir)}
+    for sub, what in whats.items():  # both checked before either is made
+        refuse_symlink(sub, what)
+    for sub, what in whats.items():  # the scheduler writes logs/ too (it will not create it)
+        subfolder(out_dir, sub.name, what)
     for path, text in copies.items():
         jobsubmit.write_script(path, text)
     manifest = out_dir / "manifest.json"

@@ -28,8 +28,10 @@ def run(args: argparse.Namespace) -> int:
     # row times to tell restart gaps from steps (psutil's create time is another clock).
     process_start = time.time()
     from lartpc.config import load_config
+    from lartpc.runfolder.durable import output_folder
     from lartpc.train.run import prepare, run_training
 
     cfg = load_config(args.config, args.overrides)
-    store = prepare(cfg, args.data, args.out)
-    return run_training(cfg, store, args.out, process_start)
+    out = output_folder(args.out)  # a link the user made to the folder: followed here only
+    store = prepare(cfg, args.data, out)
+    return run_training(cfg, store, out, process_start)

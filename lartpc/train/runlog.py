@@ -4,7 +4,8 @@
 ``eval.csv`` and ``confusion.csv`` are rewritten whole through a
 temporary file and a rename. ``rank-NNN.csv`` grows by whole lines written in one
 call each flush; on resume it is cut back to the checkpointed step, so no step is
-ever logged twice or lost.
+ever logged twice or lost. A rank log is read without following a link at its name: a
+log replaced by a link to someone's file must not be copied into the run folder.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 from pathlib import Path
 
 from lartpc import CLASSES
-from lartpc.runfolder.durable import open_nofollow
+from lartpc.runfolder.durable import open_nofollow, read_nofollow
 from lartpc.runfolder.record import write_text
 from lartpc.runfolder.schema import (  # noqa: F401 (re-exported)
     CONFUSION_CSV,
@@ -47,14 +48,15 @@ class StepLog:
         self._rows: list[str] = []
         header = ",".join(STEP_COLUMNS) + "\n"
         kept = []
-        if keep_steps and self.path.exists():
-            lines = self.path.read_text().splitlines(keepends=True)[1:]
+        if keep_steps:
+            text = _read(self.path)
+            if text is None:
+                raise RunFolderError(short_log_message(self.path, None, keep_steps))
+            lines = text.decode().splitlines(keepends=True)[1:]
             # A line without its newline was torn by a kill: never keep it.
             kept = [ln for ln in lines if ln.endswith("\n")][:keep_steps]
             if len(kept) < keep_steps:
                 raise RunFolderError(short_log_message(self.path, len(kept), keep_steps))
-        elif keep_steps:
-            raise RunFolderError(short_log_message(self.path, None, keep_steps))
         write_text(self.path, header + "".join(kept))
 
     def log(self, **row) -> None:
@@ -78,13 +80,26 @@ class StepLog:
         self._rows = []
 
 
-def complete_rows(path: Path) -> int | None:
-    """Complete (newline-terminated) data rows of a rank log; None when it is missing."""
-    if not Path(path).exists():
+def _read(path: Path) -> bytes | None:
+    """A rank log's bytes (None when missing); a link there is refused, not read."""
+    try:
+        return read_nofollow(path)
+    except FileNotFoundError:
         return None
-    with open(path, "rb") as f:
-        lines = f.read().split(b"\n")
-    return max(0, len(lines) - 2)  # minus the header and the (possibly torn) last piece
+
+
+def complete_rows(path: Path) -> int | None:
+    """Complete (newline-terminated) data rows of a rank log; None when it is missing.
+
+    Raises
+    ------
+    UnsafePathError
+        When the log is a symbolic link (never read through).
+    """
+    data = _read(path)
+    if data is None:
+        return None
+    return max(0, len(data.split(b"\n")) - 2)  # minus the header and the torn last piece
 
 
 def short_log_message(path: Path, rows: int | None, step: int) -> str:

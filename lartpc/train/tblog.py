@@ -8,9 +8,12 @@ with the option off, gets a writer that does nothing, so the loop calls it uncon
 
 from __future__ import annotations
 
+import os
+import secrets
 from pathlib import Path
 
 from lartpc.errors import ConfigError
+from lartpc.runfolder.durable import held_folder
 
 MISSING = ("train.tensorboard = true needs the tensorboard package; install the extra: "
            "pip install 'lartpc[tensorboard]' (or set train.tensorboard = false)")
@@ -32,10 +35,13 @@ class TBLog:
     ----------
     writer : torch.utils.tensorboard.SummaryWriter | None
         Where scalars go; None turns every method into a no-op.
+    folder_fd : int | None
+        The ``tb/`` folder the writer writes into, held open until :meth:`close`.
     """
 
-    def __init__(self, writer=None):
+    def __init__(self, writer=None, folder_fd: int | None = None):
         self.writer = writer
+        self._folder_fd = folder_fd
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         """Log ``{tag: value}`` at ``step`` (the hook for any later measurement, e.g.
@@ -79,6 +85,9 @@ class TBLog:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+        if self._folder_fd is not None:
+            os.close(self._folder_fd)
+            self._folder_fd = None
 
 
 def open_tblog(enabled: bool, is_root: bool, run: Path, start_step: int) -> TBLog:
@@ -94,9 +103,17 @@ def open_tblog(enabled: bool, is_root: bool, run: Path, start_step: int) -> TBLo
     require()
     from torch.utils.tensorboard import SummaryWriter
 
-    tb = Path(run) / "tb"
-    # A restart from step 0 (killed before its first checkpoint) purges from step 0.
-    stale = tb.is_dir() and any(tb.glob("events.out.tfevents.*"))
-    purge = start_step if start_step > 0 or stale else None
-    return TBLog(SummaryWriter(log_dir=str(tb), purge_step=purge,
-                               flush_secs=30))
+    # TensorBoard reopens its event file by name for every write: it gets a name of the
+    # tb/ checked here that a later swap of tb/ for a link does not redirect, and an
+    # event file name nobody can plant a link at in advance.
+    fd, tb = held_folder(run, "tb", "the TensorBoard folder")
+    try:
+        # A restart from step 0 (killed before its first checkpoint) purges from step 0.
+        stale = any(n.startswith("events.out.tfevents.") for n in os.listdir(fd))
+        purge = start_step if start_step > 0 or stale else None
+        writer = SummaryWriter(log_dir=tb, purge_step=purge, flush_secs=30,
+                               filename_suffix=f".{secrets.token_hex(6)}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return TBLog(writer, fd)

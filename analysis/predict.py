@@ -45,6 +45,7 @@ from lartpc.analysis.noise import (
 from lartpc.analysis.runs import Run, RunFolderError
 
 from lartpc.cliparse import int_list
+from lartpc.runfolder.durable import UnsafePathError, plain_name
 from lartpc.runfolder.record import batch_per_rank
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,10 @@ def load_profile_file(path: Path | str) -> Profile:
     sources = data.get("sources", [])
     if not isinstance(name, str) or not name:
         raise PredictError(f"{where}: field 'name' must be a non-empty string")
+    try:  # the figure is predict-<name>.png in --out: a name with a path escapes it
+        plain_name(name, f"{where}: field 'name'")
+    except UnsafePathError as e:
+        raise PredictError(str(e)) from None
     if not isinstance(sources, list) or not all(isinstance(x, str) for x in sources):
         raise PredictError(f"{where}: field 'sources' must be a list of strings")
     return Profile(name=name, gpus_per_node=gpn, **links, compute=compute,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -316,3 +317,20 @@ def test_report_stands_when_the_noise_scale_cannot_be_resolved(runs, tmp_path):
     noise.write_text("\n".join([lines[0], *(",".join(c) for c in cells)]) + "\n")
     assert main(["report", str(runs), "--out", str(tmp_path / "r")]) == 0
     assert "No prediction: " in (tmp_path / "r" / "report.html").read_text()
+
+
+@pytest.mark.parametrize("name", ["x/../../T", "../T", ".hidden", "a\\b"])
+def test_cluster_name_that_is_a_path_is_refused_and_nothing_written(runs, capsys, tmp_path,
+                                                                     name):
+    """N10 (issue 38): the figure is predict-<name>.png in --out; a name 'x/../../T' wrote
+    T.png two folders above it."""
+    f = tmp_path / "net.json"
+    f.write_text(json.dumps({**MEASURED, "name": name}))
+    out = tmp_path / "deep" / "er" / "out"
+    first = out / f"predict-{name.split('/')[0]}"  # what lets the kernel walk the '..'
+    first.mkdir(parents=True)
+    assert main(["predict", str(runs), "--cluster-file", str(f), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--cluster-file {f}: field 'name' {name!r}: names a file to write" in err
+    assert err.count("\n") == 1, err
+    assert not list(tmp_path.rglob("*.png")) and os.listdir(out) == [first.name]

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from lartpc.data.orient import check_resolution, orient
-from lartpc.data.staging import existing_shards, prepare_out, staged_shards
+from lartpc.data.staging import existing_shards, replace_store
 from lartpc.data.store import EventStore, write_shard
 from lartpc.errors import LartpcError
 
@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         check_resolution(store.geometry, str(args.source))
         if args.out.resolve() == args.source.resolve():
             raise LartpcError(f"{args.out}: is the source; give a new folder")
-        out = prepare_out(args.out, overwrite=False)
-        with staged_shards(out) as stage:
+        out = args.out
+        with replace_store(out, overwrite=False) as stage:
             jobs = [(p, stage / p.name) for p in store.paths]
             if args.workers == 1 or len(jobs) == 1:
                 counts = list(map(_orient_shard, jobs))

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from lartpc import CLASSES
-from lartpc.data.staging import existing_shards, prepare_out, staged_shards
+from lartpc.data.staging import existing_shards, replace_store
 from lartpc.data.store import SHARD_PATTERN, Event, write_shard
 from lartpc.errors import LartpcError
 from lartpc.geometry import Geometry
@@ -180,8 +180,8 @@ def convert(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
         f.close()
         if shp[2] // geom.tick_group > geom.full_size or shp[3] > geom.full_size:
             raise LartpcError(f"{p}: image/wires {shp} does not fit a {geom.full_size}-pixel image")
-    out = prepare_out(Path(out_dir), overwrite)
-    with staged_shards(out) as stage:
+    out = Path(out_dir)
+    with replace_store(out, overwrite) as stage:
         attrs = {"time_origin": time_origin, "time_shift_rows": shift,
                  "charge_scale": float(charge_scale)}
         counts = _convert_into(stage, files, geom, shift, charge_scale, shard_size, progress,

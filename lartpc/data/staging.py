@@ -1,21 +1,39 @@
-"""Write a store's shards beside the target folder and swap them in only on success,
-so a failed or interrupted ``simulate`` / ``convert --overwrite`` never leaves the
-folder emptied of the store it held."""
+"""Replace an event store as a whole: one writer at a time, one atomic rename.
+
+``simulate`` and ``convert`` write every shard into a staging folder beside ``--out``
+(``.OUT.stage-XXXX.lartpc-tmp``) while holding the store's lock
+(``.OUT.lartpc-lock`` beside it, removed on release). When all are written the staging
+folder and ``--out`` swap names in one rename (``RENAME_EXCHANGE``; where the
+filesystem cannot, the old folder is renamed aside and the new one in, so a reader
+finds the old store, the new one, or none, never a mix). Anything in ``--out`` that
+is not a shard moves over to the new folder; the old shards are removed.
+
+A second writer is refused while the lock is held. The lock's next holder removes the
+staging folders killed writers left (no live writer owns them: it would hold the lock),
+and puts back an old store whose writer died between the two renames of the fallback.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
-import shutil
+import secrets
+import stat
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from lartpc.errors import LartpcError
-from lartpc.runfolder.durable import TEMP_SUFFIX, fsync_dir
+from lartpc.runfolder.durable import TEMP_SUFFIX, exchange, fsync_dir, output_folder
+from lartpc.runfolder.lock import FileLock
 
+log = logging.getLogger(__name__)
 SHARD_NAME = re.compile(r"^events-\d{5}\.h5$")
+#: A shard's temporary file (:func:`lartpc.runfolder.durable.atomic_path`).
+_SHARD_TEMP = re.compile(r"^\.events-\d{5}\.h5\.\w+" + re.escape(TEMP_SUFFIX) + "$")
 
 
 def existing_shards(out: Path) -> list[Path]:
@@ -23,44 +41,117 @@ def existing_shards(out: Path) -> list[Path]:
     return sorted(p for p in Path(out).iterdir() if SHARD_NAME.match(p.name))
 
 
-def prepare_out(out: Path, overwrite: bool) -> Path:
-    """Create ``out`` if needed; refuse one that holds shards unless ``overwrite``.
+def store_lock(out: Path) -> FileLock:
+    """The lock that one writer of the store ``out`` holds (not yet taken)."""
+    return FileLock(out.parent / f".{out.name}.lartpc-lock", time.time(),
+                    f"--out {out}: being written by another lartpc command", remove=True)
+
+
+def _stages(out: Path) -> list[Path]:
+    """The staging folders of ``out`` beside it: ours (``stage-``/``old-``), and those of
+    earlier versions (``tempfile``'s 8 characters)."""
+    pat = re.compile(rf"^\.{re.escape(out.name)}\.(?:stage-\w+|old-\w+|\w{{8}})"
+                     rf"{re.escape(TEMP_SUFFIX)}$")
+    return sorted(p for p in out.parent.iterdir() if pat.match(p.name))
+
+
+@contextlib.contextmanager
+def replace_store(out: Path, overwrite: bool) -> Iterator[Path]:
+    """A fresh staging folder to write the store ``out`` into, under the store's lock.
+    When the block succeeds the new store replaces ``out`` in one rename; when it fails
+    (or is killed) ``out`` is as it was.
 
     Raises
     ------
     LartpcError
-        Naming the folder: not creatable, not writable, or holding shards.
+        Naming ``--out``: not creatable or writable, holding shards without
+        ``overwrite``, or being written by another process (its pid and host).
     """
-    out = Path(out)
+    out = output_folder(out)  # the folder a link of the user's names is the one swapped
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise LartpcError(f"--out {out}: cannot create folder ({e.strerror})") from None
+    try:
+        lock = store_lock(out).acquire()
+    except OSError as e:
+        raise LartpcError(f"--out {out}: cannot lock it beside it, in {out.parent}, where "
+                          f"the new store is staged ({e.strerror})") from None
+    try:
+        _clean_up_after_dead_writers(out)
+        _check_out(out, overwrite)
+        stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.stage-",
+                                      suffix=TEMP_SUFFIX))
+        try:
+            yield stage
+            os.chmod(stage, stat.S_IMODE(os.stat(out).st_mode))
+        except BaseException:
+            _remove_store_folder(stage)
+            raise
+        _swap_in(stage, out)
+    finally:
+        lock.release()
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
     if not os.access(out, os.W_OK | os.X_OK):
         raise LartpcError(f"--out {out}: folder is not writable")
     old = existing_shards(out)
     if old and not overwrite:
         raise LartpcError(f"--out {out}: already holds {len(old)} event shard(s); "
                           "choose an empty folder or overwrite")
-    return out
 
 
-@contextlib.contextmanager
-def staged_shards(out: Path) -> Iterator[Path]:
-    """A fresh folder beside ``out`` to write shards into. When the block succeeds,
-    its shards replace ``out``'s (old shards beyond the new ones are removed); when it
-    fails, the staging folder goes and ``out`` is as it was."""
-    out = Path(out)
-    stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=TEMP_SUFFIX))
+def _swap_in(stage: Path, out: Path) -> None:
+    """``stage`` becomes ``out`` in one rename; the old store goes."""
+    if exchange(stage, out):
+        old = stage
+    else:
+        old = out.parent / f".{out.name}.old-{secrets.token_hex(4)}{TEMP_SUFFIX}"
+        os.rename(out, old)
+        os.rename(stage, out)  # a kill before this: the next writer puts the old back
+    fsync_dir(out.parent)
+    _carry_over(old, out)
+    _remove_store_folder(old)
+
+
+def _carry_over(old: Path, out: Path) -> None:
+    """What the old folder held besides shards (a user's notes, a run folder) moves into
+    the new one."""
+    for p in old.iterdir():
+        if not (SHARD_NAME.match(p.name) or _SHARD_TEMP.match(p.name)) \
+                and not os.path.lexists(out / p.name):
+            os.rename(p, out / p.name)
+
+
+def _remove_store_folder(folder: Path) -> bool:
+    """Delete a staging or old store folder: its shards and shard temporaries, then the
+    folder if nothing else is left in it (we delete only what we made)."""
+    for p in folder.iterdir():
+        if SHARD_NAME.match(p.name) or _SHARD_TEMP.match(p.name):
+            with contextlib.suppress(OSError):
+                if not stat.S_ISDIR(os.lstat(p).st_mode):
+                    os.unlink(p)
     try:
-        yield stage
-        new = existing_shards(stage)
-        for p in new:
-            os.replace(p, out / p.name)
-        names = {p.name for p in new}
-        for p in existing_shards(out):
-            if p.name not in names:
-                p.unlink()
-        fsync_dir(out)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+        folder.rmdir()
+    except OSError:
+        log.warning("%s: left in place: it holds files that are not shards", folder)
+        return False
+    return True
+
+
+def _clean_up_after_dead_writers(out: Path) -> None:
+    """Under the lock: a store renamed aside by a writer killed before it renamed the new
+    one in goes back, and every staging folder of ``out`` goes (with what it carried
+    over from ``out`` put back)."""
+    for folder in _stages(out):
+        if not stat.S_ISDIR(os.lstat(folder).st_mode):
+            continue
+        if folder.name.startswith(f".{out.name}.old-") and not existing_shards(out) \
+                and not any(out.iterdir()):
+            os.rename(folder, out)  # rename over the empty folder made above
+            log.warning("%s: put back the store a killed writer had moved aside", out)
+            continue
+        _carry_over(folder, out)
+        if _remove_store_folder(folder):
+            log.warning("removed %s (left by a killed writer)", folder)

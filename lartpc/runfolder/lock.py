@@ -1,4 +1,5 @@
-"""One training at a time per run folder: an OS lock on ``<run>/run.lock`` (torch-free).
+"""One training at a time per run folder: an OS lock on ``<run>/run.lock`` (torch-free);
+the same lock keeps one writer at a time on an event store (:class:`FileLock`).
 
 The lock is ``fcntl.flock`` on an open file, so the kernel releases it when the
 holder exits or dies (kill -9, node crash on local disks); nothing needs cleaning up.
@@ -14,6 +15,7 @@ prevented; mount with ``flock`` to get that guarantee).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -47,51 +49,90 @@ def holder_text(info: dict) -> str:
     return f"pid {info.get('pid')} on host {info.get('host')}{job}{when}"
 
 
-class RunLock:
-    """Exclusive hold on a run folder for the life of this object (or process)."""
+class FileLock:
+    """Exclusive hold on ``path`` (a lock file) for the life of this object (or process).
 
-    def __init__(self, run: Path, start_time: float):
-        self.path = Path(run) / LOCK
+    Parameters
+    ----------
+    path : the lock file (created; never through a link).
+    start_time : recorded with the holder, for the refusal message.
+    busy : what a refused caller is told, before the holder (``X: in use by ...``).
+    remove : remove the file on :meth:`release` (a lock beside a folder, not in it). A
+        taker then checks that the file it locked is still the one at ``path``, as a
+        process that opened it before the removal holds a lock nobody else sees.
+    """
+
+    def __init__(self, path: Path, start_time: float, busy: str, remove: bool = False):
+        self.path = Path(path)
+        self.busy = busy
+        self.remove = remove
         self.info = {"host": socket.gethostname(), "pid": os.getpid(), "job_id": job_id(),
                      "start_time": start_time}
         self._fd: int | None = None
 
-    def acquire(self) -> RunLock:
+    def acquire(self):
         """Take the lock or raise :class:`RunFolderError` naming the holder."""
-        # never through a planted link: the lock file is truncated and rewritten below
-        fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise RunFolderError(f"{self.path.parent}: in use by another training, "
-                                 f"{holder_text(read_holder(self.path))}") from None
-        except OSError as e:
-            if e.errno not in _NO_FLOCK:
-                os.close(fd)
-                raise
-            self._check_without_flock(fd)
+        while True:
+            fd = self._lock_once()
+            if not self.remove or _same_file(fd, self.path):
+                break
+            os.close(fd)  # locked a file its holder removed on release: take the new one
         self._fd = fd
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(self.info) + "\n").encode(), 0)
         os.fsync(fd)
         return self
 
+    def _lock_once(self) -> int:
+        # never through a planted link: the lock file is truncated and rewritten
+        fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RunFolderError(f"{self.busy}, {holder_text(read_holder(self.path))}"
+                                 ) from None
+        except OSError as e:
+            if e.errno not in _NO_FLOCK:
+                os.close(fd)
+                raise
+            self._check_without_flock(fd)
+        return fd
+
     def _check_without_flock(self, fd: int) -> None:
         """The documented fallback where the filesystem has no flock."""
         held = read_holder(self.path)
         if held.get("host") == self.info["host"] and _alive(held.get("pid")):
             os.close(fd)
-            raise RunFolderError(f"{self.path.parent}: in use by another training, "
-                                 f"{holder_text(held)} (no flock on this filesystem)")
-        log.warning("%s: this filesystem has no flock; the run folder is not protected "
-                    "against a second training on another host", self.path)
+            raise RunFolderError(f"{self.busy}, {holder_text(held)} (no flock on this "
+                                 "filesystem)")
+        log.warning("%s: this filesystem has no flock; the folder is not protected "
+                    "against a second writer on another host", self.path)
 
     def release(self) -> None:
-        """Let the next training have the folder (also happens when the process ends)."""
+        """Let the next one have it (also happens when the process ends)."""
         if self._fd is not None:
+            if self.remove:  # while still held, so nobody takes the name in between
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path)
             os.close(self._fd)
             self._fd = None
+
+
+class RunLock(FileLock):
+    """One training at a time in a run folder: ``<run>/run.lock``, which stays."""
+
+    def __init__(self, run: Path, start_time: float):
+        super().__init__(Path(run) / LOCK, start_time,
+                         f"{Path(run)}: in use by another training")
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        a, b = os.fstat(fd), os.lstat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def read_holder(path: Path) -> dict:

@@ -17,7 +17,7 @@ import numpy as np
 
 from lartpc import CLASSES, __version__
 from lartpc.config import choices
-from lartpc.data.staging import existing_shards, prepare_out, staged_shards
+from lartpc.data.staging import existing_shards, replace_store
 from lartpc.data.store import SHARD_PATTERN, Event, write_shard
 from lartpc.errors import LartpcError
 from lartpc.geometry import ACTIVE_X_CM, ACTIVE_Y_CM, ACTIVE_Z_CM, Geometry
@@ -202,8 +202,8 @@ def write_dataset(out_dir: str | os.PathLike, n_events: int, *, seed: int = 0,
         geometry = Geometry(downsample=int(downsample))
     except ValueError as e:
         raise LartpcError(f"--downsample: {e}") from None
-    out = prepare_out(Path(out_dir), overwrite)
-    with staged_shards(out) as stage:
+    out = Path(out_dir)
+    with replace_store(out, overwrite) as stage:
         _simulate_into(stage, int(n_events), int(seed), geometry, classes, momentum_gev,
                        int(workers), int(shard_size), progress, source_geometry, readout)
     written = existing_shards(out)

@@ -286,3 +286,39 @@ def test_sighup_is_left_ignored_under_nohup(train_events_dir, tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert _info(out)["status"] == "preempted"
+
+
+KILL_BEFORE_EVAL = textwrap.dedent("""
+    import os, sys
+    from lartpc.cli import main
+    from lartpc.train.trainer import Trainer
+    def evaluate(self):  # killed after the epoch's last step checkpoint, before evaluating
+        os._exit(137)
+    Trainer.evaluate = evaluate
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+def test_kill_before_an_epoch_end_evaluation_is_made_up_on_resume(reference, train_events_dir,
+                                                                  tmp_path):
+    """A step checkpoint on an epoch's last step comes before that epoch's evaluation; a
+    job killed between them used to resume past the epoch, its eval.csv row lost for good."""
+    import torch
+
+    out = tmp_path / "run"
+    spe = _info(reference[0])["steps_per_epoch"]
+    cmd = train_cmd(train_events_dir, out, f"train.checkpoint_every_steps={spe}")
+    r = run([sys.executable, "-c", KILL_BEFORE_EVAL, *cmd[1:]])
+    assert r.returncode == 137, r.stderr[-2000:]
+    ck = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert (ck["epoch"], ck["step_in_epoch"], ck["eval_rows"]) == (0, spe, [])
+    r = run(cmd)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got, want = rows(out / "eval.csv"), rows(reference[0] / "eval.csv")
+    assert [x["epoch"] for x in got] == ["0", "1"]
+    # the made-up evaluation and the rest of the run are those of an uninterrupted run
+    assert [{k: v for k, v in x.items() if k != "time"} for x in got] == \
+           [{k: v for k, v in x.items() if k != "time"} for x in want]
+    assert _losses(out) == _losses(reference[0])
+    pa, pb = final_params(reference[0]), final_params(out)
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)

@@ -22,13 +22,14 @@ def fit(t: Trainer, ckpt: Checkpointer, sinks: Sink) -> str:
     """Train this segment; the run's status."""
     s, evaluated = t.state, False
     while s.epoch < t.cfg.train.epochs:
-        if s.step_in_epoch >= t.plan.steps_per_epoch:  # resumed at an epoch's end
-            s.next_epoch()
-            continue
-        finished = run_epoch(t, ckpt, sinks)
-        evaluated = False
-        if not finished or t.stop == "diverged":
-            break
+        # A checkpoint at an epoch's end is a step checkpoint written before that
+        # epoch's evaluation (the epoch-end one is saved after next_epoch): a job killed
+        # between the two resumes here, and the evaluation is made up below.
+        if s.step_in_epoch < t.plan.steps_per_epoch:
+            finished = run_epoch(t, ckpt, sinks)
+            evaluated = False
+            if not finished or t.stop == "diverged":
+                break
         if t.eval_due():
             sinks.on_eval(t.evaluate())
             evaluated = True

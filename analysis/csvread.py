@@ -16,11 +16,15 @@ import numpy as np
 import pandas as pd
 from lartpc.analysis.runcheck import RunFolderError
 
+from lartpc.runfolder.durable import UnsafePathError, read_nofollow
+
 
 def read_text(path: Path, notes: list[str] | None = None) -> str:
     """The text of a CSV without a torn final line; binary or unreadable files are errors."""
     try:
-        data = path.read_bytes()
+        data = read_nofollow(path)  # a run file replaced by a link is not read
+    except UnsafePathError as e:
+        raise RunFolderError(str(e)) from None
     except OSError as e:
         raise RunFolderError(f"{path}: cannot read: {e.strerror or e}") from e
     nul = data.find(b"\x00")

@@ -19,7 +19,7 @@ from lartpc.analysis.runs import CLASSES
 from lartpc.analysis.tables import DEFINITIONS, Analysis, to_text
 from lartpc.analysis.truth_limits import truth_limits_html
 
-from lartpc.runfolder.durable import atomic_write, subfolder
+from lartpc.runfolder.durable import atomic_write, read_nofollow, subfolder
 
 log = logging.getLogger(__name__)
 CSS = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}
@@ -55,7 +55,7 @@ def write_curves(a: Analysis, out: Path) -> dict[str, list[Path]]:
 
 
 def _img(path: Path | str, alt: str) -> str:
-    data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+    data = base64.b64encode(read_nofollow(path)).decode("ascii")  # a PNG swapped for a link
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
 

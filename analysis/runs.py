@@ -26,6 +26,7 @@ from lartpc.analysis.runcheck import (
 )
 
 from lartpc import CLASSES
+from lartpc.runfolder.durable import UnsafePathError, read_nofollow
 from lartpc.runfolder.record import read_json
 from lartpc.runfolder.schema import (  # noqa: F401 (re-exported)
     CONFUSION_CSV,
@@ -119,12 +120,13 @@ def sweep_points(folder: str | Path) -> dict[Path, dict]:
         The manifest is not JSON or lists no points.
     """
     path = Path(folder) / MANIFEST
-    if not path.is_file():
-        return {}
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(read_nofollow(path))  # a manifest planted as a link is refused
         points = {(Path(folder) / Path(p["name"]).name).resolve(): p for p in doc["points"]}
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnsafePathError, UnicodeDecodeError, json.JSONDecodeError, KeyError,
+            TypeError) as e:
         raise RunFolderError(f"{path}: not a sweep manifest ({e})") from None
     return points
 

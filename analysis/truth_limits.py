@@ -19,6 +19,8 @@ import math
 from collections.abc import Iterable
 from pathlib import Path
 
+from lartpc.runfolder.durable import UnsafePathError, read_nofollow
+
 log = logging.getLogger(__name__)
 FILE = "truth_limits.json"
 
@@ -64,11 +66,11 @@ def load_truth_limits(run_dir: str | Path) -> dict | None:
     """The truth limits stored in ``run_dir``, or None (missing, unreadable or of the
     wrong shape: warned and ignored)."""
     path = Path(run_dir) / FILE
-    if not path.is_file():
-        return None
     try:
-        return _checked(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, RecursionError) as e:
+        return _checked(json.loads(read_nofollow(path).decode("utf-8")))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RecursionError, UnsafePathError) as e:
         log.warning("%s: not a truth-limits file (%s), ignored", path, e)
         return None
 

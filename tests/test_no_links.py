@@ -128,3 +128,50 @@ def test_tensorboard_folder_swapped_for_a_link_while_training_gets_nothing(tmp_p
     acc.Reload()
     assert [(e.step, round(e.value, 4)) for e in acc.Scalars("train/loss")] == \
         [(0, 1.6), (1, 1.5), (2, 1.4)]
+
+
+def test_the_users_own_link_as_output_folder_is_followed(events_dir, tmp_path):
+    """The one link followed: the folder the user named (resolved once, so the files
+    below it are still checked)."""
+    real = tmp_path / "disk"
+    real.mkdir()
+    plots = tmp_path / "plots"
+    plots.symlink_to(real, target_is_directory=True)
+    assert main(["display", str(events_dir), "--event", "0", "--out",
+                 str(plots / "ev.png")]) == 0
+    assert (real / "ev.png").read_bytes().startswith(b"\x89PNG")
+    run = _run(tmp_path)
+    assert analysis_main(["report", str(run.parent), "--out", str(plots)]) == 0
+    assert (real / "report.html").read_text().startswith("<!DOCTYPE html>")
+    assert (real / "confusion" / "run_confusion.png").is_file()
+    assert plots.is_symlink()
+
+
+def test_run_record_replaced_by_a_link_is_not_read(tmp_path):
+    """run.json replaced by a link to someone's JSON: a resume would have taken it as
+    the record and rewritten it into the run folder, mode 644."""
+    from lartpc.runfolder.record import peek_record, read_record
+    from lartpc.runfolder.schema import RunFolderError
+
+    run = _run(tmp_path)
+    secret = _secret(tmp_path / "SECRET.json", (run / "run.json").read_text())
+    (run / "run.json").unlink()
+    (run / "run.json").symlink_to(secret)
+    with pytest.raises(RunFolderError, match="run.json: is a symbolic link; refusing to "
+                                             "read through it"):
+        read_record(run)
+    assert peek_record(run) is None
+
+
+def test_analysis_does_not_read_run_files_replaced_by_links(tmp_path, capsys):
+    """A run's confusion.csv replaced by a link to someone's table: its numbers went
+    into the report. Now the run is skipped with a note (or refused under --strict)."""
+    run = _run(tmp_path)
+    secret = _secret(tmp_path / "SECRET.csv", (run / "confusion.csv").read_text())
+    (run / "confusion.csv").unlink()
+    (run / "confusion.csv").symlink_to(secret)
+    rep = tmp_path / "rep"
+    assert analysis_main(["report", str(run.parent), "--out", str(rep), "--strict"]) == 2
+    err = capsys.readouterr().err
+    assert f"{run / 'confusion.csv'}: is a symbolic link; refusing to read through it" in err
+    assert not rep.exists()

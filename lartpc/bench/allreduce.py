@@ -250,9 +250,11 @@ def _out_problem(out: Path | None) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     from lartpc.dist import detect_backend, init
-    from lartpc.runfolder.durable import atomic_write
+    from lartpc.runfolder.durable import atomic_write, output_file
 
     sizes = _check(args)
+    if args.out is not None:  # a link the user made to the folder: followed here only
+        args.out = output_file(args.out)
     if args.backend == "auto" and detect_backend() == "none":
         raise LartpcError(_ONE_RANK)
     world = init(args.backend, args.device, timeout_s=args.timeout_s)

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from lartpc.errors import LartpcError
-from lartpc.runfolder.durable import atomic_write
+from lartpc.runfolder.durable import atomic_write, output_file
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     store = EventStore(args.path)
     if not -len(store) <= args.event < len(store):
         raise LartpcError(f"--event {args.event}: {args.path} holds {len(store)} events")
-    out = Path(args.out)
+    out = output_file(args.out)  # a link the user made to the folder: followed here only
     if not out.parent.is_dir():
         raise LartpcError(f"--out {out}: folder {out.parent} does not exist")
     ev = store[args.event]

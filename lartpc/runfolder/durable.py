@@ -80,6 +80,13 @@ def output_folder(path: Path | str) -> Path:
     return Path(os.path.realpath(path))
 
 
+def output_file(path: Path | str) -> Path:
+    """An output file the user named, in its folder with the user's links resolved (see
+    :func:`output_folder`)."""
+    path = Path(path)
+    return output_folder(path.parent) / path.name
+
+
 def _link_refused(path: Path | str, what: str = "", verb: str = "write") -> UnsafePathError:
     what = f"{what} is" if what else "is"
     return UnsafePathError(f"{path}: {what} a symbolic link; refusing to {verb} through "

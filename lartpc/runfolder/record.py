@@ -19,7 +19,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from lartpc.runfolder.durable import atomic_write
+from lartpc.runfolder.durable import UnsafePathError, atomic_write, read_nofollow
 from lartpc.runfolder.lock import job_id
 from lartpc.runfolder.schema import RUN_JSON, RunFolderError, Status
 
@@ -64,11 +64,13 @@ def read_json(path: Path | str, advice: str = "") -> dict[str, Any]:
     Raises
     ------
     RunFolderError
-        Naming the file when it cannot be read, is not UTF-8, not JSON (with the line
-        and column) or not a JSON object (a torn or edited file).
+        Naming the file when it cannot be read, is a symbolic link, is not UTF-8, not
+        JSON (with the line and column) or not a JSON object (a torn or edited file).
     """
     try:
-        text = Path(path).read_bytes().decode("utf-8")
+        text = read_nofollow(path).decode("utf-8")  # a planted link is never read
+    except UnsafePathError as e:
+        raise RunFolderError(str(e)) from None
     except OSError as e:
         raise RunFolderError(f"{path}: cannot read: {e.strerror or e}") from None
     except UnicodeDecodeError as e:

@@ -33,6 +33,7 @@ from lartpc.runfolder.durable import (
     UnsafePathError,
     atomic_write,
     open_nofollow,
+    read_nofollow,
     refuse_symlink,
 )
 from lartpc.runfolder.schema import NOISE_COLUMNS
@@ -297,7 +298,7 @@ def keep_rows_before(path: Path, step: int) -> None:
     if step <= 0:
         path.unlink()
         return
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    lines = read_nofollow(path).decode("utf-8", errors="replace").splitlines(keepends=True)
     steps = [_row_step(ln) for ln in lines[1:]]
     bad = sum(s is None for s in steps)
     if bad:

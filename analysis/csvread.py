@@ -43,9 +43,24 @@ def read_text(path: Path, notes: list[str] | None = None) -> str:
     return text
 
 
+def csv_rows(path: Path, text: str):
+    """``(line number, fields)`` of each CSV record of ``text``; a record the csv module
+    cannot parse (a field over its 128 KiB limit, a NUL) raises
+    :class:`RunFolderError` naming ``path`` and the line."""
+    reader = csv.reader(io.StringIO(text, newline=""))
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise RunFolderError(f"{path}:{reader.line_num}: malformed CSV ({e})") from None
+        yield reader.line_num, row
+
+
 def _scan_for_error(path: Path, text: str, columns: tuple[str, ...]) -> None:
     """Find the first bad line the fast reader choked on; raise naming it."""
-    for lineno, row in enumerate(csv.reader(io.StringIO(text, newline="")), start=1):
+    for lineno, row in csv_rows(path, text):
         if lineno == 1:
             continue
         if len(row) != len(columns):
@@ -68,7 +83,7 @@ def read_table(path: Path, columns: tuple[str, ...], int_columns: tuple[str, ...
     below 2**53 (exact in a float). Notes (a dropped torn line) go to ``notes``.
     """
     text = read_text(path, notes)
-    header = next(csv.reader(io.StringIO(text, newline="")), None)
+    header = next((row for _, row in csv_rows(path, text)), None)
     if header is None:
         raise RunFolderError(f"{path}:1: empty file, expected header {','.join(columns)}")
     if tuple(h.strip() for h in header) != columns:
@@ -94,7 +109,7 @@ def read_table(path: Path, columns: tuple[str, ...], int_columns: tuple[str, ...
 def read_confusion(path: Path, classes: tuple[str, ...]) -> np.ndarray:
     """Read ``confusion.csv``: header ``true,<classes>``, then one row per true class."""
     header = ("true", *classes)
-    rows = list(csv.reader(io.StringIO(read_text(path), newline="")))
+    rows = [row for _, row in csv_rows(path, read_text(path))]
     if not rows or tuple(c.strip() for c in rows[0]) != header:
         got = ",".join(rows[0]) if rows else ""
         raise RunFolderError(f"{path}:1: header is {got!r}, expected {','.join(header)!r}")

@@ -9,6 +9,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+# Titles and legends hold run folder names, which are input: a '$' in one must not
+# start mathtext ('x$\frac{$' raised a parse error). No figure here uses mathtext.
+matplotlib.rcParams["text.parse_math"] = False
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from lartpc.analysis.fit import PowerLawFit  # noqa: E402
@@ -162,8 +165,7 @@ def confusion(counts: np.ndarray, title: str, out: Path) -> Path:
                                         zip(CLASSES, totals[:, 0], strict=True)])
     ax.set_xlabel("predicted class")
     ax.set_ylabel("true class")
-    # the title holds a folder name: a '$' in it must not start matplotlib's mathtext
-    ax.set_title(title.replace("$", r"\$"), fontsize=10)
+    ax.set_title(title, fontsize=10)  # a folder name: no mathtext (see the imports)
     fig.colorbar(im, ax=ax, label="% of true class", fraction=0.046, pad=0.04)
     return _save(fig, out)
 

@@ -156,6 +156,9 @@ NON_NEGATIVE = ("data.max_events", "data.prefetch", "train.seed", "train.weight_
                 "train.momentum", "train.warmup_epochs", "train.checkpoint_every_steps",
                 "train.checkpoint_every_s", "train.threads", "train.progress_every_s")
 MAX_THREADS = 1024  #: CPU threads per rank; beyond this torch fails to create them
+#: The largest seed (train.seed, simulate --seed): seeds are stored as int64 (HDF5
+#: attributes, TOML integers) and torch.manual_seed takes no more.
+MAX_SEED = 2 ** 63 - 1
 #: Floats that must be finite (inf passes "> 0"; NaN fails every comparison anyway).
 #: train.time_limit_s may be inf: no limit.
 FINITE = ("train.lr", "train.eps", "train.weight_decay", "train.momentum",
@@ -268,6 +271,8 @@ def validate(cfg: Config) -> None:
     if cfg.train.weight_decay > 1.0:
         raise ConfigError(f"train.weight_decay = {cfg.train.weight_decay}: must be in [0, 1] "
                           "(the study uses 0.01)")
+    if cfg.train.seed > MAX_SEED:
+        raise ConfigError(f"train.seed = {cfg.train.seed}: must be at most 2**63 - 1")
     if cfg.train.threads > MAX_THREADS:
         raise ConfigError(f"train.threads = {cfg.train.threads}: must be at most "
                           f"{MAX_THREADS} (0 = the node's cores divided by its ranks)")

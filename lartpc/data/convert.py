@@ -105,11 +105,19 @@ def _open_upstream(path: Path):
             f.close()
             raise LartpcError(f"{path}: missing dataset '{name}' (not an upstream LArSoft file)")
     w, lab = f["image/wires"], f["label/type"]
+    # read before closing: a closed file's datasets no longer know their shapes
+    shapes, kinds = (w.shape, lab.shape), (w.dtype.kind, lab.dtype.kind)
     if w.ndim != 4 or lab.ndim != 2 or lab.shape[1] != len(UPSTREAM_PARTICLES) \
             or lab.shape[0] != w.shape[0]:
         f.close()
         raise LartpcError(f"{path}: expected image/wires (N, planes, ticks, wires) and label/type "
-                          f"(N, 10), got {w.shape} and {lab.shape}")
+                          f"(N, 10), got {shapes[0]} and {shapes[1]}")
+    for name, kind, allowed, what in (("image/wires", kinds[0], "iuf", "numbers"),
+                                      ("label/type", kinds[1], "iu", "integer counts")):
+        if kind not in allowed:
+            dtype = f[name].dtype
+            f.close()
+            raise LartpcError(f"{path}: dataset '{name}' holds {dtype}, expected {what}")
     return f
 
 

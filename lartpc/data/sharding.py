@@ -160,7 +160,8 @@ def plan_run(cfg: Config, store: EventStore, world_size: int) -> ShardPlan:
     ------
     ConfigError
         When ``data.max_events``, ``data.eval_fraction`` and the store leave no
-        evaluation event (eval.csv would report loss and accuracy 0 over nothing).
+        evaluation event (eval.csv would report loss and accuracy 0 over nothing), or
+        ``train.batch_per_rank`` exceeds every rank's training events.
     LartpcError
         When there are fewer training events than ranks.
     """
@@ -175,6 +176,13 @@ def plan_run(cfg: Config, store: EventStore, world_size: int) -> ShardPlan:
                           "leave no evaluation event: the split is taken per class "
                           f"(round(fraction x events of the class); classes hold {per_class}"
                           "); use more events or a larger fraction")
+    most = max(len(plan.train_indices(r)) for r in range(world_size))
+    if cfg.train.batch_per_rank > most:
+        # the loaders hold one batch of full images: a batch no shard can fill only
+        # allocates memory (1e9 events asked for 582 TiB)
+        raise ConfigError(f"train.batch_per_rank = {cfg.train.batch_per_rank}: more than the "
+                          f"{most} training events of a rank ({n} events, {world_size} "
+                          f"rank(s)); at most {most}")
     return plan
 
 

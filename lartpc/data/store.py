@@ -279,6 +279,10 @@ class EventStore:
             if len(off) != len(lab) + 1 or off[0] != 0 or np.any(np.diff(off) < 0) \
                     or off[-1] != npix:
                 raise EventStoreError(f"{p}: inconsistent offsets (truncated or corrupt file)")
+            bad = np.flatnonzero((lab < 0) | (lab >= NUM_CLASSES))
+            if bad.size:  # every count, split and loss indexes by label
+                raise EventStoreError(f"{p}: event {int(bad[0])} label {int(lab[bad[0]])} out "
+                                      f"of range 0..{NUM_CLASSES - 1}")
             self._offsets.append(off)
             labels.append(lab.astype(np.int64))
         if any(g != geoms[0] for g in geoms):

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from lartpc import CLASSES, __version__
-from lartpc.config import choices
+from lartpc.config import MAX_SEED, choices
 from lartpc.data.staging import existing_shards, replace_store
 from lartpc.data.store import SHARD_PATTERN, Event, write_shard
 from lartpc.errors import LartpcError
@@ -198,6 +198,8 @@ def write_dataset(out_dir: str | os.PathLike, n_events: int, *, seed: int = 0,
         raise LartpcError(f"--workers: must be positive, got {workers}")
     if int(shard_size) <= 0:
         raise LartpcError(f"--shard-size: must be positive, got {shard_size}")
+    if not 0 <= int(seed) <= MAX_SEED:
+        raise LartpcError(f"--seed: must be in 0..2**63-1, got {seed}")
     try:
         geometry = Geometry(downsample=int(downsample))
     except ValueError as e:

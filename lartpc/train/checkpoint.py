@@ -3,13 +3,24 @@
 A checkpoint holds only tensors and plain containers (dicts, lists, numbers, strings),
 so it is read with ``torch.load(weights_only=True)``: a crafted ``checkpoint.pt``
 cannot run code. RNG states are stored in that form too (numpy's as a tensor).
+
+``torch.save`` writes a zip archive that holds a CRC-32 of every record (the pickled
+structure and each tensor's bytes), but ``torch.load`` checks none of them: a flipped
+bit in a weight loads silently. :func:`read` checks every record's CRC before loading,
+which covers checkpoints of every lartpc version, and then the fields' types and
+ranges, so a damaged or crafted file is refused in one line instead of failing deep
+inside the resume.
 """
 
 from __future__ import annotations
 
 import errno
+import io
+import math
 import pickle
 import random
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -44,9 +55,12 @@ def write(run: Path, state: dict) -> Path:
     """
     path = Path(run) / CHECKPOINT
     try:
-        atomic_write(path, lambda f: torch.save(state, f))
+        # serialised in memory first: torch.save's own file writer reports a full disk
+        # as "[enforce fail at inline_container.cc:...]"; a plain write says ENOSPC
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        atomic_write(path, lambda f: f.write(buf.getbuffer()))
     except (OSError, RuntimeError) as e:
-        # torch.save reports a full disk as RuntimeError (its writer's error), not OSError
         reason = (e.strerror or errno.errorcode.get(e.errno or 0, str(e))
                   if isinstance(e, OSError) else str(e).splitlines()[0])
         raise RunFolderError(f"{path}: cannot write the checkpoint ({reason}); "
@@ -74,27 +88,106 @@ def load(run: Path) -> dict | None:
     return read(path)
 
 
-def read(path: Path) -> dict:
-    """The checkpoint in the file ``path`` (see :func:`load`)."""
+#: What a refusal suggests for a run's own checkpoint.
+MOVE_AWAY = "move it away to restart the run from step 0"
+
+
+def read(path: Path, advice: str = MOVE_AWAY) -> dict:
+    """The checkpoint in the file ``path`` (see :func:`load`), its records' CRCs and its
+    fields checked (:func:`verify_records`, :func:`check_fields`); ``advice`` ends the
+    message of a refusal."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise RunFolderError(f"{path}: cannot read the checkpoint ({e.strerror or e})") from None
+    verify_records(path, data, advice)
+    try:
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         raise RunFolderError(
             f"{path}: refused: it holds objects that safe loading does not allow ({first}); "
             "a checkpoint written by lartpc before safe loading cannot be resumed: move it "
             "away to restart the run from step 0") from None
-    except (OSError, RuntimeError, EOFError) as e:
-        raise RunFolderError(f"{path}: cannot read the checkpoint ({e}); move it away "
-                             "to restart the run from step 0") from None
+    except (OSError, RuntimeError, EOFError, ValueError, KeyError, TypeError,
+            AttributeError, IndexError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise RunFolderError(f"{path}: cannot read the checkpoint ({first}); {advice}") \
+            from None
     if not isinstance(state, dict) or "global_step" not in state:
         raise RunFolderError(f"{path}: not a lartpc checkpoint")
     missing = [k for k in REQUIRED if k not in state]
     if missing:
         raise RunFolderError(f"{path}: not a complete lartpc checkpoint (missing "
-                             f"{', '.join(missing)}); move it away to restart the run "
-                             "from step 0")
+                             f"{', '.join(missing)}); {advice}")
+    check_fields(path, state, advice)
     return state
+
+
+def verify_records(path: Path, data: bytes, advice: str = MOVE_AWAY) -> None:
+    """Check the CRC-32 of every record of the zip archive ``data`` (``torch.save``'s
+    format); raise :class:`RunFolderError` naming ``path`` and the damaged record."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError,
+            NotImplementedError, zlib.error) as e:
+        raise RunFolderError(f"{path}: not a checkpoint torch.save wrote, or damaged ({e}); "
+                             f"{advice}") from None
+    if bad is not None:
+        raise RunFolderError(f"{path}: damaged: record {bad} fails its CRC-32 check; "
+                             f"{advice}")
+
+
+def _count(value) -> bool:
+    """A whole number from 0 below 2**53 (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2 ** 53
+
+
+def check_fields(path: Path, state: dict, advice: str = MOVE_AWAY) -> None:
+    """Refuse a checkpoint whose fields have the wrong types or ranges (a crafted or
+    damaged file), naming the first such field; the RNG states are tried out."""
+    model, opt, rows = state["model"], state["optimizer"], state["eval_rows"]
+    problems = {
+        "model": isinstance(model, dict)
+        and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in model.items()),
+        "optimizer": isinstance(opt, dict) and isinstance(opt.get("state"), dict)
+        and isinstance(opt.get("param_groups"), list),
+        "epoch": _count(state["epoch"]),
+        "step_in_epoch": _count(state["step_in_epoch"]),
+        "global_step": _count(state["global_step"]),
+        "world_size": _count(state["world_size"]) and state["world_size"] >= 1,
+        "config": isinstance(state["config"], dict)
+        and all(isinstance(k, str) and isinstance(v, dict) for k, v in state["config"].items()),
+        "eval_rows": isinstance(rows, list)
+        and all(isinstance(r, dict) and _count(r.get("epoch")) for r in rows),
+        "train_time_s": isinstance(state["train_time_s"], int | float)
+        and not isinstance(state["train_time_s"], bool)
+        and math.isfinite(state["train_time_s"]) and state["train_time_s"] >= 0,
+        "scaler": state.get("scaler") is None or isinstance(state["scaler"], dict),
+        "store": state.get("store") is None or (
+            isinstance(state["store"], dict) and _count(state["store"].get("events"))
+            and isinstance(state["store"].get("sha256"), str)),
+    }
+    bad = [k for k, ok in problems.items() if not ok]
+    if not bad and state["step_in_epoch"] > state["global_step"]:
+        bad = ["step_in_epoch"]
+    if bad:
+        k = bad[0]
+        shown = repr(state[k] if k in state else None)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise RunFolderError(f"{path}: field {k} = {shown} is not what lartpc writes; "
+                             f"{advice}")
+    saved = rng_state()
+    try:
+        restore_rng(state)
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError,
+            OverflowError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise RunFolderError(f"{path}: field rng is not what lartpc writes ({first}); "
+                             f"{advice}") from None
+    finally:
+        restore_rng({"rng": saved})
 
 
 def init_weights(source: str, model: str, head: str = "flatten") -> tuple[dict, bool]:
@@ -116,7 +209,7 @@ def init_weights(source: str, model: str, head: str = "flatten") -> tuple[dict, 
     if not path.is_file():
         raise ConfigError(f"train.init_from {source!r}: no checkpoint there (give a "
                           f"checkpoint file or a run folder holding {CHECKPOINT})")
-    state = read(path)
+    state = read(path, "train.init_from needs a checkpoint lartpc wrote")
     theirs = state["config"].get("model", {}).get("name")
     if theirs != model:
         raise ConfigError(f"train.init_from {source!r}: a {theirs} checkpoint cannot "
@@ -130,6 +223,8 @@ def init_weights(source: str, model: str, head: str = "flatten") -> tuple[dict, 
 def restore_rng(state: dict) -> None:
     """Set torch, numpy and Python RNGs to a checkpoint's states."""
     rng = state["rng"]
+    if not isinstance(rng, dict):
+        raise TypeError(f"a {type(rng).__name__}, not a dict")
     torch.set_rng_state(rng["torch"])
     n = rng["numpy"]
     np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"],

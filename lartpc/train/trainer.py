@@ -29,6 +29,7 @@ from lartpc.data.sharding import ShardPlan
 from lartpc.data.store import EventStore
 from lartpc.dist import World, unwrap_model
 from lartpc.errors import ConfigError
+from lartpc.runfolder.schema import CHECKPOINT, RunFolderError
 from lartpc.train import checkpoint
 from lartpc.train.evaluate import evaluate
 from lartpc.train.noise import NoiseMeter
@@ -94,6 +95,18 @@ class StepVote:
         if self.out_of_time > 0:
             return "time_limit"
         return None
+
+
+def _check_optimizer_shapes(opt: torch.optim.Optimizer) -> None:
+    """Raise ValueError when a loaded per-parameter buffer (Adam's moments, SGD's
+    momentum) has another shape than its parameter: ``load_state_dict`` checks only
+    the number of parameters, and the first step would fail."""
+    for group in opt.param_groups:
+        for p in group["params"]:
+            for name, v in opt.state.get(p, {}).items():
+                if isinstance(v, torch.Tensor) and v.dim() and v.shape != p.shape:
+                    raise ValueError(f"optimizer state {name} has shape {tuple(v.shape)}, "
+                                     f"its parameter {tuple(p.shape)}")
 
 
 @dataclass
@@ -180,11 +193,32 @@ class Trainer:
                 "store": self.store_id, "rng": checkpoint.rng_state()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Weights, optimizer, loss scale and counters of a checkpoint (not the RNGs)."""
-        unwrap_model(self.model).load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
+        """Weights, optimizer, loss scale and counters of a checkpoint (not the RNGs).
+
+        Raises
+        ------
+        RunFolderError
+            When they do not fit this model, optimizer or plan (a crafted or damaged
+            checkpoint: :func:`checkpoint.read` checked only their types).
+        """
+        path = self.run / CHECKPOINT
+        if state["step_in_epoch"] > self.plan.steps_per_epoch:
+            raise RunFolderError(f"{path}: field step_in_epoch = {state['step_in_epoch']} is "
+                                 f"past an epoch's {self.plan.steps_per_epoch} steps; "
+                                 f"{checkpoint.MOVE_AWAY}")
+        try:
+            unwrap_model(self.model).load_state_dict(state["model"])
+            self.opt.load_state_dict(state["optimizer"])
+            if self.scaler is not None and state.get("scaler"):
+                self.scaler.load_state_dict(state["scaler"])
+            _check_optimizer_shapes(self.opt)
+        except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
+            # load_state_dict lists the mismatches on the lines after its first
+            why = " ".join(ln.strip() for ln in str(e).splitlines() if ln.strip())
+            why = why if len(why) <= 200 else why[:197] + "..."
+            raise RunFolderError(f"{path}: does not fit this {self.cfg.model.name} and its "
+                                 f"optimizer ({why or type(e).__name__}); "
+                                 f"{checkpoint.MOVE_AWAY}") from None
         self.state = TrainState.from_checkpoint(state)
         self.saved_step = self.state.global_step
         log.info("resuming at epoch %d step %d (global step %d)", self.state.epoch,

@@ -175,3 +175,16 @@ def test_analysis_does_not_read_run_files_replaced_by_links(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{run / 'confusion.csv'}: is a symbolic link; refusing to read through it" in err
     assert not rep.exists()
+
+
+def test_run_checkpoint_replaced_by_a_link_is_not_read(tmp_path):
+    """checkpoint.pt replaced by a link to someone's checkpoint: the resume loaded their
+    weights into this run (and saved them here, mode 644)."""
+    from lartpc.train import checkpoint
+
+    run = _run(tmp_path)
+    theirs = _secret(tmp_path / "their-checkpoint.pt")
+    (run / "checkpoint.pt").symlink_to(theirs)
+    with pytest.raises(UnsafePathError, match="checkpoint.pt: is a symbolic link; refusing "
+                                              "to read through it"):
+        checkpoint.load(run)

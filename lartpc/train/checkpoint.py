@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import io
 import math
+import os
 import pickle
 import random
 import zipfile
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 from lartpc.errors import ConfigError
-from lartpc.runfolder.durable import atomic_write
+from lartpc.runfolder.durable import atomic_write, read_nofollow
 from lartpc.runfolder.schema import CHECKPOINT, RunFolderError
 
 
@@ -83,21 +84,24 @@ def load(run: Path) -> dict | None:
         from before safe loading, or a crafted file), or cannot be read.
     """
     path = Path(run) / CHECKPOINT
-    if not path.exists():
+    if not os.path.lexists(path):
         return None
-    return read(path)
+    return read(path, follow_link=False)  # a run's own checkpoint is never a link
 
 
 #: What a refusal suggests for a run's own checkpoint.
 MOVE_AWAY = "move it away to restart the run from step 0"
 
 
-def read(path: Path, advice: str = MOVE_AWAY) -> dict:
+def read(path: Path, advice: str = MOVE_AWAY, follow_link: bool = True) -> dict:
     """The checkpoint in the file ``path`` (see :func:`load`), its records' CRCs and its
     fields checked (:func:`verify_records`, :func:`check_fields`); ``advice`` ends the
-    message of a refusal."""
+    message of a refusal. ``follow_link=False`` refuses a symbolic link at ``path``
+    (:class:`~lartpc.runfolder.durable.UnsafePathError`): a run's own checkpoint, where
+    a link is someone else's file; a file the user names (``train.init_from``) may be
+    one."""
     try:
-        data = Path(path).read_bytes()
+        data = Path(path).read_bytes() if follow_link else read_nofollow(path)
     except OSError as e:
         raise RunFolderError(f"{path}: cannot read the checkpoint ({e.strerror or e})") from None
     verify_records(path, data, advice)

@@ -41,6 +41,28 @@ def read_noise(run_path: str | Path) -> pd.DataFrame | None:
     return df
 
 
+def noise_tables(runs: list, strict: bool = False,
+                 skipped: list[tuple] | None = None) -> list[tuple]:
+    """``(run, noise.csv table)`` of each run in ``runs`` that measured the noise scale.
+    A ``noise.csv`` that cannot be read leaves its run out of the noise scale with a
+    warning (``(run, reason)`` appended to ``skipped``), as an unusable run folder is
+    left out of an analysis; ``strict``: it raises :class:`RunFolderError` instead."""
+    tables = []
+    for r in runs:
+        try:
+            df = read_noise(r.path)
+        except RunFolderError as e:
+            if strict:
+                raise
+            log.warning("%s: noise scale not used", e)
+            if skipped is not None:
+                skipped.append((r, str(e)))
+            continue
+        if df is not None:
+            tables.append((r, df))
+    return tables
+
+
 def ema(x: np.ndarray, span: int) -> np.ndarray:
     """Bias-corrected exponential moving average (the first value is not pulled to 0)."""
     alpha = 2.0 / (span + 1.0)

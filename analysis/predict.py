@@ -39,8 +39,8 @@ from lartpc.analysis.noise import (
     DEFAULT_SPAN,
     NoiseAtLoss,
     b_noise_at_loss,
+    noise_tables,
     pooled_b_noise,
-    read_noise,
 )
 from lartpc.analysis.runs import Run, RunFolderError
 
@@ -292,7 +292,7 @@ def gather_inputs(runs: list[Run], threshold: float, smooth: int | None = None,
     out = {}
     for model in sorted({r.model for r in runs}):
         mine = [r for r in runs if r.model == model]
-        noisy = [(r, df) for r in mine if (df := read_noise(r.path)) is not None]
+        noisy = noise_tables(mine, strict)
         if not noisy:
             raise PredictError(f"no {model} run has a noise.csv (train with --set "
                                "train.noise_scale=halves, or on 2 or more ranks); runs: "

@@ -7,7 +7,7 @@ import html
 from pathlib import Path
 
 import numpy as np
-from lartpc.analysis.noise import binned, read_noise, smoothed
+from lartpc.analysis.noise import binned, noise_tables, smoothed
 from lartpc.analysis.predict import FIT_RANGE, run_predict
 from lartpc.analysis.runs import Run, RunFolderError
 
@@ -58,10 +58,7 @@ def to_text(results: list[dict], measured: dict[tuple[str, int], dict]) -> str:
 def write_figure(results: list[dict], measured: dict[tuple[str, int], dict],
                  out: Path) -> Path:
     """``predict-<cluster>.png``: predicted TTL and epoch rate vs N, measured points."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from lartpc.analysis.plots import plt  # Agg, no mathtext in run names
 
     out.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
@@ -96,14 +93,12 @@ def write_figure(results: list[dict], measured: dict[tuple[str, int], dict],
     return path
 
 
-def write_noise_figure(runs: list[Run], out: Path, span: int) -> Path | None:
-    """``noise_scale.png``: smoothed B_noise against training step and against loss."""
-    import matplotlib
+def write_noise_figure(curves: list[tuple[Run, object]], out: Path,
+                       span: int) -> Path | None:
+    """``noise_scale.png``: smoothed B_noise against training step and against loss, of
+    each (run, noise table) in ``curves`` (:func:`~lartpc.analysis.noise.noise_tables`)."""
+    from lartpc.analysis.plots import plt  # Agg, no mathtext in run names
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    curves = [(r, df) for r in runs if (df := read_noise(r.path)) is not None]
     if not curves:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
@@ -129,7 +124,8 @@ def write_noise_figure(runs: list[Run], out: Path, span: int) -> Path | None:
     return path
 
 
-def local_prediction(runs: list[Run], threshold: float, smooth: int | None):
+def local_prediction(runs: list[Run], threshold: float, smooth: int | None,
+                     strict: bool = False):
     """:func:`run_predict` from 1 to 1,024 ranks with this machine's profile (local-cpu);
     raises :class:`~lartpc.analysis.runs.RunFolderError` when the runs measured no noise scale
     or one it cannot resolve."""
@@ -138,21 +134,27 @@ def local_prediction(runs: list[Run], threshold: float, smooth: int | None):
     args = Namespace(gpus="1,2,4,8,16,32,64,128,256,512,1024", cluster="local-cpu",
                      alpha_us=None, beta_gbps=None, compute_ms=None, allreduce="ring",
                      train_events=None, base_gpus=None, span=20, threshold=threshold,
-                     smooth=smooth)
+                     smooth=smooth, strict=strict)
     return run_predict(runs, args)
 
 
 def noise_section(runs: list[Run], threshold: float, smooth: int | None, out: Path,
-                  img) -> tuple[str, list[dict]]:
+                  img, strict: bool = False) -> tuple[str, list[dict]]:
     """The report's noise-scale section ('' when no run measured it): B_noise over
     training, N_crit, and the prediction on this machine beside the measured points;
-    with the prediction's results (empty without one)."""
-    fig = write_noise_figure(runs, out, 20)
+    with the prediction's results (empty without one). A ``noise.csv`` that cannot be
+    read leaves its run out with a warning (``strict``: the report fails)."""
+    skipped: list[tuple] = []
+    fig = write_noise_figure(noise_tables(runs, strict, skipped), out, 20)
+    warn = "".join(f'<p class="warn">Not used for the noise scale: {html.escape(s)}</p>'
+                   for _, s in skipped)
+    runs = [r for r in runs if all(r is not bad for bad, _ in skipped)]
     if fig is None:
-        return "", []
-    parts = ["<h2>Gradient noise scale and predicted scaling</h2>", img(fig, "noise scale")]
+        return (f"<h2>Gradient noise scale</h2>{warn}" if warn else ""), []
+    parts = ["<h2>Gradient noise scale and predicted scaling</h2>", warn,
+             img(fig, "noise scale")]
     try:
-        results, measured = local_prediction(runs, threshold, smooth)
+        results, measured = local_prediction(runs, threshold, smooth, strict)
     except RunFolderError as e:  # PredictError, or a noise scale the runs cannot resolve
         return "".join(parts) + f"<p>No prediction: {html.escape(str(e))}</p>", []
     pred = write_figure(results, measured, out)

@@ -198,7 +198,8 @@ def write_report(a: Analysis, out: Path) -> Path:
     from lartpc.analysis.glance import at_a_glance
     from lartpc.analysis.predict_report import noise_section  # '' when no run measured the noise
 
-    noise_html, predictions = noise_section(a.runs, a.threshold, a.smooth, out, _img)
+    noise_html, predictions = noise_section(a.runs, a.threshold, a.smooth, out, _img,
+                                            a.strict)
     glance = at_a_glance(a, predictions)
     if glance:
         body.append("<h2>What these runs show</h2><ul>" + "".join(

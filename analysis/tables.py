@@ -44,6 +44,7 @@ class Analysis:
     threshold: float
     smooth: int | None
     skipped: list[str] = field(default_factory=list)
+    strict: bool = False  #: an unusable input fails the command instead of being skipped
 
     @property
     def notes(self) -> list[str]:
@@ -61,7 +62,7 @@ def analyse(paths: list[str | Path], threshold: float = 1.2, smooth: int | None 
     skipped: list[str] | None = None if strict else []
     runs = load_runs(paths, skipped)
     rows = [run_metrics(r, threshold, smooth) for r in runs]
-    return Analysis(runs, rows, summarize(rows), threshold, smooth, skipped or [])
+    return Analysis(runs, rows, summarize(rows), threshold, smooth, skipped or [], strict)
 
 
 def json_safe(obj):

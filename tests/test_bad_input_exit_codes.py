@@ -358,3 +358,21 @@ def test_checkpoint_on_a_full_disk_names_the_os_error(train_events_dir, tmp_path
     _one_line_exit_2(r, f"checkpoint.pt: cannot write the checkpoint ({reason})")
     assert "inline_container" not in r.stderr
 
+
+def test_report_skips_an_unreadable_noise_csv(noisy, tmp_path):
+    """N9: one unparsable noise.csv failed the whole report; the run's noise scale is now
+    left out with a warning, as fit leaves out an unusable run (--strict: exit 2)."""
+    bad = tmp_path / "bad"
+    shutil.copytree(noisy, bad)
+    (bad / "noise.csv").write_text("garbage\n")
+    r = _analyze("report", str(noisy), str(bad), "--out", str(tmp_path / "rep"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    why = f"{bad / 'noise.csv'}:1: header is 'garbage'"
+    assert f"{why}, expected 'step,epoch" in r.stderr and "noise scale not used" in r.stderr
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert "Not used for the noise scale" in page and "header is &#x27;garbage&#x27;" in page
+    assert (tmp_path / "rep" / "noise_scale.png").is_file()  # the readable run's curve
+    strict = _analyze("report", str(noisy), str(bad), "--strict", "--out",
+                      str(tmp_path / "strict"))
+    _one_line_exit_2(strict, why)
+    assert not (tmp_path / "strict" / "report.html").exists()

@@ -72,6 +72,26 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
+#: Set by the job scripts (jobs/slurm/common.sh) to a file where a process that ends
+#: with exit 2 (refused, bad input) says so: launchers report a failed rank as exit 1
+#: whatever its own code (torchrun always), and a refusal must not be requeued as a
+#: crash would be.
+EXIT_FILE_VAR = "LARTPC_EXIT_FILE"
+
+
+def note_exit_2() -> None:
+    """Record exit 2 in ``$LARTPC_EXIT_FILE`` when the job script asked for it (a
+    failure to write is ignored: the exit code itself still says 2)."""
+    path = os.environ.get(EXIT_FILE_VAR)
+    if path:
+        from lartpc.runfolder.durable import atomic_write
+
+        try:
+            atomic_write(path, "2\n")
+        except (OSError, LartpcError):
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
     # torch and spconv each bring an OpenMP runtime; with both spinning for work on the
     # same cores, steps run several times slower. Passive waiting avoids that. Must be
@@ -90,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args._run(args) or 0)
     except LartpcError as e:
         print(f"lartpc {args.command}: error: {e}", file=sys.stderr)
+        note_exit_2()
         return 2
     except KeyboardInterrupt:
         print(f"lartpc {args.command}: interrupted", file=sys.stderr)

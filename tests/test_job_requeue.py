@@ -59,3 +59,24 @@ def test_time_limit_requeues_but_a_refused_resume_does_not(train_events_dir, tmp
     assert "train.seed" in r.stderr
     assert "training refused to run or failed on its input (exit 2" in r.stderr
     assert "not requeued" in r.stderr
+
+
+def test_torchrun_refused_resume_with_a_signal_is_not_requeued(train_events_dir, tmp_path):
+    """torchrun exits 1 when a rank exits 2: the job script requeued the refusal once
+    when the scheduler's signal came during it (issue 38 N12). The rank now records its
+    exit 2 for the job script (LARTPC_EXIT_FILE)."""
+    run = tmp_path / "run"
+    cmd = train_cmd(train_events_dir, run, "train.epochs=5", "train.time_limit_s=1")
+    r, calls = _launch(tmp_path, run, cmd)
+    assert r.returncode == 0 and calls == ["requeue 4242"], r.stderr[-2000:]
+    torchrun = [str(Path(cmd[0]).parent / "torchrun"), "--standalone", "--nproc-per-node=1",
+                "-m", "lartpc", *cmd[1:], "--set", "train.seed=7"]
+    signalled = ["bash", "-c", 'trap "" TERM; kill -USR1 "$PPID"; sleep 1; exec "$@"',
+                 "launcher", *torchrun]
+    r, calls = _launch(tmp_path, run, signalled)
+    assert "wall-time signal while training still runs" in r.stderr
+    assert "launcher exit code 1, but a rank exited 2" in r.stderr
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert calls == []
+    assert "training refused to run or failed on its input (exit 2" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []

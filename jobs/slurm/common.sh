@@ -218,6 +218,12 @@ lartpc_launch() {
     mkdir -p "$(dirname "$LARTPC_RUN")"
     lartpc_log "run $LARTPC_RUN (status before: $(lartpc_run_status "$LARTPC_RUN"))"
     lartpc_log "launch: $*"
+    # A rank that exits 2 (refused, bad input) writes 2 here (lartpc.cli): torchrun
+    # reports any failed rank as exit 1, which alone would requeue a refusal. Beside
+    # the run folder, which every node sees.
+    LARTPC_EXIT_FILE="$(dirname "$LARTPC_RUN")/.$(basename "$LARTPC_RUN").exit-${SLURM_JOB_ID:-${LSB_JOBID:-$$}}"
+    export LARTPC_EXIT_FILE
+    rm -f "$LARTPC_EXIT_FILE"
     LARTPC_SIGNALLED=0
     trap lartpc_on_signal USR1 TERM
     # In the background, so the trap runs while the launcher is still going.
@@ -231,6 +237,11 @@ lartpc_launch() {
         break
     done
     trap - USR1 TERM
+    if (( rc != 0 && rc != 2 )) && [[ $(cat "$LARTPC_EXIT_FILE" 2>/dev/null) == 2 ]]; then
+        lartpc_log "launcher exit code $rc, but a rank exited 2"
+        rc=2
+    fi
+    rm -f "$LARTPC_EXIT_FILE"
     local status
     status=$(lartpc_run_status "$LARTPC_RUN")
     lartpc_log "launcher exit code $rc, run status: ${status:-none}"

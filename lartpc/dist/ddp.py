@@ -6,8 +6,8 @@ full, so the exchange overlaps the rest of the backward pass (Horovod's tensor f
 does the same with its own buffer and cycle). Every bucket goes through one
 communication hook, :func:`average_bucket`, which
 
-* lets an observer see the rank's *local* bucket before it is averaged (the gradient
-  noise meter's squared norm, ``train.noise_scale=ranks``);
+* lets an observer see the rank's *local* gradients before they are averaged (the
+  gradient noise meter's squared norm, ``train.noise_scale=ranks``);
 * averages it in float32, or as float16 (``train.grad_compression=fp16``, DDP's
   ``fp16_compress_hook``, Horovod's ``Compression.fp16``);
 * notes when the last bucket was handed over, for the exposed communication time.
@@ -34,8 +34,9 @@ class BucketExchange:
 
     def __init__(self, fp16: bool = False):
         self.fp16 = fp16
-        #: called with each local (not yet averaged) bucket; set by the noise meter
-        self.observer: Callable[[torch.Tensor], None] | None = None
+        #: called with each parameter and its local (not yet averaged) gradient in a
+        #: bucket; set by the noise meter
+        self.observer: Callable[[torch.Tensor, torch.Tensor], None] | None = None
         self.last_handoff: float | None = None  #: perf_counter of the last bucket sent
         self.buckets = 0  #: buckets sent since the model was wrapped
 
@@ -55,8 +56,11 @@ class BucketExchange:
 def average_bucket(state: BucketExchange, bucket: dist.GradBucket
                    ) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: observe the local bucket, then average it over ranks."""
-    if state.observer is not None:
-        state.observer(bucket.buffer())  # before the hooks below divide it in place
+    if state.observer is not None:  # before the hooks below divide the bucket in place
+        # parameter by parameter: DDP rebuilds its buckets after the first step of every
+        # process, so a bucket's contents depend on where a resumed segment began
+        for param, grad in zip(bucket.parameters(), bucket.gradients(), strict=True):
+            state.observer(param, grad)
     state.buckets += 1
     state.last_handoff = time.perf_counter()
     if state.fp16:

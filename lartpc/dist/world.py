@@ -129,9 +129,10 @@ class World:
         return opt
 
     def watch_local_gradients(self, observer) -> bool:
-        """Have ``observer(tensor)`` called with each bucket of this rank's gradient
-        before it is averaged (False when this backend has no such buckets: then take
-        the local gradient from per-parameter hooks). ``None`` stops the calls."""
+        """Have ``observer(param, grad)`` called with each parameter's gradient on this
+        rank as its bucket goes to be averaged (False when this backend has no such
+        buckets: then take the local gradient from per-parameter hooks). ``None`` stops
+        the calls."""
         return False
 
     def no_sync(self, model: torch.nn.Module):

@@ -20,6 +20,7 @@ negative): smooth ``g2_est`` and ``trace_est`` separately before dividing
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -102,15 +103,20 @@ class NoiseMeter:
         self.mode = resolve_mode(mode, world.size) if mode != "off" else "off"
         self.every, self.world, self.scaler = every, world, scaler
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self._index = {id(p): i for i, p in enumerate(self.params)}
         self.path = Path(run) / "noise.csv" if run is not None else None
         self._active = False
-        self._part: int | None = None  # which piece's backward the hook is summing
-        self._parts: list = []  # per piece |g|^2: a float, or a 0-d tensor the hook sums
-        # ranks under DDP: the local bucket, one norm per bucket; otherwise (halves, whose
+        self._part: int | None = None  # which piece's backward the hooks are observing
+        # per piece |g|^2: a float, or {parameter index: 0-d tensor} the hooks fill, summed
+        # in parameter order (never in the order gradients or buckets arrive, which differs
+        # between a run and its resumed segments)
+        self._parts: list = []
+        # ranks under DDP: the local gradients in DDP's buckets; otherwise (halves, whose
         # hook must see one half's gradient, not the .grad sum DDP sends; Horovod) hooks
         # on every parameter
-        buckets = self.mode == "ranks" and world.watch_local_gradients(self._hook)
-        self._handles = [p.register_hook(self._hook) for p in self.params] \
+        buckets = self.mode == "ranks" and world.watch_local_gradients(self._observe)
+        self._handles = [p.register_hook(functools.partial(self._hook, i))
+                         for i, p in enumerate(self.params)] \
             if self.mode != "off" and not buckets else []
         if self.path is not None and self.mode != "off":
             self._prepare_log(start_step)
@@ -131,13 +137,18 @@ class NoiseMeter:
     def due(self, step: int) -> bool:
         return self.mode != "off" and step % self.every == 0
 
-    def _hook(self, grad: torch.Tensor) -> None:
-        # Runs as each parameter's gradient is computed, before it is accumulated and
-        # before any averaging hook of the distributed optimizer sees it; or with each
-        # DDP bucket (local gradients, flattened) before the allreduce.
+    def _observe(self, param: torch.Tensor, grad: torch.Tensor) -> None:
+        self._hook(self._index[id(param)], grad)
+
+    def _hook(self, i: int, grad: torch.Tensor) -> None:
+        # Runs as parameter i's gradient is computed, before it is accumulated and before
+        # any averaging hook of the distributed optimizer sees it; or with its DDP bucket
+        # (local gradients) before the allreduce.
         if self._active and self._part is not None:
             # stays on the device: no synchronisation inside the backward pass
-            self._parts[self._part] = self._parts[self._part] + grad.detach().float().pow(2).sum()
+            sq = grad.detach().float().pow(2).sum()
+            part = self._parts[self._part]
+            part[i] = part[i] + sq if i in part else sq
 
     def forward_backward(self, model, loss_fn, batch, autocast, step: int):
         """Forward and backward of one step; returns (logits, mean loss).
@@ -155,7 +166,7 @@ class NoiseMeter:
         self._sizes = [pc.batch_size for pc in pieces]
         self._weights = [n / batch.batch_size for n in self._sizes]
         self._scale = float(self.scaler.get_scale()) if self.scaler else 1.0
-        self._parts = [0.0] * len(pieces)
+        self._parts = [{} for _ in pieces]
         logits, loss = [], 0.0
         for i, (piece, w) in enumerate(zip(pieces, self._weights, strict=True)):
             last = i == len(pieces) - 1
@@ -185,8 +196,8 @@ class NoiseMeter:
         self._active = False
         # Undo the loss scale and each piece's weight: norms of mean gradients.
         s2 = self._scale ** 2
-        local = [float(g2) / s2 / w ** 2 for g2, w in zip(self._parts, self._weights,
-                                                           strict=True)]
+        local = [_total(g2) / s2 / w ** 2 for g2, w in zip(self._parts, self._weights,
+                                                            strict=True)]
         # the averaged gradient, read after the exchange (and after the fp16 unscale);
         # Adam and SGD do not modify .grad in place
         g2_big = _sq_norm([p.grad for p in self.params])
@@ -208,6 +219,14 @@ class NoiseMeter:
             h.remove()
         if self.mode == "ranks":
             self.world.watch_local_gradients(None)
+
+
+def _total(part: float | dict) -> float:
+    """A piece's |g|^2: the float taken at once, or the hooks' per-parameter sums added
+    in parameter order."""
+    if isinstance(part, dict):
+        return float(torch.stack([part[i] for i in sorted(part)]).sum()) if part else 0.0
+    return float(part)
 
 
 def _sq_norm(tensors) -> float:

@@ -67,6 +67,10 @@ class TrainConfig:
     time_limit_s: float = 14400.0  #: from process start; stop in time to evaluate + save
     seed: int = 0
     optimizer: str = "adam"  #: adam | sgd
+    #: how torch applies the update: foreach (multi-tensor kernels: the very numbers of
+    #: for-loop, faster: issue 36) | for-loop (a tensor at a time, torch's CPU default) |
+    #: fused (one kernel per step: fastest, rounds differently)
+    optimizer_impl: str = "foreach"
     lr: float = 1e-3
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
@@ -79,6 +83,9 @@ class TrainConfig:
     checkpoint_every_steps: int = 0  #: 0 = at epoch ends and every checkpoint_every_s
     checkpoint_every_s: float = 600.0
     log_flush_steps: int = 20  #: buffered CSV rows per write
+    #: read a step's loss and accuracy back with the next step, so that no step waits
+    #: for the device (issue 36); false: at once, as before (the same numbers either way)
+    overlap_readback: bool = True
     #: seconds between rank 0's progress lines (step, epoch, loss, images/s, step time
     #: split, time left); 0 = only at epoch ends, where a line is always printed
     progress_every_s: float = 30.0
@@ -128,6 +135,7 @@ CHOICES = {
     "data.augment": ("none", "mirror"),
     "data.orient": ("none", "start"),
     "train.optimizer": ("adam", "sgd"),
+    "train.optimizer_impl": ("foreach", "for-loop", "fused"),
     "train.lr_scaling": ("none", "linear", "sqrt"),
     "train.grad_compression": ("none", "fp16"),
     "train.device": ("auto", "cpu", "cuda"),

@@ -20,6 +20,8 @@ The shared machinery (reading, epochs, prefetch, buffers) is in
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
@@ -151,8 +153,15 @@ class SparseLoader(Loader):
         bidx, row, col, charge = self.pixels.gather(positions)
         coords = np.empty((len(row), 3), np.int32)
         coords[:, 0], coords[:, 1], coords[:, 2] = bidx, row, col
-        return self._host_batch(positions, coords=torch.from_numpy(coords),
-                                features=torch.from_numpy(charge.reshape(-1, 1)))
+        batch = self._host_batch(positions, coords=torch.from_numpy(coords),
+                                 features=torch.from_numpy(charge.reshape(-1, 1)))
+        if self.device.type != "cuda":
+            return batch
+        # Pinned here, in the prefetch thread: the consumer's non-blocking copy is then
+        # queued behind the step in flight; from pageable memory the driver may first
+        # wait for the device to drain (issue 36: a host-bound step's idle GPU)
+        return replace(batch, labels=batch.labels.pin_memory(),
+                       coords=batch.coords.pin_memory(), features=batch.features.pin_memory())
 
 
 class DeviceDenseLoader(SparseLoader):

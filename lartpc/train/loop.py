@@ -45,8 +45,10 @@ def run_epoch(t: Trainer, ckpt: Checkpointer, sinks: Sink) -> bool:
     also set when the stop came on its last step)."""
     for batch, data_s in t.batches():
         # whether to save is voted with the step: the checkpoint holds collectives, and
-        # ranks reading their own clocks could otherwise enter them a step apart
-        sinks.on_step(t.step(batch, data_s, save_wanted=ckpt.due(t.state.global_step + 1)))
+        # ranks reading their own clocks could otherwise enter them a step apart. The
+        # step hands back the records whose numbers came back (mostly the previous one's)
+        for rec in t.step(batch, data_s, save_wanted=ckpt.due(t.state.global_step + 1)):
+            sinks.on_step(rec)
         if t.stop:  # any rank out of time, signalled, or a non-finite loss: all stop
             return t.state.step_in_epoch >= t.plan.steps_per_epoch
         if t.save_due:

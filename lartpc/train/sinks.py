@@ -11,7 +11,6 @@ evaluation files, TensorBoard and the console progress are rank 0's (the others 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +41,7 @@ class StepRecord:
     data_s: float  #: waiting for the batch
     compute_s: float
     comm_s: float  #: gradient exchange, the stop vote, the noise-scale collective
+    time: float  #: ``time.time()`` at the step's end (sinks may get the record a step later)
     noise: dict | None = None  #: the noise.csv row written at this step, if any
 
     @property
@@ -84,7 +84,7 @@ class RankCSV(Sink):
         self.log = runlog.StepLog(run, rank, keep_steps=keep_steps, flush_every=flush_every)
 
     def on_step(self, rec: StepRecord) -> None:
-        self.log.log(time=time.time(), epoch=rec.epoch, rank=rec.rank,
+        self.log.log(time=rec.time, epoch=rec.epoch, rank=rec.rank,
                      batchno=rec.step_in_epoch, data_size=rec.batch_size,
                      local_loss=rec.local_loss, global_loss=rec.loss,
                      local_acc=rec.local_acc, global_acc=rec.acc, data_s=rec.data_s,

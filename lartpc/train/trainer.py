@@ -9,7 +9,10 @@ param groups: state loaded into the inner one would be dropped (a resumed Horovo
 restarted Adam from step 0).
 
 :meth:`Trainer.step` runs one optimizer step and the ranks' stop vote;
-:meth:`Trainer.state_dict` is what a checkpoint holds.
+:meth:`Trainer.state_dict` is what a checkpoint holds. A step's loss and accuracy
+reach the host one step later (:mod:`lartpc.train.readback`), so no step waits for the
+device; the vote of step k carries step k-1's numbers and step k's own stop, save and
+time wishes.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ from lartpc.runfolder.schema import CHECKPOINT, RunFolderError
 from lartpc.train import checkpoint
 from lartpc.train.evaluate import evaluate
 from lartpc.train.noise import NoiseMeter
-from lartpc.train.optim import build_optimizer, lr_at, set_lr
+from lartpc.train.optim import build_optimizer, keep_impl, lr_at, set_lr
 from lartpc.train.parts import autocast_and_scaler, loader_mode, make_loader, model_options
+from lartpc.train.readback import Unread, accuracy
 from lartpc.train.signals import StopRequests
 from lartpc.train.sinks import EvalRecord, StepRecord
 
@@ -109,6 +113,18 @@ def _check_optimizer_shapes(opt: torch.optim.Optimizer) -> None:
                                      f"its parameter {tuple(p.shape)}")
 
 
+def _records(steps: list[Unread], done: list[tuple]) -> list[StepRecord]:
+    return [StepRecord(**u.fields, local_loss=ll, local_acc=la, loss=gl, acc=ga)
+            for u, (ll, la, gl, ga) in zip(steps, done, strict=True)]
+
+
+def _vote_loss(done: list[tuple], last: float) -> float:
+    """The agreed loss the stop vote judges: the first non-finite one of the steps just
+    read, else the last of them (``last``, the previous vote's, when none was read)."""
+    losses = [d[2] for d in done]
+    return next((x for x in losses if not math.isfinite(x)), losses[-1] if losses else last)
+
+
 @dataclass
 class Timing:
     """Recent durations the time-limit check needs."""
@@ -139,6 +155,7 @@ class Trainer:
         self.save_due = False  #: every rank agreed to checkpoint after this step
         self.last_loss = 0.0
         self.saved_step = -1  #: global step of the last checkpoint (written or loaded)
+        self._unread: Unread | None = None  #: the last step, its numbers not read yet
 
     @classmethod
     def build(cls, cfg: Config, store: EventStore, plan: ShardPlan, world: World, run: Path,
@@ -160,6 +177,7 @@ class Trainer:
         t = cls(cfg, world, run, plan, model, opt, process_start, stops, store_id)
         if resume is not None:
             t.load_state_dict(resume)
+            keep_impl(opt, tc)
         elif tc.init_from:
             t.init_weights(tc.init_from)
         world.broadcast_parameters(model)  # every rank starts from rank 0's state
@@ -257,9 +275,15 @@ class Trainer:
             yield batch, time.perf_counter() - t_prev
             t_prev = time.perf_counter()
 
-    def step(self, batch, data_s: float, save_wanted: bool = False) -> StepRecord:
+    def step(self, batch, data_s: float, save_wanted: bool = False) -> list[StepRecord]:
         """One optimizer step and the vote: ``self.stop`` says whether all stop,
-        ``self.save_due`` whether all checkpoint now (``save_wanted`` is this rank's wish)."""
+        ``self.save_due`` whether all checkpoint now (``save_wanted`` is this rank's wish).
+
+        Returns the records whose numbers came back: the previous step's, and this
+        step's own at an epoch's last step, on a noise-scale step and whenever the vote
+        stops or saves, so every step is recorded before anything acts on it. Every
+        rank takes the same path (each branch holds collectives).
+        """
         s, tc, world = self.state, self.cfg.train, self.world
         t0 = time.perf_counter()
         set_lr(self.opt, lr_at(tc, world.size, s.global_step, self.plan.steps_per_epoch))
@@ -267,27 +291,57 @@ class Trainer:
         logits, loss = self.noise.forward_backward(self.model, self.loss_fn, batch,
                                                    self.autocast, s.global_step)
         comm_s = world.step_optimizer(self.opt, self.scaler)
-        local_loss = float(loss.detach())
-        local_acc = float((logits.detach().argmax(1) == batch.labels).float().mean())
+        this = Unread(loss, accuracy(logits, batch.labels), {
+            "global_step": s.global_step, "epoch": s.epoch, "step_in_epoch": s.step_in_epoch,
+            "rank": world.rank, "batch_size": batch.batch_size,
+            "images": batch.batch_size * world.size, "lr": self.opt.param_groups[0]["lr"],
+            "data_s": data_s})
         t_vote = time.perf_counter()
+        now = (not tc.overlap_readback or s.step_in_epoch + 1 == self.plan.steps_per_epoch
+               or self.noise.due(s.global_step))
+        ready = [u for u in (self._unread, this if now else None) if u is not None]
+        self._unread = None if now else this
         signalled = bool(self.stops is not None and self.stops.requested)
-        vote = StepVote(local_loss, local_acc, float(not self.time_left()),
-                        float(signalled), float(save_wanted)).agree(world)
-        noise = self.noise.record(s.global_step, s.epoch, vote.loss)  # a collective too
+        done, flags = self._agree(ready, [float(not self.time_left()), float(signalled),
+                                          float(save_wanted)])
+        vote = StepVote(_vote_loss(done, self.last_loss), done[-1][3] if done else 0.0, *flags)
+        if (vote.stop or vote.save > 0) and self._unread is not None:
+            late, _ = self._agree([this], [])  # this step too, before anything acts
+            self._unread, done, ready = None, done + late, [*ready, this]
+            vote = StepVote(_vote_loss(done, self.last_loss), done[-1][3], *flags)
+        # a collective on measured steps, which read this step above
+        noise = self.noise.record(s.global_step, s.epoch, done[-1][2] if done else math.nan)
         t_end = time.perf_counter()
         comm_s += t_end - t_vote
-        rec = StepRecord(global_step=s.global_step, epoch=s.epoch,
-                         step_in_epoch=s.step_in_epoch, rank=world.rank,
-                         batch_size=batch.batch_size, images=batch.batch_size * world.size,
-                         local_loss=local_loss, local_acc=local_acc, loss=vote.loss,
-                         acc=vote.acc, lr=self.opt.param_groups[0]["lr"], data_s=data_s,
-                         compute_s=(t_end - t0) - comm_s, comm_s=comm_s, noise=noise)
-        self.timing.step_times.append(rec.step_s)
-        s.train_time_s += rec.step_s
+        this.fields.update(compute_s=(t_end - t0) - comm_s, comm_s=comm_s, time=time.time(),
+                           noise=noise)
+        step_s = data_s + (t_end - t0)
+        self.timing.step_times.append(step_s)
+        s.train_time_s += step_s
         s.step_in_epoch += 1
         s.global_step += 1
-        self.stop, self.last_loss, self.save_due = vote.stop, vote.loss, vote.save > 0
-        return rec
+        self.stop, self.save_due = vote.stop, vote.save > 0
+        if done:
+            self.last_loss = vote.loss
+        return _records(ready, done)
+
+    def read_back(self) -> list[StepRecord]:
+        """The record of the last step if its numbers have not come back yet (the loop
+        never leaves one behind; a caller stepping the trainer by hand may). A
+        collective: every rank calls it at the same point."""
+        if self._unread is None:
+            return []
+        steps, self._unread = [self._unread], None
+        return _records(steps, self._agree(steps, [])[0])
+
+    def _agree(self, steps: list[Unread], flags: list[float]) -> tuple[list[tuple], list]:
+        """``steps`` read back, and their numbers and ``flags`` averaged over the ranks
+        in one allreduce: ([(local loss, local acc, loss, acc)] per step, flags)."""
+        local = [u.read() for u in steps]
+        g = self.world.allreduce_mean(torch.tensor([v for pair in local for v in pair] + flags,
+                                                   dtype=torch.float64)).tolist()
+        n = 2 * len(steps)
+        return [(*pair, g[2 * i], g[2 * i + 1]) for i, pair in enumerate(local)], g[n:]
 
     def time_left(self) -> bool:
         """True while another step, an evaluation and a checkpoint still fit the limit."""

@@ -1,0 +1,45 @@
+"""A step's loss and accuracy, read back to the host one step later (issue 36).
+
+Reading a CUDA scalar (``float(loss)``) waits for every kernel queued before it, so the
+host could not start step k+1's Python while the GPU finished step k: with SCNet at
+minibatch 7 the host is the bottleneck, and that wait was paid twice per step. Now
+each step's two numbers are copied behind its kernels into pinned host memory (no
+wait; an event marks their arrival) and read once the next step has been queued, when
+they are long there. On the CPU the values are simply kept. The numbers themselves are
+the same float32 values ``float()`` read; only when they are read changes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class Unread:
+    """One step's (loss, accuracy) on their way to the host, with the fields of its
+    :class:`~lartpc.train.sinks.StepRecord` other than the ones the ranks agree on."""
+
+    __slots__ = ("values", "arrived", "fields")
+
+    def __init__(self, loss: torch.Tensor, acc: torch.Tensor, fields: dict):
+        values = torch.stack([loss.detach().float().reshape(()), acc.detach().float()])
+        self.arrived: torch.cuda.Event | None = None
+        if values.is_cuda:
+            self.values = torch.empty(2, dtype=torch.float32, pin_memory=True)
+            self.values.copy_(values, non_blocking=True)
+            self.arrived = torch.cuda.Event()
+            self.arrived.record()
+        else:
+            self.values = values
+        self.fields = fields
+
+    def read(self) -> tuple[float, float]:
+        """(local loss, local accuracy), waiting for the copy if it is still on its way."""
+        if self.arrived is not None:
+            self.arrived.synchronize()
+        loss, acc = self.values.tolist()
+        return loss, acc
+
+
+def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Share of correct predictions, a 0-d float32 tensor on the logits' device."""
+    return (logits.detach().argmax(1) == labels).float().mean()

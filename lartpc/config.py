@@ -39,6 +39,10 @@ class ModelConfig:
     #: the classifier head: flatten (the study: the last map flattened into a dense
     #: layer) | max (each channel's maximum over the map: position-free, a diagnostic)
     head: str = "flatten"
+    #: JishNet's first stage: auto (fused on CUDA when Triton imports, else library) |
+    #: fused (conv + ELU + pool as one Triton kernel, the same function) | library (the
+    #: published torch layers)
+    stem: str = "auto"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -141,6 +145,7 @@ CHOICES = {
     "train.device": ("auto", "cpu", "cuda"),
     "model.algo": ("auto", "native", "implicit_gemm", "split_implicit_gemm"),
     "model.head": ("flatten", "max"),
+    "model.stem": ("auto", "fused", "library"),
     "train.amp": ("none", "bf16", "fp16"),
     "train.noise_scale": ("off", "auto", "ranks", "halves"),
     "dist.backend": ("auto", "horovod", "torch", "none"),

@@ -45,8 +45,14 @@ def test_cuda_plan_measures_every_issue_target():
 
 
 def test_cpu_plan_skips_only_what_spconv_cpu_cannot_run():
-    skipped = [name for name, argv, why in plan(_args("cpu")) if argv is None]
-    assert skipped == ["model-scnet-implicit-gemm", "model-scnet-implicit-gemm-fp16"]
+    skipped = {name: why for name, argv, why in plan(_args("cpu")) if argv is None}
+    # and the fused stem (a Triton kernel for CUDA) and GPU memory; the library's
+    # stage breakdown runs
+    assert list(skipped) == ["model-jishnet-fused-stem", "model-jishnet-fused-stem-compile",
+                             "stages-jishnet-fused", "maxbatch-jishnet-library",
+                             "maxbatch-jishnet-fused", "model-scnet-implicit-gemm",
+                             "model-scnet-implicit-gemm-fp16"]
+    assert all(skipped.values())  # each says why
 
 
 @pytest.mark.slow
@@ -60,6 +66,8 @@ def test_quick_cpu_run_measures_every_step(tmp_path):
     compiled = json.loads((out / "model-jishnet-compile.json").read_text())
     assert compiled["compile"] is True and compiled["amp"] == "bf16"
     assert compiled["achieved_tflops"] > 0 and compiled["fraction_of_peak"] is None
+    stages = json.loads((out / "stages-jishnet-library.json").read_text())["stages"]
+    assert len(stages) == 5 and all(s["forward_backward_ms"] > 0 for s in stages)
     for name in ("train-jishnet-blosc", "train-jishnet-device-dense", "train-scnet-sparse"):
         point = json.loads((out / f"{name}.json").read_text())["points"][0]
         assert point["steps"] > 1 and 0 <= point["data_wait_fraction"] < 1

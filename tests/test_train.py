@@ -20,8 +20,11 @@ def _assert_complete(out, world_size: int) -> dict:
     assert info["world_size"] == world_size
     assert info["end_time"] > info["start_time"]
     assert info["param_divergence"] == 0.0
-    for key in ("model", "config", "geometry", "versions", "git_sha", "host", "steps_per_epoch"):
+    for key in ("model", "config", "geometry", "versions", "git_sha", "host", "steps_per_epoch",
+                "model_options"):
         assert key in info, key
+    if info["model"] == "jishnet":  # model.stem=auto on a CPU: the published layers
+        assert info["model_options"]["stem"] == "library"
     for r in range(world_size):
         log = rows(out / f"rank-{r:03d}.csv")
         assert tuple(log[0]) == STEP_COLUMNS

@@ -17,7 +17,10 @@ Runs, each as its own ``lartpc bench`` process, writing its JSON into ``--out``:
 1. ``model-jishnet-*``: JishNet forward+backward at 3600 x 3600, minibatch 7, from the
    published layer order up through ELU-after-pool, cuDNN autotuning, bf16 autocast,
    channels_last and torch.compile (each step adds one option), with TFLOP/s and the
-   fraction of the device's peak.
+   fraction of the device's peak; then with the first stage as one Triton kernel
+   (``--stem fused``), eager and compiled. ``stages-jishnet-{library,fused}``: each
+   stage's forward and backward time alone; ``maxbatch-jishnet-{library,fused}``: the
+   largest minibatch that fits and its peak memory.
 2. ``model-scnet-*``: SCNet with spconv's default, implicit GEMM, and implicit GEMM in
    float16.
 3. ``train-*``: one-GPU trainings through the real loaders (JishNet from Blosc and from
@@ -98,6 +101,7 @@ def plan(args) -> list[tuple[str, list[str] | None, str]]:
             continue  # no cuDNN on CPU: the step would repeat the previous one
         steps.append((f"model-jishnet-{name}",
                       ["bench", "model", "--model", "jishnet", *size, *dev, *reps, *flags], ""))
+    steps += _stem_steps(args, size, dev, reps)
     for name, extra, needs_cuda in SCNET_VARIANTS:
         argv = ["bench", "model", "--model", "scnet", *size, *dev, *reps, *extra]
         skip = needs_cuda and args.device != "cuda"
@@ -126,6 +130,30 @@ def plan(args) -> list[tuple[str, list[str] | None, str]]:
                    "--events", str(args.events), "--batches", args.batches, "--seeds",
                    args.scan_seeds, "--seconds", str(args.scan_seconds),
                    "--out", str(args.out / "minibatch"), *fast_scnet, *bound], ""))
+    return steps
+
+
+def _stem_steps(args, size, dev, reps) -> list[tuple[str, list[str] | None, str]]:
+    """JishNet with its first stage fused (issue 35), the per-stage breakdown with the
+    library and the fused stem, and the largest minibatch that fits with each."""
+    cuda = args.device == "cuda"
+    best = ["--elu-after-pool", "--amp", "bf16", "--channels-last",
+            *(["--cudnn-benchmark"] if cuda else [])]
+    base = ["bench", "model", "--model", "jishnet", *size, *dev, *reps, *best]
+    why = "" if cuda else "the fused stem is a Triton kernel for CUDA (its tests run it " \
+                          "on CPU under Triton's interpreter)"
+    steps = [("model-jishnet-fused-stem", [*base, "--stem", "fused"] if cuda else None, why),
+             ("model-jishnet-fused-stem-compile",
+              [*base, "--stem", "fused", "--compile"] if cuda else None, why)]
+    for stem in ("library", "fused"):
+        usable = cuda or stem == "library"
+        steps.append((f"stages-jishnet-{stem}",
+                      [*base, "--stem", stem, "--stages"] if usable else None,
+                      "" if usable else why))
+    for stem in ("library", "fused"):
+        steps.append((f"maxbatch-jishnet-{stem}",
+                      [*base, "--stem", stem, "--max-batch"] if cuda else None,
+                      "" if cuda else "GPU memory: needs CUDA"))
     return steps
 
 

@@ -53,6 +53,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     speed.add_argument("--cudnn-benchmark", action="store_true", help="cuDNN autotuning")
     speed.add_argument("--compile", action="store_true",
                        help="JishNet: torch.compile the model (fuses ELU into pooling)")
+    speed.add_argument("--stem", default=None, choices=choices("model.stem"),
+                       help="JishNet: first stage as the published layers (library, the "
+                            "default here), one Triton kernel (fused), or auto")
+    parser.add_argument("--stages", action="store_true",
+                        help="JishNet: also time each stage and the head alone (forward, "
+                             "forward+backward) into the JSON's 'stages'")
+    parser.add_argument("--max-batch", action="store_true",
+                        help="JishNet on CUDA: also find the largest minibatch that fits "
+                             "(the events repeated to fill it) and its peak memory")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the device's peak TFLOP/s for fraction_of_peak (default: "
                              "from the device name and precision, when known)")
@@ -68,7 +77,9 @@ def _model_options(args) -> dict:
 
     foreign = ({"--algo": args.algo, "--half": args.half} if args.model == "jishnet" else
                {"--amp": args.amp != "none", "--channels-last": args.channels_last,
-                "--elu-after-pool": args.elu_after_pool, "--compile": args.compile})
+                "--elu-after-pool": args.elu_after_pool, "--compile": args.compile,
+                "--stem": args.stem is not None, "--stages": args.stages,
+                "--max-batch": args.max_batch})
     used = [flag for flag, value in foreign.items() if value]
     if used:
         raise LartpcError(f"{', '.join(used)}: not an option of --model {args.model}")
@@ -76,7 +87,8 @@ def _model_options(args) -> dict:
     from lartpc.models import model_class
 
     cfg = ModelConfig(name=args.model, channels_last=args.channels_last,
-                      elu_after_pool=args.elu_after_pool, algo=args.algo or "auto")
+                      elu_after_pool=args.elu_after_pool, algo=args.algo or "auto",
+                      stem=(args.stem or "library") if args.model == "jishnet" else "auto")
     # the model's own checks, as in training (SCNet's --half is its fp16 trunk)
     amp = "fp16" if args.half else "none"
     return model_class(args.model).options(cfg, amp, args.device)
@@ -139,7 +151,8 @@ def train_flops(name: str, shape: tuple[int, int], batch_size: int, options: dic
 
     if name != "jishnet":
         return None
-    model = build(name, image_size=shape, **options).to("meta")
+    # the fused stem computes the same convolution; the counter sees only torch's layers
+    model = build(name, image_size=shape, **{**options, "stem": "library"}).to("meta")
     batch = Batch(labels=torch.zeros(batch_size, dtype=torch.int64, device="meta"),
                   shape=shape, dense=torch.empty(batch_size, 1, *shape, device="meta"))
     with FlopCounterMode(display=False) as counter:
@@ -166,6 +179,31 @@ def _timed(fn, repeats: int, sync) -> tuple[list[float], list[float]]:
     return wall, cpu
 
 
+def _max_batch(model, batch, loss_fn, autocast, start: int) -> dict:
+    """The largest minibatch that fits on the GPU, with its peak memory per image."""
+    import torch
+
+    from lartpc.bench.stages import max_batch
+
+    def step_at(b: int) -> None:
+        reps = -(-b // start)
+        dense = batch.dense.repeat(reps, 1, 1, 1)[:b]
+        labels = batch.labels.repeat(reps)[:b]
+        model.zero_grad(set_to_none=True)
+        with autocast():
+            logits = model.forward_tensor(dense)
+        loss_fn(logits, labels).backward()
+        del dense, labels, logits
+
+    # autotuning each size tried (and every size that runs out of memory) took minutes
+    # on an H200; the search runs with cuDNN's default algorithms
+    torch.backends.cudnn.benchmark = False
+    largest, peak = max_batch(step_at, start)
+    return {"max_batch": largest, "max_batch_peak_memory_bytes": int(peak),
+            "max_batch_memory_per_image_bytes": int(peak / largest) if largest else None,
+            "gpu_memory_bytes": torch.cuda.get_device_properties(0).total_memory}
+
+
 def run(args) -> int:
     import torch
 
@@ -181,6 +219,8 @@ def run(args) -> int:
                           "torch's default)")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise LartpcError("--device cuda: torch sees no CUDA device")
+    if args.max_batch and args.device != "cuda":
+        raise LartpcError("--max-batch: measures GPU memory; needs --device cuda")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.cudnn_benchmark:
@@ -192,12 +232,16 @@ def run(args) -> int:
     batch = _batch_from_events(events, shape, model.input_kind).to(dev)
     loss_fn = build_loss(args.loss)
     flops = train_flops(args.model, shape, args.batch, options, loss_fn)
+    plain = model
     if args.compile:
         model = torch.compile(model)
     amp = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.amp]
 
+    def autocast():
+        return torch.autocast(dev.type, dtype=amp or torch.float32, enabled=amp is not None)
+
     def forward():
-        with torch.autocast(dev.type, dtype=amp or torch.float32, enabled=amp is not None):
+        with autocast():
             return model(batch)
 
     def infer():
@@ -253,5 +297,14 @@ def run(args) -> int:
         "peak_memory_bytes": int(peak), "peak_memory_kind": peak_kind,
         "torch": torch.__version__,
     }
+    if args.stages:
+        from lartpc.bench.stages import stage_times
+
+        # the model as built (not compiled): each stage alone
+        result["stages"] = stage_times(plain, batch.dense, batch.labels, loss_fn, autocast,
+                                       args.repeats, args.warmup, sync)
+    if args.max_batch:
+        # the model as built: torch.compile would recompile for every size tried
+        result.update(_max_batch(plain, batch, loss_fn, autocast, args.batch))
     print(json.dumps(result), file=sys.stdout, flush=True)
     return 0

@@ -1,10 +1,17 @@
 """JishNet: the study's dense CNN (torch Conv2d / MaxPool2d), on any image size.
 
+Its first stage (conv 1->10, 5x5, ELU, max-pool 5) can run as one Triton kernel
+(``model.stem = fused``, :mod:`lartpc.models.fused_stem`): the same function and the same
+parameters, computed without writing the full-resolution map. ``stem_choice`` resolves
+``auto``: fused on CUDA when Triton imports, the published layers otherwise.
+
 At 3600 x 3600 the spatial sizes run 3600 -> 720 -> 144 -> 145 -> 36 -> 37 -> 9 and the
 network has 1,335,817 parameters (tests/test_models.py checks the count).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +43,44 @@ def trunk_shape(image_size: tuple[int, int]) -> tuple[int, int]:
     return sizes[0], sizes[1]
 
 
+def _triton_missing() -> str | None:
+    """Why Triton cannot be imported, or None when it can."""
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:
+        return str(e)
+    return None
+
+
+def stem_choice(stem: str, device_type: str) -> str:
+    """``fused`` or ``library`` for ``model.stem`` on ``device_type``.
+
+    Raises
+    ------
+    ConfigError
+        For ``fused`` where it cannot run: no Triton, or a CPU without Triton's
+        interpreter (``TRITON_INTERPRET=1``, for tests).
+    """
+    from lartpc.config import choices
+
+    if stem not in choices("model.stem"):
+        raise ConfigError(f"model.stem={stem!r}: choose one of "
+                          f"{', '.join(choices('model.stem'))}")
+    if stem == "library":
+        return stem
+    missing = _triton_missing()
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    if stem == "auto":
+        return "fused" if device_type == "cuda" and missing is None else "library"
+    if missing is not None:
+        raise ConfigError(f"model.stem=fused needs Triton ({missing}); install the GPU extra "
+                          "(pip install 'lartpc[gpu]') or use model.stem=library")
+    if device_type != "cuda" and not interpreted:
+        raise ConfigError(f"model.stem=fused runs on CUDA (train.device is {device_type}); "
+                          "on CPU only under Triton's interpreter (TRITON_INTERPRET=1, slow)")
+    return stem
+
+
 class JishNet(nn.Module):
     """Dense CNN of the study; returns logits (B, 5).
 
@@ -49,6 +94,8 @@ class JishNet(nn.Module):
         so the default graph is the published one, layer for layer.
     head : the classifier head's pooling, ``flatten`` (the study) or ``max``
         (:class:`~lartpc.models.head.Head`).
+    stem : ``library`` (the published layers) or ``fused`` (the first stage as one Triton
+        kernel, :mod:`lartpc.models.fused_stem`; same function, same parameters).
     """
 
     input_kind = "dense"
@@ -61,15 +108,22 @@ class JishNet(nn.Module):
         if cfg.algo != "auto":
             raise ConfigError(f"model.algo={cfg.algo!r} is an SCNet option (model.name=jishnet)")
         return {"channels_last": cfg.channels_last, "elu_after_pool": cfg.elu_after_pool,
-                "head": cfg.head}
+                "head": cfg.head, "stem": stem_choice(cfg.stem, device_type)}
 
     def __init__(self, image_size: tuple[int, int], *, channels_last: bool = False,
-                 elu_after_pool: bool = False, head: str = "flatten"):
+                 elu_after_pool: bool = False, head: str = "flatten", stem: str = "library"):
         super().__init__()
         self.image_size = (int(image_size[0]), int(image_size[1]))
         self.out_hw = trunk_shape(self.image_size)
         self.channels_last = channels_last
         self.elu_after_pool = elu_after_pool
+        if stem not in ("fused", "library"):
+            raise ConfigError(f"JishNet stem={stem!r}: fused or library (resolve auto with "
+                              "stem_choice)")
+        self.stem = stem
+        if stem == "fused":
+            from lartpc.models.fused_stem import fused_stem
+            self._fused_stem = fused_stem
         convs, cin = [], 1
         for cout, k, p, _ in STAGES:
             convs.append(nn.Conv2d(cin, cout, k, padding=p))
@@ -94,12 +148,19 @@ class JishNet(nn.Module):
                               f"{self.image_size[1]}) input, got {tuple(x.shape)}")
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        for conv, pool in zip(self.convs, self.pools, strict=True):
-            x = conv(x)
-            if self.elu_after_pool:
-                x = F.elu(F.max_pool2d(x, pool), inplace=True)
-            else:
-                # in place: conv's backward needs its input, not its output, so the
-                # 10 x H x W pre-activation need not be kept (518 MB per image at 3600)
-                x = F.max_pool2d(F.elu(x, inplace=True), pool)
+        for k in range(len(self.convs)):
+            x = self.stage(k, x)
         return self.head(x)
+
+    def stage(self, k: int, x: torch.Tensor) -> torch.Tensor:
+        """Stage ``k`` (conv, ELU, max-pool) on its input ``x``."""
+        conv, pool = self.convs[k], self.pools[k]
+        if k == 0 and self.stem == "fused":
+            return self._fused_stem(x, conv.weight, conv.bias, pool, conv.padding[0],
+                                    channels_last=self.channels_last)
+        x = conv(x)
+        if self.elu_after_pool:
+            return F.elu(F.max_pool2d(x, pool), inplace=True)
+        # in place: conv's backward needs its input, not its output, so the
+        # 10 x H x W pre-activation need not be kept (518 MB per image at 3600)
+        return F.max_pool2d(F.elu(x, inplace=True), pool)

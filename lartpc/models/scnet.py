@@ -88,6 +88,8 @@ class SCNet(nn.Module):
         ``device_type``, is a :class:`ConfigError`."""
         if cfg.channels_last:
             raise ConfigError("model.channels_last is a JishNet option (model.name=scnet)")
+        if cfg.stem != "auto":
+            raise ConfigError(f"model.stem={cfg.stem} is a JishNet option (model.name=scnet)")
         if amp == "bf16":
             raise ConfigError("train.amp=bf16 with model.name=scnet: spconv has no bfloat16 "
                               "kernels; use train.amp=fp16 (CUDA) or none")

@@ -21,6 +21,7 @@ from lartpc.runfolder.guard import check_trainable
 from lartpc.runfolder.lock import RunLock
 from lartpc.runfolder.schema import RunFolderError, Status
 from lartpc.train import runinfo, segments, tblog
+from lartpc.train.parts import model_options
 from lartpc.train.signals import StopRequests
 
 if TYPE_CHECKING:
@@ -41,7 +42,6 @@ def prepare(cfg: Config, data: Path, out: Path) -> EventStore:
     store = EventStore(data)
     check_store_fits(cfg, store, data)
     from lartpc.models import build
-    from lartpc.train.parts import model_options
 
     # raises if the image is too small or a speed option cannot run on this device
     build(cfg.model.name, image_size=store.geometry.shape,
@@ -137,6 +137,8 @@ def _begin(cfg: Config, store: EventStore, out: Path, process_start: float,
         info.update({
             "model": cfg.model.name, "world_size": world.size, "backend": world.backend,
             "loss": cfg.model.loss,
+            # the constructor's options as resolved here (model.stem=auto -> fused/library)
+            "model_options": model_options(cfg, world.device.type),
             "geometry": store.geometry.to_attrs(), "versions": runinfo.versions(),
             "git_sha": runinfo.git_sha(), "host": runinfo.host(),
             "data": str(Path(store.paths[0]).parent.resolve()),

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 # Changing these on resume would change what the run means.
 FIXED_ON_RESUME = ("model", "data.downsample", "data.eval_fraction", "data.max_events",
                    "train.batch_per_rank", "train.seed", "train.optimizer")
+# ... except these: the same function computed another way (and absent from older runs)
+FREE_ON_RESUME = ("model.stem",)
 
 
 def store_identity(store: EventStore, max_events: int) -> dict:
@@ -57,7 +59,7 @@ def load_resume(cfg: Config, store: EventStore, out: Path, world_size: int) -> d
     for key in FIXED_ON_RESUME:
         a = {k: v for k, v in saved.items() if k == key or k.startswith(key + ".")}
         b = {k: v for k, v in now.items() if k == key or k.startswith(key + ".")}
-        for k in sorted(set(a) | set(b)):
+        for k in sorted((set(a) | set(b)) - set(FREE_ON_RESUME)):
             if a.get(k) != b.get(k):
                 raise ConfigError(f"--out {out}: checkpoint has {k}={a.get(k)!r}, "
                                   f"config says {b.get(k)!r}")

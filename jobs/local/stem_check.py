@@ -1,0 +1,190 @@
+"""The fused stem on a GPU: does it compute the published layers' function, and how fast.
+
+    python -m lartpc.jobs.local.stem_check --out stem-check            # on the GPU host
+    TRITON_INTERPRET=1 python -m lartpc.jobs.local.stem_check --out /tmp/sc --size 100 \\
+        --device cpu --batch 2 --configs 4096:4                       # smoke run on CPU
+
+On ``--batch`` events generated at ``--size`` (real events, as every bench), for float32
+and bfloat16 input: the fused stem's output and weight/bias gradients against the
+published layers computed in float64 (relative norms of the difference, the largest
+absolute output difference, the share of windows whose arg-max differs); then, for each
+``BLOCK:WARPS`` configuration, the stem alone (forward, forward+backward) and the whole
+JishNet training step (bf16 autocast, channels_last, ELU after pool) with the library
+and with the fused stem, medians of CUDA-event timings. Writes ``stem-check.json`` into
+``--out`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from lartpc.bench.stages import median_ms
+
+
+def _events(size: int, batch: int, seed: int):
+    import numpy as np
+    import torch
+
+    from lartpc.geometry import Geometry
+    from lartpc.sim import simulate_event
+
+    geometry = Geometry(downsample=3600 // size)
+    events = [simulate_event(i, seed, geometry) for i in range(batch)]
+    dense = np.stack([e.dense(geometry.shape) for e in events])[:, None]
+    labels = torch.tensor([e.label for e in events], dtype=torch.int64)
+    return torch.from_numpy(dense), labels
+
+
+def accuracy(x, conv, pool: int, dtype) -> dict:
+    """Fused stem against the published layers in float64, input cast to ``dtype``."""
+    import torch
+    import torch.nn.functional as F
+
+    from lartpc.models.fused_stem import fused_stem
+
+    xin = x.to(dtype)
+    w = conv.weight.detach().clone().requires_grad_(True)
+    b = conv.bias.detach().clone().requires_grad_(True)
+    y = fused_stem(xin, w, b, pool, conv.padding[0])
+    g = torch.randn(y.shape, device=y.device, dtype=torch.float32)
+    (y.float() * g).sum().backward()
+    w64 = conv.weight.detach().double().requires_grad_(True)
+    b64 = conv.bias.detach().double().requires_grad_(True)
+    conv64 = F.conv2d(xin.double(), w64, b64, padding=conv.padding[0])
+    ref, where = F.max_pool2d(F.elu(conv64), pool, return_indices=True)
+    (ref * g.double()).sum().backward()
+    _, where_fused = F.max_pool2d(conv64.detach(), pool, return_indices=True)
+
+    def rel(a, r):
+        return float((a.detach().double() - r.detach()).norm() / r.detach().norm())
+
+    return {"dtype": str(dtype).replace("torch.", ""),
+            "output_rel": rel(y, ref), "output_max_abs": float((y.double() - ref).abs().max()),
+            "weight_grad_rel": rel(w.grad, w64.grad), "bias_grad_rel": rel(b.grad, b64.grad),
+            # windows where ELU's saturation or rounding moves torch's arg-max
+            "argmax_differs_fraction": float((where != where_fused).double().mean())}
+
+
+def timings(x, labels, size: int, configs: list[tuple[int, int, bool]], repeats: int,
+            device) -> list[dict]:
+    import torch
+
+    import lartpc.models.fused_stem as fs
+    from lartpc.models import build
+    from lartpc.models.losses import build_loss
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    loss_fn = build_loss("ce")
+    rows = []
+    for stem, block, warps, unroll in [("library", 0, 0, False)] + \
+            [("fused", *config) for config in configs]:
+        if stem == "fused":
+            fs.BLOCK, fs.NUM_WARPS, fs.UNROLL = block, warps, unroll
+        torch.manual_seed(0)
+        model = build("jishnet", image_size=(size, size), channels_last=True,
+                      elu_after_pool=True, stem=stem).to(device)
+        xc = x.contiguous(memory_format=torch.channels_last)
+        grad = None
+
+        def ac():
+            return torch.autocast(device.type, dtype=torch.bfloat16)
+
+        def stem_fwd(model=model, xc=xc):
+            with torch.no_grad(), ac():
+                return model.stage(0, xc)
+
+        grad = torch.randn_like(stem_fwd())
+
+        def stem_fb(model=model, xc=xc, grad=grad):
+            model.zero_grad(set_to_none=True)
+            with ac():
+                out = model.stage(0, xc)
+            out.backward(grad)
+
+        def step(model=model, xc=xc):
+            model.zero_grad(set_to_none=True)
+            with ac():
+                loss = loss_fn(model.forward_tensor(xc), labels)
+            loss.backward()
+
+        step_ms = median_ms(step, repeats, sync)
+        rows.append({"stem": stem, "block": block or None, "num_warps": warps or None,
+                     "unroll": unroll,
+                     "stem_forward_ms": median_ms(stem_fwd, repeats, sync),
+                     "stem_forward_backward_ms": median_ms(stem_fb, repeats, sync),
+                     "step_ms": step_ms,
+                     "images_per_s": round(x.shape[0] / step_ms * 1e3, 1)})
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
+def conv2_channels(size: int, batch: int, repeats: int, device) -> list[dict]:
+    """The second stage (bf16, NHWC) with its 10 input channels, and with them padded by
+    zero channels to 16 (what the fused stem could write at no extra work): does cuDNN
+    run the second stage faster on a multiple of 8 channels?"""
+    import torch
+    import torch.nn.functional as F
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    side = size // 5
+    rows = []
+    for cin in (10, 16):
+        torch.manual_seed(0)
+        x = torch.randn(batch, cin, side, side, device=device, dtype=torch.bfloat16)
+        x = x.contiguous(memory_format=torch.channels_last).requires_grad_(True)
+        w = torch.randn(64, cin, 5, 5, device=device, dtype=torch.bfloat16) * 0.05
+        w = w.contiguous(memory_format=torch.channels_last).requires_grad_(True)
+
+        def fb(x=x, w=w):
+            out = F.elu(F.max_pool2d(F.conv2d(x, w, padding=2), 5))
+            out.backward(torch.ones_like(out))
+
+        rows.append({"input_channels": cin, "forward_backward_ms": median_ms(fb, repeats, sync)})
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--size", type=int, default=3600)
+    ap.add_argument("--batch", type=int, default=7)
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--configs", default="128:4,256:4,128:4:u",
+                    help="BLOCK:WARPS[:u] of the fused stem to time (u: window loop unrolled)")
+    args = ap.parse_args(argv)
+    configs = [(int(c.split(":")[0]), int(c.split(":")[1]), c.endswith(":u"))
+               for c in args.configs.split(",")]
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    x, labels = _events(args.size, args.batch, seed=0)
+    x, labels = x.to(device), labels.to(device)
+    torch.manual_seed(1)
+    conv = torch.nn.Conv2d(1, 10, 5, padding=2).to(device)
+    result = {"size": args.size, "batch": args.batch,
+              "device_name": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+              "torch": torch.__version__,
+              "accuracy": [accuracy(x, conv, 5, dt) for dt in (torch.float32, torch.bfloat16)]}
+    for row in result["accuracy"]:
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    result["timings"] = timings(x, labels, args.size, configs, args.repeats, device)
+    result["conv2_channels"] = conv2_channels(args.size, args.batch, args.repeats, device)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "stem-check.json").write_text(json.dumps(result, indent=2))
+    print("| stem | block | warps | unroll | stem fwd ms | stem fwd+bwd ms | step ms | images/s |")
+    for r in result["timings"]:
+        print(f"| {r['stem']} | {r['block']} | {r['num_warps']} | {r['unroll']} | "
+              f"{r['stem_forward_ms']} | "
+              f"{r['stem_forward_backward_ms']} | {r['step_ms']} | {r['images_per_s']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""JishNet's first stage (conv 1->C, k x k + bias + ELU + max-pool) as one Triton kernel.
+
+The published layers write the C x H x W convolution map (259 MB per 3600 x 3600 image
+in bf16) and read it back twice (ELU, pool); on an H200 that stage took 44.6 of a 52 ms
+training step (docs/results, BENCHMARKS). Here each program computes a block of pooled
+outputs for all channels at once: for every pooling-window position the k x k taps are
+accumulated in float32 from the input (any of float32 / bfloat16 / float16), the
+window's maximum and its position are kept, and only ``ELU(max)`` (C x H/p x W/p) and the
+position (one byte) are written. The backward needs the input only at each window's
+arg-max pixel, so the weight and bias gradients are one gather per tap; partial sums
+per program are written out and summed by torch, so the result does not depend on
+scheduling (no atomics). The input gets no gradient (it is the event image).
+
+Same function as ``max_pool2d(elu(conv2d(x)))``: ELU is increasing, so the pool's
+arg-max is the convolution's. Ties go to the first window position in row-major order,
+as in torch's max-pool; the two differ only where rounding differs (this kernel sums
+the taps in its own order, in float32; autocast's conv sums bf16 products), or where
+ELU saturates (for x < about -17 in float32 ``elu(x) == -1`` exactly, so torch's pool
+takes the first of such a window while this kernel takes the true maximum; the
+gradient there is ``exp(x) < 1e-7`` either way). A NaN wins its window and stays NaN
+(torch's CUDA max-pool does the same; its CPU kernel was seen to drop it).
+
+Imports Triton at import time: import this module only where the fused stem was asked
+for (:mod:`lartpc.models.jishnet` does). On CPU tensors it runs under Triton's
+interpreter (``TRITON_INTERPRET=1`` set before this module is imported), which the
+tests use.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+#: pooled outputs per program (of the flattened image, row, column order) and warps per
+#: program; the interpreter, slow per operation, is quicker with large blocks
+BLOCK = 4096 if os.environ.get("TRITON_INTERPRET") == "1" else 128
+NUM_WARPS = 4
+#: unroll the loop over window positions (a compile-time choice, measured on the GPU)
+UNROLL = False
+
+
+@triton.jit
+def _elu(v):
+    # expm1 is not in Triton's core language: exp(v) - 1 loses relative precision
+    # near 0, so a cubic Taylor step there (its error < v^4 / 24 < 5e-10)
+    small = v * (1.0 + v * (0.5 + v * (1.0 / 6.0)))
+    neg = tl.where(v > -0.01, small, tl.exp(tl.minimum(v, 0.0)) - 1.0)
+    return tl.where((v > 0) | (v != v), v, neg)  # NaN stays NaN
+
+
+@triton.jit
+def _block(N, HO, WO, C: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr):
+    """This program's BLOCK consecutive pooled outputs of the flattened (image, row,
+    column) order: in-range mask, image, row, column; the channels and their mask."""
+    p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    c = tl.arange(0, CP)
+    return p < N, (p // (HO * WO)).to(tl.int64), (p // WO) % HO, p % WO, c, c < C
+
+
+@triton.jit
+def _window(x_img, w_ptr, bias, top, left, pm, c, cm, H, W, CP: tl.constexpr,
+            K: tl.constexpr, BLOCK: tl.constexpr):
+    """The convolution (+ bias) at one window position: (BLOCK, CP) in float32."""
+    acc = tl.zeros((BLOCK, CP), tl.float32)
+    for ky in tl.static_range(K):
+        r = top + ky
+        row_ok = pm & (r >= 0) & (r < H)
+        for kx in tl.static_range(K):
+            s = left + kx
+            xv = tl.load(x_img + r * W + s, mask=row_ok & (s >= 0) & (s < W),
+                         other=0.0).to(tl.float32)
+            wv = tl.load(w_ptr + c * (K * K) + (ky * K + kx), mask=cm, other=0.0)
+            acc += xv[:, None] * wv[None, :]
+    return acc + bias[None, :]
+
+
+@triton.jit
+def _stem_forward(x_ptr, w_ptr, b_ptr, y_ptr, arg_ptr, N, H, W, HO, WO,
+                  sy_b, sy_c, sy_h, sy_w,
+                  C: tl.constexpr, CP: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr,
+                  POOL: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
+    pm, b, i, j, c, cm = _block(N, HO, WO, C, CP, BLOCK)
+    bias = tl.load(b_ptr + c, mask=cm, other=0.0)
+    x_img = x_ptr + b * H * W
+    top = i * POOL - PAD
+    left = j * POOL - PAD
+    best = tl.full((BLOCK, CP), float("-inf"), tl.float32)
+    arg = tl.zeros((BLOCK, CP), tl.int32)
+    # window positions in row-major order, torch's tie order; unrolled, the compiler may
+    # keep the 9 x 9 input patch and the weights in registers across positions
+    if UNROLL:
+        for d in tl.static_range(POOL * POOL):
+            v = _window(x_img, w_ptr, bias, top + d // POOL, left + d % POOL, pm, c, cm, H, W,
+                        CP, K, BLOCK)
+            take = (v > best) | (v != v)
+            best = tl.where(take, v, best)
+            arg = tl.where(take, d, arg)
+    else:
+        for d in range(POOL * POOL):
+            v = _window(x_img, w_ptr, bias, top + d // POOL, left + d % POOL, pm, c, cm, H, W,
+                        CP, K, BLOCK)
+            take = (v > best) | (v != v)
+            best = tl.where(take, v, best)
+            arg = tl.where(take, d, arg)
+    m2 = pm[:, None] & cm[None, :]
+    y_off = (b * sy_b + i * sy_h + j * sy_w)[:, None] + c[None, :] * sy_c
+    tl.store(y_ptr + y_off, _elu(best).to(y_ptr.dtype.element_ty), mask=m2)
+    a_off = (b * C * HO * WO + i * WO + j)[:, None] + c[None, :] * (HO * WO)
+    tl.store(arg_ptr + a_off, arg.to(tl.uint8), mask=m2)
+
+
+@triton.jit
+def _stem_backward(x_ptr, g_ptr, y_ptr, arg_ptr, part_ptr, N, H, W, HO, WO,
+                   sg_b, sg_c, sg_h, sg_w, sy_b, sy_c, sy_h, sy_w,
+                   C: tl.constexpr, CP: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr,
+                   POOL: tl.constexpr, BLOCK: tl.constexpr):
+    pm, b, i, j, c, cm = _block(N, HO, WO, C, CP, BLOCK)
+    m2 = pm[:, None] & cm[None, :]
+    g = tl.load(g_ptr + (b * sg_b + i * sg_h + j * sg_w)[:, None] + c[None, :] * sg_c,
+                mask=m2, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + (b * sy_b + i * sy_h + j * sy_w)[:, None] + c[None, :] * sy_c,
+                mask=m2, other=0.0).to(tl.float32)
+    # ELU's derivative from its output, as torch's in-place ELU computes it
+    dm = tl.where(y > 0, g, g * (y + 1.0))
+    a = tl.load(arg_ptr + (b * C * HO * WO + i * WO + j)[:, None] + c[None, :] * (HO * WO),
+                mask=m2, other=0).to(tl.int32)
+    r0 = (i * POOL - PAD)[:, None] + a // POOL
+    s0 = (j * POOL - PAD)[:, None] + a % POOL
+    x_img = x_ptr + (b * H * W)[:, None]
+    out = part_ptr + tl.program_id(0).to(tl.int64) * ((K * K + 1) * CP)
+    tl.store(out + (K * K) * CP + c, tl.sum(dm, axis=0))
+    for ky in tl.static_range(K):
+        r = r0 + ky
+        row_ok = (r >= 0) & (r < H)
+        for kx in tl.static_range(K):
+            s = s0 + kx
+            xv = tl.load(x_img + r * W + s, mask=m2 & row_ok & (s >= 0) & (s < W),
+                         other=0.0).to(tl.float32)
+            tl.store(out + (ky * K + kx) * CP + c, tl.sum(xv * dm, axis=0))
+
+
+def _geometry(x: torch.Tensor, weight: torch.Tensor, pool: int, padding: int):
+    b, cin, h, w = x.shape
+    c, wcin, k, k2 = weight.shape
+    if cin != 1 or wcin != 1 or k != k2:
+        raise ValueError(f"fused stem: one input channel and a square kernel expected, got "
+                         f"input {tuple(x.shape)}, weight {tuple(weight.shape)}")
+    ho, wo = (h + 2 * padding - k + 1) // pool, (w + 2 * padding - k + 1) // pool
+    if ho < 1 or wo < 1:
+        raise ValueError(f"fused stem: input {h}x{w} too small for kernel {k}, pool {pool}")
+    return b, h, w, c, k, ho, wo
+
+
+class _FusedStem(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, pool: int, padding: int, out_dtype, channels_last):
+        b, h, w, c, k, ho, wo = _geometry(x, weight, pool, padding)
+        x3 = x.reshape(b, h, w).contiguous()
+        w2 = weight.detach().reshape(c, k * k).float().contiguous()
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        y = torch.empty((b, c, ho, wo), dtype=out_dtype, device=x.device, memory_format=fmt)
+        arg = torch.empty((b, c, ho, wo), dtype=torch.uint8, device=x.device)
+        cp = triton.next_power_of_2(c)
+        n, block = b * ho * wo, BLOCK
+        grid = (triton.cdiv(n, block),)
+        _stem_forward[grid](x3, w2, bias.detach().float().contiguous(), y, arg, n, h, w, ho, wo,
+                            *y.stride(), C=c, CP=cp, K=k, PAD=padding, POOL=pool,
+                            BLOCK=block, UNROLL=UNROLL, num_warps=NUM_WARPS)
+        ctx.save_for_backward(x3, y, arg)
+        ctx.geom = (pool, padding, c, k, cp, block, grid, weight.dtype, bias.dtype)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        x3, y, arg = ctx.saved_tensors
+        pool, padding, c, k, cp, block, grid, wdtype, bdtype = ctx.geom
+        b, h, w = x3.shape
+        ho, wo = y.shape[2:]
+        part = torch.empty((grid[0], k * k + 1, cp), dtype=torch.float32, device=x3.device)
+        _stem_backward[grid](x3, gy, y, arg, part, b * ho * wo, h, w, ho, wo, *gy.stride(),
+                             *y.stride(), C=c, CP=cp, K=k, PAD=padding, POOL=pool,
+                             BLOCK=block, num_warps=NUM_WARPS)
+        total = part.sum(0)
+        gw = total[: k * k, :c].t().reshape(c, 1, k, k).to(wdtype)
+        return None, gw, total[k * k, :c].to(bdtype), None, None, None, None
+
+
+@torch.compiler.disable
+def fused_stem(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, pool: int,
+               padding: int, *, channels_last: bool = False) -> torch.Tensor:
+    """``elu(max_pool2d(conv2d(x, weight, bias, padding=padding), pool))`` in one kernel.
+
+    Parameters
+    ----------
+    x : (B, 1, H, W) float32, bfloat16 or float16; gets no gradient (refused if it asks).
+    weight, bias : the convolution's (C, 1, k, k) and (C,); read in float32.
+    pool : max-pool size and stride (floor mode); padding : the convolution's.
+    channels_last : write the output in NHWC memory order.
+
+    Returns
+    -------
+    (B, C, H', W') in autocast's dtype when autocast is on for ``x``'s device, else in
+    ``x``'s dtype; accumulation is float32 either way.
+    """
+    if x.requires_grad:
+        raise ValueError("fused stem: the input gets no gradient (it is the event image); "
+                         "use model.stem=library where one is needed")
+    dev = x.device.type
+    out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+    return _FusedStem.apply(x, weight, bias, pool, padding, out_dtype, channels_last)

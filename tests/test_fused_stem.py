@@ -1,0 +1,209 @@
+"""The fused stem (one Triton kernel for JishNet's first stage) against the published
+layers, on CPU under Triton's interpreter; and ``model.stem``'s choices and refusals.
+
+The interpreter must be chosen before Triton compiles anything: this module sets
+``TRITON_INTERPRET=1`` when no GPU is present, before it imports the kernel module.
+Triton is in the ``test`` extra, so CI runs these; they fail, not skip, without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from lartpc.errors import ConfigError  # noqa: E402
+from lartpc.geometry import Geometry  # noqa: E402
+from lartpc.models import build  # noqa: E402
+from lartpc.models.jishnet import stem_choice  # noqa: E402
+from lartpc.sim import simulate_event  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _events(n: int, downsample: int, seed: int = 7) -> torch.Tensor:
+    """(n, 1, H, W) float32 images of generated events (mostly empty, as real ones)."""
+    g = Geometry(downsample=downsample)
+    dense = np.stack([simulate_event(i, seed, g).dense(g.shape) for i in range(n)])
+    return torch.from_numpy(dense)[:, None].to(DEVICE)
+
+
+def _crop(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """An h x w window of the first image, around its brightest pixel."""
+    r, c = np.unravel_index(int(x[0, 0].abs().argmax()), x.shape[2:])
+    r = min(max(int(r) - h // 2, 0), x.shape[2] - h)
+    c = min(max(int(c) - w // 2, 0), x.shape[3] - w)
+    return x[:1, :, r:r + h, c:c + w].clone()
+
+
+def _published(x, w, b):
+    """The published layers in float64: conv 5x5 pad 2, ELU, max-pool 5."""
+    return F.max_pool2d(F.elu(F.conv2d(x.double(), w, b, padding=2)), 5)
+
+
+def _compare(x, dtype=torch.float32, seed=0):
+    """Output and weight/bias gradients of the fused stem and of the published layers
+    (float64) for one random upstream gradient: the relative errors."""
+    from lartpc.models.fused_stem import fused_stem
+
+    torch.manual_seed(seed)
+    conv = torch.nn.Conv2d(1, 10, 5, padding=2).to(DEVICE)
+    w = conv.weight.detach().clone().requires_grad_(True)
+    b = conv.bias.detach().clone().requires_grad_(True)
+    y = fused_stem(x.to(dtype), w, b, 5, 2)
+    assert y.dtype == dtype
+    g = torch.randn(y.shape, device=DEVICE)
+    (y.float() * g).sum().backward()
+    w64 = conv.weight.detach().double().requires_grad_(True)
+    b64 = conv.bias.detach().double().requires_grad_(True)
+    ref = _published(x.to(dtype), w64, b64)
+    (ref * g.double()).sum().backward()
+    assert y.shape == ref.shape
+
+    def rel(a, r):
+        return float((a.detach().double() - r.detach()).norm() / r.detach().norm())
+
+    return rel(y, ref), rel(w.grad, w64.grad), rel(b.grad, b64.grad)
+
+
+def test_same_function_as_published_layers_float32():
+    """Forward, weight and bias gradients equal the published layers to float32
+    rounding, on 360 x 360 events (batch 2) and on an odd-sized crop (batch 1)."""
+    x = _events(2, 10)
+    assert (x == 0).float().mean() > 0.5 and x.abs().max() > 0  # empty regions: ties
+    # odd sizes: the pool drops a remainder
+    for image in (x, _crop(x[:1], 37, 53)):
+        out, gw, gb = _compare(image)
+        assert out < 1e-6 and gw < 1e-5 and gb < 1e-5, (image.shape, out, gw, gb)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_inputs_accumulate_in_float32(dtype):
+    """bf16/fp16 input (as under autocast): the error is the output's rounding."""
+    x = _events(1, 10, seed=3)
+    x = x / x.abs().max() * 8  # keep fp16 well inside its range
+    out, gw, gb = _compare(x, dtype)
+    assert out < 8e-3 and gw < 8e-3 and gb < 8e-3, (out, gw, gb)
+
+
+def test_ties_go_to_the_first_window_position(monkeypatch):
+    """A plateau of equal charge gives windows whose convolution values tie; the weight
+    gradient then depends on which position wins: it must be torch's (the first, in
+    row-major order). With a small block, partial sums of many programs are added."""
+    import lartpc.models.fused_stem as fs
+
+    monkeypatch.setattr(fs, "BLOCK", 64)
+    x = _crop(_events(1, 18, seed=5), 60, 60)
+    x[..., 20:45, 20:45] = float(x.abs().max())  # a flat, bright square
+    out, gw, gb = _compare(x)
+    assert out < 1e-6 and gw < 1e-5 and gb < 1e-5, (out, gw, gb)
+
+
+def test_nan_wins_its_window():
+    """A NaN pixel makes the windows whose convolutions reach it NaN, and only those;
+    the rest equals the published layers."""
+    from lartpc.models.fused_stem import fused_stem
+
+    x = _crop(_events(1, 18, seed=6), 40, 40)
+    x[0, 0, 12, 12] = float("nan")  # reaches conv rows/cols 10..14: pooled (2, 2)
+    conv = torch.nn.Conv2d(1, 10, 5, padding=2).to(DEVICE)
+    with torch.no_grad():
+        y = fused_stem(x, conv.weight, conv.bias, 5, 2)
+        ref = F.max_pool2d(F.elu(conv(x)), 5)
+    expect = torch.zeros_like(y, dtype=torch.bool)
+    expect[..., 2, 2] = True
+    assert torch.equal(torch.isnan(y), expect)
+    torch.testing.assert_close(y[~expect], ref[~expect])
+
+
+def test_input_gradient_refused():
+    from lartpc.models.fused_stem import fused_stem
+
+    x = _crop(_events(1, 18), 40, 40).requires_grad_(True)
+    conv = torch.nn.Conv2d(1, 10, 5, padding=2).to(DEVICE)
+    with pytest.raises(ValueError, match="no gradient"):
+        fused_stem(x, conv.weight, conv.bias, 5, 2)
+
+
+def test_training_steps_end_equal():
+    """Two Adam steps of JishNet (300 x 300, batch 2: the interpreter is slow) with the
+    fused stem and with the published layers, from the same initial weights: the stem's
+    own weights agree to 1e-6, the rest to 5e-5 (2.5 % of the 2e-3 the steps move
+    them). Adam's first steps move every weight by about lr times the sign of its
+    gradient, so a gradient near zero turns float32 rounding into a step: that, not the
+    stem (whose gradients agree to 1e-7, above), sets the looser tolerance."""
+    x = _events(2, 12, seed=11)
+    labels = torch.tensor([1, 3], device=DEVICE)
+    params = {}
+    for stem in ("library", "fused"):
+        torch.manual_seed(0)
+        model = build("jishnet", image_size=x.shape[2:], stem=stem).to(DEVICE)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        for _ in range(2):
+            opt.zero_grad()
+            F.cross_entropy(model.forward_tensor(x), labels).backward()
+            opt.step()
+        params[stem] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    assert params["library"].keys() == params["fused"].keys()  # same checkpoints
+    for k, v in params["library"].items():
+        tol = 1e-6 if k.startswith("convs.0.") else 5e-5
+        torch.testing.assert_close(params["fused"][k], v, rtol=0, atol=tol, msg=k)
+    # and the steps moved the stem's weights (the comparison is not of the initial ones)
+    torch.manual_seed(0)
+    init = build("jishnet", image_size=x.shape[2:]).state_dict()["convs.0.weight"]
+    assert (params["fused"]["convs.0.weight"].cpu() - init).abs().max() > 1.5e-3
+
+
+def test_stem_choice():
+    assert stem_choice("library", "cuda") == "library"
+    assert stem_choice("auto", "cpu") == "library"
+    assert stem_choice("fused", "cpu") == "fused"  # under the interpreter (set above)
+    with pytest.raises(ConfigError, match="model.stem='bogus'"):
+        stem_choice("bogus", "cpu")
+
+
+def test_fused_on_cpu_without_interpreter_refused(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ConfigError, match="TRITON_INTERPRET"):
+        stem_choice("fused", "cpu")
+
+
+def test_stem_is_a_jishnet_option():
+    from lartpc.config import ModelConfig
+    from lartpc.models import model_class
+
+    with pytest.raises(ConfigError, match="JishNet option"):
+        model_class("scnet").options(ModelConfig(name="scnet", stem="fused"), "none", "cpu")
+
+
+def test_bench_model_stages(capsys):
+    """`lartpc bench model --stages`: each stage and the head, timed, shapes chained."""
+    from lartpc.cli import main
+
+    assert main(["bench", "model", "--model", "jishnet", "--size", "400", "--batch", "2",
+                 "--repeats", "1", "--warmup", "0", "--stages", "--elu-after-pool"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    stages = res["stages"]
+    assert [s["stage"].split()[0] for s in stages] == ["conv1", "conv2", "conv3", "conv4",
+                                                       "head"]
+    assert "(library)" in stages[0]["stage"] and res["options"]["stem"] == "library"
+    for a, b in zip(stages, stages[1:], strict=False):
+        assert a["output"] == b["input"]
+    assert all(s["forward_ms"] > 0 and s["forward_backward_ms"] > 0 for s in stages)
+
+
+def test_bench_model_refusals(capsys):
+    from lartpc.cli import main
+
+    assert main(["bench", "model", "--model", "scnet", "--stem", "fused"]) == 2
+    assert "--stem" in capsys.readouterr().err
+    assert main(["bench", "model", "--model", "jishnet", "--size", "400",
+                 "--max-batch"]) == 2
+    assert "--max-batch" in capsys.readouterr().err

@@ -4,6 +4,7 @@ later are the numbers read back at once (same rank-log rows, same parameters).""
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -16,7 +17,7 @@ from lartpc.data.sharding import plan_run
 from lartpc.data.store import EventStore
 from lartpc.train.checkpointer import Checkpointer
 from lartpc.train.loop import fit
-from lartpc.train.sinks import open_sinks
+from lartpc.train.sinks import Sink, open_sinks
 from lartpc.train.trainer import Trainer
 
 SETS = ["data.downsample=9", "data.eval_fraction=0.2", "train.epochs=2",
@@ -97,6 +98,28 @@ def test_each_step_is_recorded_once_in_order_whenever_read(world, train_events_d
     assert [r.global_step for r in t.read_back()] == [spe] and t.read_back() == []
     assert recs == list(range(spe))
     batches.close()
+    t.close()
+
+
+class Recorder(Sink):
+    def __init__(self):
+        self.steps = []
+
+    def on_step(self, rec):
+        self.steps.append(rec)
+
+
+def test_a_diverged_run_stops_a_step_later_and_names_the_first_bad_step(
+        world, train_events_dir, tmp_path):
+    t = _build(world, train_events_dir, tmp_path / "run", "tiny-jishnet",
+               ("train.lr=1e30", "train.epochs=1"))
+    rec = Recorder()
+    assert fit(t, Checkpointer(world, tmp_path / "run", 0, 600.0), rec) == "diverged"
+    first = next(r for r in rec.steps if not math.isfinite(r.loss))
+    assert t.last_loss_at == (first.epoch, first.step_in_epoch)
+    # seen with the next step, which is recorded too, and nothing after it
+    assert rec.steps[-1].global_step == first.global_step + 1 < t.plan.steps_per_epoch - 1
+    assert [r.global_step for r in rec.steps] == list(range(len(rec.steps)))
     t.close()
 
 

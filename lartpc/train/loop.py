@@ -66,7 +66,7 @@ def finish(t: Trainer, ckpt: Checkpointer, sinks: Sink, evaluated: bool) -> str:
         kept = f"checkpoint at global step {t.saved_step} kept" if t.saved_step >= 0 \
             else "no checkpoint yet"
         log.error("loss is not finite (%s) at epoch %d step %d with train.lr=%g: stopping, "
-                  "status diverged (%s)", t.last_loss, s.epoch, s.step_in_epoch - 1,
+                  "status diverged (%s)", t.last_loss, *t.last_loss_at,
                   t.cfg.train.lr, kept)
     elif status == "preempted":
         # No evaluation: a scheduler's grace time is short; the next segment evaluates.

@@ -153,7 +153,8 @@ class Trainer:
         self.store_id = store_id  #: segments.store_identity, saved in checkpoints
         self.stop: str | None = None  #: the agreed reason to stop, after a step
         self.save_due = False  #: every rank agreed to checkpoint after this step
-        self.last_loss = 0.0
+        self.last_loss = 0.0  #: the agreed loss the last vote judged, and its step:
+        self.last_loss_at = (0, -1)  #: (epoch, step in epoch)
         self.saved_step = -1  #: global step of the last checkpoint (written or loaded)
         self._unread: Unread | None = None  #: the last step, its numbers not read yet
 
@@ -322,7 +323,9 @@ class Trainer:
         s.global_step += 1
         self.stop, self.save_due = vote.stop, vote.save > 0
         if done:
-            self.last_loss = vote.loss
+            k = next((i for i, d in enumerate(done) if not math.isfinite(d[2])), len(done) - 1)
+            f = ready[k].fields
+            self.last_loss, self.last_loss_at = done[k][2], (f["epoch"], f["step_in_epoch"])
         return _records(ready, done)
 
     def read_back(self) -> list[StepRecord]:

@@ -84,6 +84,18 @@ def test_same_function_as_published_layers_float32():
         assert out < 1e-6 and gw < 1e-5 and gb < 1e-5, (image.shape, out, gw, gb)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matrix_product_variant(monkeypatch, dtype):
+    """The variant that sums each window's taps as a (positions x taps) @ (taps x
+    channels) product (fused_stem.DOT) computes the same function."""
+    import lartpc.models.fused_stem as fs
+
+    monkeypatch.setattr(fs, "DOT", True)
+    out, gw, gb = _compare(_events(1, 12, seed=9), dtype)
+    limit = 1e-5 if dtype == torch.float32 else 8e-3
+    assert out < limit and gw < limit and gb < limit, (out, gw, gb)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_inputs_accumulate_in_float32(dtype):
     """bf16/fp16 input (as under autocast): the error is the output's rounding."""

@@ -38,17 +38,20 @@ def _events(size: int, batch: int, seed: int):
     return torch.from_numpy(dense), labels
 
 
-def accuracy(x, conv, pool: int, dtype) -> dict:
-    """Fused stem against the published layers in float64, input cast to ``dtype``."""
+def accuracy(x, conv, pool: int, dtype, autocast: bool = False) -> dict:
+    """Fused stem (as configured now) against the published layers in float64, input
+    cast to ``dtype``, optionally under bf16 autocast (output in bf16, as in training)."""
     import torch
     import torch.nn.functional as F
 
+    import lartpc.models.fused_stem as fs
     from lartpc.models.fused_stem import fused_stem
 
     xin = x.to(dtype)
     w = conv.weight.detach().clone().requires_grad_(True)
     b = conv.bias.detach().clone().requires_grad_(True)
-    y = fused_stem(xin, w, b, pool, conv.padding[0])
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
+        y = fused_stem(xin, w, b, pool, conv.padding[0])
     g = torch.randn(y.shape, device=y.device, dtype=torch.float32)
     (y.float() * g).sum().backward()
     w64 = conv.weight.detach().double().requires_grad_(True)
@@ -61,15 +64,16 @@ def accuracy(x, conv, pool: int, dtype) -> dict:
     def rel(a, r):
         return float((a.detach().double() - r.detach()).norm() / r.detach().norm())
 
-    return {"dtype": str(dtype).replace("torch.", ""),
+    return {"dtype": str(dtype).replace("torch.", ""), "autocast_bf16": autocast,
+            "block": fs.BLOCK, "num_warps": fs.NUM_WARPS, "unroll": fs.UNROLL, "dot": fs.DOT,
             "output_rel": rel(y, ref), "output_max_abs": float((y.double() - ref).abs().max()),
             "weight_grad_rel": rel(w.grad, w64.grad), "bias_grad_rel": rel(b.grad, b64.grad),
             # windows where ELU's saturation or rounding moves torch's arg-max
             "argmax_differs_fraction": float((where != where_fused).double().mean())}
 
 
-def timings(x, labels, size: int, configs: list[tuple[int, int, bool]], repeats: int,
-            device) -> list[dict]:
+def timings(x, labels, size: int, configs: list[tuple[int, int, bool, bool]],
+            repeats: int, device) -> list[dict]:
     import torch
 
     import lartpc.models.fused_stem as fs
@@ -79,10 +83,10 @@ def timings(x, labels, size: int, configs: list[tuple[int, int, bool]], repeats:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     loss_fn = build_loss("ce")
     rows = []
-    for stem, block, warps, unroll in [("library", 0, 0, False)] + \
+    for stem, block, warps, unroll, dot in [("library", 0, 0, False, False)] + \
             [("fused", *config) for config in configs]:
         if stem == "fused":
-            fs.BLOCK, fs.NUM_WARPS, fs.UNROLL = block, warps, unroll
+            fs.BLOCK, fs.NUM_WARPS, fs.UNROLL, fs.DOT = block, warps, unroll, dot
         torch.manual_seed(0)
         model = build("jishnet", image_size=(size, size), channels_last=True,
                       elu_after_pool=True, stem=stem).to(device)
@@ -112,7 +116,7 @@ def timings(x, labels, size: int, configs: list[tuple[int, int, bool]], repeats:
 
         step_ms = median_ms(step, repeats, sync)
         rows.append({"stem": stem, "block": block or None, "num_warps": warps or None,
-                     "unroll": unroll,
+                     "unroll": unroll, "dot": dot,
                      "stem_forward_ms": median_ms(stem_fwd, repeats, sync),
                      "stem_forward_backward_ms": median_ms(stem_fb, repeats, sync),
                      "step_ms": step_ms,
@@ -156,10 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=7)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--configs", default="128:4,256:4,128:4:u",
-                    help="BLOCK:WARPS[:u] of the fused stem to time (u: window loop unrolled)")
+    ap.add_argument("--configs", default="128:4,256:4,128:4:u,128:4:d",
+                    help="BLOCK:WARPS[:u|:d] of the fused stem to time (u: window loop "
+                         "unrolled; d: taps as a matrix product)")
     args = ap.parse_args(argv)
-    configs = [(int(c.split(":")[0]), int(c.split(":")[1]), c.endswith(":u"))
+    configs = [(int(c.split(":")[0]), int(c.split(":")[1]), c.endswith(":u"), c.endswith(":d"))
                for c in args.configs.split(",")]
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -171,16 +176,23 @@ def main(argv: list[str] | None = None) -> int:
     result = {"size": args.size, "batch": args.batch,
               "device_name": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
               "torch": torch.__version__,
-              "accuracy": [accuracy(x, conv, 5, dt) for dt in (torch.float32, torch.bfloat16)]}
-    for row in result["accuracy"]:
-        print(json.dumps(row), file=sys.stderr, flush=True)
+              "accuracy": []}
+    import lartpc.models.fused_stem as fs
+
+    for dot in (False, True):  # the fused stem's two ways of summing the taps
+        fs.DOT = dot
+        for dt, autocast in ((torch.float32, False), (torch.float32, True),
+                             (torch.bfloat16, False)):
+            result["accuracy"].append(accuracy(x, conv, 5, dt, autocast))
+            print(json.dumps(result["accuracy"][-1]), file=sys.stderr, flush=True)
     result["timings"] = timings(x, labels, args.size, configs, args.repeats, device)
     result["conv2_channels"] = conv2_channels(args.size, args.batch, args.repeats, device)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "stem-check.json").write_text(json.dumps(result, indent=2))
-    print("| stem | block | warps | unroll | stem fwd ms | stem fwd+bwd ms | step ms | images/s |")
+    print("| stem | block | warps | unroll | dot | stem fwd ms | stem fwd+bwd ms | step ms | "
+          "images/s |")
     for r in result["timings"]:
-        print(f"| {r['stem']} | {r['block']} | {r['num_warps']} | {r['unroll']} | "
+        print(f"| {r['stem']} | {r['block']} | {r['num_warps']} | {r['unroll']} | {r['dot']} | "
               f"{r['stem_forward_ms']} | "
               f"{r['stem_forward_backward_ms']} | {r['step_ms']} | {r['images_per_s']} |")
     return 0

@@ -38,8 +38,10 @@ import triton.language as tl
 #: program; the interpreter, slow per operation, is quicker with large blocks
 BLOCK = 4096 if os.environ.get("TRITON_INTERPRET") == "1" else 128
 NUM_WARPS = 4
-#: unroll the loop over window positions (a compile-time choice, measured on the GPU)
+#: unroll the loop over window positions; or compute each window position's taps as a
+#: matrix product (compile-time choices, measured on the GPU: BENCHMARKS.md)
 UNROLL = False
+DOT = False
 
 
 @triton.jit
@@ -78,10 +80,18 @@ def _window(x_img, w_ptr, bias, top, left, pm, c, cm, H, W, CP: tl.constexpr,
 
 
 @triton.jit
+def _take(v, d, best, arg):
+    """Keep the running maximum and its window position (the first of ties; NaN wins)."""
+    take = (v > best) | (v != v)
+    return tl.where(take, v, best), tl.where(take, d, arg)
+
+
+@triton.jit
 def _stem_forward(x_ptr, w_ptr, b_ptr, y_ptr, arg_ptr, N, H, W, HO, WO,
                   sy_b, sy_c, sy_h, sy_w,
                   C: tl.constexpr, CP: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr,
-                  POOL: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
+                  POOL: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
+                  DOT: tl.constexpr, KP: tl.constexpr, LOWP: tl.constexpr):
     pm, b, i, j, c, cm = _block(N, HO, WO, C, CP, BLOCK)
     bias = tl.load(b_ptr + c, mask=cm, other=0.0)
     x_img = x_ptr + b * H * W
@@ -89,22 +99,36 @@ def _stem_forward(x_ptr, w_ptr, b_ptr, y_ptr, arg_ptr, N, H, W, HO, WO,
     left = j * POOL - PAD
     best = tl.full((BLOCK, CP), float("-inf"), tl.float32)
     arg = tl.zeros((BLOCK, CP), tl.int32)
-    # window positions in row-major order, torch's tie order; unrolled, the compiler may
-    # keep the 9 x 9 input patch and the weights in registers across positions
-    if UNROLL:
+    # window positions in row-major order, torch's tie order
+    if DOT:
+        # the 25 taps of all BLOCK positions gathered as a (BLOCK, KP) tile and
+        # multiplied by the (KP, CP) weights; with a half-precision output or input
+        # (autocast) on the matrix units in TF32, which holds bf16/fp16 input exactly
+        # and rounds the weights to 10 bits (autocast's convolution rounds both to bf16)
+        t = tl.arange(0, KP)
+        tm = t < K * K
+        wt = tl.load(w_ptr + c[None, :] * (K * K) + t[:, None], mask=tm[:, None] & cm[None, :],
+                     other=0.0)
+        for d in range(POOL * POOL):
+            r = (top + d // POOL)[:, None] + (t // K)[None, :]
+            s = (left + d % POOL)[:, None] + (t % K)[None, :]
+            a = tl.load(x_img[:, None] + r * W + s, other=0.0,
+                        mask=pm[:, None] & tm[None, :] & (r >= 0) & (r < H) & (s >= 0) & (s < W))
+            if LOWP:
+                v = tl.dot(a.to(tl.float32), wt, input_precision="tf32") + bias[None, :]
+            else:
+                v = tl.dot(a.to(tl.float32), wt, input_precision="ieee") + bias[None, :]
+            best, arg = _take(v, d, best, arg)
+    elif UNROLL:  # the compiler may keep the 9 x 9 patch in registers across positions
         for d in tl.static_range(POOL * POOL):
             v = _window(x_img, w_ptr, bias, top + d // POOL, left + d % POOL, pm, c, cm, H, W,
                         CP, K, BLOCK)
-            take = (v > best) | (v != v)
-            best = tl.where(take, v, best)
-            arg = tl.where(take, d, arg)
+            best, arg = _take(v, d, best, arg)
     else:
         for d in range(POOL * POOL):
             v = _window(x_img, w_ptr, bias, top + d // POOL, left + d % POOL, pm, c, cm, H, W,
                         CP, K, BLOCK)
-            take = (v > best) | (v != v)
-            best = tl.where(take, v, best)
-            arg = tl.where(take, d, arg)
+            best, arg = _take(v, d, best, arg)
     m2 = pm[:, None] & cm[None, :]
     y_off = (b * sy_b + i * sy_h + j * sy_w)[:, None] + c[None, :] * sy_c
     tl.store(y_ptr + y_off, _elu(best).to(y_ptr.dtype.element_ty), mask=m2)
@@ -168,7 +192,10 @@ class _FusedStem(torch.autograd.Function):
         grid = (triton.cdiv(n, block),)
         _stem_forward[grid](x3, w2, bias.detach().float().contiguous(), y, arg, n, h, w, ho, wo,
                             *y.stride(), C=c, CP=cp, K=k, PAD=padding, POOL=pool,
-                            BLOCK=block, UNROLL=UNROLL, num_warps=NUM_WARPS)
+                            BLOCK=block, UNROLL=UNROLL, DOT=DOT,
+                            KP=max(16, triton.next_power_of_2(k * k)),
+                            LOWP=x3.dtype != torch.float32 or out_dtype != torch.float32,
+                            num_warps=NUM_WARPS)
         ctx.save_for_backward(x3, y, arg)
         ctx.geom = (pool, padding, c, k, cp, block, grid, weight.dtype, bias.dtype)
         return y

@@ -9,9 +9,6 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-# Titles and legends hold run folder names, which are input: a '$' in one must not
-# start mathtext ('x$\frac{$' raised a parse error). No figure here uses mathtext.
-matplotlib.rcParams["text.parse_math"] = False
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from lartpc.analysis.fit import PowerLawFit  # noqa: E402
@@ -23,6 +20,10 @@ from lartpc.runfolder.durable import atomic_write  # noqa: E402
 
 log = logging.getLogger(__name__)
 DPI = 120
+#: for text that holds input (run folder and model names from run.json): a '$' in it
+#: must not start mathtext ('x$\frac{$' raised a parse error). Per text, not through
+#: rcParams: a global switch changed figures drawn later in the same process.
+PLAIN = {"parse_math": False}
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
@@ -100,7 +101,7 @@ def loss_curves(runs: list[Run], rows: list[RunMetrics], ttl_fit: PowerLawFit, m
                label=f"threshold {threshold:g}")
     ax.set_xlabel(f"wall time since job start ({unit}; data loading included)")
     ax.set_ylabel("global training loss (smoothed; raw faint)")
-    ax.set_title(f"{model}: training loss vs wall time")
+    ax.set_title(f"{model}: training loss vs wall time", **PLAIN)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower left", fontsize=9, framealpha=0.9)
     ins = ax.inset_axes([0.60, 0.56, 0.37, 0.38])
@@ -144,7 +145,7 @@ def epoch_rate(rows: list[RunMetrics], fit: PowerLawFit, model: str, out: Path) 
     _gpu_axis(ax, gpus)
     ax.set_xlabel("GPUs (N)")
     ax.set_ylabel("epoch rate (epochs/min, data loading excluded)")
-    ax.set_title(f"{model}: epoch rate vs GPU count")
+    ax.set_title(f"{model}: epoch rate vs GPU count", **PLAIN)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=9)
     return _save(fig, out)
@@ -165,7 +166,7 @@ def confusion(counts: np.ndarray, title: str, out: Path) -> Path:
                                         zip(CLASSES, totals[:, 0], strict=True)])
     ax.set_xlabel("predicted class")
     ax.set_ylabel("true class")
-    ax.set_title(title, fontsize=10)  # a folder name: no mathtext (see the imports)
+    ax.set_title(title, fontsize=10, **PLAIN)
     fig.colorbar(im, ax=ax, label="% of true class", fraction=0.046, pad=0.04)
     return _save(fig, out)
 
@@ -237,7 +238,7 @@ def _percent_matrix(ax: plt.Axes, pct: np.ndarray, title: str, ylabels: bool) ->
     ax.set_xlabel("predicted")
     if ylabels:
         ax.set_ylabel("true")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title, fontsize=9, **PLAIN)
 
 
 def fidelity(results: list[tuple[str, dict]], paper: tuple[str, list[list[float]],

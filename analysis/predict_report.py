@@ -58,7 +58,7 @@ def to_text(results: list[dict], measured: dict[tuple[str, int], dict]) -> str:
 def write_figure(results: list[dict], measured: dict[tuple[str, int], dict],
                  out: Path) -> Path:
     """``predict-<cluster>.png``: predicted TTL and epoch rate vs N, measured points."""
-    from lartpc.analysis.plots import plt  # Agg, no mathtext in run names
+    from lartpc.analysis.plots import plt  # Agg
 
     out.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
@@ -97,7 +97,7 @@ def write_noise_figure(curves: list[tuple[Run, object]], out: Path,
                        span: int) -> Path | None:
     """``noise_scale.png``: smoothed B_noise against training step and against loss, of
     each (run, noise table) in ``curves`` (:func:`~lartpc.analysis.noise.noise_tables`)."""
-    from lartpc.analysis.plots import plt  # Agg, no mathtext in run names
+    from lartpc.analysis.plots import plt  # Agg
 
     if not curves:
         return None
@@ -114,7 +114,8 @@ def write_noise_figure(curves: list[tuple[Run, object]], out: Path,
     axes[1].set(xlabel="smoothed loss", yscale="log",
                 title="against loss (ratio of means per bin, ±1 SE)")
     axes[1].invert_xaxis()
-    axes[0].legend(fontsize=7)
+    for text in axes[0].legend(fontsize=7).get_texts():
+        text.set_parse_math(False)  # run folder names: a '$' must not start mathtext
     fig.tight_layout()
     path = out / "noise_scale.png"
     try:

@@ -17,7 +17,7 @@ def test_minibatch_scan_trains_each_size_and_writes_table_and_plot(train_events_
     out = tmp_path / "scan"
     r = run([str(BIN / "lartpc"), "bench", "minibatch", "--data", str(train_events_dir),
              "--downsample", "9", "--batches", "4,16", "--seeds", "0", "--seconds", "12",
-             "--out", str(out)], timeout=300)
+             "--bare-steps", "3", "--out", str(out)], timeout=300)
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     assert [row["batch"] for row in res["rows"]] == [4, 16]
@@ -32,6 +32,10 @@ def test_minibatch_scan_trains_each_size_and_writes_table_and_plot(train_events_
         assert p["images_per_s_steps"] == pytest.approx(p["batch"] / p["step_s_median"])
         assert 0.0 <= p["data_wait_fraction"] < 1.0
         assert p["ttl_censored"] == (p["ttl_s"] is None)
+        # the bare step of the same batches beside the loop's step (lartpc bench train's)
+        assert p["loop_overhead"] == pytest.approx(p["step_s_median"] / p["bare_step_s_median"]
+                                                   - 1)
+    assert "| loop overhead |" in (out / "minibatch.md").read_text()
     for name in ("minibatch.csv", "minibatch.md", "minibatch.json"):
         assert (out / name).stat().st_size > 0
     assert (out / "minibatch.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -60,6 +64,8 @@ def test_minibatch_scan_trains_each_size_and_writes_table_and_plot(train_events_
         assert {p["ttl_censored"] for p in res2["points"]} == {censored}
         assert [p["images_per_s_steps"] for p in res2["points"]] == \
             [p["images_per_s_steps"] for p in res["points"]]
+        assert [p["loop_overhead"] for p in res2["points"]] == \
+            [p["loop_overhead"] for p in res["points"]]
         assert (again / "minibatch.png").exists() and not (again / "runs").exists()
     r = run([str(BIN / "lartpc"), "bench", "minibatch", "--from", str(tmp_path)], timeout=60)
     assert r.returncode == 2 and "not a finished `lartpc bench minibatch --out`" in r.stderr

@@ -6,7 +6,9 @@ larger minibatches than its 7 per GPU. Each point here is a real single-process
 ``lr x f(B / base)`` (``--lr-scaling``: none, linear or sqrt), one run per seed. From
 its run folder come images/s (median step time, and the epoch rate) and TTL, the wall
 time from process start (data loading included) to the smoothed training loss below
-``--threshold``, censored when the time ran out first.
+``--threshold``, censored when the time ran out first. Beside each point's median step
+is its bare step (:mod:`lartpc.bench.bare_step`, as in ``lartpc bench train``) and the
+loop's overhead over it (``--bare-steps 0``: none).
 
 One JSON object goes to stdout; with ``--out DIR`` the run folders are kept there with
 ``minibatch.json``, ``minibatch.csv``, ``minibatch.md`` and ``minibatch.png`` (images/s,
@@ -57,6 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from", dest="from_dir", type=Path, default=None,
                         help="a finished scan's --out folder: measure its runs again at "
                              "--threshold instead of training")
+    parser.add_argument("--bare-steps", type=int, default=30,
+                        help="timed bare steps beside each training (0: none)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.KEY=VALUE")
 
@@ -80,6 +84,8 @@ def summarise(points: list[dict]) -> list[dict]:
             "images_per_s_epochs": statistics.median(p["images_per_s"] for p in ps),
             "step_s": statistics.median(p["step_s_median"] for p in ps),
             "data_wait_fraction": statistics.median(p["data_wait_fraction"] for p in ps),
+            "loop_overhead": statistics.median(p["loop_overhead"] for p in ps)
+            if all("loop_overhead" in p for p in ps) else None,
             "ttl_reached": len(ttls),
             "ttl_s": statistics.median(ttls) if len(ttls) == len(ps) else None,
             "ttl_s_all": [p["ttl_s"] for p in ps],
@@ -100,8 +106,8 @@ def markdown(result: dict) -> str:
             f"per run, lr x (B/{result['base_batch']})^"
             f"{ {'none': 0, 'linear': 1, 'sqrt': 0.5}[result['lr_scaling']]}, "
             f"TTL threshold {result['threshold']:g})\n\n")
-    lines = ["| minibatch | lr | images/s | step ms | data wait | TTL s | final loss | "
-             "accuracy |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| minibatch | lr | images/s | step ms | loop overhead | data wait | TTL s | "
+             "final loss | accuracy |", "|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         if r["ttl_s"] is not None:
             ttl = f"{r['ttl_s']:.0f}"
@@ -111,9 +117,10 @@ def markdown(result: dict) -> str:
             ttl = f"> {r['ttl_censored_bound_s']:.0f} (censored)"
         loss = "–" if r["final_loss_smoothed"] is None else f"{r['final_loss_smoothed']:.3f}"
         acc = "–" if r["accuracy"] is None else f"{100 * r['accuracy']:.0f} %"
+        over = "–" if r.get("loop_overhead") is None else f"{100 * r['loop_overhead']:+.0f} %"
         lines.append(f"| {r['batch']} | {r['lr']:.3g} | {r['images_per_s']:.1f} | "
-                     f"{1e3 * r['step_s']:.1f} | {100 * r['data_wait_fraction']:.1f} % | "
-                     f"{ttl} | {loss} | {acc} |")
+                     f"{1e3 * r['step_s']:.1f} | {over} | "
+                     f"{100 * r['data_wait_fraction']:.1f} % | {ttl} | {loss} | {acc} |")
     return head + "\n".join(lines) + "\n"
 
 
@@ -128,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _scan(args: argparse.Namespace) -> dict:
     """Train every (minibatch, seed) point; write the outputs when ``--out`` is given."""
-    from lartpc.bench.train import train_point
+    from lartpc.bench.train import add_overhead, measure_bare, train_point
     from lartpc.cliparse import int_list
     from lartpc.config import load_config
 
@@ -136,6 +143,8 @@ def _scan(args: argparse.Namespace) -> dict:
     seeds = int_list(args.seeds, "--seeds", minimum=0)
     if args.seconds <= 0:
         raise LartpcError("--seconds must be > 0")
+    if args.bare_steps < 0:
+        raise LartpcError(f"--bare-steps {args.bare_steps}: expected 0 or more")
     config = args.config or f"tiny-{args.model}"
     base_lr = load_config(config, args.overrides).train.lr
     with tempfile.TemporaryDirectory(prefix="lartpc-bench-minibatch-") as tmp:
@@ -157,6 +166,8 @@ def _scan(args: argparse.Namespace) -> dict:
                 p = train_point(point_args, data, work / run, 1, "none",
                                 extra=(f"train.lr={lr!r}", f"train.seed={s}"),
                                 threshold=args.threshold)
+                if args.bare_steps:
+                    add_overhead(p, measure_bare(work / run, data, args.bare_steps))
                 points.append(_point(p, run, b, s, lr))
         result = {
             "model": args.model, "config": config, "device": args.device,
@@ -172,7 +183,7 @@ def _scan(args: argparse.Namespace) -> dict:
 
 def _remeasure(args: argparse.Namespace) -> dict:
     """The runs of the finished scan in ``--from``, measured again at ``--threshold``."""
-    from lartpc.bench.train import measure_run
+    from lartpc.bench.train import add_overhead, measure_run
 
     src = args.from_dir
     try:
@@ -182,6 +193,8 @@ def _remeasure(args: argparse.Namespace) -> dict:
             run = run_folder(p["batch"], p["seed"])
             points.append(_point(measure_run(src / run, args.threshold), run, p["batch"],
                                  p["seed"], p["lr"]))
+            if "bare_step_s_median" in p:  # the steps are the same: so is the overhead
+                add_overhead(points[-1], p)
     except (OSError, ValueError, KeyError) as e:
         raise LartpcError(f"--from {src}: not a finished `lartpc bench minibatch --out` "
                           f"folder ({e})") from e
@@ -195,7 +208,8 @@ def _remeasure(args: argparse.Namespace) -> dict:
 
 NOTE = ("images_per_s = B / median step time (steps after the first); images_per_s_epochs "
         "from the epoch rate (evaluation and checkpoint pauses count); TTL from process "
-        "start, data loading included")
+        "start, data loading included; loop_overhead = median step / bare step - 1 "
+        "(lartpc bench train)")
 
 
 def run_folder(batch: int, seed: int) -> str:

@@ -297,23 +297,27 @@ class Trainer:
             "rank": world.rank, "batch_size": batch.batch_size,
             "images": batch.batch_size * world.size, "lr": self.opt.param_groups[0]["lr"],
             "data_s": data_s})
-        t_vote = time.perf_counter()
         now = (not tc.overlap_readback or s.step_in_epoch + 1 == self.plan.steps_per_epoch
                or self.noise.due(s.global_step))
         ready = [u for u in (self._unread, this if now else None) if u is not None]
         self._unread = None if now else this
+        local = [u.read() for u in ready]  # a wait for the device counts as compute
+        t_vote, waited = time.perf_counter(), 0.0
         signalled = bool(self.stops is not None and self.stops.requested)
-        done, flags = self._agree(ready, [float(not self.time_left()), float(signalled),
+        done, flags = self._agree(local, [float(not self.time_left()), float(signalled),
                                           float(save_wanted)])
         vote = StepVote(_vote_loss(done, self.last_loss), done[-1][3] if done else 0.0, *flags)
         if (vote.stop or vote.save > 0) and self._unread is not None:
-            late, _ = self._agree([this], [])  # this step too, before anything acts
+            t_read = time.perf_counter()
+            pair = this.read()  # this step too, before anything acts
+            waited = time.perf_counter() - t_read
+            late, _ = self._agree([pair], [])
             self._unread, done, ready = None, done + late, [*ready, this]
             vote = StepVote(_vote_loss(done, self.last_loss), done[-1][3], *flags)
         # a collective on measured steps, which read this step above
         noise = self.noise.record(s.global_step, s.epoch, done[-1][2] if done else math.nan)
         t_end = time.perf_counter()
-        comm_s += t_end - t_vote
+        comm_s += t_end - t_vote - waited
         this.fields.update(compute_s=(t_end - t0) - comm_s, comm_s=comm_s, time=time.time(),
                            noise=noise)
         step_s = data_s + (t_end - t0)
@@ -335,15 +339,15 @@ class Trainer:
         if self._unread is None:
             return []
         steps, self._unread = [self._unread], None
-        return _records(steps, self._agree(steps, [])[0])
+        return _records(steps, self._agree([u.read() for u in steps], [])[0])
 
-    def _agree(self, steps: list[Unread], flags: list[float]) -> tuple[list[tuple], list]:
-        """``steps`` read back, and their numbers and ``flags`` averaged over the ranks
-        in one allreduce: ([(local loss, local acc, loss, acc)] per step, flags)."""
-        local = [u.read() for u in steps]
+    def _agree(self, local: list[tuple[float, float]], flags: list[float]
+               ) -> tuple[list[tuple], list]:
+        """Steps' (local loss, local accuracy) and ``flags`` averaged over the ranks in
+        one allreduce: ([(local loss, local acc, loss, acc)] per step, flags)."""
         g = self.world.allreduce_mean(torch.tensor([v for pair in local for v in pair] + flags,
                                                    dtype=torch.float64)).tolist()
-        n = 2 * len(steps)
+        n = 2 * len(local)
         return [(*pair, g[2 * i], g[2 * i + 1]) for i, pair in enumerate(local)], g[n:]
 
     def time_left(self) -> bool:

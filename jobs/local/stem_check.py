@@ -1,17 +1,19 @@
 """The fused stem on a GPU: does it compute the published layers' function, and how fast.
 
     python -m lartpc.jobs.local.stem_check --out stem-check            # on the GPU host
-    TRITON_INTERPRET=1 python -m lartpc.jobs.local.stem_check --out /tmp/sc --size 100 \\
-        --device cpu --batch 2 --configs 4096:4                       # smoke run on CPU
+    TRITON_INTERPRET=1 python -m lartpc.jobs.local.stem_check --out /tmp/sc --size 300 \\
+        --device cpu --batch 1 --configs 4096:4                       # smoke run on CPU
 
 On ``--batch`` events generated at ``--size`` (real events, as every bench), for float32
-and bfloat16 input: the fused stem's output and weight/bias gradients against the
-published layers computed in float64 (relative norms of the difference, the largest
-absolute output difference, the share of windows whose arg-max differs); then, for each
-``BLOCK:WARPS`` configuration, the stem alone (forward, forward+backward) and the whole
-JishNet training step (bf16 autocast, channels_last, ELU after pool) with the library
-and with the fused stem, medians of CUDA-event timings. Writes ``stem-check.json`` into
-``--out`` and prints a table.
+and bfloat16 input and for float32 under bf16 autocast, with each way of summing the taps
+(``fused_stem.DOT`` off and on): the fused stem's output and weight/bias gradients
+against the published layers computed in float64 (relative norms of the difference, the
+largest absolute output difference, the share of windows whose arg-max ELU moves in the
+reference); then, for each ``BLOCK:WARPS[:d]`` configuration, the stem alone (forward,
+forward+backward) and the whole JishNet training step (bf16 autocast, channels_last,
+ELU after pool) with the library and with the fused stem: medians of wall-clock times,
+the device synchronised around each; and the second stage with 10 and 16 input
+channels. Writes ``stem-check.json`` into ``--out`` and prints a table.
 """
 
 from __future__ import annotations
@@ -65,14 +67,14 @@ def accuracy(x, conv, pool: int, dtype, autocast: bool = False) -> dict:
         return float((a.detach().double() - r.detach()).norm() / r.detach().norm())
 
     return {"dtype": str(dtype).replace("torch.", ""), "autocast_bf16": autocast,
-            "block": fs.BLOCK, "num_warps": fs.NUM_WARPS, "unroll": fs.UNROLL, "dot": fs.DOT,
+            "block": fs.BLOCK, "num_warps": fs.NUM_WARPS, "dot": fs.DOT,
             "output_rel": rel(y, ref), "output_max_abs": float((y.double() - ref).abs().max()),
             "weight_grad_rel": rel(w.grad, w64.grad), "bias_grad_rel": rel(b.grad, b64.grad),
             # windows where ELU's saturation or rounding moves torch's arg-max
             "argmax_differs_fraction": float((where != where_fused).double().mean())}
 
 
-def timings(x, labels, size: int, configs: list[tuple[int, int, bool, bool]],
+def timings(x, labels, size: int, configs: list[tuple[int, int, bool]],
             repeats: int, device) -> list[dict]:
     import torch
 
@@ -83,10 +85,10 @@ def timings(x, labels, size: int, configs: list[tuple[int, int, bool, bool]],
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     loss_fn = build_loss("ce")
     rows = []
-    for stem, block, warps, unroll, dot in [("library", 0, 0, False, False)] + \
+    for stem, block, warps, dot in [("library", 0, 0, False)] + \
             [("fused", *config) for config in configs]:
         if stem == "fused":
-            fs.BLOCK, fs.NUM_WARPS, fs.UNROLL, fs.DOT = block, warps, unroll, dot
+            fs.BLOCK, fs.NUM_WARPS, fs.DOT = block, warps, dot
         torch.manual_seed(0)
         model = build("jishnet", image_size=(size, size), channels_last=True,
                       elu_after_pool=True, stem=stem).to(device)
@@ -116,7 +118,7 @@ def timings(x, labels, size: int, configs: list[tuple[int, int, bool, bool]],
 
         step_ms = median_ms(step, repeats, sync)
         rows.append({"stem": stem, "block": block or None, "num_warps": warps or None,
-                     "unroll": unroll, "dot": dot,
+                     "dot": dot,
                      "stem_forward_ms": median_ms(stem_fwd, repeats, sync),
                      "stem_forward_backward_ms": median_ms(stem_fb, repeats, sync),
                      "step_ms": step_ms,
@@ -160,11 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=7)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--configs", default="128:4,256:4,128:4:u,128:4:d",
-                    help="BLOCK:WARPS[:u|:d] of the fused stem to time (u: window loop "
-                         "unrolled; d: taps as a matrix product)")
+    ap.add_argument("--configs", default="128:4,128:4:d,64:4:d,256:8:d",
+                    help="BLOCK:WARPS[:d] of the fused stem to time (d: taps as a matrix "
+                         "product)")
     args = ap.parse_args(argv)
-    configs = [(int(c.split(":")[0]), int(c.split(":")[1]), c.endswith(":u"), c.endswith(":d"))
+    configs = [(int(c.split(":")[0]), int(c.split(":")[1]), c.endswith(":d"))
                for c in args.configs.split(",")]
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -189,10 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     result["conv2_channels"] = conv2_channels(args.size, args.batch, args.repeats, device)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "stem-check.json").write_text(json.dumps(result, indent=2))
-    print("| stem | block | warps | unroll | dot | stem fwd ms | stem fwd+bwd ms | step ms | "
-          "images/s |")
+    print("| stem | block | warps | dot | stem fwd ms | stem fwd+bwd ms | step ms | images/s |")
     for r in result["timings"]:
-        print(f"| {r['stem']} | {r['block']} | {r['num_warps']} | {r['unroll']} | {r['dot']} | "
+        print(f"| {r['stem']} | {r['block']} | {r['num_warps']} | {r['dot']} | "
               f"{r['stem_forward_ms']} | "
               f"{r['stem_forward_backward_ms']} | {r['step_ms']} | {r['images_per_s']} |")
     return 0

@@ -35,12 +35,12 @@ import triton
 import triton.language as tl
 
 #: pooled outputs per program (of the flattened image, row, column order) and warps per
-#: program; the interpreter, slow per operation, is quicker with large blocks
+#: program, the fastest of those timed on an H200 (BENCHMARKS.md); the interpreter, slow
+#: per operation, is quicker with large blocks
 BLOCK = 4096 if os.environ.get("TRITON_INTERPRET") == "1" else 128
 NUM_WARPS = 4
-#: unroll the loop over window positions; or compute each window position's taps as a
-#: matrix product (compile-time choices, measured on the GPU: BENCHMARKS.md)
-UNROLL = False
+#: sum each window position's taps as a matrix product instead (a compile-time choice;
+#: its accuracy was measured on an H200, its speed not yet: BENCHMARKS.md)
 DOT = False
 
 
@@ -90,8 +90,8 @@ def _take(v, d, best, arg):
 def _stem_forward(x_ptr, w_ptr, b_ptr, y_ptr, arg_ptr, N, H, W, HO, WO,
                   sy_b, sy_c, sy_h, sy_w,
                   C: tl.constexpr, CP: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr,
-                  POOL: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
-                  DOT: tl.constexpr, KP: tl.constexpr, LOWP: tl.constexpr):
+                  POOL: tl.constexpr, BLOCK: tl.constexpr, DOT: tl.constexpr,
+                  KP: tl.constexpr, LOWP: tl.constexpr):
     pm, b, i, j, c, cm = _block(N, HO, WO, C, CP, BLOCK)
     bias = tl.load(b_ptr + c, mask=cm, other=0.0)
     x_img = x_ptr + b * H * W
@@ -118,11 +118,6 @@ def _stem_forward(x_ptr, w_ptr, b_ptr, y_ptr, arg_ptr, N, H, W, HO, WO,
                 v = tl.dot(a.to(tl.float32), wt, input_precision="tf32") + bias[None, :]
             else:
                 v = tl.dot(a.to(tl.float32), wt, input_precision="ieee") + bias[None, :]
-            best, arg = _take(v, d, best, arg)
-    elif UNROLL:  # the compiler may keep the 9 x 9 patch in registers across positions
-        for d in tl.static_range(POOL * POOL):
-            v = _window(x_img, w_ptr, bias, top + d // POOL, left + d % POOL, pm, c, cm, H, W,
-                        CP, K, BLOCK)
             best, arg = _take(v, d, best, arg)
     else:
         for d in range(POOL * POOL):
@@ -192,7 +187,7 @@ class _FusedStem(torch.autograd.Function):
         grid = (triton.cdiv(n, block),)
         _stem_forward[grid](x3, w2, bias.detach().float().contiguous(), y, arg, n, h, w, ho, wo,
                             *y.stride(), C=c, CP=cp, K=k, PAD=padding, POOL=pool,
-                            BLOCK=block, UNROLL=UNROLL, DOT=DOT,
+                            BLOCK=block, DOT=DOT,
                             KP=max(16, triton.next_power_of_2(k * k)),
                             LOWP=x3.dtype != torch.float32 or out_dtype != torch.float32,
                             num_warps=NUM_WARPS)

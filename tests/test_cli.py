@@ -30,7 +30,7 @@ def test_env_reports_horovod_with_pytorch_and_gloo():
     assert "Gloo=yes" in lines["horovod controllers"]
     assert lines["torch"].startswith("2.")
     assert not lines["spconv"].startswith("not available")
-    for key in ("python", "cuda available", "blosc2", "h5py"):
+    for key in ("python", "cuda available", "blosc2", "h5py", "triton"):
         assert key in lines
 
 

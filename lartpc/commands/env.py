@@ -60,6 +60,8 @@ def env_lines() -> list[str]:
         f"blosc2: {_version('blosc2')}",
         f"h5py: {_version('h5py')} (HDF5 {_hdf5_version()})",
         f"numpy: {_version('numpy')}",
+        # the fused JishNet stem's compiler (model.stem=auto uses it on CUDA)
+        f"triton: {_version('triton')}",
     ]
     lines += horovod_lines()
     return lines

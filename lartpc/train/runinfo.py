@@ -22,7 +22,7 @@ def git_sha() -> str:
 
 def versions() -> dict[str, str]:
     v = {"python": platform.python_version()}
-    for mod in ("lartpc", "torch", "numpy", "h5py", "blosc2", "spconv", "horovod"):
+    for mod in ("lartpc", "torch", "numpy", "h5py", "blosc2", "spconv", "horovod", "triton"):
         try:
             v[mod] = str(getattr(importlib.import_module(mod), "__version__", "?"))
         except Exception:  # optional pieces may be absent; record that, don't fail

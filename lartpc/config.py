@@ -69,6 +69,10 @@ class TrainConfig:
     batch_per_rank: int = 7
     epochs: int = 100
     time_limit_s: float = 14400.0  #: from process start; stop in time to evaluate + save
+    #: the study's budget per point: training time (steps only, without evaluation and
+    #: checkpoints) summed over every segment of the run; once spent the run stops with
+    #: run.json's budget_spent true and the job scripts requeue it no more (inf: none)
+    budget_s: float = 14400.0
     seed: int = 0
     optimizer: str = "adam"  #: adam | sgd
     #: how torch applies the update: foreach (multi-tensor kernels: the very numbers of
@@ -163,6 +167,7 @@ def choices(key: str, *, without: tuple[str, ...] = ()) -> tuple[str, ...]:
 
 
 POSITIVE = ("data.downsample", "train.batch_per_rank", "train.epochs", "train.time_limit_s",
+            "train.budget_s",
             "train.lr", "train.eps", "train.eval_every_epochs", "train.log_flush_steps",
             "dist.timeout_s", "train.noise_every_steps")
 NON_NEGATIVE = ("data.max_events", "data.prefetch", "train.seed", "train.weight_decay",
@@ -173,7 +178,7 @@ MAX_THREADS = 1024  #: CPU threads per rank; beyond this torch fails to create t
 #: attributes, TOML integers) and torch.manual_seed takes no more.
 MAX_SEED = 2 ** 63 - 1
 #: Floats that must be finite (inf passes "> 0"; NaN fails every comparison anyway).
-#: train.time_limit_s may be inf: no limit.
+#: train.time_limit_s and train.budget_s may be inf: no limit.
 FINITE = ("train.lr", "train.eps", "train.weight_decay", "train.momentum",
           "train.warmup_epochs", "train.checkpoint_every_s", "dist.timeout_s",
           "train.progress_every_s")

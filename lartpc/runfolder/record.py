@@ -25,7 +25,7 @@ from lartpc.runfolder.schema import RUN_JSON, RunFolderError, Status
 
 log = logging.getLogger(__name__)
 #: Recorded in every segment: these may change between segments of one run.
-SEGMENT_SETTINGS = ("train.lr", "train.epochs", "train.time_limit_s",
+SEGMENT_SETTINGS = ("train.lr", "train.epochs", "train.time_limit_s", "train.budget_s",
                     "train.checkpoint_every_steps", "train.checkpoint_every_s")
 #: What a training says about a run.json it cannot read.
 _ADVICE = "; restore it from a backup, or move the run folder away to start afresh"

@@ -35,7 +35,8 @@ class Checkpointer:
         return time.time() - self.last_time > self.every_s
 
     def save(self, trainer, sinks: Sink) -> None:
-        error = None
+        # counted after the write: a checkpoint holds the time of those before it
+        t_start, error = time.perf_counter(), None
         try:
             sinks.flush()
         except RunFolderError as e:
@@ -51,6 +52,7 @@ class Checkpointer:
         self._agree(error, CHECKPOINT)
         self.last_time = time.time()
         trainer.saved_step = trainer.state.global_step
+        trainer.state.checkpoint_time_s += time.perf_counter() - t_start
 
     def _agree(self, error: RunFolderError | None, what: str) -> None:
         """Raise on every rank when any rank failed to write."""

@@ -90,6 +90,11 @@ def run_training(cfg: Config, store: EventStore, out: Path, process_start: float
                      resume["epoch"], cfg.train.epochs)
             world.shutdown()
             return 0
+        if segments.budget_spent(cfg, resume):
+            log.info("run %s has spent its budget (%.0f s of training, train.budget_s=%g): "
+                     "nothing to do", out, resume["train_time_s"], cfg.train.budget_s)
+            world.shutdown()
+            return 0
         status = _train_segment(cfg, store, out, process_start, world, resume, plan)
     finally:
         if lock is not None:
@@ -171,9 +176,14 @@ def _fit(trainer: Trainer, info: dict) -> str:
         status = fit(trainer, ckpt, sinks)
     finally:
         sinks.close()
+    s = trainer.state
     divergence = trainer.close()
     if world.is_root:
         info["param_divergence"] = divergence
+        # the study's clock: steps only, evaluation and checkpoints apart (all segments)
+        info.update(train_time_s=s.train_time_s, eval_time_s=s.eval_time_s,
+                    checkpoint_time_s=s.checkpoint_time_s, budget_s=cfg.train.budget_s,
+                    budget_spent=trainer.budget_spent)
     if divergence != 0.0:
         log.error("ranks ended with different parameters (max |diff| %.3g)", divergence)
     return status

@@ -88,3 +88,8 @@ def _check_store(saved: dict | None, now: dict, out: Path, store: EventStore) ->
 def is_complete(cfg: Config, resume: dict | None) -> bool:
     """True when the checkpoint already holds every configured epoch."""
     return resume is not None and resume["epoch"] >= cfg.train.epochs
+
+
+def budget_spent(cfg: Config, resume: dict | None) -> bool:
+    """True when the checkpoint's training time has reached ``train.budget_s``."""
+    return resume is not None and resume["train_time_s"] >= cfg.train.budget_s

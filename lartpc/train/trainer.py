@@ -52,7 +52,9 @@ class TrainState:
     epoch: int = 0
     step_in_epoch: int = 0
     global_step: int = 0
-    train_time_s: float = 0.0
+    train_time_s: float = 0.0  #: the steps' own time (data, compute, comm), all segments
+    eval_time_s: float = 0.0  #: evaluations' time, all segments
+    checkpoint_time_s: float = 0.0  #: checkpoints' time (flush, write, agree), all segments
     eval_rows: list[dict] = field(default_factory=list)
 
     def next_epoch(self) -> None:
@@ -61,12 +63,17 @@ class TrainState:
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
                 "global_step": self.global_step, "train_time_s": self.train_time_s,
+                "eval_time_s": self.eval_time_s, "checkpoint_time_s": self.checkpoint_time_s,
                 "eval_rows": self.eval_rows}
 
     @classmethod
     def from_checkpoint(cls, state: dict) -> TrainState:
+        # Compatibility reader: checkpoints written before issue 37 have no eval or
+        # checkpoint time (their segments' share is unknown and counts as 0).
         return cls(epoch=state["epoch"], step_in_epoch=state["step_in_epoch"],
                    global_step=state["global_step"], train_time_s=state["train_time_s"],
+                   eval_time_s=float(state.get("eval_time_s", 0.0)),
+                   checkpoint_time_s=float(state.get("checkpoint_time_s", 0.0)),
                    eval_rows=state["eval_rows"])
 
 
@@ -82,10 +89,12 @@ class StepVote:
     #: so ranks may disagree by a step; saving when any rank asks keeps every rank in
     #: the checkpoint's collectives together.
     save: float = 0.0
+    #: 1 on a rank whose training time with another step would pass train.budget_s
+    over_budget: float = 0.0
 
     def agree(self, world: World) -> StepVote:
         g = world.allreduce_mean(torch.tensor([self.loss, self.acc, self.out_of_time,
-                                               self.signalled, self.save],
+                                               self.signalled, self.save, self.over_budget],
                                               dtype=torch.float64))
         return StepVote(*(float(x) for x in g))
 
@@ -96,7 +105,7 @@ class StepVote:
             return "diverged"
         if self.signalled > 0:
             return "preempted"
-        if self.out_of_time > 0:
+        if self.out_of_time > 0 or self.over_budget > 0:
             return "time_limit"
         return None
 
@@ -153,6 +162,7 @@ class Trainer:
         self.store_id = store_id  #: segments.store_identity, saved in checkpoints
         self.stop: str | None = None  #: the agreed reason to stop, after a step
         self.save_due = False  #: every rank agreed to checkpoint after this step
+        self.budget_spent = False  #: every rank agreed the study budget is spent
         self.last_loss = 0.0  #: the agreed loss the last vote judged, and its step:
         self.last_loss_at = (0, -1)  #: (epoch, step in epoch)
         self.saved_step = -1  #: global step of the last checkpoint (written or loaded)
@@ -305,7 +315,7 @@ class Trainer:
         t_vote, waited = time.perf_counter(), 0.0
         signalled = bool(self.stops is not None and self.stops.requested)
         done, flags = self._agree(local, [float(not self.time_left()), float(signalled),
-                                          float(save_wanted)])
+                                          float(save_wanted), float(not self.budget_left())])
         vote = StepVote(_vote_loss(done, self.last_loss), done[-1][3] if done else 0.0, *flags)
         if (vote.stop or vote.save > 0) and self._unread is not None:
             t_read = time.perf_counter()
@@ -326,6 +336,7 @@ class Trainer:
         s.step_in_epoch += 1
         s.global_step += 1
         self.stop, self.save_due = vote.stop, vote.save > 0
+        self.budget_spent = self.budget_spent or vote.over_budget > 0
         if done:
             k = next((i for i, d in enumerate(done) if not math.isfinite(d[2])), len(done) - 1)
             f = ready[k].fields
@@ -359,12 +370,19 @@ class Trainer:
         reserve = 1.5 * (2 * step + eval_s + self.timing.checkpoint_s) + 2.0
         return time.time() - self.process_start + reserve < self.cfg.train.time_limit_s
 
+    def budget_left(self) -> bool:
+        """True while another step fits ``train.budget_s`` (training time, all segments)."""
+        times = self.timing.step_times
+        step = statistics.median(times[-20:]) if times else 0.0
+        return self.state.train_time_s + step < self.cfg.train.budget_s
+
     def evaluate(self) -> EvalRecord:
         """Evaluate on the held-out events; the row joins the state's eval rows."""
         t0 = time.time()
         res = evaluate(self.model, self.eval_loader, self.world, self.loss_fn, self.autocast)
         self.timing.eval_s = time.time() - t0
         s = self.state
+        s.eval_time_s += self.timing.eval_s
         row = {"epoch": s.epoch, "time": time.time(), **res.row()}
         s.eval_rows = [r for r in s.eval_rows if r["epoch"] != s.epoch] + [row]
         return EvalRecord(global_step=s.global_step - 1, row=row, rows=s.eval_rows,

@@ -1,0 +1,56 @@
+"""Issue 37: the study's budget per point (train.budget_s, training time over every
+segment) and training time kept apart from evaluation and checkpoints."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from train_helpers import rows, run, train_cmd
+
+pytestmark = pytest.mark.slow
+
+
+def _info(out) -> dict:
+    return json.loads((out / "run.json").read_text())
+
+
+def test_training_time_excludes_evaluation_and_checkpoints(train_events_dir, tmp_path):
+    out = tmp_path / "run"
+    r = run(train_cmd(train_events_dir, out))
+    assert r.returncode == 0, r.stderr
+    info = _info(out)
+    steps = rows(out / "rank-000.csv")
+    # training time is exactly the steps' own time, as the rank log splits it
+    step_sum = sum(float(x["data_s"]) + float(x["compute_s"]) + float(x["comm_s"])
+                   for x in steps)
+    assert info["train_time_s"] == pytest.approx(step_sum, rel=1e-9)
+    # two evaluations and checkpoints were made, and counted apart from it
+    assert len((out / "eval.csv").read_text().splitlines()) == 3
+    assert info["eval_time_s"] > 0 and info["checkpoint_time_s"] > 0
+    wall = info["end_time"] - info["start_time"]
+    assert info["train_time_s"] + info["eval_time_s"] + info["checkpoint_time_s"] <= wall
+    assert info["budget_s"] == 14400.0 and info["budget_spent"] is False
+
+
+def test_budget_ends_the_run_and_a_resume_does_nothing(train_events_dir, tmp_path):
+    out = tmp_path / "run"
+    cmd = train_cmd(train_events_dir, out, "train.epochs=5", "train.budget_s=1e-9")
+    r = run(cmd)
+    assert r.returncode == 0, r.stderr
+    info = _info(out)
+    assert info["status"] == "time_limit" and info["budget_spent"] is True
+    # the first step is free (nothing measured yet), the second finds the budget spent
+    assert len(rows(out / "rank-000.csv")) == 2
+    assert info["segments"][-1]["settings"]["train.budget_s"] == 1e-9
+    before = (out / "rank-000.csv").read_bytes()
+    r = run(cmd)
+    assert r.returncode == 0, r.stderr
+    assert "has spent its budget" in r.stderr
+    assert (out / "rank-000.csv").read_bytes() == before
+    # a larger budget on resume trains on
+    r = run([*cmd, "--set", "train.budget_s=inf", "--set", "train.epochs=1"])
+    assert r.returncode == 0, r.stderr
+    info = _info(out)
+    assert info["budget_spent"] is False and math.isinf(info["budget_s"])

@@ -3,6 +3,7 @@ on real `lartpc train` outcomes, with `scontrol` replaced by a recorder."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -13,8 +14,8 @@ pytestmark = pytest.mark.slow
 COMMON = Path(__file__).resolve().parents[1] / "jobs" / "slurm" / "common.sh"
 
 
-def _launch(tmp_path: Path, run: Path, cmd: list[str]) -> tuple[subprocess.CompletedProcess,
-                                                                 list[str]]:
+def _launch(tmp_path: Path, run: Path, cmd: list[str], **extra: str
+            ) -> tuple[subprocess.CompletedProcess, list[str]]:
     """``lartpc_launch CMD`` as a SLURM job would run it; the result and the scontrol
     calls it made."""
     bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol.calls"
@@ -23,7 +24,7 @@ def _launch(tmp_path: Path, run: Path, cmd: list[str]) -> tuple[subprocess.Compl
     fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
     fake.chmod(0o755)
     calls.unlink(missing_ok=True)
-    env = clean_env(SLURM_JOB_ID="4242", LARTPC_RUN=str(run))
+    env = clean_env(SLURM_JOB_ID="4242", LARTPC_RUN=str(run), **extra)
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
     script = f'set -euo pipefail; source "{COMMON}"; lartpc_launch "$@"'
     r = subprocess.run(["bash", "-c", script, "launch", *cmd], capture_output=True,
@@ -80,3 +81,74 @@ def test_torchrun_refused_resume_with_a_signal_is_not_requeued(train_events_dir,
     assert calls == []
     assert "training refused to run or failed on its input (exit 2" in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_the_budget_ends_a_requeue_chain(train_events_dir, tmp_path):
+    """Issue 37: a run that has spent train.budget_s (training time over its segments)
+    is not requeued, however many requeues are left."""
+    run = tmp_path / "run"
+    cmd = train_cmd(train_events_dir, run, "train.epochs=50", "train.time_limit_s=1")
+    r, calls = _launch(tmp_path, run, cmd)
+    assert r.returncode == 0 and calls == ["requeue 4242"], r.stderr[-2000:]
+    first = json.loads((run / "run.json").read_text())
+    assert first["budget_spent"] is False and first["status"] == "time_limit"
+    steps = len((run / "rank-000.csv").read_text().splitlines()) - 1
+    # the requeued job: a budget just over what the first segment trained allows one
+    # more step (nothing measured yet), then the second finds it spent
+    budget = first["train_time_s"] + 1e-6
+    later = [*cmd[:-2], "--set", f"train.budget_s={budget!r}"]
+    r, calls = _launch(tmp_path, run, later, SLURM_RESTART_COUNT="1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert calls == []
+    assert "study budget spent" in r.stderr and "not requeued" in r.stderr
+    info = json.loads((run / "run.json").read_text())
+    assert info["budget_spent"] is True and info["train_time_s"] >= budget
+    assert len((run / "rank-000.csv").read_text().splitlines()) - 1 == steps + 2
+    # a job started again (by hand, or a requeue already queued) does nothing and
+    # requeues nothing
+    r, calls = _launch(tmp_path, run, later, SLURM_RESTART_COUNT="2")
+    assert r.returncode == 0 and calls == [], r.stderr[-2000:]
+    assert "has spent its budget" in r.stderr and "study budget spent" in r.stderr
+
+
+def test_the_budget_spent_on_resume_is_recorded(train_events_dir, tmp_path):
+    """A budget lowered below what the run has trained: nothing trains, and run.json
+    says so for the job script."""
+    run = tmp_path / "run"
+    cmd = train_cmd(train_events_dir, run, "train.epochs=50", "train.time_limit_s=1")
+    r, calls = _launch(tmp_path, run, cmd)
+    assert calls == ["requeue 4242"], r.stderr[-2000:]
+    r, calls = _launch(tmp_path, run, [*cmd[:-2], "--set", "train.budget_s=1e-9"])
+    assert r.returncode == 0 and calls == [], r.stderr[-2000:]
+    info = json.loads((run / "run.json").read_text())
+    assert info["budget_spent"] is True and info["budget_s"] == 1e-9
+
+
+def _setup_args(tmp_path: Path, sets: str, job_s: str) -> list[str]:
+    """``lartpc_setup``'s train arguments for LARTPC_SET=``sets`` in a job whose
+    computed limit is ``job_s`` (as LARTPC_TIME_LIMIT_S gives it, without a clock)."""
+    env = clean_env(LARTPC_CONFIG="tiny-jishnet", LARTPC_DATA=str(tmp_path / "d"),
+                    LARTPC_RUN=str(tmp_path / "r"), LARTPC_SET=sets, LARTPC_TIME_LIMIT_S=job_s,
+                    LARTPC_DRY_RUN="1")
+    script = (f'set -euo pipefail; source "{COMMON}"; lartpc_setup gloo; '
+              'printf "%s\\n" "${LARTPC_TRAIN_ARGS[@]}"')
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+@pytest.mark.parametrize(("sets", "job_s", "limit"), [
+    # the issue's launch line read --set train.time_limit_s=3600 --set ...=14100
+    ("train.time_limit_s=3600 train.lr=0.1", "14100", "3600"),
+    ("train.time_limit_s=20000", "14100", "14100"),
+    ("train.time_limit_s=3600.5", "14100", "3600.5"),
+    ("train.lr=0.1", "3300", "3300"),  # no user's: the job's
+    ("train.time_limit_s=inf", "3300", "3300"),
+])
+def test_a_segment_limit_is_the_smaller_of_the_users_and_the_jobs(tmp_path, sets, job_s,
+                                                                    limit):
+    args = _setup_args(tmp_path, sets, job_s)
+    limits = [a for a in args if a.startswith("train.time_limit_s=")]
+    assert limits == [f"train.time_limit_s={limit}"]
+    assert ("train.lr=0.1" in args) == ("train.lr" in sets)

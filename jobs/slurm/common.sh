@@ -13,7 +13,9 @@
 #                   scheduler cannot tell the time left
 #   LARTPC_TIME_MARGIN_S  seconds kept free at the end of the job (default 300)
 #   LARTPC_TIME_LIMIT_S   train.time_limit_s to use instead of the computed one
-#   LARTPC_MAX_REQUEUES   most requeues or resubmissions of one run (default 20)
+#   LARTPC_MAX_REQUEUES   most requeues or resubmissions of one run (default 20;
+#                   `lartpc sweep --max-requeues`). A run that has spent its study
+#                   budget (train.budget_s; run.json's budget_spent) is never requeued.
 #   LARTPC_NTASKS, LARTPC_NNODES, LARTPC_TASKS_PER_NODE, LARTPC_GPUS_PER_TASK
 #                   shape of the job; the scheduler's own variables win when set
 #   LARTPC_CORES_PER_TASK  CPU cores per rank (SLURM_CPUS_PER_TASK wins when set)
@@ -117,13 +119,33 @@ lartpc_setup() {
                        --set "dist.backend=$1")
     local -a extra
     read -ra extra <<< "${LARTPC_SET:-}"
-    local kv
-    for kv in "${extra[@]}"; do LARTPC_TRAIN_ARGS+=(--set "$kv"); done
+    local kv user=""
+    for kv in "${extra[@]}"; do
+        # the user's time limit is kept aside: the segment's is the smaller of it and
+        # the job's (below)
+        if [[ $kv == train.time_limit_s=* ]]; then user=${kv#*=}; continue; fi
+        LARTPC_TRAIN_ARGS+=(--set "$kv")
+    done
     local limit
-    limit=$(lartpc_time_limit_s)
-    # Last, so it wins: the job's wall time is a hard bound a preset cannot know.
+    limit=$(lartpc_smaller_limit "$user" "$(lartpc_time_limit_s)")
+    # Last, so it wins over the preset: the job's wall time is a hard bound a preset
+    # cannot know.
     [[ -n $limit ]] && LARTPC_TRAIN_ARGS+=(--set "train.time_limit_s=$limit")
     return 0
+}
+
+# lartpc_smaller_limit USER JOB: the smaller of two time limits in seconds, either of
+# which may be empty (no limit); a USER value that is no plain number (inf, a typo) is
+# passed on when JOB is empty, for `lartpc train` to judge, and otherwise yields JOB.
+lartpc_smaller_limit() {
+    local user=$1 job=$2
+    if [[ -z $user ]]; then echo "$job"; return; fi
+    if [[ -z $job ]]; then echo "$user"; return; fi
+    if [[ $user =~ ^[0-9]+([.][0-9]*)?$ ]]; then
+        awk -v a="$user" -v b="$job" 'BEGIN { print (a + 0 < b + 0) ? a : b }'
+    else
+        echo "$job"
+    fi
 }
 
 lartpc_ntasks() { echo "${SLURM_NTASKS:-${LARTPC_NTASKS:-1}}"; }
@@ -186,12 +208,16 @@ lartpc_master() {
     export MASTER_ADDR MASTER_PORT
 }
 
-# lartpc_run_status RUN: the "status" field of RUN/run.json, or nothing.
-lartpc_run_status() {
+# lartpc_run_field RUN FIELD: a top-level field of RUN/run.json (JSON's spelling:
+# true/false), or nothing.
+lartpc_run_field() {
     [[ -s $1/run.json ]] || return 0
-    python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("status", ""))' \
-        "$1/run.json" 2>/dev/null || true
+    python3 -c 'import json, sys; v = json.load(open(sys.argv[1])).get(sys.argv[2], "")
+print(json.dumps(v) if isinstance(v, bool) else v)' "$1/run.json" "$2" 2>/dev/null || true
 }
+
+# lartpc_run_status RUN: the "status" field of RUN/run.json, or nothing.
+lartpc_run_status() { lartpc_run_field "$1" status; }
 
 lartpc_on_signal() {
     # Training stops by its own time limit, before this signal; if it is still running
@@ -249,6 +275,11 @@ lartpc_launch() {
     # cleanly. A refused resume (exit 2) leaves the previous segment's status (often
     # "preempted") in run.json, and requeueing on it would loop until the requeue limit.
     if (( rc == 0 )) && [[ $status == completed ]]; then
+        exit 0
+    fi
+    if (( rc == 0 )) && [[ $(lartpc_run_field "$LARTPC_RUN" budget_spent) == true ]]; then
+        lartpc_log "study budget spent ($(lartpc_run_field "$LARTPC_RUN" train_time_s) s of" \
+                   "training, train.budget_s=$(lartpc_run_field "$LARTPC_RUN" budget_s)); not requeued"
         exit 0
     fi
     if (( rc == 0 )) && [[ $status == time_limit || $status == preempted ]]; then

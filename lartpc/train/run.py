@@ -93,6 +93,8 @@ def run_training(cfg: Config, store: EventStore, out: Path, process_start: float
         if segments.budget_spent(cfg, resume):
             log.info("run %s has spent its budget (%.0f s of training, train.budget_s=%g): "
                      "nothing to do", out, resume["train_time_s"], cfg.train.budget_s)
+            if world.is_root:  # the job scripts read it: not requeued again
+                _mark_budget_spent(out, cfg.train.budget_s)
             world.shutdown()
             return 0
         status = _train_segment(cfg, store, out, process_start, world, resume, plan)
@@ -101,6 +103,15 @@ def run_training(cfg: Config, store: EventStore, out: Path, process_start: float
             lock.release()
     world.shutdown()
     return EXIT_CODES[status]
+
+
+def _mark_budget_spent(out: Path, budget_s: float) -> None:
+    """run.json says the budget is spent (a budget lowered on resume, or a segment
+    killed before it could say so)."""
+    info = record.read_record(out)
+    if info.get("budget_spent") is not True or info.get("budget_s") != budget_s:
+        info.update(budget_spent=True, budget_s=budget_s)
+        record.write_record(out, info)
 
 
 def _train_segment(cfg: Config, store: EventStore, out: Path, process_start: float,

@@ -18,6 +18,9 @@ log = logging.getLogger(__name__)
 
 #: Built-in values of options that neither the command line nor a site sets.
 DEFAULTS = {"time": "04:00:00", "config_prefix": "paper"}
+#: Most nodes one point may ask for when the site does not declare ``nodes``: above the
+#: GPU node count of any machine in service, so only a mistyped --gpus reaches it.
+MAX_NODES = 10_000
 
 
 def apply_site(args: argparse.Namespace) -> dict:
@@ -43,6 +46,34 @@ def apply_site(args: argparse.Namespace) -> dict:
         raise LartpcError(f"--site {args.site}: --account is required; "
                           f"{site.get('account_hint', 'give the project to charge')}")
     return site
+
+
+def check_size(args: argparse.Namespace, site: dict, gpus: list[int]) -> None:
+    """Refuse a layout the machine cannot hold: more GPUs per node than the site's nodes
+    have, or a GPU count that needs more nodes than the site has (``MAX_NODES`` when it
+    does not say).
+
+    Raises
+    ------
+    LartpcError
+        Naming the option (``--gpus-per-node`` or ``--gpus``) and the site's size.
+    """
+    per = args.gpus_per_node
+    if per is not None and per < 1:
+        raise LartpcError(f"--gpus-per-node {per}: must be at least 1")
+    per = per or sweep.DEFAULT_GPUS_PER_NODE[args.scheduler]
+    name = f"site {args.site}" if site else "the sweep"
+    site_per = site.get("gpus_per_node")
+    if site_per is not None and per > site_per:
+        raise LartpcError(f"--gpus-per-node {per}: {name} has {site_per} GPUs per node")
+    most = site.get("nodes", MAX_NODES)
+    for n in gpus:
+        nodes = -(-n // min(n, per))
+        if nodes > most:
+            where = (f"{name} has {most} nodes" if "nodes" in site else
+                     f"more than {MAX_NODES} nodes; a site file with `nodes = ...` sets "
+                     "the limit of a larger machine")
+            raise LartpcError(f"--gpus {n}: needs {nodes} nodes of {per} GPUs; {where}")
 
 
 def configs(args: argparse.Namespace) -> dict[str, str]:

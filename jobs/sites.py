@@ -3,7 +3,9 @@
 A site is a TOML file under ``jobs/sites/`` (or any path given to ``--site``) whose keys
 are the sweep's own options; each is a default that an option on the command line
 overrides. ``prelude`` is a path relative to the site file. ``account_required`` makes
-``--account`` mandatory, with ``account_hint`` saying what to charge.
+``--account`` mandatory, with ``account_hint`` saying what to charge. ``gpus_per_node``
+and ``nodes`` (the partition's GPU node count) are the machine's size: the sweep refuses
+a ``--gpus-per-node`` above the one and a GPU count that needs more than the other.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ else:  # pragma: no cover
 
 #: key -> type of every key a site file may hold
 SITE_KEYS: dict[str, type] = {
-    "description": str, "scheduler": str, "launcher": str, "gpus_per_node": int,
+    "description": str, "scheduler": str, "launcher": str, "gpus_per_node": int, "nodes": int,
     "cores_per_node": int, "time": str, "queue": str, "constraint": str, "qos": str,
     "reservation": str, "account_required": bool, "account_hint": str,
     "sbatch_args": list, "bsub_args": list, "prelude": str,
@@ -61,6 +63,8 @@ def load_site(name: str) -> dict:
                               f"{', '.join(sorted(SITE_KEYS))}")
         if not isinstance(value, want) or (want is int and isinstance(value, bool)):
             raise LartpcError(f"site file {path}: {key} = {value!r} is not a {want.__name__}")
+        if want is int and value < 1:
+            raise LartpcError(f"site file {path}: {key} = {value!r} must be at least 1")
         if want is list and not all(isinstance(v, str) for v in value):
             raise LartpcError(f"site file {path}: {key} must be a list of strings")
     if "prelude" in site:

@@ -4,18 +4,27 @@
 every job id it was ever submitted as (``jobs``), a sweep run again adds its new points
 beside the old ones, and ``sweeps`` records each invocation's settings. ``--submit``
 skips a point whose run completed or whose last job is still queued or running, so
-running the same command twice submits nothing twice. A submission that fails for a
-reason the scheduler calls temporary (controller busy or unreachable, rate limit) is
-retried after a pause.
+running the same command twice submits nothing twice. Every point's job is asked about
+before anything is submitted: when ``squeue``/``bjobs`` fails (other than for a job it
+no longer knows) nothing is submitted, since a point whose job may still be queued must
+not get a second one. A SLURM requeue keeps its job id; an LSF job that resubmits itself
+records the new id here (``python -m lartpc.jobs.submit``, run by common.sh), so a
+requeue chain is one point's. A submission that fails for a reason the scheduler calls
+temporary (controller busy or unreachable, rate limit) is retried after a pause.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import logging
+import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -23,7 +32,7 @@ from pathlib import Path
 from lartpc.jobs.sweep import SUBMIT, Point
 
 from lartpc.errors import LartpcError
-from lartpc.runfolder.durable import atomic_write, read_nofollow
+from lartpc.runfolder.durable import atomic_write, open_nofollow, read_nofollow
 from lartpc.runfolder.record import peek_record
 
 log = logging.getLogger(__name__)
@@ -35,6 +44,10 @@ TRANSIENT = re.compile(
     r"socket timed out|unable to contact slurm controller|temporarily unavailable|"
     r"try again|submission rate|slurm_persist_conn|connection refused|"
     r"batch system daemon not responding|lsf is down|cannot connect to lsf", re.I)
+#: What squeue/bjobs say of a job they no longer know (ended and purged): not queued.
+UNKNOWN_JOB = re.compile(r"invalid job id|is not found|no matching job", re.I)
+#: Seconds a squeue/bjobs may take before the sweep gives up (and submits nothing).
+QUERY_TIMEOUT_S = 120
 #: Job states in which a job will still run or is running.
 ACTIVE = {
     "slurm": {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
@@ -89,8 +102,55 @@ def merge(old: dict, points: list[Point], meta: dict) -> dict:
             **({"network": network} if network else {})}
 
 
+@contextlib.contextmanager
+def manifest_lock(manifest: Path):
+    """One writer of ``manifest`` at a time (the sweep, a job recording its resubmission),
+    through ``flock`` on ``.manifest.lock`` beside it; unprotected where there is none."""
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    fd = open_nofollow(manifest.parent / ".manifest.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise
+        yield
+    finally:
+        os.close(fd)
+
+
 def write_manifest(manifest: Path, old: dict, points: list[Point], meta: dict) -> None:
-    write_script(manifest, json.dumps(merge(old, points, meta), indent=2) + "\n")
+    """``old`` with this sweep merged in, keeping the job ids jobs recorded meanwhile."""
+    with manifest_lock(manifest):
+        doc = merge(old, points, meta)
+        known = {p.get("name"): p.get("jobs", []) for p in old.get("points", [])
+                 if isinstance(p, dict)}
+        now = {p.get("name"): p for p in read_manifest(manifest).get("points", [])
+               if isinstance(p, dict)}
+        for entry in doc["points"]:
+            new = [j for j in now.get(entry["name"], {}).get("jobs", [])
+                   if j not in entry["jobs"] and j not in known.get(entry["name"], [])]
+            if new:  # an LSF job resubmitted itself while this sweep ran
+                if entry.get("job_id") in known.get(entry["name"], []) + [None]:
+                    entry["job_id"] = new[-1]
+                entry["jobs"] = [*entry["jobs"], *new]
+        write_script(manifest, json.dumps(doc, indent=2) + "\n")
+
+
+def record_job(manifest: Path, name: str, job_id: str) -> bool:
+    """Record ``job_id`` as point ``name``'s job (an LSF resubmission); False when the
+    manifest has no such point (a script run by hand)."""
+    with manifest_lock(manifest):
+        doc = read_manifest(manifest)
+        for entry in doc.get("points", []):
+            if isinstance(entry, dict) and entry.get("name") == name:
+                jobs = entry.setdefault("jobs", [])
+                if job_id not in jobs:
+                    jobs.append(job_id)
+                entry["job_id"] = job_id
+                write_script(manifest, json.dumps(doc, indent=2) + "\n")
+                return True
+    return False
 
 
 def write(points: list[Point], scripts: dict[str, str], manifest: Path, meta: dict) -> dict:
@@ -113,10 +173,23 @@ def job_state(scheduler: str, job_id: str) -> str | None:
         cmd = ["squeue", "-h", "-j", job_id, "-o", "%T"]
     else:
         cmd = ["bjobs", "-noheader", "-o", "stat", job_id]
+    def refuse(why: str) -> LartpcError:
+        return LartpcError(f"--submit: {why}, so whether job {job_id} is still queued is "
+                           "unknown; nothing submitted (run --submit again when it answers)")
+
     if shutil.which(cmd[0]) is None:
-        return None
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    state = out.stdout.strip().split("\n")[0].strip() if out.returncode == 0 else ""
+        raise refuse(f"`{cmd[0]}` not found on PATH")
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=QUERY_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise refuse(f"`{' '.join(cmd)}` failed ({e})") from None
+    message = " ".join((out.stderr or "").split())
+    if UNKNOWN_JOB.search(message) or UNKNOWN_JOB.search(out.stdout):
+        return None  # ended long enough ago that the scheduler forgot it
+    if out.returncode != 0:
+        raise refuse(f"`{' '.join(cmd)}` failed (exit {out.returncode}: "
+                     f"{message[:200] or 'no message'})")
+    state = out.stdout.strip().split("\n")[0].strip()
     return state or None
 
 
@@ -169,20 +242,31 @@ def submit_network(script: str, profile: Path, old: dict) -> str | None:
     return submit_one("sbatch", script)
 
 
+def skip_reasons(points: list[Point], scheduler: str, old: dict) -> dict[str, str]:
+    """Point name -> why it is not submitted, asked of the scheduler for every point
+    before any is submitted (a failed ``squeue``/``bjobs`` raises, submitting nothing)."""
+    previous = {p.get("name"): p for p in old.get("points", []) if isinstance(p, dict)}
+    reasons = {p.name: skip_reason(p, scheduler, previous.get(p.name, {})) for p in points}
+    return {name: why for name, why in reasons.items() if why}
+
+
 def submit(points: list[Point], scheduler: str, manifest: Path, meta: dict,
-           old: dict, after: str | None = None) -> list[tuple[Point, str]]:
+           old: dict, after: str | None = None,
+           reasons: dict[str, str] | None = None) -> list[tuple[Point, str]]:
     """Submit every point not already done or queued; the skipped ones with the reason.
 
     ``after``: a job id each point starts after (the network measurement), whatever its
-    outcome. Job ids go into the manifest as they come, so a failure half way keeps them.
+    outcome. ``reasons``: :func:`skip_reasons`, when asked already. Job ids go into the
+    manifest as they come, so a failure half way keeps them.
     """
     exe = SUBMIT[scheduler]
     if shutil.which(exe) is None:
         raise LartpcError(f"--submit --scheduler {scheduler}: `{exe}` not found on PATH")
-    previous = {p.get("name"): p for p in old.get("points", []) if isinstance(p, dict)}
+    if reasons is None:
+        reasons = skip_reasons(points, scheduler, old)
     skipped = []
     for p in points:
-        why = skip_reason(p, scheduler, previous.get(p.name, {}))
+        why = reasons.get(p.name)
         if why:
             skipped.append((p, why))
             continue
@@ -193,3 +277,25 @@ def submit(points: list[Point], scheduler: str, manifest: Path, meta: dict,
             write_manifest(manifest, old, points, meta)
         log.info("submitted %s as job %s", p.name, p.job_id)
     return skipped
+
+
+def main(argv: list[str]) -> int:
+    """``python -m lartpc.jobs.submit MANIFEST POINT JOB_ID``: record an LSF job's
+    resubmission of itself (jobs/slurm/common.sh) in the sweep's manifest."""
+    if len(argv) != 3:
+        print("usage: python -m lartpc.jobs.submit MANIFEST POINT JOB_ID", file=sys.stderr)
+        return 2
+    manifest, name, job_id = argv
+    try:
+        found = record_job(Path(manifest), name, job_id)
+    except (OSError, LartpcError) as e:
+        print(f"manifest {manifest}: job {job_id} of {name} not recorded: {e}", file=sys.stderr)
+        return 1
+    if not found:
+        print(f"manifest {manifest}: no point {name}; job {job_id} not recorded",
+              file=sys.stderr)
+    return 0 if found else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

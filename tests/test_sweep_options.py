@@ -194,12 +194,17 @@ def _submit(tmp_path, events_dir, bin_dir):
                   "--cores-per-rank", "1", "--submit", path_first=bin_dir)
 
 
-def test_submit_twice_submits_each_point_once(tmp_path, events_dir):
-    bin_dir = tmp_path / "bin"
-    counter = tmp_path / "count"
-    # sbatch numbers its jobs 101, 102, ...; squeue says job 101 still waits.
+def _counting_sbatch(tmp_path: Path) -> tuple[Path, Path]:
+    """bin/ with an sbatch that numbers its jobs 101, 102, ... in ``count``."""
+    bin_dir, counter = tmp_path / "bin", tmp_path / "count"
     fake(bin_dir, "sbatch", f'n=$(cat {counter} 2>/dev/null || echo 100); n=$((n + 1))\n'
                             f'echo $n > {counter}; echo "$n"\n')
+    return bin_dir, counter
+
+
+def test_submit_twice_submits_each_point_once(tmp_path, events_dir):
+    # sbatch numbers its jobs 101, 102, ...; squeue says job 101 still waits.
+    bin_dir, counter = _counting_sbatch(tmp_path)
     fake(bin_dir, "squeue", 'case "$3" in 101) echo PENDING ;; esac\n')
     res = _submit(tmp_path, events_dir, bin_dir)
     assert res.returncode == 0, res.stderr
@@ -314,3 +319,132 @@ def test_measure_network_runs_first_and_the_points_wait_for_it(tmp_path, events_
     res = lartpc("sweep", "--data", str(tmp_path), "--scheduler", "lsf", "--launcher",
                  "jsrun", "--measure-network", "--dry-run")
     assert res.returncode == 2 and "--measure-network needs --scheduler slurm" in res.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--site", "perlmutter", "--account", "m1_g", "--gpus", "100000"],
+     "--gpus 100000: needs 25000 nodes of 4 GPUs; site perlmutter has 1792 nodes"),
+    (["--site", "slurm-gpu", "--gpus", "100000"],
+     "--gpus 100000: needs 25000 nodes of 4 GPUs; more than 10000 nodes"),
+    (["--site", "perlmutter", "--account", "m1_g", "--gpus-per-node", "8", "--gpus", "8"],
+     "--gpus-per-node 8: site perlmutter has 4 GPUs per node"),
+    (["--site", "slurm-gpu", "--gpus-per-node", "0"], "--gpus-per-node 0: must be at least 1"),
+])
+def test_gpu_counts_are_checked_against_the_site(tmp_path, args, message):
+    res = lartpc("sweep", "--data", str(tmp_path), "--out-dir", str(tmp_path / "runs"),
+                 "--models", "jishnet", "--cores-per-rank", "1", "--dry-run", *args)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert message in res.stderr
+    assert "--nodes=" not in res.stdout and not (tmp_path / "runs").exists()
+
+
+def test_site_that_declares_its_size_keeps_valid_points(tmp_path):
+    site = tmp_path / "small.toml"
+    site.write_text('scheduler = "slurm"\nlauncher = "torchrun"\ngpus_per_node = 4\n'
+                    'nodes = 2\nsbatch_args = ["--exclusive"]\n')
+    ok = lartpc("sweep", "--site", str(site), "--data", str(tmp_path), "--models", "jishnet",
+                "--gpus", "1,8", "--gpus-per-node", "2", "--cores-per-rank", "1", "--dry-run")
+    assert ok.returncode == 2 and "--gpus 8: needs 4 nodes of 2 GPUs; site" in ok.stderr
+    ok = lartpc("sweep", "--site", str(site), "--data", str(tmp_path), "--models", "jishnet",
+                "--gpus", "1,8", "--cores-per-rank", "1", "--dry-run")
+    assert ok.returncode == 0, ok.stderr
+    assert "#SBATCH --nodes=2\n" in ok.stdout and "#SBATCH --exclusive\n" in ok.stdout
+    site.write_text('scheduler = "slurm"\nnodes = 0\n')
+    bad = lartpc("sweep", "--site", str(site), "--data", str(tmp_path), "--dry-run")
+    assert bad.returncode == 2 and "nodes = 0 must be at least 1" in bad.stderr
+
+
+@pytest.mark.parametrize("site", ["perlmutter", "slurm-gpu"])
+def test_gpu_sites_ask_for_whole_nodes(tmp_path, site):
+    res = lartpc("sweep", "--site", site, "--account", "m1_g", "--data", str(tmp_path),
+                 "--models", "jishnet", "--gpus", "1", "--cores-per-rank", "1", "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert "#SBATCH --exclusive\n" in res.stdout  # the 1-GPU baseline shares no node
+
+
+def test_data_only_on_the_cluster_and_variables_kept_for_the_job(tmp_path, monkeypatch):
+    out = tmp_path / "runs"
+    base = ["sweep", "--scheduler", "slurm", "--launcher", "torchrun", "--models",
+            "jishnet", "--gpus", "1", "--cores-per-rank", "1", "--out-dir", str(out)]
+    monkeypatch.delenv("LARTPC_TEST_SCRATCH", raising=False)
+    res = lartpc(*base, "--data", "$LARTPC_TEST_SCRATCH/events")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "--data $LARTPC_TEST_SCRATCH/events: no such folder here; --no-data-check" \
+        in res.stderr and not out.exists()
+    # Written without --dry-run, the variable left for the job's shell.
+    res = lartpc(*base, "--data", "${LARTPC_TEST_SCRATCH}/my events", "--no-data-check")
+    assert res.returncode == 0, res.stderr
+    script = (out / "jobs/jishnet-n1-s0.sbatch").read_text()
+    line = "export LARTPC_DATA=\"${LARTPC_TEST_SCRATCH}\"'/my events'\n"
+    assert line in script
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["data"] == "${LARTPC_TEST_SCRATCH}/my events"
+    probe = subprocess.run(["bash", "-c", line + 'printf %s "$LARTPC_DATA"'],
+                           env={**os.environ, "LARTPC_TEST_SCRATCH": "/lus/x"},
+                           capture_output=True, text=True)
+    assert probe.stdout == "/lus/x/my events"  # expanded on the node, the rest literal
+    res = lartpc(*base, "--data", "events/$LARTPC_TEST_SCRATCH", "--no-data-check")
+    assert res.returncode == 2 and "must start with one or with /" in res.stderr
+    res = lartpc(*base[:-1], "$LARTPC_TEST_SCRATCH/runs", "--data", str(tmp_path),
+                 "--no-data-check")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1
+    assert "--out-dir '$LARTPC_TEST_SCRATCH/runs': goes into #SBATCH/#BSUB lines" in res.stderr
+
+
+def test_failed_squeue_submits_nothing(tmp_path, events_dir):
+    bin_dir, counter = _counting_sbatch(tmp_path)
+    fake(bin_dir, "squeue", 'exit 0\n')
+    assert _submit(tmp_path, events_dir, bin_dir).returncode == 0
+    manifest = tmp_path / "runs/manifest.json"
+    before = manifest.read_text()
+    # The controller does not answer: the points' jobs may still be queued.
+    fake(bin_dir, "squeue", 'echo "slurm_load_jobs error: Socket timed out on send/recv '
+                            'operation" >&2\nexit 1\n')
+    res = _submit(tmp_path, events_dir, bin_dir)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "--submit: `squeue -h -j 101 -o %T` failed (exit 1: slurm_load_jobs error: " \
+        "Socket timed out" in res.stderr and "nothing submitted" in res.stderr
+    assert counter.read_text().strip() == "102" and manifest.read_text() == before
+    # A job the controller no longer knows has ended: its point is submitted again.
+    fake(bin_dir, "squeue", 'echo "slurm_load_jobs error: Invalid job id specified" >&2\n'
+                            'exit 1\n')
+    res = _submit(tmp_path, events_dir, bin_dir)
+    assert res.returncode == 0, res.stderr
+    assert counter.read_text().strip() == "104"
+    (bin_dir / "squeue").unlink()
+    res = _submit(tmp_path, events_dir, bin_dir)
+    assert res.returncode == 2 and "`squeue` not found on PATH" in res.stderr
+    assert counter.read_text().strip() == "104"
+
+
+def test_lsf_resubmission_is_recorded_and_not_submitted_again(tmp_path, events_dir):
+    """An LSF job that resubmits itself (common.sh) writes the new id into the manifest,
+    and --submit then leaves the point to that chain."""
+    bin_dir, runs = tmp_path / "bin", tmp_path / "runs"
+    calls = tmp_path / "bsub.calls"
+    fake(bin_dir, "bsub", f'cat > /dev/null; echo x >> {calls}\n'
+                          'echo "Job <$((700 + $(wc -l < ' + str(calls) + ')))> is submitted '
+                          'to queue <batch>."\n')
+    fake(bin_dir, "bjobs", 'case "$4" in 702) echo PEND ;; *) echo "Job <$4> is not found" '
+                           '>&2; exit 255 ;; esac\n')
+    args = ["sweep", "--models", "jishnet", "--gpus", "1", "--data", str(events_dir),
+            "--out-dir", str(runs), "--scheduler", "lsf", "--launcher", "horovod",
+            "--config-prefix", "tiny", "--cores-per-rank", "1", "--submit"]
+    res = lartpc(*args, path_first=bin_dir)
+    assert res.returncode == 0, res.stderr
+    script = runs / "jobs/jishnet-n1-s0.lsf"
+    assert f"export LARTPC_MANIFEST={runs}/manifest.json\n" in script.read_text()
+    # Job 701 reaches its time limit and resubmits the script: job 702.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "LARTPC_"))}
+    env.update(PATH=f"{bin_dir}:{Path(sys.executable).parent}:{env['PATH']}",
+               LSB_JOBID="701", LARTPC_SCRIPT=str(script), LARTPC_POINT="jishnet-n1-s0",
+               LARTPC_MANIFEST=str(runs / "manifest.json"))
+    r = subprocess.run(["bash", "-c", f'source {ROOT}/jobs/slurm/common.sh; lartpc_requeue'],
+                       env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and "Job <702> is submitted" in r.stderr, r.stderr
+    point = json.loads((runs / "manifest.json").read_text())["points"][0]
+    assert point["job_id"] == "702" and point["jobs"] == ["701", "702"]
+    res = lartpc(*args, path_first=bin_dir)
+    assert res.returncode == 0, res.stderr
+    assert "jishnet-n1-s0: not submitted, its job 702 is pend" in res.stdout
+    assert len(calls.read_text().split()) == 2  # the sweep's and the job's own

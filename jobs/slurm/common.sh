@@ -24,6 +24,8 @@
 #   LARTPC_VENV     virtual environment to activate on the compute node
 # The ranks' environment (HDF5 file locking, OpenMP threads, NCCL) is set in env.sh.
 #   LARTPC_SCRIPT   this script's path (LSF resubmits it)
+#   LARTPC_MANIFEST, LARTPC_POINT  the sweep's manifest.json and this point's name: an
+#                   LSF resubmission's job id is recorded there
 #   LARTPC_DRY_RUN  1: print the launch command and exit without running anything
 
 # shellcheck source=jobs/slurm/env.sh
@@ -313,7 +315,17 @@ lartpc_requeue() {
         if (( n >= max )); then lartpc_log "resubmitted $n times already; giving up"; return 0; fi
         [[ -n ${LARTPC_SCRIPT:-} ]] || { lartpc_log "LARTPC_SCRIPT unset: cannot resubmit"; return 0; }
         lartpc_log "time limit reached; resubmitting $LARTPC_SCRIPT (resubmission $((n + 1)))"
-        LARTPC_RESUBMIT_COUNT=$((n + 1)) bsub < "$LARTPC_SCRIPT"
+        local out re='Job <([0-9]+)>'
+        if ! out=$(LARTPC_RESUBMIT_COUNT=$((n + 1)) bsub < "$LARTPC_SCRIPT" 2>&1); then
+            lartpc_log "bsub failed: $out"; return 0
+        fi
+        lartpc_log "$out"
+        # The new job id goes into the sweep's manifest, so `lartpc sweep --submit` sees
+        # the chain's live job and does not start a second one.
+        if [[ $out =~ $re && -n ${LARTPC_MANIFEST:-} && -n ${LARTPC_POINT:-} ]]; then
+            python3 -m lartpc.jobs.submit "$LARTPC_MANIFEST" "$LARTPC_POINT" "${BASH_REMATCH[1]}" \
+                || lartpc_log "job ${BASH_REMATCH[1]} not recorded in $LARTPC_MANIFEST"
+        fi
     else
         lartpc_log "time limit reached outside a scheduler: run again to resume"
     fi

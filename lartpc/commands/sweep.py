@@ -5,7 +5,8 @@ scheduler's output and ``<out-dir>/manifest.json``; each job trains into
 ``<out-dir>/<model>-n<N>-s<seed>``. ``--dry-run`` prints the scripts (checked with
 ``bash -n``, never run) and the launcher line each would run, writing nothing;
 ``--submit`` also submits them (sbatch/bsub), skipping points already completed, queued
-or running, and records the job ids in the manifest. Every value that goes into a script
+or running (asked of squeue/bjobs for every point first: if that fails, nothing is
+submitted), and records the job ids in the manifest. Every value that goes into a script
 (queue, account, time, paths, ``--set``, ``--sbatch-arg``) is checked first, ``--set``
 against each point's resolved config, and the data against every point.
 ``--site NAME`` takes a cluster's options from ``jobs/sites/NAME.toml``.
@@ -47,7 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default=None, help="slurm: horovod (srun --mpi), horovod-gloo "
                    "(horovodrun; srun across nodes), torchrun; lsf: jsrun, horovod "
                    "(horovodrun)")
-    p.add_argument("--data", required=True, type=Path, help="event folder (lartpc simulate)")
+    p.add_argument("--data", required=True, type=Path, help="event folder (lartpc simulate); "
+                   "a quoted '$SCRATCH/events' is expanded by the job on the node")
     p.add_argument("--no-data-check", action="store_true",
                    help="skip checking --data against every point (data only on the cluster)")
     p.add_argument("--out-dir", default=Path("runs"), type=Path,
@@ -124,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     from lartpc.jobs import submit as jobsubmit
     from lartpc.runfolder.durable import refuse_symlink, subfolder
 
-    resolve.apply_site(args)
+    site = resolve.apply_site(args)
     if args.submit:  # fail before checking or writing anything if it cannot be submitted
         import shutil
 
@@ -134,8 +136,7 @@ def run(args: argparse.Namespace) -> int:
     configs = resolve.configs(args)
     gpus = int_list(args.gpus, "--gpus", minimum=1, distinct=True)
     seeds = int_list(args.seeds, "--seeds", distinct=True)
-    if args.gpus_per_node is not None and args.gpus_per_node < 1:
-        raise LartpcError(f"--gpus-per-node {args.gpus_per_node}: must be at least 1")
+    resolve.check_size(args, site, gpus)
     for option in ("queue", "account", "qos", "reservation"):
         sweep.check_name(getattr(args, option), f"--{option}")
     sweep.check_constraint(args.constraint)
@@ -149,14 +150,17 @@ def run(args: argparse.Namespace) -> int:
     sweep.parse_time_s(args.time)
     sweep.check_sets(args.sets, configs, seeds, args.launcher)
     cores = resolve.cores_per_rank(args)
-    data = args.data.resolve()
-    sweep.check_path(data, "--data", directive=False)
+    data = sweep.job_path(str(args.data), "--data")  # "$SCRATCH/events" stays for the job
+    sweep.check_path(Path(data), "--data", directive=False)
+    sweep.check_path(args.out_dir, "--out-dir", directive=True)
     out_dir = args.out_dir.resolve()
     sweep.check_path(out_dir, "--out-dir", directive=True)
-    if not args.dry_run and not data.is_dir():
-        raise LartpcError(f"--data {args.data}: no such folder")
-    if not args.dry_run and not args.no_data_check:
-        resolve.check_data(data, configs, gpus, seeds, args.sets)
+    if not args.dry_run and not args.no_data_check:  # data only on the cluster: not here
+        here = sweep.local_path(data)
+        if here is None or not here.is_dir():
+            raise LartpcError(f"--data {args.data}: no such folder here; --no-data-check "
+                              "writes the scripts for data that exists only on the cluster")
+        resolve.check_data(here, configs, gpus, seeds, args.sets)
     jobs_dir = out_dir / "jobs"
     configs, copies = _copies(args, configs, jobs_dir)
     shape = sweep.JobShape(scheduler=args.scheduler, launcher=args.launcher, time=args.time,
@@ -201,6 +205,11 @@ def run(args: argparse.Namespace) -> int:
         text = copies[jobs_dir / "prelude.sh"]
         meta["prelude"] = {"from": str(Path(args.prelude).resolve()),
                            "sha256": hashlib.sha256(text.encode()).hexdigest()}
+    manifest = out_dir / "manifest.json"
+    reasons = None
+    if args.submit:  # every point's job asked about first: a failed squeue submits nothing
+        reasons = jobsubmit.skip_reasons(points, args.scheduler,
+                                         jobsubmit.read_manifest(manifest))
     out_dir.mkdir(parents=True, exist_ok=True)
     whats = {sub: f"the sweep's {sub.name} folder" for sub in (jobs_dir, logs_dir)}
     for sub, what in whats.items():  # both checked before either is made
@@ -209,7 +218,6 @@ def run(args: argparse.Namespace) -> int:
         subfolder(out_dir, sub.name, what)
     for path, text in copies.items():
         jobsubmit.write_script(path, text)
-    manifest = out_dir / "manifest.json"
     after = None
     if network is not None:
         net_script = jobs_dir / "allreduce.sbatch"
@@ -225,7 +233,8 @@ def run(args: argparse.Namespace) -> int:
     old = jobsubmit.write(points, scripts, manifest, meta)
     skipped = []
     if args.submit:
-        skipped = jobsubmit.submit(points, args.scheduler, manifest, meta, old, after)
+        skipped = jobsubmit.submit(points, args.scheduler, manifest, meta, old, after,
+                                   reasons)
     for p in points:
         print(f"{p.script}" + (f"  job {p.job_id}" if p.job_id else ""))
     for p, why in skipped:

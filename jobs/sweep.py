@@ -45,14 +45,14 @@ _DIRECTIVE = re.compile(r"^#(SBATCH|BSUB)\b")
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,+-]{0,127}")
 #: A path that goes into a directive line (--output, -o), where no quoting exists.
 _DIRECTIVE_PATH = re.compile(r"[\w./+,=@:~-]+")
-#: An environment variable in a path the job expands on the node ($SCRATCH, ${HOME}).
-_VAR = re.compile(r"\$(?:([A-Za-z_]\w*)|\{([A-Za-z_]\w*)\})")
-#: The exports whose ``$VAR`` the job expands (the others are exported literally).
-EXPANDED = ("LARTPC_DATA",)
 #: A --constraint: node features joined by SLURM's operators (&, |, brackets, counts).
 _CONSTRAINT = re.compile(r"[A-Za-z0-9_.,+&|!*\[\]():-]{1,256}")
 #: One word of a --sbatch-arg/--bsub-arg: nothing a shell or a directive reads as more.
 _ARG_WORD = re.compile(r"[A-Za-z0-9_.,:+=@%/&|!*\[\]()-]+")
+#: A shell variable in a path the job expands ($SCRATCH, ${SCRATCH}).
+_VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+#: Exported values the job's shell expands (variables kept, the rest quoted).
+EXPANDED = ("LARTPC_DATA",)
 #: Scheduler options the sweep writes itself -> the sweep option that sets them.
 OWNED_ARGS: dict[str, dict[str, str]] = {
     "slurm": {
@@ -93,6 +93,9 @@ class JobShape:
     reservation: str | None = None  #: SLURM --reservation / LSF -U
     extra_args: list[str] = field(default_factory=list)  #: checked --sbatch/--bsub-arg
     prelude: str | None = None  #: shell file sourced on the node before the launch
+    #: most requeues (SLURM) or resubmissions (LSF) of one point's job; the study
+    #: budget (train.budget_s) ends a chain before, when it is spent
+    max_requeues: int = 20
 
 
 @dataclass(kw_only=True, slots=True)
@@ -205,40 +208,45 @@ def scheduler_arg(text: str, option: str, scheduler: str) -> str:
 
 
 def job_path(text: str, option: str) -> str:
-    """A path as the job will see it: absolute, or kept literally when it holds an
-    environment variable (``$SCRATCH/events``) for the job's shell to expand on the node.
+    """A path as the job will see it: absolute, with its shell variables (``$SCRATCH``,
+    ``${SCRATCH}``) left for the job's shell to expand.
 
     Raises
     ------
     LartpcError
-        For a path with variables that starts with neither one nor ``/`` (it would be
-        relative to wherever the job starts).
+        When a path with a variable starts neither with one nor with ``/`` (relative to
+        which folder would it be?), or holds a ``$`` that is no variable.
     """
-    if not _VAR.search(text):
+    if "$" not in text:
         return str(Path(text).resolve())
-    if not (_VAR.match(text) or text.startswith("/")):
-        raise LartpcError(f"{option} {text!r}: a path with environment variables must start "
-                          "with one or with / (the job expands it on the node)")
+    if not (text.startswith("/") or _VAR.match(text)):
+        raise LartpcError(f"{option} {text}: a path with a shell variable must start with "
+                          "one or with /")
+    if "$" in _VAR.sub("", text):
+        raise LartpcError(f"{option} {text}: a $ that is no shell variable ($NAME or ${{NAME}})")
     return text
 
 
 def local_path(text: str) -> Path | None:
-    """``text`` with its environment variables expanded here; None when one is unset."""
-    expanded = os.path.expandvars(text)
-    return None if _VAR.search(expanded) else Path(expanded)
+    """The path ``text`` (from :func:`job_path`) names on this machine, its variables
+    taken from this environment; None when one of them is unset here."""
+    if any(os.environ.get(a or b) is None for a, b in _VAR.findall(text)):
+        return None
+    return Path(_VAR.sub(lambda m: os.environ[m.group(1) or m.group(2)], text))
 
 
 def shell_value(value: str) -> str:
-    """``value`` as a shell word in which only its ``$VAR``/``${VAR}`` expand."""
-    parts, pos = [], 0
+    """``value`` as one shell word whose variables the shell expands and whose other
+    characters stay literal: ``${SCRATCH}/my events`` -> ``"${SCRATCH}"'/my events'``."""
+    out, pos = [], 0
     for m in _VAR.finditer(value):
         if m.start() > pos:
-            parts.append(shlex.quote(value[pos:m.start()]))
-        parts.append(f'"${{{m.group(1) or m.group(2)}}}"')
+            out.append(shlex.quote(value[pos:m.start()]))
+        out.append(f'"${{{m.group(1) or m.group(2)}}}"')
         pos = m.end()
-    if pos < len(value) or not parts:
-        parts.append(shlex.quote(value[pos:]))
-    return "".join(parts)
+    if pos < len(value) or not out:
+        out.append(shlex.quote(value[pos:]))
+    return "".join(out)
 
 
 def check_path(path: Path, option: str, *, directive: bool) -> None:
@@ -249,10 +257,6 @@ def check_path(path: Path, option: str, *, directive: bool) -> None:
     there is no quoting, must be one plain word.
     """
     text = str(path)
-    if directive and _VAR.search(text):
-        raise LartpcError(f"{option} {text!r}: goes into #SBATCH/#BSUB lines, which expand no "
-                          "environment variables; give the path itself (unquoted $SCRATCH "
-                          "is expanded by your shell)")
     if any(ord(c) < 32 or ord(c) == 127 for c in text):
         raise LartpcError(f"{option} {text!r}: control characters (newline, tab...) in a path")
     if directive and not _DIRECTIVE_PATH.fullmatch(text):
@@ -414,6 +418,7 @@ def exports(p: Point, shape: JobShape, data: Path | str, sets: list[str]) -> dic
         "LARTPC_TIME": shape.time, "LARTPC_NTASKS": str(p.gpus), "LARTPC_NNODES": str(nodes),
         "LARTPC_TASKS_PER_NODE": str(tpn), "LARTPC_CORES_PER_TASK": str(shape.cores_per_rank),
         "LARTPC_GPUS_PER_TASK": "0" if shape.cpu else "1", "LARTPC_SCRIPT": p.script,
+        "LARTPC_MAX_REQUEUES": str(shape.max_requeues),
         # where an LSF job records its resubmission of itself (one chain per point)
         "LARTPC_MANIFEST": str(Path(p.run).parent / "manifest.json"), "LARTPC_POINT": p.name,
     }

@@ -82,6 +82,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="first run `lartpc bench allreduce` on the sweep's largest "
                    "allocation (SLURM): OUT-DIR/network.json for `lartpc analyze predict "
                    "--cluster-file`; the points start after it")
+    p.add_argument("--max-requeues", type=int, default=20, metavar="N",
+                   help="most requeues (SLURM) or resubmissions (LSF) of one point's job, "
+                   "written into its script (default 20); a point that has spent its "
+                   "budget (train.budget_s, training time) is requeued no more")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="K=V",
                    help="extra train override for every point (repeatable; no spaces)")
     mode = p.add_mutually_exclusive_group()
@@ -148,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
         raise LartpcError(f"--sbatch-arg is for SLURM and --bsub-arg for LSF; the sweep's "
                           f"scheduler is {args.scheduler}")
     sweep.parse_time_s(args.time)
+    if args.max_requeues < 0:
+        raise LartpcError(f"--max-requeues {args.max_requeues}: must be 0 or more")
     sweep.check_sets(args.sets, configs, seeds, args.launcher)
     cores = resolve.cores_per_rank(args)
     data = sweep.job_path(str(args.data), "--data")  # "$SCRATCH/events" stays for the job
@@ -168,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
                            cpu=args.cpu, account=args.account, queue=args.queue,
                            constraint=args.constraint, qos=args.qos,
                            reservation=args.reservation, extra_args=extra or extra_lsf,
-                           prelude=str(jobs_dir / "prelude.sh") if args.prelude else None)
+                           prelude=str(jobs_dir / "prelude.sh") if args.prelude else None,
+                           max_requeues=args.max_requeues)
     logs_dir = out_dir / "logs"
     points = sweep.plan(configs, gpus, seeds, out_dir, jobs_dir, args.scheduler)
     scripts = sweep.build_scripts(points, shape, data, args.sets, logs_dir)

@@ -45,14 +45,14 @@ _DIRECTIVE = re.compile(r"^#(SBATCH|BSUB)\b")
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,+-]{0,127}")
 #: A path that goes into a directive line (--output, -o), where no quoting exists.
 _DIRECTIVE_PATH = re.compile(r"[\w./+,=@:~-]+")
+#: An environment variable in a path the job expands on the node ($SCRATCH, ${HOME}).
+_VAR = re.compile(r"\$(?:([A-Za-z_]\w*)|\{([A-Za-z_]\w*)\})")
+#: The exports whose ``$VAR`` the job expands (the others are exported literally).
+EXPANDED = ("LARTPC_DATA",)
 #: A --constraint: node features joined by SLURM's operators (&, |, brackets, counts).
 _CONSTRAINT = re.compile(r"[A-Za-z0-9_.,+&|!*\[\]():-]{1,256}")
 #: One word of a --sbatch-arg/--bsub-arg: nothing a shell or a directive reads as more.
 _ARG_WORD = re.compile(r"[A-Za-z0-9_.,:+=@%/&|!*\[\]()-]+")
-#: A shell variable in a path the job expands ($SCRATCH, ${SCRATCH}).
-_VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
-#: Exported values the job's shell expands (variables kept, the rest quoted).
-EXPANDED = ("LARTPC_DATA",)
 #: Scheduler options the sweep writes itself -> the sweep option that sets them.
 OWNED_ARGS: dict[str, dict[str, str]] = {
     "slurm": {
@@ -208,45 +208,40 @@ def scheduler_arg(text: str, option: str, scheduler: str) -> str:
 
 
 def job_path(text: str, option: str) -> str:
-    """A path as the job will see it: absolute, with its shell variables (``$SCRATCH``,
-    ``${SCRATCH}``) left for the job's shell to expand.
+    """A path as the job will see it: absolute, or kept literally when it holds an
+    environment variable (``$SCRATCH/events``) for the job's shell to expand on the node.
 
     Raises
     ------
     LartpcError
-        When a path with a variable starts neither with one nor with ``/`` (relative to
-        which folder would it be?), or holds a ``$`` that is no variable.
+        For a path with variables that starts with neither one nor ``/`` (it would be
+        relative to wherever the job starts).
     """
-    if "$" not in text:
+    if not _VAR.search(text):
         return str(Path(text).resolve())
-    if not (text.startswith("/") or _VAR.match(text)):
-        raise LartpcError(f"{option} {text}: a path with a shell variable must start with "
-                          "one or with /")
-    if "$" in _VAR.sub("", text):
-        raise LartpcError(f"{option} {text}: a $ that is no shell variable ($NAME or ${{NAME}})")
+    if not (_VAR.match(text) or text.startswith("/")):
+        raise LartpcError(f"{option} {text!r}: a path with environment variables must start "
+                          "with one or with / (the job expands it on the node)")
     return text
 
 
 def local_path(text: str) -> Path | None:
-    """The path ``text`` (from :func:`job_path`) names on this machine, its variables
-    taken from this environment; None when one of them is unset here."""
-    if any(os.environ.get(a or b) is None for a, b in _VAR.findall(text)):
-        return None
-    return Path(_VAR.sub(lambda m: os.environ[m.group(1) or m.group(2)], text))
+    """``text`` with its environment variables expanded here; None when one is unset."""
+    expanded = os.path.expandvars(text)
+    return None if _VAR.search(expanded) else Path(expanded)
 
 
 def shell_value(value: str) -> str:
-    """``value`` as one shell word whose variables the shell expands and whose other
-    characters stay literal: ``${SCRATCH}/my events`` -> ``"${SCRATCH}"'/my events'``."""
-    out, pos = [], 0
+    """``value`` as a shell word in which only its ``$VAR``/``${VAR}`` expand."""
+    parts, pos = [], 0
     for m in _VAR.finditer(value):
         if m.start() > pos:
-            out.append(shlex.quote(value[pos:m.start()]))
-        out.append(f'"${{{m.group(1) or m.group(2)}}}"')
+            parts.append(shlex.quote(value[pos:m.start()]))
+        parts.append(f'"${{{m.group(1) or m.group(2)}}}"')
         pos = m.end()
-    if pos < len(value) or not out:
-        out.append(shlex.quote(value[pos:]))
-    return "".join(out)
+    if pos < len(value) or not parts:
+        parts.append(shlex.quote(value[pos:]))
+    return "".join(parts)
 
 
 def check_path(path: Path, option: str, *, directive: bool) -> None:
@@ -257,6 +252,10 @@ def check_path(path: Path, option: str, *, directive: bool) -> None:
     there is no quoting, must be one plain word.
     """
     text = str(path)
+    if directive and _VAR.search(text):
+        raise LartpcError(f"{option} {text!r}: goes into #SBATCH/#BSUB lines, which expand no "
+                          "environment variables; give the path itself (unquoted $SCRATCH "
+                          "is expanded by your shell)")
     if any(ord(c) < 32 or ord(c) == 127 for c in text):
         raise LartpcError(f"{option} {text!r}: control characters (newline, tab...) in a path")
     if directive and not _DIRECTIVE_PATH.fullmatch(text):

@@ -101,6 +101,9 @@ def test_two_node_job_trains_across_the_link(cluster, tmp_path, train_events_dir
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["world_size"] == 2 and meta["nodes"] == NODES and meta["local_size"] == 1
     assert meta["backend"] == ("torch" if launcher == "torchrun" else "horovod")
+    net = meta["network"]  # CPU ranks: Gloo over TCP, recorded as such, no warning
+    assert (net["library"], net["transport"], net["nodes"]) == ("gloo", "TCP", 2)
+    assert net["sockets_across_nodes"] is False
     # every step's gradients crossed the veths: at least one copy of the model per step
     grad_bytes = sum(t.numel() * 4 for t in torch.load(
         run_dir / "checkpoint.pt", weights_only=True)["model"].values())

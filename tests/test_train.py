@@ -48,6 +48,7 @@ def test_single_process_run_is_complete_and_deterministic(train_events_dir, tmp_
         r = run(train_cmd(train_events_dir, out))
         assert r.returncode == 0, r.stderr
     info = _assert_complete(a, 1)
+    assert info["network"]["library"] == "none" and info["network"]["nodes"] == 1
     la, lb = rows(a / "rank-000.csv"), rows(b / "rank-000.csv")
     assert [x["local_loss"] for x in la] == [x["local_loss"] for x in lb]
     assert [x["global_loss"] for x in la] == [x["local_loss"] for x in la]
@@ -71,6 +72,7 @@ def test_two_rank_horovodrun_training(train_events_dir, tmp_path, config):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     info = _assert_complete(out, 2)
     assert info["backend"] == "horovod"
+    assert info["network"]["library"] == "gloo" and info["network"]["transport"] == "TCP"
     r0, r1 = rows(out / "rank-000.csv"), rows(out / "rank-001.csv")
     assert [x["global_loss"] for x in r0] == [x["global_loss"] for x in r1]
     assert [x["local_loss"] for x in r0] != [x["local_loss"] for x in r1]

@@ -244,6 +244,8 @@ lartpc_launch() {
         exit 0
     fi
     mkdir -p "$(dirname "$LARTPC_RUN")"
+    # NCCL writes its set-up lines there but makes no folder (env.sh)
+    [[ -n ${NCCL_DEBUG_FILE:-} ]] && mkdir -p "$(dirname "$NCCL_DEBUG_FILE")"
     lartpc_log "run $LARTPC_RUN (status before: $(lartpc_run_status "$LARTPC_RUN"))"
     lartpc_log "launch: $*"
     # A rank that exits 2 (refused, bad input) writes 2 here (lartpc.cli): torchrun

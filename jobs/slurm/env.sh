@@ -10,7 +10,14 @@
 #   TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 #                                 a rank that dies aborts the others' NCCL collectives
 #                                 instead of leaving them waiting until the timeout
-#   NCCL_DEBUG=WARN               NCCL's warnings in the job log, not INFO's flood
+#   NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET, NCCL_DEBUG_FILE=<logs>/nccl-<run>-<job>.%h.%p.log
+#                                 NCCL's set-up lines (version, plugin, the transport it
+#                                 chose: NET/IB, NET/Socket, NET/OFI...), written once per
+#                                 rank to a file beside the scheduler's log, not the job
+#                                 log; lartpc reads its own after set-up into run.json's
+#                                 `network` (LARTPC_NCCL_LOG_DIR: another folder). A
+#                                 NCCL_DEBUG of your own (WARN...) keeps NCCL's output as
+#                                 you set it, and the transport is then unknown.
 #   LARTPC_SRUN_MPI=pmix          srun's --mpi plugin for Horovod over MPI
 #                                 (horovod-srun.sbatch); `srun --mpi=list` shows the site's
 
@@ -19,6 +26,11 @@ lartpc_env() {
     export HDF5_USE_FILE_LOCKING="${HDF5_USE_FILE_LOCKING:-FALSE}"
     export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$1}"
     export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"
+    if [[ -z ${NCCL_DEBUG:-} && -n ${LARTPC_RUN:-} ]]; then
+        local dir=${LARTPC_NCCL_LOG_DIR:-$(dirname "$LARTPC_RUN")/logs}
+        export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS="${NCCL_DEBUG_SUBSYS:-INIT,NET}"
+        export NCCL_DEBUG_FILE="${NCCL_DEBUG_FILE:-$dir/nccl-$(basename "$LARTPC_RUN")-${SLURM_JOB_ID:-${LSB_JOBID:-$$}}.%h.%p.log}"
+    fi
     export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
     export LARTPC_SRUN_MPI="${LARTPC_SRUN_MPI:-pmix}"
 }

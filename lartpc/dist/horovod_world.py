@@ -18,6 +18,13 @@ class HorovodWorld(World):
 
     backend: ClassVar[str] = "horovod"
 
+    def collectives(self) -> str:
+        # GPU tensors go through NCCL when Horovod was built with it; the rest through
+        # the controller's library (Gloo under horovodrun, MPI under srun/jsrun/mpirun)
+        if self.device.type == "cuda" and hvd.nccl_built():
+            return "nccl"
+        return "gloo" if hvd.gloo_enabled() else "mpi"
+
     def allreduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         return hvd.allreduce(t, op=hvd.Sum)
 

@@ -21,6 +21,9 @@ class TorchWorld(World):
     #: :meth:`distributed_model` made it; a list so the frozen world can hold it
     _exchange: list = field(default_factory=list, repr=False, compare=False)
 
+    def collectives(self) -> str:
+        return str(tdist.get_backend())
+
     def allreduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         out = t.clone()
         tdist.all_reduce(out)

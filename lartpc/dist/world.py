@@ -177,6 +177,11 @@ class World:
     def _broadcast_tensor(self, t: torch.Tensor, root: int = 0) -> torch.Tensor:
         return t
 
+    def collectives(self) -> str:
+        """The library that moves this backend's tensors between ranks: ``nccl``,
+        ``gloo``, ``mpi``, or ``none`` for one process."""
+        return "none"
+
     def shutdown(self) -> None:
         """Leave the backend (no collective afterwards)."""
 

@@ -127,6 +127,8 @@ def _train_segment(cfg: Config, store: EventStore, out: Path, process_start: flo
     try:
         trainer = Trainer.build(cfg, store, plan, world, out, process_start, resume,
                                 stops=stops, store_id=store_id)
+        if world.is_root:  # after the broadcasts, which set NCCL's communicator up
+            _record_network(out, info, world)
         status = _fit(trainer, info)
     except BaseException as e:
         error = str(e) if isinstance(e, LartpcError) else f"{type(e).__name__}: {e}"
@@ -166,6 +168,23 @@ def _begin(cfg: Config, store: EventStore, out: Path, process_start: float,
         record.write_record(out, info)
     world.broadcast_object(None)  # the folder exists before any rank writes into it
     return info
+
+
+def _record_network(out: Path, info: dict, world: dist.World) -> None:
+    """run.json's ``network``: collective library, NCCL version and plugin, transport;
+    a loud warning when several nodes talk over TCP sockets through NCCL."""
+    from lartpc.dist import transport
+
+    net = transport.describe(world.collectives(), len(info.get("nodes", [])) or 1)
+    info["network"] = net
+    if net["sockets_across_nodes"]:
+        log.warning("NETWORK: %d nodes talk through NCCL over TCP SOCKETS, not the "
+                    "cluster's fabric (NCCL_NET_PLUGIN=%s, plugin loadable: %s): step "
+                    "times and every fit over N are biased; set the site's network "
+                    "variables (the site prelude, jobs/sites/) and check %s", net["nodes"],
+                    net.get("net_plugin"), net.get("net_plugin_loadable"),
+                    net.get("transport_source"))
+    record.write_record(out, info)
 
 
 def _fit(trainer: Trainer, info: dict) -> str:

@@ -33,11 +33,12 @@ TEMPLATES: dict[tuple[str, str], str] = {
     ("slurm", "horovod"): "slurm/horovod-srun.sbatch",
     ("slurm", "horovod-gloo"): "slurm/horovod-gloo.sbatch",
     ("slurm", "torchrun"): "slurm/torchrun.sbatch",
-    ("lsf", "jsrun"): "lsf/summit-jsrun.lsf",
+    ("lsf", "jsrun"): "lsf/jsrun.lsf",
     ("lsf", "horovod"): "lsf/horovodrun.lsf",
 }
 SUBMIT = {"slurm": "sbatch", "lsf": "bsub"}
-#: GPUs per node when not given: a typical SLURM GPU node, and Summit's 6 V100s.
+#: GPUs per node when not given: a typical SLURM GPU node, and an IBM AC922 LSF node's 6
+#: (as the paper's Summit had; a site file or --gpus-per-node sets your cluster's).
 DEFAULT_GPUS_PER_NODE = {"slurm": 4, "lsf": 6}
 _DIRECTIVE = re.compile(r"^#(SBATCH|BSUB)\b")
 #: A scheduler name (partition, queue, account): what SLURM and LSF accept, nothing a

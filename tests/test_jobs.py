@@ -30,7 +30,7 @@ def sweep(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 def test_all_scripts_found():
     names = {p.name for p in SCRIPTS}
     assert {"horovod-srun.sbatch", "horovod-gloo.sbatch", "torchrun.sbatch", "common.sh",
-            "summit-jsrun.lsf", "horovodrun.lsf", "start.sh", "stop.sh"} <= names
+            "jsrun.lsf", "horovodrun.lsf", "start.sh", "stop.sh"} <= names
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(ROOT)))
@@ -228,7 +228,7 @@ def test_dry_run_launch_line_treats_settings_as_data(tmp_path):
     env = {"LARTPC_CONFIG": "tiny-jishnet", "LARTPC_DATA": f"/d$(touch {marker})",
            "LARTPC_RUN": f"/r;touch {marker}", "LARTPC_SET": f"train.epochs=2`touch {marker}`",
            "LARTPC_TIME": "01:00:00", "LARTPC_JOBS_DIR": str(ROOT / "jobs")}
-    line = sw.launch_line(ROOT / "jobs/lsf/summit-jsrun.lsf", env)
+    line = sw.launch_line(ROOT / "jobs/lsf/jsrun.lsf", env)
     assert not marker.exists()
     assert line.startswith("jsrun -n 1 -a 1 -c 1 -g 1 --bind=packed:1 lartpc train "
                            "--config tiny-jishnet --data ")

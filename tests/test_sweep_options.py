@@ -448,3 +448,52 @@ def test_lsf_resubmission_is_recorded_and_not_submitted_again(tmp_path, events_d
     assert res.returncode == 0, res.stderr
     assert "jishnet-n1-s0: not submitted, its job 702 is pend" in res.stdout
     assert len(calls.read_text().split()) == 2  # the sweep's and the job's own
+
+
+_BIND = """
+import json, socket, sys
+from dataclasses import dataclass
+from lartpc.config import load_config
+from lartpc.dist.world import LocalWorld
+from lartpc.train.parts import bind_cores, set_threads, cpu_mask
+
+peers = json.loads(sys.argv[1])  # the other ranks' masks on this host, by rank
+
+@dataclass(frozen=True)
+class Node(LocalWorld):
+    def allgather_object(self, obj):
+        return [(socket.gethostname(), cpu_mask() if m is None else m, r)
+                for r, m in enumerate(peers)]
+
+world = Node(rank=1, local_size=len(peers))
+binding = bind_cores(world)
+threads = set_threads(load_config("tiny-jishnet", []), world, binding)
+print(json.dumps({**binding, "threads": threads, "mask_after": cpu_mask()}))
+"""
+
+
+@pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
+def test_same_threads_and_own_cores_under_every_launcher():
+    """torchrun's two ranks share their task's 2 cores and bind one each; srun's tasks
+    come with a core each: either way a rank has one core and one thread."""
+    def rank1(cores: str, peers: list) -> dict:
+        res = subprocess.run(["taskset", "-c", cores, sys.executable, "-c", _BIND,
+                              json.dumps(peers)], capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        return json.loads(res.stdout)
+
+    torchrun = rank1("0,1", [None, None])  # both ranks in one mask
+    assert torchrun == {"launcher_mask": "0-1", "ranks_sharing_mask": 2, "bound_by": "lartpc",
+                        "cores": "1", "ranks_per_core_set": 1, "threads": 1,
+                        "mask_after": [1]}
+    srun = rank1("1", [[0], None])  # srun gave each task its own core
+    assert srun["bound_by"] in ("launcher", "none") and srun["ranks_sharing_mask"] == 1
+    assert srun["threads"] == torchrun["threads"] and srun["mask_after"] == [1]
+
+
+def test_generic_lsf_site_renders_jsrun_scripts(tmp_path):
+    res = lartpc("sweep", "--site", "lsf-jsrun", "--data", str(tmp_path), "--models",
+                 "jishnet", "--gpus", "12", "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert "#BSUB -nnodes 2\n" in res.stdout and "export LARTPC_CORES_PER_TASK=7\n" in res.stdout
+    assert "### launch: jsrun -n 12 -a 1 -c 7 -g 1 --bind=packed:7 lartpc train" in res.stdout

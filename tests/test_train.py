@@ -73,6 +73,7 @@ def test_two_rank_horovodrun_training(train_events_dir, tmp_path, config):
     info = _assert_complete(out, 2)
     assert info["backend"] == "horovod"
     assert info["network"]["library"] == "gloo" and info["network"]["transport"] == "TCP"
+    assert info["cpu_binding"]["ranks_sharing_mask"] == 2  # horovodrun: one mask, split
     r0, r1 = rows(out / "rank-000.csv"), rows(out / "rank-001.csv")
     assert [x["global_loss"] for x in r0] == [x["global_loss"] for x in r1]
     assert [x["local_loss"] for x in r0] != [x["local_loss"] for x in r1]

@@ -57,7 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time", default=None, help="wall time per job, [D-]HH:MM:SS "
                    "(default 04:00:00)")
     p.add_argument("--gpus-per-node", type=int, default=None,
-                   help="ranks per node (default: 4 for slurm, 6 for lsf as on Summit)")
+                   help="ranks per node (default: 4 for slurm, 6 for lsf: IBM AC922 nodes, as the "
+                   "paper's Summit)")
     p.add_argument("--cores-per-rank", type=int, default=None,
                    help="CPU cores per rank (default: the node's cores / its GPUs, from "
                    "--cores-per-node, the site or sinfo)")

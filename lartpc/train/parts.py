@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from contextlib import nullcontext
 
 import numpy as np
@@ -61,26 +62,70 @@ def make_loader(cfg: Config, store: EventStore, mode: str, indices: np.ndarray,
                         blosc=blosc, orient=cfg.data.orient)
 
 
+def cpu_mask() -> list[int]:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # macOS: no affinity masks
+        return list(range(os.cpu_count() or 1))
+
+
 def usable_cores() -> int:
     """Cores this process may run on (its CPU affinity mask where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS: no affinity masks
-        return os.cpu_count() or 1
+    return len(cpu_mask())
 
 
-def set_threads(cfg: Config, world: World) -> int:
-    """CPU threads per rank: the config's, or this process's cores shared by the node's ranks.
+def core_ranges(cores: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"`` (as taskset and SLURM write masks)."""
+    out: list[str] = []
+    for c in cores:
+        if out and c == int(out[-1].split("-")[-1]) + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{c}"
+        else:
+            out.append(str(c))
+    return ",".join(out)
+
+
+def bind_cores(world: World) -> dict:
+    """Each rank on cores of its own, whatever the launcher; the record for run.json.
+
+    srun with one task per rank (horovod, jsrun) hands each rank its own CPU mask;
+    torchrun's ranks all inherit their srun task's mask, the node's share. Ranks of a
+    host that find the same mask split it in equal slices by rank and bind themselves to
+    theirs, so a rank has the same cores (and threads) under every launcher. Every rank
+    takes part (one allgather).
+    """
+    mask = cpu_mask()
+    host = socket.gethostname()
+    peers = world.allgather_object((host, mask, world.rank))
+    sharing = [r for h, m, r in peers if h == host and m == mask]
+    record = {"launcher_mask": core_ranges(mask), "ranks_sharing_mask": len(sharing)}
+    if len(sharing) > 1 and len(mask) >= len(sharing) and hasattr(os, "sched_setaffinity"):
+        per = len(mask) // len(sharing)
+        i = sharing.index(world.rank)
+        own = mask[i * per:(i + 1) * per]
+        os.sched_setaffinity(0, own)
+        return {**record, "bound_by": "lartpc", "cores": core_ranges(own),
+                "ranks_per_core_set": 1}
+    whole = len(mask) >= (os.cpu_count() or len(mask))
+    return {**record, "bound_by": "none" if whole else "launcher", "cores": core_ranges(mask),
+            "ranks_per_core_set": len(sharing)}
+
+
+def set_threads(cfg: Config, world: World, binding: dict | None = None) -> int:
+    """CPU threads per rank: the config's, or this rank's cores.
 
     The cores are the CPU mask the scheduler gave the process (a SLURM task's cgroup,
     a jsrun resource set), not the machine's count: under ``srun -c 8`` on a 64-core
-    node a rank gets 8 threads, not 64.
+    node a rank gets 8 threads, not 64. ``binding`` (:func:`bind_cores`) says how many
+    ranks still share the mask (none once bound); without it, the node's ranks.
 
     SCNet on CPU defaults to one thread: spconv's CPU kernels are many small parallel
     regions, and at full size a 2-thread step measured 6x slower than a 1-thread one
     (BENCHMARKS.md).
     """
-    n = cfg.train.threads or max(1, usable_cores() // max(1, world.local_size))
+    share = binding["ranks_per_core_set"] if binding else world.local_size
+    n = cfg.train.threads or max(1, usable_cores() // max(1, share))
     if not cfg.train.threads and cfg.model.name == "scnet" and world.device.type == "cpu":
         n = 1
     torch.set_num_threads(n)

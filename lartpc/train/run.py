@@ -116,12 +116,15 @@ def _mark_budget_spent(out: Path, budget_s: float) -> None:
 
 def _train_segment(cfg: Config, store: EventStore, out: Path, process_start: float,
                    world: dist.World, resume: dict | None, plan: ShardPlan) -> str:
-    from lartpc.train.parts import set_threads
+    from lartpc.train.parts import bind_cores, set_threads
     from lartpc.train.trainer import Trainer
 
-    threads = set_threads(cfg, world)
+    binding = bind_cores(world)
+    threads = set_threads(cfg, world, binding)
     store_id = segments.store_identity(store, cfg.data.max_events)
     info = _begin(cfg, store, out, process_start, world, resume, store_id, threads)
+    if world.is_root:  # written with the network record, once the backend is set up
+        info["cpu_binding"] = binding
     stops = StopRequests().install()
     status, error = "failed", None
     try:

@@ -9,6 +9,7 @@ import logging
 import sys
 from pathlib import Path
 
+from lartpc.analysis.metrics import CLOCKS
 from lartpc.analysis.runs import RunFolderError
 
 from lartpc.errors import LartpcError
@@ -25,6 +26,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="time-to-loss threshold on the smoothed global loss (default 1.2)")
     p.add_argument("--smooth", type=int, default=None, metavar="STEPS",
                    help="centred rolling-mean window in steps (default min(50, steps//10))")
+    p.add_argument("--clock", choices=CLOCKS, default="train",
+                   help="what TTL and the epoch rate are measured on: train (default) = "
+                   "the steps' own time; wall = the run's own wall time, evaluation and "
+                   "checkpoints included")
     p.add_argument("--strict", action="store_true",
                    help="fail on an unusable run folder instead of skipping it with a note")
 
@@ -147,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         return _predict(args)
     from lartpc.analysis.tables import analyse, to_json, to_text
 
-    a = analyse(args.runs, args.threshold, args.smooth, args.strict)
+    a = analyse(args.runs, args.threshold, args.smooth, args.strict, args.clock)
     if args.analysis_command == "fit":
         from lartpc.analysis.report import write_curves
 

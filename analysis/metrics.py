@@ -19,6 +19,16 @@ Definitions (also printed in the report):
   it adds no time lag; default window min(50, steps // 10). A run that never gets there
   is *censored*: ``ttl_s`` is None and ``ttl_lower_bound_s`` is its own wall time to
   its last step.
+- **Clock** (issue 37): TTL, its bound and the epoch rate are read on the *training
+  clock* by default (``clock="train"``): DLT, then each later step's own duration
+  (``data_s + compute_s + comm_s`` of the lowest rank's log), so evaluations,
+  checkpoints and restarts between steps do not count. ``clock="wall"`` reads the own
+  wall time as above (evaluation and checkpoints included); ``ttl_wall_s`` always holds
+  it. A run whose log lacks the durations falls back to the wall clock, with a note.
+- **Budget**: with run.json's ``budget_s`` (the study's budget per point, training time
+  without DLT), steps after the budget are not looked at: a run that gets below the
+  threshold only after it is censored at the budget (``ttl_lower_bound_s`` = the clock at
+  the last step within it). Run folders written before the budget have none.
 - **Accuracy**: last row of ``eval.csv`` that evaluated events; uncertainty is the
   binomial standard error sqrt(p(1-p)/n) and the 95 % Wilson score interval.
 """
@@ -34,6 +44,9 @@ from lartpc.analysis.runs import Run
 from lartpc.analysis.segments import Restarts, find_restarts
 
 DEFAULT_SMOOTH_MAX = 50
+#: What TTL and the epoch rate are measured on (see the module docstring).
+CLOCKS = ("train", "wall")
+DURATIONS = ("data_s", "compute_s", "comm_s")
 
 
 @dataclass
@@ -61,6 +74,12 @@ class RunMetrics:
     accuracy_wilson95: tuple[float, float] | None
     n_eval: int | None
     queue_wait_s: float = 0.0
+    clock: str = "train"  #: what ttl_s, its bound and the epoch rate are measured on
+    ttl_wall_s: float | None = None  #: TTL on the own wall time (evaluation included)
+    train_time_s: float | None = None  #: run.json's, when recorded (issue 37)
+    eval_time_s: float | None = None  #: evaluations' time from run.json, when recorded
+    checkpoint_time_s: float | None = None  #: checkpoints' time from run.json, when recorded
+    budget_s: float | None = None  #: run.json's train.budget_s, when recorded
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -123,13 +142,18 @@ def _accuracy(run: Run, notes: list[str]) -> tuple:
     return acc, binomial_se(acc, n_eval), wilson_interval(round(acc * n_eval), n_eval), n_eval
 
 
-def _epoch_rate(run: Run, t: np.ndarray, restarts: Restarts) -> float | None:
-    """Epochs/min over the step intervals that hold no restart (None below 2 steps)."""
+def _epoch_rate(run: Run, t: np.ndarray, restarts: Restarts,
+                durations: np.ndarray | None = None) -> float | None:
+    """Epochs/min over the step intervals that hold no restart (None below 2 steps);
+    with ``durations`` (training clock), over the steps' own time after the first."""
     if len(t) < 2:
         return None
     keep = np.ones(len(t) - 1, bool)
-    keep[restarts.intervals] = False
-    span = float(np.diff(t)[keep].sum())
+    if durations is None:
+        keep[restarts.intervals] = False
+        span = float(np.diff(t)[keep].sum())
+    else:
+        span = float(durations[1:].sum())
     if span <= 0:
         return None
     return int(keep.sum()) / run.meta["steps_per_epoch"] / (span / 60.0)
@@ -140,8 +164,29 @@ def _no_step_bound(run: Run, restarts: Restarts, start: float) -> float | None:
     return None if end is None else restarts.own_time(float(end), start)
 
 
-def run_metrics(run: Run, threshold: float = 1.2, smooth: int | None = None) -> RunMetrics:
-    """Derive DLT, epoch rate, TTL and final accuracy of one run (see module docstring)."""
+def _durations(steps: pd.DataFrame, run: Run, notes: list[str]) -> np.ndarray | None:
+    """Each step's own duration, or None (with a note) when the log cannot give them."""
+    if any(c not in steps.columns for c in DURATIONS):
+        notes.append(f"{run.name}: no step durations in its log; TTL on the wall clock")
+        return None
+    d = steps[list(DURATIONS)].to_numpy(dtype=float).sum(axis=1)
+    if not np.all(np.isfinite(d)):
+        notes.append(f"{run.name}: step durations missing in its log; TTL on the wall clock")
+        return None
+    return d
+
+
+def _budget(run: Run) -> float | None:
+    b = run.meta.get("budget_s")  # absent from run folders written before issue 37
+    return float(b) if isinstance(b, int | float) and not isinstance(b, bool) else None
+
+
+def run_metrics(run: Run, threshold: float = 1.2, smooth: int | None = None,
+                clock: str = "train") -> RunMetrics:
+    """Derive DLT, epoch rate, TTL and final accuracy of one run (see module docstring);
+    ``clock`` is one of :data:`CLOCKS`."""
+    if clock not in CLOCKS:
+        raise ValueError(f"clock {clock!r}: one of {', '.join(CLOCKS)}")
     start = float(run.meta["start_time"])
     steps = primary_steps(run)
     n_steps = 0 if steps is None else len(steps)
@@ -151,21 +196,36 @@ def run_metrics(run: Run, threshold: float = 1.2, smooth: int | None = None) -> 
     if restarts.wait_s > 0:
         notes.append(f"{run.name}: {len(restarts.waits)} restart(s); {restarts.wait_s:.0f} s "
                      "waiting between job segments excluded from TTL")
-    dlt = dlt_max = rate = img_rate = ttl = bound = final = window = None
-    censored = True
+    dlt = dlt_max = rate = img_rate = ttl = bound = final = window = ttl_wall = None
+    censored, used = True, clock
+    budget = _budget(run)
     if steps is not None:
         firsts = [float(df["time"].min()) for df in run.steps.values() if not df.empty]
         dlt, dlt_max = min(firsts) - start, max(firsts) - start
-        rate = _epoch_rate(run, t, restarts)
+        durations = _durations(steps, run, notes)
+        if durations is None:
+            used = "wall"
+        trained = np.cumsum(durations) if durations is not None else None
+        wall = np.array([restarts.own_time(float(x), start) for x in t])
+        on_clock = wall if used == "wall" else dlt + trained - trained[0]
+        rate = _epoch_rate(run, t, restarts, None if used == "wall" else durations)
         if rate is not None and run.meta.get("train_events"):
             img_rate = rate * run.meta["train_events"] / 60.0 / run.world_size
         window = smoothing_window(n_steps, smooth)
         sm = smoothed_loss(steps, window).to_numpy()
-        below = np.flatnonzero(sm < threshold)
+        within = np.ones(n_steps, bool)
+        if budget is not None and trained is not None:
+            within = trained <= budget * (1 + 1e-9)
+        below = np.flatnonzero((sm < threshold) & within)
         if below.size:
-            ttl, censored = restarts.own_time(float(t[below[0]]), start), False
+            ttl, censored = float(on_clock[below[0]]), False
+            ttl_wall = float(wall[below[0]])
         else:
-            bound = restarts.own_time(float(t[-1]), start)
+            last = np.flatnonzero(within)
+            bound = float(on_clock[last[-1] if last.size else -1])
+            if not within.all() and (sm < threshold).any():
+                notes.append(f"{run.name}: below the threshold only after its budget of "
+                             f"{budget:g} s: censored at the budget")
         valid = sm[np.isfinite(sm)]
         final = float(valid[-1]) if valid.size else None
     else:
@@ -177,4 +237,6 @@ def run_metrics(run: Run, threshold: float = 1.2, smooth: int | None = None) -> 
         dlt_s=dlt, dlt_max_s=dlt_max, epoch_rate_per_min=rate, images_per_s_per_gpu=img_rate,
         ttl_s=ttl, ttl_censored=censored, ttl_lower_bound_s=bound, final_loss_smoothed=final,
         accuracy=acc, accuracy_se=se, accuracy_wilson95=wilson, n_eval=n_eval,
-        queue_wait_s=restarts.wait_s, notes=notes)
+        queue_wait_s=restarts.wait_s, clock=used, ttl_wall_s=ttl_wall,
+        train_time_s=run.meta.get("train_time_s"), eval_time_s=run.meta.get("eval_time_s"),
+        checkpoint_time_s=run.meta.get("checkpoint_time_s"), budget_s=budget, notes=notes)

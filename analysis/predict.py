@@ -421,13 +421,15 @@ def predict(inp: Inputs, prof: Profile, gpus: list[int], algo: str = "ring",
     }
 
 
-def measured_points(runs: list[Run], threshold: float, smooth: int | None) -> dict:
+def measured_points(runs: list[Run], threshold: float, smooth: int | None,
+                    clock: str = "train") -> dict:
     """(model, N) -> measured mean TTL and epoch rate over the runs at that N."""
     from lartpc.analysis.metrics import run_metrics
 
     acc: dict[tuple[str, int], list] = {}
     for r in runs:
-        acc.setdefault((r.model, r.world_size), []).append(run_metrics(r, threshold, smooth))
+        acc.setdefault((r.model, r.world_size), []).append(
+            run_metrics(r, threshold, smooth, clock))
     out = {}
     for key, ms in acc.items():
         ttl = [m.ttl_s for m in ms if m.ttl_s is not None]
@@ -448,12 +450,15 @@ def run_predict(runs: list[Run], args) -> tuple[list[dict], dict]:
                           getattr(args, "cluster_file", None))
     inputs = gather_inputs(runs, args.threshold, args.smooth, args.span, args.base_gpus,
                            getattr(args, "strict", False))
-    results = []
+    results, clock = [], getattr(args, "clock", "train")
     for inp in inputs.values():
+        if clock == "train":  # training time: the pauses are evaluation and checkpoints
+            inp = replace(inp, pause_s_per_epoch=0.0)
         res = predict(inp, prof, gpus, args.allreduce, args.train_events)
-        res["threshold_loss"] = args.threshold
+        res["threshold_loss"], res["clock"] = args.threshold, clock
         results.append(res)
     # measured points belong beside predictions for the machine they were measured on
-    measured = measured_points(runs, args.threshold, args.smooth) \
+    measured = measured_points(runs, args.threshold, args.smooth,
+                               getattr(args, "clock", "train")) \
         if prof.compute == "runs" else {}
     return results, measured

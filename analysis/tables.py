@@ -45,6 +45,7 @@ class Analysis:
     smooth: int | None
     skipped: list[str] = field(default_factory=list)
     strict: bool = False  #: an unusable input fails the command instead of being skipped
+    clock: str = "train"  #: what TTL and the epoch rate are measured on (metrics.CLOCKS)
 
     @property
     def notes(self) -> list[str]:
@@ -54,15 +55,16 @@ class Analysis:
 
 
 def analyse(paths: list[str | Path], threshold: float = 1.2, smooth: int | None = None,
-            strict: bool = False) -> Analysis:
+            strict: bool = False, clock: str = "train") -> Analysis:
     """Read all run folders under ``paths`` and compute metrics and per-model fits.
 
     Unusable run folders are skipped with a note (``Analysis.skipped``) unless ``strict``.
     """
     skipped: list[str] | None = None if strict else []
     runs = load_runs(paths, skipped)
-    rows = [run_metrics(r, threshold, smooth) for r in runs]
-    return Analysis(runs, rows, summarize(rows), threshold, smooth, skipped or [], strict)
+    rows = [run_metrics(r, threshold, smooth, clock) for r in runs]
+    return Analysis(runs, rows, summarize(rows), threshold, smooth, skipped or [], strict,
+                    clock)
 
 
 def json_safe(obj):
@@ -80,6 +82,7 @@ def to_json(a: Analysis) -> dict:
     """The ``fit --json`` document."""
     return json_safe({
         "threshold": a.threshold,
+        "clock": a.clock,
         "smooth": a.smooth if a.smooth is not None else "auto",
         "definitions": DEFINITIONS,
         "models": a.models,
@@ -111,13 +114,24 @@ def _dropped_line(s: dict) -> list[str]:
             + f" ({d['n_points']} runs; biased toward the fast runs)"]
 
 
+def _apart(r: RunMetrics) -> str:
+    """Evaluation + checkpoint seconds from run.json ('-' for older run folders)."""
+    if r.eval_time_s is None or r.checkpoint_time_s is None:
+        return "-"
+    return f"{r.eval_time_s:.0f}+{r.checkpoint_time_s:.0f}"
+
+
 def to_text(a: Analysis) -> str:
     """Human-readable tables: per run, then per model fits and scaling."""
     out = [f"TTL threshold {a.threshold:g}; smoothing "
            f"{a.smooth if a.smooth else 'auto (min(50, steps // 10))'} steps; DLT = earliest "
-           "first step over ranks - start_time", ""]
+           "first step over ranks - start_time; "
+           + ("training clock: TTL and ep/min count the steps' own time, not evaluation "
+              "or checkpoints (--clock wall counts them)" if a.clock == "train" else
+              "wall clock: TTL and ep/min include evaluation and checkpoints"), ""]
     head = (f"{'run':<28} {'model':<8} {'N':>4} {'status':<10} {'steps':>6} {'DLT s':>8} "
-            f"{'ep/min':>8} {'img/s/GPU':>9} {'TTL s':>10} {'acc %':>12}")
+            f"{'ep/min':>8} {'img/s/GPU':>9} {'TTL s':>10} {'TTL wall':>8} {'eval+ckpt s':>11} "
+            f"{'acc %':>12}")
     out += [head, "-" * len(head)]
     for r in a.rows:
         ttl = (f">{r.ttl_lower_bound_s:.0f} cens" if r.ttl_censored and r.ttl_lower_bound_s
@@ -127,7 +141,8 @@ def to_text(a: Analysis) -> str:
         out.append(f"{r.name[:28]:<28} {r.model:<8} {r.world_size:>4} {r.status:<10} "
                    f"{r.n_steps:>6} {_f(r.dlt_s, '{:.1f}'):>8} "
                    f"{_f(r.epoch_rate_per_min, '{:.4g}'):>8} "
-                   f"{_f(r.images_per_s_per_gpu, '{:.3g}'):>9} {ttl:>10} {acc:>12}")
+                   f"{_f(r.images_per_s_per_gpu, '{:.3g}'):>9} {ttl:>10} "
+                   f"{_f(r.ttl_wall_s, '{:.0f}'):>8} {_apart(r):>11} {acc:>12}")
     for model, s in a.models.items():
         out += ["", f"== {model}: {s['n_runs']} runs, N = {s['gpu_counts']}, "
                     f"{s['n_censored']} censored",

@@ -63,10 +63,11 @@ def test_running_folder_draws_curves(study):
 @pytest.mark.slow
 def test_requeued_and_failed_runs_in_one_study(study):
     root, _ = study
-    res = _analysis("fit", str(root), "--json", "--threshold", "0")
+    # the wall clock: evaluation, checkpoints and restarts between the steps handled below
+    res = _analysis("fit", str(root), "--json", "--threshold", "0", "--clock", "wall")
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
-    assert len(doc["skipped"]) == 1
+    assert len(doc["skipped"]) == 1 and doc["clock"] == "wall"
     assert doc["skipped"][0].startswith(str(root / "setup-failed" / "run.json"))
     assert "never started training" in doc["skipped"][0]
     by_name = {r["name"]: r for r in doc["runs"]}
@@ -100,6 +101,16 @@ def test_requeued_and_failed_runs_in_one_study(study):
                                                      abs=1e-6)
     assert req["notes"] == [f"requeued: 1 restart(s); {req['queue_wait_s']:.0f} s waiting "
                             "between job segments excluded from TTL"]
+    # the training clock (the default): the steps' own durations, whichever job ran them
+    res = _analysis("fit", str(root), "--json", "--threshold", "0")
+    train = {r["name"]: r for r in json.loads(res.stdout)["runs"]}
+    for name in ("ref", "requeued"):
+        d = [float(x["data_s"]) + float(x["compute_s"]) + float(x["comm_s"])
+             for x in rows(root / name / "rank-000.csv")]
+        assert train[name]["clock"] == "train"
+        assert train[name]["epoch_rate_per_min"] == pytest.approx(
+            (len(d) - 1) / spe / (sum(d[1:]) / 60), rel=1e-9)
+        assert train[name]["epoch_rate_per_min"] > by_name[name]["epoch_rate_per_min"]
 
 
 @pytest.mark.slow

@@ -22,6 +22,11 @@ DEFINITIONS = {
            "run (a segment's end_time to the next start_time) excluded (queue_wait_s); "
            "runs that never get there are censored (ttl_lower_bound_s = own wall time to "
            "the last step) and excluded from the TTL fit",
+    "clock": "--clock train (default): TTL, its bound and the epoch rate count DLT and then "
+             "the steps' own time (data_s + compute_s + comm_s), not evaluation, "
+             "checkpoints or restarts; --clock wall: the own wall time as described under "
+             "ttl; ttl_wall_s is always the wall-clock TTL. With run.json's budget_s, a run "
+             "below the threshold only after its budget is censored at the budget",
     "smooth_window": f"--smooth STEPS, or min({DEFAULT_SMOOTH_MAX}, steps // 10) per run",
     "fit": "least squares of log y on log N over all runs; exponent_err from the "
            "covariance; ci95 from a bootstrap resampling runs within each N",

@@ -31,7 +31,7 @@ def apply_site(args: argparse.Namespace) -> dict:
     """
     site = load_site(args.site) if args.site else {}
     for key in ("scheduler", "launcher", "gpus_per_node", "cores_per_node", "time", "queue",
-                "constraint", "qos", "reservation", "prelude"):
+                "constraint", "qos", "reservation", "prelude", "srun_mpi"):
         if getattr(args, key, None) is None and key in site:
             setattr(args, key, site[key])
     for key, value in DEFAULTS.items():

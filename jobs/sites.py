@@ -6,6 +6,8 @@ overrides. ``prelude`` is a path relative to the site file. ``account_required``
 ``--account`` mandatory, with ``account_hint`` saying what to charge. ``gpus_per_node``
 and ``nodes`` (the partition's GPU node count) are the machine's size: the sweep refuses
 a ``--gpus-per-node`` above the one and a GPU count that needs more than the other.
+``srun_mpi`` is srun's ``--mpi`` plugin for Horovod over MPI (``cray_shasta`` on HPE
+Cray machines; ``pmix`` when the site does not say).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ SITE_KEYS: dict[str, type] = {
     "description": str, "scheduler": str, "launcher": str, "gpus_per_node": int, "nodes": int,
     "cores_per_node": int, "time": str, "queue": str, "constraint": str, "qos": str,
     "reservation": str, "account_required": bool, "account_hint": str,
-    "sbatch_args": list, "bsub_args": list, "prelude": str,
+    "sbatch_args": list, "bsub_args": list, "prelude": str, "srun_mpi": str,
 }
 
 

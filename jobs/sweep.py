@@ -94,6 +94,7 @@ class JobShape:
     reservation: str | None = None  #: SLURM --reservation / LSF -U
     extra_args: list[str] = field(default_factory=list)  #: checked --sbatch/--bsub-arg
     prelude: str | None = None  #: shell file sourced on the node before the launch
+    srun_mpi: str | None = None  #: srun --mpi for Horovod over MPI (None: env.sh's pmix)
     #: most requeues (SLURM) or resubmissions (LSF) of one point's job; the study
     #: budget (train.budget_s) ends a chain before, when it is spent
     max_requeues: int = 20
@@ -424,6 +425,8 @@ def exports(p: Point, shape: JobShape, data: Path | str, sets: list[str]) -> dic
     }
     if shape.prelude:
         env["LARTPC_PRELUDE"] = shape.prelude
+    if shape.srun_mpi:
+        env["LARTPC_SRUN_MPI"] = shape.srun_mpi
     if sys.prefix != sys.base_prefix:  # a virtual environment: activate it on the node
         env["LARTPC_VENV"] = sys.prefix
     return env

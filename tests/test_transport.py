@@ -101,18 +101,21 @@ def test_job_scripts_send_nccl_setup_lines_to_a_file_beside_the_logs():
     assert env["NCCL_DEBUG"] == "WARN" and "NCCL_DEBUG_FILE" not in env  # the user's
 
 
-def test_perlmutter_prelude_sets_its_network_and_srun_mpi(tmp_path):
+def test_perlmutter_sets_its_network_and_srun_mpi(tmp_path):
     stub = "module() { :; }"  # NERSC's module command is not here
     env = _env_after(f"{stub}; source {ROOT}/jobs/sites/perlmutter-prelude.sh",
                      LARTPC_RUN="/r/p")
-    assert env["LARTPC_SRUN_MPI"] == "cray_shasta" and env["NCCL_SOCKET_IFNAME"] == "hsn"
-    assert _env_after(":", LARTPC_RUN="/r/p")["LARTPC_SRUN_MPI"] == "pmix"  # elsewhere
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "LARTPC_"))}
-    probe = (f"{stub}; source {ROOT}/jobs/sites/perlmutter-prelude.sh; "
-             f"bash {ROOT}/jobs/slurm/horovod-srun.sbatch")
-    res = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, env={
-        **base, "LARTPC_DRY_RUN": "1", "LARTPC_CONFIG": "paper-jishnet", "LARTPC_DATA": "/d",
-        "LARTPC_RUN": "/r/p", "LARTPC_NTASKS": "8", "LARTPC_JOBS_DIR": str(ROOT / "jobs"),
-        "PATH": f"{Path(sys.executable).parent}:{base['PATH']}"})
+    assert env["NCCL_SOCKET_IFNAME"] == "hsn" and env["FI_MR_CACHE_MONITOR"] == "userfaultfd"
+    assert _env_after(":", LARTPC_RUN="/r/p")["LARTPC_SRUN_MPI"] == "pmix"  # no site
+    res = subprocess.run([sys.executable, "-m", "lartpc", "sweep", "--site", "perlmutter",
+                          "--account", "m1_g", "--launcher", "horovod", "--models",
+                          "jishnet", "--gpus", "8", "--data", str(tmp_path), "--dry-run"],
+                         capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.startswith("srun --mpi=cray_shasta --ntasks=8")
+    assert "export LARTPC_SRUN_MPI=cray_shasta\n" in res.stdout
+    assert "### launch: srun --mpi=cray_shasta --ntasks=8" in res.stdout
+    site = tmp_path / "bad.toml"
+    site.write_text('scheduler = "slurm"\nlauncher = "horovod"\nsrun_mpi = "pmix; id"\n')
+    res = subprocess.run([sys.executable, "-m", "lartpc", "sweep", "--site", str(site),
+                          "--data", str(tmp_path), "--dry-run"], capture_output=True, text=True)
+    assert res.returncode == 2 and f"site {site}: srun_mpi 'pmix; id'" in res.stderr

@@ -4,9 +4,6 @@
 # folder, so each sweep keeps the prelude it ran with.
 module load pytorch  # NERSC's PyTorch build (CUDA, NCCL and its libfabric plugin)
 export SLURM_CPU_BIND=cores  # pin each task's threads to its own cores
-# Horovod over MPI (--launcher horovod): Cray MPICH is wired up through srun's
-# cray_shasta plugin, not PMIx.
-export LARTPC_SRUN_MPI="${LARTPC_SRUN_MPI:-cray_shasta}"
 # NCCL over Slingshot-11 through the aws-ofi-nccl (libfabric, cxi) plugin, with the
 # settings NERSC's documentation gives for it; check it for the values of the day.
 # run.json's `network` then records the transport NCCL chose: NET/OFI or Libfabric,

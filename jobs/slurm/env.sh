@@ -19,7 +19,8 @@
 #                                 NCCL_DEBUG of your own (WARN...) keeps NCCL's output as
 #                                 you set it, and the transport is then unknown.
 #   LARTPC_SRUN_MPI=pmix          srun's --mpi plugin for Horovod over MPI
-#                                 (horovod-srun.sbatch); `srun --mpi=list` shows the site's
+#                                 (horovod-srun.sbatch); `srun --mpi=list` shows the site's;
+#                                 a site file's srun_mpi is exported by the sweep
 
 # lartpc_env RANK_CORES: export the defaults above.
 lartpc_env() {

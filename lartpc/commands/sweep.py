@@ -144,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
     resolve.check_size(args, site, gpus)
     for option in ("queue", "account", "qos", "reservation"):
         sweep.check_name(getattr(args, option), f"--{option}")
+    sweep.check_name(getattr(args, "srun_mpi", None), f"site {args.site}: srun_mpi")
     sweep.check_constraint(args.constraint)
     if args.scheduler == "lsf" and (args.constraint or args.qos):
         raise LartpcError("--constraint and --qos are SLURM options; with LSF use --bsub-arg")
@@ -175,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
                            cpu=args.cpu, account=args.account, queue=args.queue,
                            constraint=args.constraint, qos=args.qos,
                            reservation=args.reservation, extra_args=extra or extra_lsf,
+                           srun_mpi=getattr(args, "srun_mpi", None),
                            prelude=str(jobs_dir / "prelude.sh") if args.prelude else None,
                            max_requeues=args.max_requeues)
     logs_dir = out_dir / "logs"

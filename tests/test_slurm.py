@@ -85,12 +85,13 @@ def test_time_limit_requeues_and_resumes(slurm_env, tmp_path, events_dir):
     """A run stopped by its time limit is requeued by its script and resumes.
 
     train.time_limit_s=1 makes every segment stop after its first step (the limit is
-    checked after each step); LARTPC_MAX_REQUEUES=1 allows one requeue, so the job runs
+    checked after each step); --max-requeues 1 allows one requeue, so the job runs
     exactly two segments of one step each and ends, still at its time limit.
     """
-    man = _sweep(tmp_path, events_dir, "torchrun", "--set", "train.epochs=5")
+    man = _sweep(tmp_path, events_dir, "torchrun", "--set", "train.epochs=5",
+                 "--max-requeues", "1")  # written into the script: an environment's loses
     (point,) = man["points"]
-    env = {**slurm_env, "LARTPC_TIME_LIMIT_S": "1", "LARTPC_MAX_REQUEUES": "1"}
+    env = {**slurm_env, "LARTPC_TIME_LIMIT_S": "1"}
     job = sh.sbatch(point["script"], env)
     info = sh.wait(job, slurm_env)
     run = Path(point["run"])
@@ -115,10 +116,11 @@ def test_horovod_requeue_resumes_exactly(slurm_env, tmp_path, events_dir):
     split_dir.mkdir()
     sets = ("--set", "train.epochs=1")
     (ref,) = _sweep(ref_dir, events_dir, "horovod-gloo", *sets)["points"]
-    (split,) = _sweep(split_dir, events_dir, "horovod-gloo", *sets)["points"]
+    (split,) = _sweep(split_dir, events_dir, "horovod-gloo", *sets, "--max-requeues",
+                      "5")["points"]
     ref_job = sh.sbatch(ref["script"], slurm_env)
     assert sh.wait(ref_job, slurm_env)["JobState"] == "COMPLETED", _log(ref_dir)
-    env = {**slurm_env, "LARTPC_TIME_LIMIT_S": "1", "LARTPC_MAX_REQUEUES": "5"}
+    env = {**slurm_env, "LARTPC_TIME_LIMIT_S": "1"}
     info = sh.wait(sh.sbatch(split["script"], env), slurm_env)
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "2", _log(split_dir)
     run, ref_run = Path(split["run"]), Path(ref["run"])

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,22 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def lartpc(*args: str, path_first: Path | None = None) -> subprocess.CompletedProcess:
+def lartpc(*args: str, path_first: Path | None = None,
+           hide: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """``lartpc ARGS``; ``hide``: commands PATH must not find (the machine's own SLURM,
+    installed by the SLURM tests, must not stand in): a folder of PATH that holds one is
+    replaced by links to everything else in it."""
     env = dict(os.environ)
+    folders = []
+    for d in env["PATH"].split(":"):
+        if any((Path(d) / name).exists() for name in hide):
+            shim = Path(tempfile.mkdtemp(prefix="path-"))
+            for entry in Path(d).iterdir():
+                if entry.name not in hide:
+                    (shim / entry.name).symlink_to(entry)
+            d = str(shim)
+        folders.append(d)
+    env["PATH"] = ":".join(folders)
     if path_first is not None:  # stand-ins for sbatch/squeue/sinfo come first
         env["PATH"] = f"{path_first}:{env['PATH']}"
     return subprocess.run([sys.executable, "-m", "lartpc", *args], capture_output=True,
@@ -187,11 +202,11 @@ def test_cores_per_rank_from_the_nodes_cpus(tmp_path):
     assert res.returncode == 0 and "cores per rank: 1 (the node's cores are unknown" in res.stderr
 
 
-def _submit(tmp_path, events_dir, bin_dir):
+def _submit(tmp_path, events_dir, bin_dir, hide: tuple[str, ...] = ()):
     return lartpc("sweep", "--models", "jishnet", "--gpus", "1,2", "--data", str(events_dir),
                   "--out-dir", str(tmp_path / "runs"), "--scheduler", "slurm", "--launcher",
                   "torchrun", "--config-prefix", "tiny", "--cpu", "--gpus-per-node", "2",
-                  "--cores-per-rank", "1", "--submit", path_first=bin_dir)
+                  "--cores-per-rank", "1", "--submit", path_first=bin_dir, hide=hide)
 
 
 def _counting_sbatch(tmp_path: Path) -> tuple[Path, Path]:
@@ -412,7 +427,7 @@ def test_failed_squeue_submits_nothing(tmp_path, events_dir):
     assert res.returncode == 0, res.stderr
     assert counter.read_text().strip() == "104"
     (bin_dir / "squeue").unlink()
-    res = _submit(tmp_path, events_dir, bin_dir)
+    res = _submit(tmp_path, events_dir, bin_dir, hide=("squeue",))
     assert res.returncode == 2 and "`squeue` not found on PATH" in res.stderr
     assert counter.read_text().strip() == "104"
 

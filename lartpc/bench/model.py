@@ -22,7 +22,6 @@ import logging
 import resource
 import statistics
 import sys
-import time
 
 from lartpc.config import MAX_THREADS, choices
 
@@ -166,19 +165,6 @@ def _sig(x: float, digits: int = 5) -> float:
     return float(f"{x:.{digits}g}")
 
 
-def _timed(fn, repeats: int, sync) -> tuple[list[float], list[float]]:
-    """Wall-clock and process CPU seconds of each of ``repeats`` calls."""
-    wall, cpu = [], []
-    for _ in range(repeats):
-        sync()
-        t0, c0 = time.perf_counter(), time.process_time()
-        fn()
-        sync()
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-    return wall, cpu
-
-
 def _max_batch(model, batch, loss_fn, autocast, start: int) -> dict:
     """The largest minibatch that fits on the GPU, with its peak memory per image."""
     import torch
@@ -207,6 +193,7 @@ def _max_batch(model, batch, loss_fn, autocast, start: int) -> dict:
 def run(args) -> int:
     import torch
 
+    from lartpc.bench.stages import timed
     from lartpc.errors import LartpcError
     from lartpc.models import build, num_parameters
     from lartpc.models.losses import build_loss
@@ -259,8 +246,8 @@ def run(args) -> int:
         torch.cuda.reset_peak_memory_stats()
     for _ in range(args.warmup):
         train_step()
-    fwd, _ = _timed(infer, args.repeats, sync)
-    fb, fb_cpu = _timed(train_step, args.repeats, sync)
+    fwd, _ = timed(infer, args.repeats, sync)
+    fb, fb_cpu = timed(train_step, args.repeats, sync)
     if dev.type == "cuda":
         peak, peak_kind = torch.cuda.max_memory_allocated(), "torch.cuda.max_memory_allocated"
     else:  # Linux reports ru_maxrss in KiB

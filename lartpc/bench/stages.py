@@ -24,21 +24,28 @@ import torch
 MAX_BATCH_CAP = 4096
 
 
-def median_ms(fn: Callable[[], object], repeats: int, sync, warmup: int = 1) -> float:
-    """Median wall-clock milliseconds of ``repeats`` calls of ``fn`` after ``warmup``
-    untimed ones; ``sync`` waits for the device before each clock read."""
+def timed(fn: Callable[[], object], repeats: int, sync) -> tuple[list[float], list[float]]:
+    """Wall-clock and process CPU seconds of each of ``repeats`` calls of ``fn``; ``sync``
+    waits for the device before each clock read."""
     import time
 
-    for _ in range(warmup):
-        fn()
-    times = []
+    wall, cpu = [], []
     for _ in range(repeats):
         sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
         sync()
-        times.append(time.perf_counter() - t0)
-    return round(statistics.median(times) * 1e3, 3)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return wall, cpu
+
+
+def median_ms(fn: Callable[[], object], repeats: int, sync, warmup: int = 1) -> float:
+    """Median wall-clock milliseconds of ``repeats`` calls of ``fn`` after ``warmup``
+    untimed ones."""
+    for _ in range(warmup):
+        fn()
+    return round(statistics.median(timed(fn, repeats, sync)[0]) * 1e3, 3)
 
 
 def stage_times(model, dense: torch.Tensor, labels: torch.Tensor, loss_fn, autocast,

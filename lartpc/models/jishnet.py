@@ -66,16 +66,15 @@ def stem_choice(stem: str, device_type: str) -> str:
     if stem not in choices("model.stem"):
         raise ConfigError(f"model.stem={stem!r}: choose one of "
                           f"{', '.join(choices('model.stem'))}")
-    if stem == "library":
-        return stem
+    if stem == "library" or (stem == "auto" and device_type != "cuda"):
+        return "library"  # without importing Triton (a second of start-up on a CPU)
     missing = _triton_missing()
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     if stem == "auto":
-        return "fused" if device_type == "cuda" and missing is None else "library"
+        return "fused" if missing is None else "library"
     if missing is not None:
         raise ConfigError(f"model.stem=fused needs Triton ({missing}); install the GPU extra "
                           "(pip install 'lartpc[gpu]') or use model.stem=library")
-    if device_type != "cuda" and not interpreted:
+    if device_type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ConfigError(f"model.stem=fused runs on CUDA (train.device is {device_type}); "
                           "on CPU only under Triton's interpreter (TRITON_INTERPRET=1, slow)")
     return stem

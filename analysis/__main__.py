@@ -13,8 +13,8 @@ from lartpc.analysis.metrics import CLOCKS
 from lartpc.analysis.runs import RunFolderError
 
 from lartpc.errors import LartpcError
+from lartpc.fsutil import output_folder
 from lartpc.helpformat import HelpFormatter
-from lartpc.runfolder.durable import output_folder
 
 log = logging.getLogger("lartpc.analysis")
 

@@ -17,7 +17,7 @@ from lartpc.analysis.metrics import binomial_se, wilson_interval
 from lartpc.analysis.runcheck import safe_name
 from lartpc.analysis.runs import CLASSES, Run
 
-from lartpc.runfolder.durable import atomic_write
+from lartpc.fsutil import atomic_write
 
 log = logging.getLogger(__name__)
 

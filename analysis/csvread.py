@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from lartpc.analysis.runcheck import RunFolderError
 
-from lartpc.runfolder.durable import UnsafePathError, read_nofollow
+from lartpc.fsutil import UnsafePathError, read_nofollow
 
 
 def read_text(path: Path, notes: list[str] | None = None) -> str:

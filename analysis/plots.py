@@ -16,7 +16,7 @@ from lartpc.analysis.metrics import RunMetrics, primary_steps, smoothed_loss  # 
 from lartpc.analysis.runs import CLASSES, Run  # noqa: E402
 from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator  # noqa: E402
 
-from lartpc.runfolder.durable import atomic_write  # noqa: E402
+from lartpc.fsutil import atomic_write  # noqa: E402
 
 log = logging.getLogger(__name__)
 DPI = 120

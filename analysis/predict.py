@@ -45,7 +45,7 @@ from lartpc.analysis.noise import (
 from lartpc.analysis.runs import Run, RunFolderError
 
 from lartpc.cliparse import int_list
-from lartpc.runfolder.durable import UnsafePathError, plain_name
+from lartpc.fsutil import UnsafePathError, plain_name
 from lartpc.runfolder.record import batch_per_rank
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from lartpc.analysis.noise import binned, noise_tables, smoothed
 from lartpc.analysis.predict import FIT_RANGE, run_predict
 from lartpc.analysis.runs import Run, RunFolderError
 
-from lartpc.runfolder.durable import atomic_write
+from lartpc.fsutil import atomic_write
 
 
 def _fmt(v, spec: str) -> str:

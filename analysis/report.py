@@ -19,7 +19,7 @@ from lartpc.analysis.runs import CLASSES
 from lartpc.analysis.tables import DEFINITIONS, Analysis, to_text
 from lartpc.analysis.truth_limits import truth_limits_html
 
-from lartpc.runfolder.durable import atomic_write, read_nofollow, subfolder
+from lartpc.fsutil import atomic_write, read_nofollow, subfolder
 
 log = logging.getLogger(__name__)
 CSS = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}

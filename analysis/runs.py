@@ -26,7 +26,7 @@ from lartpc.analysis.runcheck import (
 )
 
 from lartpc import CLASSES
-from lartpc.runfolder.durable import UnsafePathError, read_nofollow
+from lartpc.fsutil import UnsafePathError, read_nofollow
 from lartpc.runfolder.record import read_json
 from lartpc.runfolder.schema import (  # noqa: F401 (re-exported)
     CONFUSION_CSV,

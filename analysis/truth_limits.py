@@ -19,7 +19,7 @@ import math
 from collections.abc import Iterable
 from pathlib import Path
 
-from lartpc.runfolder.durable import UnsafePathError, read_nofollow
+from lartpc.fsutil import UnsafePathError, read_nofollow
 
 log = logging.getLogger(__name__)
 FILE = "truth_limits.json"

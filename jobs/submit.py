@@ -32,7 +32,7 @@ from pathlib import Path
 from lartpc.jobs.sweep import SUBMIT, Point
 
 from lartpc.errors import LartpcError
-from lartpc.runfolder.durable import atomic_write, open_nofollow, read_nofollow
+from lartpc.fsutil import atomic_write, open_nofollow, read_nofollow
 from lartpc.runfolder.record import peek_record
 
 log = logging.getLogger(__name__)

@@ -84,7 +84,7 @@ def note_exit_2() -> None:
     failure to write is ignored: the exit code itself still says 2)."""
     path = os.environ.get(EXIT_FILE_VAR)
     if path:
-        from lartpc.runfolder.durable import atomic_write
+        from lartpc.fsutil import atomic_write
 
         try:
             atomic_write(path, "2\n")

@@ -1,7 +1,7 @@
 """Nothing under an output folder is read or written through a link the project did
 not make (issue 38: N1 a rank log, N2 a report's confusion/, N3 a sweep's jobs/ and
 logs/, N4 TensorBoard's tb/ swapped after the first check), through the shared helpers
-of lartpc.runfolder.durable."""
+of lartpc.fsutil."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from lartpc.analysis.__main__ import main as analysis_main
 from lartpc.analysis.synthetic import write_synthetic_run
 
 from lartpc.cli import main
-from lartpc.runfolder.durable import UnsafePathError
+from lartpc.fsutil import UnsafePathError
 from lartpc.train import runlog, tblog
 
 SECRET = "secret,do,not,copy\n"

@@ -15,7 +15,7 @@ from lartpc.analysis.__main__ import main as analysis_main
 from lartpc.analysis.synthetic import write_synthetic_run
 from train_helpers import rows, run, train_cmd
 
-from lartpc.runfolder.durable import (
+from lartpc.fsutil import (
     TEMP_SUFFIX,
     UnsafePathError,
     atomic_write,

@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
            "matches_run_confusion": recorded == res["confusion"], **res}
     print(format_table(res))
     if args.json:
-        from lartpc.runfolder.durable import atomic_write
+        from lartpc.fsutil import atomic_write
 
         atomic_write(args.json, json.dumps(res, indent=2) + "\n")
     return 0

@@ -42,7 +42,7 @@ from lartpc.jobs.local.steps import events, run, say, tool
 
 from lartpc.bench.train import LARTPC
 from lartpc.config import choices
-from lartpc.runfolder.durable import atomic_write
+from lartpc.fsutil import atomic_write
 from lartpc.runfolder.record import batch_per_rank, flat, read_record, record_path
 
 PAPER_LR, PAPER_BATCH = 1e-3, 7  #: the study's Adam learning rate at 7 events per GPU

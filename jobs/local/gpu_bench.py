@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 
 from lartpc.bench.train import LARTPC
-from lartpc.runfolder.durable import atomic_write
+from lartpc.fsutil import atomic_write
 
 JISHNET_STEPS = (  # (name, added flags): each step keeps the previous ones
     ("published", []),

@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     text = json.dumps(res, indent=2)
     print(text)
     if args.json:
-        from lartpc.runfolder.durable import atomic_write
+        from lartpc.fsutil import atomic_write
 
         atomic_write(args.json, text + "\n")
     return 0

@@ -250,7 +250,7 @@ def _out_problem(out: Path | None) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     from lartpc.dist import detect_backend, init
-    from lartpc.runfolder.durable import atomic_write, output_file
+    from lartpc.fsutil import atomic_write, output_file
 
     sizes = _check(args)
     if args.out is not None:  # a link the user made to the folder: followed here only

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from lartpc.config import choices
 from lartpc.errors import LartpcError
-from lartpc.runfolder.durable import atomic_write
+from lartpc.fsutil import atomic_write
 
 DEVICES = choices("train.device", without=("auto",))
 

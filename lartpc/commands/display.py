@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from lartpc.errors import LartpcError
-from lartpc.runfolder.durable import atomic_write, output_file
+from lartpc.fsutil import atomic_write, output_file
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -127,9 +127,9 @@ def _copies(args: argparse.Namespace, configs: dict[str, str], jobs_dir: Path
 
 def run(args: argparse.Namespace) -> int:
     from lartpc.cliparse import int_list
+    from lartpc.fsutil import refuse_symlink, subfolder
     from lartpc.jobs import resolve, sweep
     from lartpc.jobs import submit as jobsubmit
-    from lartpc.runfolder.durable import refuse_symlink, subfolder
 
     site = resolve.apply_site(args)
     if args.submit:  # fail before checking or writing anything if it cannot be submitted

@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     # row times to tell restart gaps from steps (psutil's create time is another clock).
     process_start = time.time()
     from lartpc.config import load_config
-    from lartpc.runfolder.durable import output_folder
+    from lartpc.fsutil import output_folder
     from lartpc.train.run import prepare, run_training
 
     cfg = load_config(args.config, args.overrides)

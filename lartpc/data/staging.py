@@ -27,12 +27,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from lartpc.errors import LartpcError
-from lartpc.runfolder.durable import TEMP_SUFFIX, exchange, fsync_dir, output_folder
+from lartpc.fsutil import TEMP_SUFFIX, exchange, fsync_dir, output_folder
 from lartpc.runfolder.lock import FileLock
 
 log = logging.getLogger(__name__)
 SHARD_NAME = re.compile(r"^events-\d{5}\.h5$")
-#: A shard's temporary file (:func:`lartpc.runfolder.durable.atomic_path`).
+#: A shard's temporary file (:func:`lartpc.fsutil.atomic_path`).
 _SHARD_TEMP = re.compile(r"^\.events-\d{5}\.h5\.\w+" + re.escape(TEMP_SUFFIX) + "$")
 
 

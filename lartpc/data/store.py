@@ -44,8 +44,8 @@ import numpy as np
 
 from lartpc import CLASSES, NUM_CLASSES
 from lartpc.errors import LartpcError
+from lartpc.fsutil import atomic_path
 from lartpc.geometry import Geometry
-from lartpc.runfolder.durable import atomic_path
 
 SCHEMA_VERSION = 2
 #: versions this reader accepts; v1 lacks truth/visible_energy_mev and extra attributes

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lartpc.runfolder.durable import UnsafePathError, refuse_symlink
+from lartpc.fsutil import UnsafePathError, refuse_symlink
 from lartpc.runfolder.schema import LOCK, RUN_JSON
 
 #: Present in a folder that a training has taken: the lock comes first, run.json next.

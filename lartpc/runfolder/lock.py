@@ -24,7 +24,7 @@ import os
 import socket
 from pathlib import Path
 
-from lartpc.runfolder.durable import open_nofollow
+from lartpc.fsutil import open_nofollow
 from lartpc.runfolder.schema import LOCK, RunFolderError
 
 log = logging.getLogger(__name__)

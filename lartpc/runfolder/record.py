@@ -19,7 +19,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from lartpc.runfolder.durable import UnsafePathError, atomic_write, read_nofollow
+from lartpc.fsutil import UnsafePathError, atomic_write, read_nofollow
 from lartpc.runfolder.lock import job_id
 from lartpc.runfolder.schema import RUN_JSON, RunFolderError, Status
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from lartpc.errors import ConfigError
-from lartpc.runfolder.durable import atomic_write, read_nofollow
+from lartpc.fsutil import atomic_write, read_nofollow
 from lartpc.runfolder.schema import CHECKPOINT, RunFolderError
 
 
@@ -97,7 +97,7 @@ def read(path: Path, advice: str = MOVE_AWAY, follow_link: bool = True) -> dict:
     """The checkpoint in the file ``path`` (see :func:`load`), its records' CRCs and its
     fields checked (:func:`verify_records`, :func:`check_fields`); ``advice`` ends the
     message of a refusal. ``follow_link=False`` refuses a symbolic link at ``path``
-    (:class:`~lartpc.runfolder.durable.UnsafePathError`): a run's own checkpoint, where
+    (:class:`~lartpc.fsutil.UnsafePathError`): a run's own checkpoint, where
     a link is someone else's file; a file the user names (``train.init_from``) may be
     one."""
     try:

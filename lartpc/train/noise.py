@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from lartpc.errors import ConfigError, LartpcError
-from lartpc.runfolder.durable import (
+from lartpc.fsutil import (
     UnsafePathError,
     atomic_write,
     open_nofollow,

@@ -15,8 +15,8 @@ from lartpc.config import Config
 from lartpc.data.sharding import ShardPlan, check_store_fits, plan_run
 from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError, LartpcError
+from lartpc.fsutil import remove_stale_temporaries
 from lartpc.runfolder import record
-from lartpc.runfolder.durable import remove_stale_temporaries
 from lartpc.runfolder.guard import check_trainable
 from lartpc.runfolder.lock import RunLock
 from lartpc.runfolder.schema import RunFolderError, Status

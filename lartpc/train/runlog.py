@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from lartpc import CLASSES
-from lartpc.runfolder.durable import open_nofollow, read_nofollow
+from lartpc.fsutil import open_nofollow, read_nofollow
 from lartpc.runfolder.record import write_text
 from lartpc.runfolder.schema import (  # noqa: F401 (re-exported)
     CONFUSION_CSV,

@@ -13,7 +13,7 @@ import secrets
 from pathlib import Path
 
 from lartpc.errors import ConfigError
-from lartpc.runfolder.durable import held_folder
+from lartpc.fsutil import held_folder
 
 MISSING = ("train.tensorboard = true needs the tensorboard package; install the extra: "
            "pip install 'lartpc[tensorboard]' (or set train.tensorboard = false)")

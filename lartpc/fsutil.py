@@ -1,5 +1,5 @@
 """Safe, durable writes into folders we may not own (run folders, report folders, a
-sweep's output, the target of a conversion).
+sweep's output, the target of a conversion). The ground floor: imports only `errors`.
 
 The rule (docs/run-folder.md, "Writing safely"): below an output folder the user named,
 no file is read or written through a symbolic link, at the file or at the folder it is

@@ -3,16 +3,19 @@ and a check that the data fits every point before any script is written."""
 
 from __future__ import annotations
 
-import argparse
 import logging
 import shutil
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lartpc.jobs import sweep
 from lartpc.jobs.sites import load_site
 
 from lartpc.errors import ConfigError, LartpcError
+
+if TYPE_CHECKING:
+    from lartpc.jobs.plan import SweepRequest
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +26,8 @@ DEFAULTS = {"time": "04:00:00", "config_prefix": "paper"}
 MAX_NODES = 10_000
 
 
-def apply_site(args: argparse.Namespace) -> dict:
-    """Fill options left unset on the command line from ``--site`` (then DEFAULTS).
+def apply_site(args: SweepRequest) -> dict:
+    """Fill the request's options left unset from ``--site`` (then DEFAULTS), in place.
 
     The command line wins, a site's ``sbatch_args``/``bsub_args`` come before the
     command line's. Returns the site (empty without ``--site``).
@@ -48,7 +51,7 @@ def apply_site(args: argparse.Namespace) -> dict:
     return site
 
 
-def check_size(args: argparse.Namespace, site: dict, gpus: list[int]) -> None:
+def check_size(args: SweepRequest, site: dict, gpus: list[int]) -> None:
     """Refuse a layout the machine cannot hold: more GPUs per node than the site's nodes
     have, or a GPU count that needs more nodes than the site has (``MAX_NODES`` when it
     does not say).
@@ -76,7 +79,7 @@ def check_size(args: argparse.Namespace, site: dict, gpus: list[int]) -> None:
             raise LartpcError(f"--gpus {n}: needs {nodes} nodes of {per} GPUs; {where}")
 
 
-def configs(args: argparse.Namespace) -> dict[str, str]:
+def configs(args: SweepRequest) -> dict[str, str]:
     """model -> config (preset name or TOML path) for every model of the sweep.
 
     ``--config`` names presets or TOML files, each for the model it declares;
@@ -117,7 +120,7 @@ def node_cpus(queue: str | None) -> int | None:
     return min(values) if out.returncode == 0 and values else None
 
 
-def cores_per_rank(args: argparse.Namespace) -> int:
+def cores_per_rank(args: SweepRequest) -> int:
     """``--cores-per-rank``, or the node's cores divided by its GPUs (ranks per node).
 
     The node's cores come from ``--cores-per-node`` (or the site), else from ``sinfo``

@@ -316,8 +316,8 @@ def parse_models(text: str) -> list[str]:
     return models
 
 
-def plan(configs: dict[str, str], gpus: list[int], seeds: list[int], out_dir: Path,
-         scripts_dir: Path, scheduler: str) -> list[Point]:
+def make_points(configs: dict[str, str], gpus: list[int], seeds: list[int], out_dir: Path,
+                scripts_dir: Path, scheduler: str) -> list[Point]:
     """Every (model, gpus, seed) point with its config, run folder and script path."""
     ext = "sbatch" if scheduler == "slurm" else "lsf"
     points = []

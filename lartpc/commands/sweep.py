@@ -15,17 +15,27 @@ against each point's resolved config, and the data against every point.
 from __future__ import annotations
 
 import argparse
-import datetime
-import hashlib
-import logging
+import dataclasses
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from lartpc.errors import LartpcError
-
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from lartpc.jobs.plan import SweepRequest
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    _add_points(p)
+    _add_layout(p)
+    _add_extras(p)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="print, write nothing")
+    mode.add_argument("--submit", action="store_true", help="write, then sbatch/bsub each "
+                      "point not already completed, queued or running")
+
+
+def _add_points(p: argparse.ArgumentParser) -> None:
+    """What runs: site, models and configs, GPU counts, seeds, launcher, data, out folder."""
     from lartpc.jobs.sites import site_names
     from lartpc.jobs.sweep import CONFIG_PREFIXES, TEMPLATES
 
@@ -54,6 +64,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip checking --data against every point (data only on the cluster)")
     p.add_argument("--out-dir", default=Path("runs"), type=Path,
                    help="parent of the run folders, scripts, logs and manifest.json")
+
+
+def _add_layout(p: argparse.ArgumentParser) -> None:
+    """How each job is laid out and charged: time, nodes, cores, account, queue."""
     p.add_argument("--time", default=None, help="wall time per job, [D-]HH:MM:SS "
                    "(default 04:00:00)")
     p.add_argument("--gpus-per-node", type=int, default=None,
@@ -70,6 +84,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--constraint", default=None, help="SLURM node features (-C), e.g. gpu")
     p.add_argument("--qos", default=None, help="SLURM quality of service, e.g. regular")
     p.add_argument("--reservation", default=None, help="SLURM --reservation / LSF -U")
+
+
+def _add_extras(p: argparse.ArgumentParser) -> None:
+    """More scheduler options, the node's prelude, the network job, requeues, --set."""
     p.add_argument("--sbatch-arg", dest="sbatch_args", action="append", default=[],
                    metavar="ARG", help="one more #SBATCH option, given with '=': "
                    "--sbatch-arg=--mail-type=END (repeatable; checked)")
@@ -89,167 +107,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "budget (train.budget_s, training time) is requeued no more")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="K=V",
                    help="extra train override for every point (repeatable; no spaces)")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--dry-run", action="store_true", help="print, write nothing")
-    mode.add_argument("--submit", action="store_true", help="write, then sbatch/bsub each "
-                      "point not already completed, queued or running")
 
 
-def _check_prelude(path: Path) -> str:
-    """The prelude's text, after a ``bash -n`` syntax check."""
-    from lartpc.jobs import sweep
-
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise LartpcError(f"--prelude {path}: cannot be read ({e})") from e
-    try:
-        sweep.check_syntax(text, f"prelude {path}")
-    except LartpcError as e:
-        raise LartpcError(f"--prelude {path}: {e}") from e
-    return text
+#: SweepRequest fields that are not options of their own (set from the mode options or
+#: by the site).
+_NOT_OPTIONS = {"check_data", "submit", "srun_mpi"}
 
 
-def _copies(args: argparse.Namespace, configs: dict[str, str], jobs_dir: Path
-            ) -> tuple[dict[str, str], dict[Path, str]]:
-    """Configs pointing at the sweep's own copies of TOML files, and the files to write."""
-    files: dict[Path, str] = {}
-    out = dict(configs)
-    for model, ref in configs.items():
-        if ref.endswith(".toml"):
-            dest = jobs_dir / f"config-{model}.toml"
-            files[dest] = Path(ref).read_text()
-            out[model] = str(dest)
-    if args.prelude is not None:
-        files[jobs_dir / "prelude.sh"] = _check_prelude(Path(args.prelude))
-    return out, files
+def request(args: argparse.Namespace) -> SweepRequest:
+    """The parsed options as a :class:`lartpc.jobs.plan.SweepRequest`."""
+    from lartpc.jobs.plan import SweepRequest
+
+    names = [f.name for f in dataclasses.fields(SweepRequest) if f.name not in _NOT_OPTIONS]
+    return SweepRequest(**{n: getattr(args, n) for n in names}, submit=args.submit,
+                        check_data=not (args.dry_run or args.no_data_check))
 
 
 def run(args: argparse.Namespace) -> int:
-    from lartpc.cliparse import int_list
-    from lartpc.fsutil import refuse_symlink, subfolder
-    from lartpc.jobs import resolve, sweep
-    from lartpc.jobs import submit as jobsubmit
+    from lartpc.jobs import plan as sweeplib
 
-    site = resolve.apply_site(args)
-    if args.submit:  # fail before checking or writing anything if it cannot be submitted
-        import shutil
-
-        exe = sweep.SUBMIT[args.scheduler]
-        if shutil.which(exe) is None:
-            raise LartpcError(f"--submit --scheduler {args.scheduler}: `{exe}` not found on PATH")
-    configs = resolve.configs(args)
-    gpus = int_list(args.gpus, "--gpus", minimum=1, distinct=True)
-    seeds = int_list(args.seeds, "--seeds", distinct=True)
-    resolve.check_size(args, site, gpus)
-    for option in ("queue", "account", "qos", "reservation"):
-        sweep.check_name(getattr(args, option), f"--{option}")
-    sweep.check_name(getattr(args, "srun_mpi", None), f"site {args.site}: srun_mpi")
-    sweep.check_constraint(args.constraint)
-    if args.scheduler == "lsf" and (args.constraint or args.qos):
-        raise LartpcError("--constraint and --qos are SLURM options; with LSF use --bsub-arg")
-    extra = [sweep.scheduler_arg(a, "--sbatch-arg", "slurm") for a in args.sbatch_args]
-    extra_lsf = [sweep.scheduler_arg(a, "--bsub-arg", "lsf") for a in args.bsub_args]
-    if (extra and args.scheduler != "slurm") or (extra_lsf and args.scheduler != "lsf"):
-        raise LartpcError(f"--sbatch-arg is for SLURM and --bsub-arg for LSF; the sweep's "
-                          f"scheduler is {args.scheduler}")
-    sweep.parse_time_s(args.time)
-    if args.max_requeues < 0:
-        raise LartpcError(f"--max-requeues {args.max_requeues}: must be 0 or more")
-    sweep.check_sets(args.sets, configs, seeds, args.launcher)
-    cores = resolve.cores_per_rank(args)
-    data = sweep.job_path(str(args.data), "--data")  # "$SCRATCH/events" stays for the job
-    sweep.check_path(Path(data), "--data", directive=False)
-    sweep.check_path(args.out_dir, "--out-dir", directive=True)
-    out_dir = args.out_dir.resolve()
-    sweep.check_path(out_dir, "--out-dir", directive=True)
-    if not args.dry_run and not args.no_data_check:  # data only on the cluster: not here
-        here = sweep.local_path(data)
-        if here is None or not here.is_dir():
-            raise LartpcError(f"--data {args.data}: no such folder here; --no-data-check "
-                              "writes the scripts for data that exists only on the cluster")
-        resolve.check_data(here, configs, gpus, seeds, args.sets)
-    jobs_dir = out_dir / "jobs"
-    configs, copies = _copies(args, configs, jobs_dir)
-    shape = sweep.JobShape(scheduler=args.scheduler, launcher=args.launcher, time=args.time,
-                           gpus_per_node=args.gpus_per_node, cores_per_rank=cores,
-                           cpu=args.cpu, account=args.account, queue=args.queue,
-                           constraint=args.constraint, qos=args.qos,
-                           reservation=args.reservation, extra_args=extra or extra_lsf,
-                           srun_mpi=getattr(args, "srun_mpi", None),
-                           prelude=str(jobs_dir / "prelude.sh") if args.prelude else None,
-                           max_requeues=args.max_requeues)
-    logs_dir = out_dir / "logs"
-    points = sweep.plan(configs, gpus, seeds, out_dir, jobs_dir, args.scheduler)
-    scripts = sweep.build_scripts(points, shape, data, args.sets, logs_dir)
-    network, network_env = sweep.network_script(points, shape, out_dir, logs_dir) \
-        if args.measure_network else (None, None)
-    if network is not None:
-        sweep.check_syntax(network, "allreduce")
-    submit_cmd = sweep.SUBMIT[args.scheduler] + (" <" if args.scheduler == "lsf" else "")
-
-    for p in points:
-        sweep.check_syntax(scripts[p.name], p.name)
+    sweep = sweeplib.plan(request(args))
     if args.dry_run:  # render and check only: no script is run
-        template = sweep.template_path(shape)
-        for path in copies:
-            print(f"### would copy: {path}")
-        if network is not None:
-            print(f"### network: {jobs_dir / 'allreduce.sbatch'} -> {out_dir / 'network.json'}")
-            print(network, end="")
-            template_net = sweep.jobs_dir() / sweep.NETWORK_TEMPLATE
-            print(f"### launch: {sweep.launch_line(template_net, network_env)}\n")
-        for p in points:
-            env = sweep.exports(p, shape, data, args.sets)
-            print(f"### {p.name}: {p.script} -> run {p.run}")
-            print(scripts[p.name], end="")
-            print(f"### submit: {submit_cmd} {p.script}")
-            print(f"### launch: {sweep.launch_line(template, env)}\n")
+        sweeplib.render(sweep, sys.stdout)
         return 0
-
-    meta = {"created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "scheduler": args.scheduler, "launcher": args.launcher, "data": str(data),
-            "configs": configs, "site": args.site, "time": args.time, "sets": args.sets,
-            "cores_per_rank": cores, "scheduler_args": shape.extra_args}
-    if args.prelude:
-        text = copies[jobs_dir / "prelude.sh"]
-        meta["prelude"] = {"from": str(Path(args.prelude).resolve()),
-                           "sha256": hashlib.sha256(text.encode()).hexdigest()}
-    manifest = out_dir / "manifest.json"
-    reasons = None
-    if args.submit:  # every point's job asked about first: a failed squeue submits nothing
-        reasons = jobsubmit.skip_reasons(points, args.scheduler,
-                                         jobsubmit.read_manifest(manifest))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    whats = {sub: f"the sweep's {sub.name} folder" for sub in (jobs_dir, logs_dir)}
-    for sub, what in whats.items():  # both checked before either is made
-        refuse_symlink(sub, what)
-    for sub, what in whats.items():  # the scheduler writes logs/ too (it will not create it)
-        subfolder(out_dir, sub.name, what)
-    for path, text in copies.items():
-        jobsubmit.write_script(path, text)
-    after = None
-    if network is not None:
-        net_script = jobs_dir / "allreduce.sbatch"
-        jobsubmit.write_script(net_script, network, 0o755)
-        meta["network"] = {"script": str(net_script), "profile": str(out_dir / "network.json"),
-                           "job_id": None}
-        if args.submit:
-            old_doc = jobsubmit.read_manifest(manifest)
-            after = jobsubmit.submit_network(str(net_script), out_dir / "network.json", old_doc)
-            meta["network"]["job_id"] = after
-            if after:
-                print(f"{net_script}  job {after}")
-    old = jobsubmit.write(points, scripts, manifest, meta)
-    skipped = []
-    if args.submit:
-        skipped = jobsubmit.submit(points, args.scheduler, manifest, meta, old, after,
-                                   reasons)
-    for p in points:
+    result = sweeplib.submit(sweep) if args.submit else sweeplib.write(sweep)
+    if result.network_job:
+        print(f"{sweep.network_script}  job {result.network_job}")
+    for p in sweep.points:
         print(f"{p.script}" + (f"  job {p.job_id}" if p.job_id else ""))
-    for p, why in skipped:
+    for p, why in result.skipped:
         print(f"{p.name}: not submitted, {why}")
-    print(f"manifest: {manifest}")
+    print(f"manifest: {result.manifest}")
     if not args.submit:
-        print(f"submit each with: {submit_cmd} <script>")
+        print(f"submit each with: {sweep.submit_command} <script>")
     return 0

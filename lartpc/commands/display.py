@@ -30,6 +30,27 @@ def _charge_range(pos, charge, tail: float = 0.001) -> tuple[int, int]:
     return int(pos[order][lo]), int(pos[order][min(hi, len(pos) - 1)])
 
 
+def _view(event, geometry, margin: int) -> tuple[int, int, int, int]:
+    """(row0, row1, col0, col1): the box holding 99.8 % of the charge, with ``margin``
+    full-resolution pixels around it and its short side padded to a third of the long."""
+    k = geometry.downsample
+    h, w = geometry.shape
+    m = max(1, margin // k)
+    (lo_r, hi_r), (lo_c, hi_c) = (_charge_range(v, event.charge)
+                                  for v in (event.row, event.col))
+    r0, r1 = max(0, lo_r - m), min(h, hi_r + m + 1)
+    c0, c1 = max(0, lo_c - m), min(w, hi_c + m + 1)
+    # keep the aspect sane: pad the short side to at least a third of the long one
+    side = max(r1 - r0, c1 - c0) // 3
+    if r1 - r0 < side:
+        pad = (side - (r1 - r0)) // 2
+        r0, r1 = max(0, r0 - pad), min(h, r1 + pad)
+    if c1 - c0 < side:
+        pad = (side - (c1 - c0)) // 2
+        c0, c1 = max(0, c0 - pad), min(w, c1 + pad)
+    return r0, r1, c0, c1
+
+
 def render(event, geometry, out: str | Path, *, title: str, margin: int = 40,
            crop: bool = True) -> Path:
     """Draw ``event`` to a PNG: wire (x) vs time pixel (y), log colour scale.
@@ -53,22 +74,8 @@ def render(event, geometry, out: str | Path, *, title: str, margin: int = 40,
     from matplotlib.colors import LogNorm
 
     k = geometry.downsample
-    h, w = geometry.shape
-    r0, r1, c0, c1 = 0, h, 0, w
-    if crop and len(event):
-        m = max(1, margin // k)
-        (lo_r, hi_r), (lo_c, hi_c) = (_charge_range(v, event.charge)
-                                      for v in (event.row, event.col))
-        r0, r1 = max(0, lo_r - m), min(h, hi_r + m + 1)
-        c0, c1 = max(0, lo_c - m), min(w, hi_c + m + 1)
-        # keep the aspect sane: pad the short side to at least a third of the long one
-        side = max(r1 - r0, c1 - c0) // 3
-        if r1 - r0 < side:
-            pad = (side - (r1 - r0)) // 2
-            r0, r1 = max(0, r0 - pad), min(h, r1 + pad)
-        if c1 - c0 < side:
-            pad = (side - (c1 - c0)) // 2
-            c0, c1 = max(0, c0 - pad), min(w, c1 + pad)
+    r0, r1, c0, c1 = _view(event, geometry, margin) if crop and len(event) else \
+        (0, geometry.shape[0], 0, geometry.shape[1])
     img = np.full((r1 - r0, c1 - c0), np.nan, np.float32)
     sel = (event.row >= r0) & (event.row < r1) & (event.col >= c0) & (event.col < c1)
     img[event.row[sel] - r0, event.col[sel] - c0] = event.charge[sel]

@@ -75,8 +75,10 @@ def _scan_for_error(path: Path, text: str, columns: tuple[str, ...]) -> None:
 
 
 def read_table(path: Path, columns: tuple[str, ...], int_columns: tuple[str, ...] = (),
-               notes: list[str] | None = None) -> pd.DataFrame:
-    """Read a numeric CSV whose header must be exactly ``columns``.
+               notes: list[str] | None = None,
+               older: tuple[tuple[str, ...], ...] = ()) -> pd.DataFrame:
+    """Read a numeric CSV whose header must be exactly ``columns``, or one of the
+    ``older`` headers (the file of an older lartpc: the columns it lacks read as nan).
 
     ``nan``/``inf`` are accepted (a diverged loss is a real outcome); empty cells, text and
     wrong field counts are errors naming the line. ``int_columns`` must hold whole numbers
@@ -86,16 +88,17 @@ def read_table(path: Path, columns: tuple[str, ...], int_columns: tuple[str, ...
     header = next((row for _, row in csv_rows(path, text)), None)
     if header is None:
         raise RunFolderError(f"{path}:1: empty file, expected header {','.join(columns)}")
-    if tuple(h.strip() for h in header) != columns:
+    found = tuple(h.strip() for h in header)
+    if found != columns and found not in older:
         raise RunFolderError(f"{path}:1: header is {','.join(header)!r}, expected "
                              f"{','.join(columns)!r}")
     try:
         df = pd.read_csv(io.StringIO(text), dtype=np.float64, keep_default_na=False,
                          na_values=["nan", "NaN"], index_col=False, on_bad_lines="error")
     except (ValueError, pd.errors.ParserError, csv.Error) as e:
-        _scan_for_error(path, text, columns)
+        _scan_for_error(path, text, found)
         raise RunFolderError(f"{path}: malformed CSV: {e}") from e
-    df.columns = list(columns)
+    df.columns = list(found)
     for name in int_columns:
         v = df[name].to_numpy()
         bad = ~np.isfinite(v) | (v != np.round(v)) | (np.abs(v) >= 2.0 ** 53)
@@ -103,7 +106,7 @@ def read_table(path: Path, columns: tuple[str, ...], int_columns: tuple[str, ...
             i = int(np.flatnonzero(bad)[0])
             raise RunFolderError(f"{path}:{i + 2}: column '{name}': {v[i]!r} is not a whole "
                                  "number below 2**53")
-    return df
+    return df if found == columns else df.reindex(columns=list(columns), fill_value=np.nan)
 
 
 def read_confusion(path: Path, classes: tuple[str, ...]) -> np.ndarray:

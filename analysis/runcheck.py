@@ -159,9 +159,10 @@ def check_steps(path: Path, df: pd.DataFrame, meta: dict[str, Any]) -> None:
 
 
 def check_evals(path: Path, df: pd.DataFrame, meta: dict[str, Any]) -> None:
-    """Value checks of ``eval.csv``: epochs and counts >= 0, accuracies in [0, 1]."""
+    """Value checks of ``eval.csv``: epochs, counts, steps and images >= 0 (the last two
+    nan in rows written before issue 37), accuracies in [0, 1]."""
     check_times(path, df, float(meta["start_time"]))
-    for col in ("epoch", "n_events"):
+    for col in ("epoch", "n_events", "step", "images"):
         _first_bad(path, df, col, df[col].to_numpy() < 0, "is negative")
     for col in df.columns:
         if col == "accuracy" or col.startswith("acc_"):

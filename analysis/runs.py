@@ -32,6 +32,7 @@ from lartpc.runfolder.schema import (  # noqa: F401 (re-exported)
     CONFUSION_CSV,
     CONFUSION_HEADER,
     EVAL_COLUMNS,
+    EVAL_COLUMNS_V1,
     EVAL_CSV,
     RUN_JSON,
     STEP_COLUMNS,
@@ -218,7 +219,7 @@ def load_run(path: str | Path) -> Run:
                              f"{run.world_size} in {RUN_JSON}")
     if (path / EVAL_CSV).is_file():
         run.evals = read_table(path / EVAL_CSV, EVAL_COLUMNS, ("epoch", "n_events"),
-                               run.notes)
+                               run.notes, older=(EVAL_COLUMNS_V1,))
         check_evals(path / EVAL_CSV, run.evals, run.meta)
     if (path / CONFUSION_CSV).is_file():
         run.confusion = read_confusion(path / CONFUSION_CSV, CLASSES)

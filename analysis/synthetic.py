@@ -72,10 +72,12 @@ def write_synthetic_run(folder: str | Path, *, model: str, world_size: int,
         frac = (e + 1) / n_epochs
         acc = 0.2 + frac * (acc_cls.mean() - 0.2)
         rows.append([e, t[i] + 0.5, clean[i], acc, per_class * len(CLASSES),
-                     *(0.2 + frac * (acc_cls - 0.2))])
+                     *(0.2 + frac * (acc_cls - 0.2)), i + 1,
+                     (i + 1) * batch_per_rank * world_size])
     np.savetxt(folder / EVAL_CSV, np.array(rows), delimiter=",",
                header=",".join(EVAL_COLUMNS), comments="",
-               fmt=["%d", "%.3f", "%.5f", "%.5f", "%d"] + ["%.5f"] * len(CLASSES))
+               fmt=["%d", "%.3f", "%.5f", "%.5f", "%d"] + ["%.5f"] * len(CLASSES)
+               + ["%d", "%d"])
     with (folder / CONFUSION_CSV).open("w") as f:
         f.write(",".join(CONFUSION_HEADER) + "\n")
         for cls, row in zip(CLASSES, counts, strict=True):

@@ -87,7 +87,14 @@ class TrainConfig:
     lr_scaling: str = "none"  #: none | linear | sqrt (learning rate x f(world size))
     warmup_epochs: float = 0.0  #: linear ramp from lr to the scaled lr (Goyal et al.)
     grad_compression: str = "none"  #: none | fp16
-    eval_every_epochs: int = 1
+    eval_every_epochs: int = 1  #: the paper's cadence: every K epoch ends (and the last)
+    #: evaluate instead once every this many training images (all ranks together) have
+    #: been seen since the last multiple, whatever the epoch: the learning curve is
+    #: sampled at the same images for every GPU count (0: by epochs)
+    eval_every_images: int = 0
+    #: or once every this many optimizer steps: as many evaluations per step at every
+    #: GPU count, so their share of the wall time does not grow with it (0: by epochs)
+    eval_every_steps: int = 0
     checkpoint_every_steps: int = 0  #: 0 = at epoch ends and every checkpoint_every_s
     checkpoint_every_s: float = 600.0
     log_flush_steps: int = 20  #: buffered CSV rows per write
@@ -172,6 +179,7 @@ POSITIVE = ("data.downsample", "train.batch_per_rank", "train.epochs", "train.ti
             "dist.timeout_s", "train.noise_every_steps")
 NON_NEGATIVE = ("data.max_events", "data.prefetch", "train.seed", "train.weight_decay",
                 "train.momentum", "train.warmup_epochs", "train.checkpoint_every_steps",
+                "train.eval_every_images", "train.eval_every_steps",
                 "train.checkpoint_every_s", "train.threads", "train.progress_every_s")
 MAX_THREADS = 1024  #: CPU threads per rank; beyond this torch fails to create them
 #: The largest seed (train.seed, simulate --seed): seeds are stored as int64 (HDF5
@@ -278,6 +286,10 @@ def validate(cfg: Config) -> None:
                 raise ConfigError(f"{key} = {d[s][k]!r}: {rule}")
     if not 0.0 < cfg.data.eval_fraction < 1.0:
         raise ConfigError(f"data.eval_fraction = {cfg.data.eval_fraction}: must be in (0, 1)")
+    if cfg.train.eval_every_images and cfg.train.eval_every_steps:
+        raise ConfigError(f"train.eval_every_images = {cfg.train.eval_every_images} with "
+                          f"train.eval_every_steps = {cfg.train.eval_every_steps}: set at "
+                          "most one evaluation cadence (the other 0)")
     if cfg.data.orient != "none" and cfg.data.downsample != 1:
         raise ConfigError(f"data.orient = {cfg.data.orient!r} with data.downsample = "
                           f"{cfg.data.downsample}: finding the start needs full-resolution "

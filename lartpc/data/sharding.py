@@ -23,6 +23,7 @@ Rules (the paper's scheme, made exact):
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -133,6 +134,20 @@ class ShardPlan:
             raise ConfigError(f"batch_size=1 needs the {n_train} training events to divide "
                               f"evenly over {world_size} ranks")
         self.steps_per_epoch = math.ceil(max(sizes) / batch_size)
+        self._cum_images: list[int] | None = None
+
+    def images_seen(self, global_step: int) -> int:
+        """Training images all ranks together have stepped on after ``global_step``
+        steps (exact: the short batches of each epoch included)."""
+        if self._cum_images is None:
+            per_step = [0] * self.steps_per_epoch
+            for r in range(self.world_size):
+                n = len(self.train_indices(r))
+                for j, b in enumerate(batch_sizes(n, self.batch_size, self.steps_per_epoch)):
+                    per_step[j] += b
+            self._cum_images = [0, *itertools.accumulate(per_step)]
+        epochs, j = divmod(global_step, self.steps_per_epoch)
+        return epochs * self._cum_images[-1] + self._cum_images[j]
 
     def train_indices(self, rank: int) -> np.ndarray:
         """Store indices rank ``rank`` owns for training (fixed for the run, sorted)."""

@@ -15,9 +15,13 @@ CHECKPOINT, LOCK = "checkpoint.pt", "run.lock"
 STEP_COLUMNS: tuple[str, ...] = (
     "time", "epoch", "rank", "batchno", "data_size", "local_loss", "global_loss",
     "local_acc", "global_acc", "data_s", "compute_s", "comm_s")
-#: Columns of eval.csv (one row per evaluation).
-EVAL_COLUMNS: tuple[str, ...] = (
+#: Columns of eval.csv (one row per evaluation) before issue 37: still read, without
+#: the step and images an evaluation was taken at.
+EVAL_COLUMNS_V1: tuple[str, ...] = (
     "epoch", "time", "loss", "accuracy", "n_events", *(f"acc_{c}" for c in CLASSES))
+#: Columns of eval.csv: ``step`` is the global steps done when it was taken, ``images``
+#: the training images all ranks had stepped on by then.
+EVAL_COLUMNS: tuple[str, ...] = (*EVAL_COLUMNS_V1, "step", "images")
 #: Header of confusion.csv: rows true class, columns predicted.
 CONFUSION_HEADER: tuple[str, ...] = ("true", *CLASSES)
 #: Columns of noise.csv (one row per measured step).

@@ -1,8 +1,10 @@
 """The training loop: the paper's protocol, one process per rank.
 
-Epochs of steps, an evaluation at every ``eval_every_epochs`` epoch end, a checkpoint
-at every epoch end and whenever the checkpointer says so, until the epochs are done or
-every rank agrees to stop (time limit, signal, non-finite loss). The parts it drives:
+Epochs of steps, an evaluation at every ``eval_every_epochs`` epoch end (or after the
+step that reaches each multiple of ``eval_every_images`` images or ``eval_every_steps``
+steps, and at the end), a checkpoint at every epoch end and whenever the checkpointer
+says so, until the epochs are done or every rank agrees to stop (time limit, signal,
+non-finite loss). The parts it drives:
 :class:`~lartpc.train.trainer.Trainer`, :class:`~lartpc.train.checkpointer.Checkpointer`
 and the :mod:`sinks <lartpc.train.sinks>`.
 """
@@ -21,6 +23,11 @@ log = logging.getLogger(__name__)
 def fit(t: Trainer, ckpt: Checkpointer, sinks: Sink) -> str:
     """Train this segment; the run's status."""
     s, evaluated = t.state, False
+    if t.by_count and t.count_due() and not t.evaluated_now():
+        # a stop (preempted) on a step that reached the cadence saved before evaluating:
+        # the evaluation an uninterrupted run made there is made up first
+        sinks.on_eval(t.evaluate())
+        evaluated = True
     while s.epoch < t.cfg.train.epochs:
         # A checkpoint at an epoch's end is a step checkpoint written before that
         # epoch's evaluation (the epoch-end one is saved after next_epoch): a job killed
@@ -51,6 +58,8 @@ def run_epoch(t: Trainer, ckpt: Checkpointer, sinks: Sink) -> bool:
             sinks.on_step(rec)
         if t.stop:  # any rank out of time, signalled, or a non-finite loss: all stop
             return t.state.step_in_epoch >= t.plan.steps_per_epoch
+        if t.count_due():  # before a checkpoint of this step, which then holds its row
+            sinks.on_eval(t.evaluate())
         if t.save_due:
             ckpt.save(t, sinks)
     return True
@@ -78,7 +87,7 @@ def finish(t: Trainer, ckpt: Checkpointer, sinks: Sink, evaluated: bool) -> str:
                         t.cfg.train.time_limit_s, s.epoch, s.step_in_epoch)
         # A run stopped early (or between evaluations) still ends evaluated and saved; a
         # run that finished its epochs was both at its last epoch's end.
-        if not evaluated and s.global_step > 0:
+        if not (evaluated or t.evaluated_now()) and s.global_step > 0:
             sinks.on_eval(t.evaluate())
             ckpt.save(t, sinks)
     sinks.flush()

@@ -67,6 +67,8 @@ class ConsoleProgress:
         Global steps already done (a resumed run).
     eval_every_epochs : int
         Evaluation interval, for the time the remaining evaluations take.
+    eval_every_images, eval_every_steps : int
+        The cadence by images or steps instead, when one is not 0.
     bar : bool | None
         Show a tqdm bar; None: when stderr is a terminal.
     clock : callable
@@ -75,10 +77,12 @@ class ConsoleProgress:
 
     def __init__(self, *, every_s: float, steps_per_epoch: int, epochs: int,
                  time_limit_s: float, process_start: float, start_step: int = 0,
-                 eval_every_epochs: int = 1, bar: bool | None = None, clock=time.time):
+                 eval_every_epochs: int = 1, eval_every_images: int = 0,
+                 eval_every_steps: int = 0, bar: bool | None = None, clock=time.time):
         self.every_s, self.spe, self.epochs = every_s, steps_per_epoch, epochs
         self.time_limit_s, self.process_start = time_limit_s, process_start
         self.start_step, self.eval_every = start_step, eval_every_epochs
+        self.every_images, self.every_steps = eval_every_images, eval_every_steps
         self.clock = clock
         self.window: deque[tuple[float, ...]] = deque(maxlen=WINDOW)
         self.eval_s: float | None = None
@@ -116,8 +120,7 @@ class ConsoleProgress:
         data, compute, comm = (sum(r[i] for r in rows) / n for i in (3, 4, 5))
         step_s = data + compute + comm
         total = self.spe * self.epochs
-        evals_left = sum(1 for e in range(self.step // self.spe, self.epochs)
-                         if (e + 1) % self.eval_every == 0 or e + 1 == self.epochs)
+        evals_left = self.evals_left(total - self.step, sum(r[2] for r in rows) / n)
         return {
             "step": self.step, "steps": total, "epoch": self.step / self.spe,
             "loss": sum(r[0] for r in rows) / n, "acc": sum(r[1] for r in rows) / n,
@@ -127,6 +130,15 @@ class ConsoleProgress:
             "time_left_s": self.time_limit_s - (now - self.process_start),
             "finish_s": (total - self.step) * step_s + evals_left * (self.eval_s or 0.0),
         }
+
+    def evals_left(self, steps_left: int, images_per_step: float) -> int:
+        """Evaluations still to come in ``steps_left`` steps (the last one included)."""
+        if self.every_steps:
+            return steps_left // self.every_steps + 1
+        if self.every_images:
+            return int(steps_left * images_per_step // self.every_images) + 1
+        return sum(1 for e in range(self.step // self.spe, self.epochs)
+                   if (e + 1) % self.eval_every == 0 or e + 1 == self.epochs)
 
     def line(self, now: float) -> str:
         """The progress line at time ``now`` (after at least one step)."""
@@ -171,4 +183,6 @@ def open_progress(cfg, is_root: bool, steps_per_epoch: int, process_start: float
     return ConsoleProgress(every_s=tc.progress_every_s, steps_per_epoch=steps_per_epoch,
                            epochs=tc.epochs, time_limit_s=tc.time_limit_s,
                            process_start=process_start, start_step=start_step,
-                           eval_every_epochs=tc.eval_every_epochs)
+                           eval_every_epochs=tc.eval_every_epochs,
+                           eval_every_images=tc.eval_every_images,
+                           eval_every_steps=tc.eval_every_steps)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import os
 from pathlib import Path
 
@@ -114,8 +115,8 @@ def write_eval(run: Path, rows: list[dict]) -> None:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(EVAL_COLUMNS)
-    for r in rows:
-        w.writerow([_fmt(r[c]) for c in EVAL_COLUMNS])
+    for r in rows:  # rows of a checkpoint from before issue 37 have no step, images
+        w.writerow([_fmt(r.get(c, math.nan)) for c in EVAL_COLUMNS])
     write_text(Path(run) / EVAL_CSV, buf.getvalue())
 
 

@@ -103,8 +103,9 @@ class EvalFiles(Sink):
     def on_eval(self, rec: EvalRecord) -> None:
         runlog.write_eval(self.run, rec.rows)
         runlog.write_confusion(self.run, rec.confusion)
-        log.info("eval epoch %d: loss %.4f accuracy %.3f on %d events", rec.row["epoch"],
-                 rec.row["loss"], rec.row["accuracy"], rec.row["n_events"])
+        log.info("eval epoch %d (step %d, %d images): loss %.4f accuracy %.3f on %d events",
+                 rec.row["epoch"], rec.row["step"], rec.row["images"], rec.row["loss"],
+                 rec.row["accuracy"], rec.row["n_events"])
 
 
 class TensorBoard(Sink):

@@ -383,15 +383,45 @@ class Trainer:
         self.timing.eval_s = time.time() - t0
         s = self.state
         s.eval_time_s += self.timing.eval_s
-        row = {"epoch": s.epoch, "time": time.time(), **res.row()}
-        s.eval_rows = [r for r in s.eval_rows if r["epoch"] != s.epoch] + [row]
+        row = {"epoch": s.epoch, "time": time.time(), **res.row(), "step": s.global_step,
+               "images": self.plan.images_seen(s.global_step)}
+        # by epochs one row per epoch (an early stop's row gives way to the epoch end's);
+        # by images or steps one per global step
+        same = "step" if self.by_count else "epoch"
+        s.eval_rows = [r for r in s.eval_rows if r.get(same) != row[same]] + [row]
         return EvalRecord(global_step=s.global_step - 1, row=row, rows=s.eval_rows,
                           confusion=res.confusion, seconds=self.timing.eval_s)
 
+    @property
+    def by_count(self) -> bool:
+        """Evaluations every ``train.eval_every_images`` or ``eval_every_steps``, not by
+        epochs."""
+        return bool(self.cfg.train.eval_every_images or self.cfg.train.eval_every_steps)
+
+    def evaluated_now(self) -> bool:
+        """Is there an evaluation at the current global step already?"""
+        return any(r.get("step") == self.state.global_step for r in self.state.eval_rows)
+
     def eval_due(self) -> bool:
-        """At the end of this epoch (its last step done)?"""
+        """At the end of this epoch (its last step done)? By images or steps: only at
+        the end of the last epoch, unless the cadence evaluated that step already."""
         done, tc = self.state.epoch + 1, self.cfg.train
+        if self.by_count:
+            return done == tc.epochs and not self.evaluated_now()
         return done % tc.eval_every_epochs == 0 or done == tc.epochs
+
+    def count_due(self) -> bool:
+        """Has the step just done (global step ``global_step - 1``) reached the next
+        multiple of ``train.eval_every_images`` images or ``eval_every_steps`` steps?"""
+        g, tc = self.state.global_step, self.cfg.train
+        if g == 0:
+            return False
+        if tc.eval_every_steps:
+            return g % tc.eval_every_steps == 0
+        if tc.eval_every_images:
+            every, seen = tc.eval_every_images, self.plan.images_seen
+            return seen(g) // every > seen(g - 1) // every
+        return False
 
     def close(self) -> float:
         """End the segment: the gradient hooks go; the largest parameter difference

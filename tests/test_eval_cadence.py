@@ -5,16 +5,15 @@ evaluates where an uninterrupted one does."""
 from __future__ import annotations
 
 import signal
-import time
 
 import pytest
 import torch
+from test_train_loop import _trainer
 from train_helpers import rows
 
 from lartpc import dist
 from lartpc.config import load_config
 from lartpc.data.sharding import ShardPlan
-from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError
 from lartpc.runfolder.schema import EVAL_COLUMNS
 from lartpc.train import checkpoint
@@ -23,8 +22,6 @@ from lartpc.train.loop import fit
 from lartpc.train.sinks import open_sinks
 from lartpc.train.trainer import Trainer
 
-SETS = ["data.downsample=9", "data.eval_fraction=0.2", "train.epochs=2",
-        "train.log_flush_steps=1", "train.threads=1", "train.progress_every_s=0"]
 EVERY = 20  #: images: not a multiple of the 7 images of a step, nor of an epoch's
 
 
@@ -32,14 +29,6 @@ EVERY = 20  #: images: not a multiple of the 7 images of a step, nor of an epoch
 def world():
     torch.set_num_threads(1)
     return dist.init("none", "cpu")
-
-
-def _trainer(world, data, out, *sets, resume=None):
-    cfg = load_config("tiny-jishnet", [*SETS, *sets])
-    store = EventStore(data)
-    plan = ShardPlan(len(store), world.size, cfg.train.batch_per_rank, cfg.train.seed,
-                     cfg.data.eval_fraction, store.labels[:])
-    return cfg, Trainer.build(cfg, store, plan, world, out, time.time(), resume)
 
 
 def _fit(world, cfg, t, out) -> str:

@@ -26,7 +26,7 @@ DPI = 120
 PLAIN = {"parse_math": False}
 
 
-def _save(fig: plt.Figure, path: Path) -> Path:
+def save_figure(fig: plt.Figure, path: Path) -> Path:
     """Write atomically so a failed plot never leaves a torn PNG."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -38,7 +38,7 @@ def _save(fig: plt.Figure, path: Path) -> Path:
     return path
 
 
-def _gpu_axis(ax: plt.Axes, gpus: list[int]) -> None:
+def gpu_axis(ax: plt.Axes, gpus: list[int]) -> None:
     """Log x axis labelled with the GPU counts actually used."""
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(FixedLocator(gpus))
@@ -49,7 +49,7 @@ def _gpu_axis(ax: plt.Axes, gpus: list[int]) -> None:
     ax.set_xlim(lo / 1.3, hi * 1.3)
 
 
-def _fit_label(fit: PowerLawFit, what: str) -> str:
+def fit_label(fit: PowerLawFit, what: str) -> str:
     err = f" ± {fit.exponent_err:.2f}" if fit.exponent_err is not None else ""
     return f"fit: {what} ∝ N^({fit.exponent:.2f}{err})"
 
@@ -58,7 +58,7 @@ def _gpus(n: int) -> str:
     return f"{n} GPU" + ("" if n == 1 else "s")
 
 
-def _log_y(ax: plt.Axes) -> None:
+def log_y(ax: plt.Axes) -> None:
     """Log y axis with plain numbers (12, 30) instead of 1.2x10^1."""
     ax.set_yscale("log")
     lo, hi = ax.get_ylim()
@@ -115,15 +115,15 @@ def loss_curves(runs: list[Run], rows: list[RunMetrics], ttl_fit: PowerLawFit, m
     if ttl_fit.exponent is not None:
         xs = np.geomspace(min(ttl_fit.gpu_counts), max(ttl_fit.gpu_counts), 50)
         ins.plot(xs, ttl_fit.predict(xs) / scale, "-", color="tab:blue",
-                 label=_fit_label(ttl_fit, "TTL"))
-    _log_y(ins)
-    _gpu_axis(ins, gpus)
+                 label=fit_label(ttl_fit, "TTL"))
+    log_y(ins)
+    gpu_axis(ins, gpus)
     ins.set_xlabel("GPUs", fontsize=8)
     ins.set_ylabel(f"TTL({threshold:g}) ({unit})", fontsize=8)
     ins.tick_params(labelsize=7, which="both")
     ins.grid(alpha=0.3, which="both")
     ins.legend(fontsize=7, loc="lower left")
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def epoch_rate(rows: list[RunMetrics], fit: PowerLawFit, model: str, out: Path) -> Path:
@@ -140,15 +140,15 @@ def epoch_rate(rows: list[RunMetrics], fit: PowerLawFit, model: str, out: Path) 
         ax.plot(xs, r0 * xs / n0, "--", color="grey", label=f"ideal (∝ N, from N={n0})")
         if fit.exponent is not None:
             ax.plot(xs, fit.predict(xs), "-", color="tab:blue",
-                    label=_fit_label(fit, "rate"))
-    _log_y(ax)
-    _gpu_axis(ax, gpus)
+                    label=fit_label(fit, "rate"))
+    log_y(ax)
+    gpu_axis(ax, gpus)
     ax.set_xlabel("GPUs (N)")
     ax.set_ylabel("epoch rate (epochs/min, data loading excluded)")
     ax.set_title(f"{model}: epoch rate vs GPU count", **PLAIN)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=9)
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def confusion(counts: np.ndarray, title: str, out: Path) -> Path:
@@ -168,7 +168,7 @@ def confusion(counts: np.ndarray, title: str, out: Path) -> Path:
     ax.set_ylabel("true class")
     ax.set_title(title, fontsize=10, **PLAIN)
     fig.colorbar(im, ax=ax, label="% of true class", fraction=0.046, pad=0.04)
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def minibatch_scan(result: dict, runs: list[Run], out: Path) -> Path:
@@ -222,7 +222,7 @@ def minibatch_scan(result: dict, runs: list[Run], out: Path) -> Path:
     fig.suptitle(f"{result['model']} on {result['device']}, {result['image_size']}^2 images, "
                  f"lr scaling {result['lr_scaling']}, {result['seconds_per_run']:g} s per run",
                  fontsize=10)
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def _percent_matrix(ax: plt.Axes, pct: np.ndarray, title: str, ylabels: bool) -> None:
@@ -283,4 +283,4 @@ def fidelity(results: list[tuple[str, dict]], paper: tuple[str, list[list[float]
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2,
               frameon=False)
     ax.set_title("per class", fontsize=9)
-    return _save(fig, out)
+    return save_figure(fig, out)

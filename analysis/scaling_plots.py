@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from lartpc.analysis.fit import PowerLawFit  # noqa: E402
 from lartpc.analysis.metrics import RunMetrics  # noqa: E402
-from lartpc.analysis.plots import _fit_label, _gpu_axis, _log_y, _save  # noqa: E402
+from lartpc.analysis.plots import fit_label, gpu_axis, log_y, save_figure  # noqa: E402
 
 
 def speedup_efficiency(scaling: list[dict], model: str, out: Path) -> Path:
@@ -34,16 +34,16 @@ def speedup_efficiency(scaling: list[dict], model: str, out: Path) -> Path:
             ax_s.plot([r["gpus"] for r in pts], [r[key] for r in pts], style, label=label)
             ax_e.plot([r["gpus"] for r in pts], [r[eff] for r in pts], style, label=label)
     for ax in (ax_s, ax_e):
-        _gpu_axis(ax, gpus)
+        gpu_axis(ax, gpus)
         ax.set_xlabel("GPUs (N)")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-    _log_y(ax_s)
+    log_y(ax_s)
     ax_s.set_ylabel(f"speedup over N = {n0}")
     ax_e.set_ylabel("parallel efficiency (speedup / (N / N0))")
     ax_e.set_ylim(bottom=0)
     fig.suptitle(f"{model}: speedup and efficiency")
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def ttl_vs_n(rows: list[RunMetrics], fit: PowerLawFit, dropped: PowerLawFit | None,
@@ -62,19 +62,19 @@ def ttl_vs_n(rows: list[RunMetrics], fit: PowerLawFit, dropped: PowerLawFit | No
                 color="tab:red", mfc="none", label="censored: TTL > its run time")
     xs = np.geomspace(gpus[0], gpus[-1], 50)
     if fit.exponent is not None:
-        ax.plot(xs, fit.predict(xs), "-", color="tab:blue", label=_fit_label(fit, "TTL"))
+        ax.plot(xs, fit.predict(xs), "-", color="tab:blue", label=fit_label(fit, "TTL"))
         band = fit.band(xs)
         if band is not None:
             ax.fill_between(xs, *band, color="tab:blue", alpha=0.15, label="95 % band")
     if dropped is not None and dropped.exponent is not None and cens:
         ax.plot(xs, dropped.predict(xs), "--", color="tab:orange",
-                label=_fit_label(dropped, "TTL") + " (censored dropped)")
+                label=fit_label(dropped, "TTL") + " (censored dropped)")
     if done or cens:
-        _log_y(ax)
-    _gpu_axis(ax, gpus)
+        log_y(ax)
+    gpu_axis(ax, gpus)
     ax.set_xlabel("GPUs (N)")
     ax.set_ylabel(f"time to loss {threshold:g} (s)")
     ax.set_title(f"{model}: time to loss against GPU count")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    return _save(fig, out)
+    return save_figure(fig, out)

@@ -32,7 +32,7 @@ import zipfile
 from pathlib import Path
 
 # The installer runs alone on the host (stdlib only); the builder shares its checksum.
-from lartpc.jobs.gpu_bundle_install import _sha256, staged
+from lartpc.jobs.gpu_bundle_install import sha256, staged
 
 HERE = Path(__file__).resolve().parent
 PINS = HERE / "env" / "gpu-bundle.txt"
@@ -126,7 +126,7 @@ def repack(wheel: Path, out_dir: Path) -> dict:
             with zf.open(info) as src:
                 tf.addfile(ti, src)
             files += 1
-    return {"archive": archive.name, "archive_sha256": _sha256(archive),
+    return {"archive": archive.name, "archive_sha256": sha256(archive),
             "archive_bytes": archive.stat().st_size, "files": files, "skipped": skipped}
 
 
@@ -150,7 +150,7 @@ def build(out: Path, pins_file: Path = PINS, python: str = "3.12",
         for name, version in pins:
             whl = find_wheel(src, name, version)
             entry = {"name": name, "version": version, "wheel": whl.name,
-                     "wheel_sha256": _sha256(whl), "wheel_bytes": whl.stat().st_size}
+                     "wheel_sha256": sha256(whl), "wheel_bytes": whl.stat().st_size}
             entry.update(repack(whl, tmp))
             packages.append(entry)
         total = sum(p["archive_bytes"] for p in packages)

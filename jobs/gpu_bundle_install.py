@@ -37,7 +37,7 @@ class InstallError(Exception):
     """Why the bundle cannot be installed here."""
 
 
-def _sha256(path: Path) -> str:
+def sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -55,7 +55,7 @@ def verify(bundle: Path, manifest: dict, python: tuple[int, int]) -> None:
         path = bundle / p["archive"]
         if not path.is_file():
             raise InstallError(f"{path}: missing (listed in manifest.json)")
-        if _sha256(path) != p["archive_sha256"]:
+        if sha256(path) != p["archive_sha256"]:
             raise InstallError(f"{path}: SHA-256 differs from manifest.json (damaged copy?)")
 
 

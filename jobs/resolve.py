@@ -158,8 +158,8 @@ def check_data(data: Path, configs: dict[str, str], gpus: list[int], seeds: list
         Naming the data folder and the point that does not fit.
     """
     from lartpc.config import load_config
-    from lartpc.data.sharding import check_store_fits, plan_run
     from lartpc.data.store import EventStore
+    from lartpc.train.plan import check_store_fits, plan_run
 
     try:
         store = EventStore(data)

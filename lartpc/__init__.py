@@ -22,3 +22,6 @@ _map_source_tree()
 #: Class names in the index order used everywhere (logs, confusion matrices, reports).
 CLASSES: tuple[str, ...] = ("gamma", "electron", "muon", "pion", "kaon")
 NUM_CLASSES = len(CLASSES)
+#: The largest seed (train.seed, simulate --seed): seeds are stored as int64 (HDF5
+#: attributes, TOML integers) and torch.manual_seed takes no more.
+MAX_SEED = 2 ** 63 - 1

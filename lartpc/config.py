@@ -16,8 +16,11 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from lartpc import MAX_SEED
+from lartpc.data import AUGMENTS, BLOSC_SHUFFLES, LOADERS, ORIENTS
+from lartpc.dist import BACKENDS, COMPRESSIONS
 from lartpc.errors import ConfigError
-from lartpc.models import MODELS
+from lartpc.models import ALGOS, HEADS, LOSSES, MODELS, STEMS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -50,7 +53,7 @@ class DataConfig:
     downsample: int = 1  #: must equal the event store's downsample factor
     eval_fraction: float = 0.1  #: held-out share of the events, chosen by train.seed
     max_events: int = 0  #: use only the first N events of the store (0 = all)
-    loader: str = "auto"  #: auto | blosc | device-dense | sparse (auto: the model's path)
+    loader: str = "auto"  #: auto | blosc | sparse | device-dense (auto: the model's path)
     blosc_codec: str = "lz4"  #: defaults chosen by measurement, see lartpc/data/blosc_cache.py
     blosc_clevel: int = 5
     blosc_shuffle: str = "noshuffle"  #: noshuffle | shuffle | bitshuffle
@@ -140,37 +143,33 @@ class Config:
         return dataclasses.asdict(self)
 
 
-#: Allowed values of every enumerated setting; the command lines' ``choices=`` come
-#: from here (see :func:`choices`).
+#: Allowed values of every enumerated setting, assembled from the components that own
+#: them (models, data, dist; the training loop's own here); the command lines'
+#: ``choices=`` come from here (see :func:`choices`).
 CHOICES = {
     "model.name": tuple(MODELS),
-    "model.loss": ("ce", "paper"),
-    "data.loader": ("auto", "blosc", "device-dense", "sparse"),
-    "data.blosc_shuffle": ("noshuffle", "shuffle", "bitshuffle"),
-    "data.augment": ("none", "mirror"),
-    "data.orient": ("none", "start"),
+    "model.loss": LOSSES,
+    "model.algo": ALGOS,
+    "model.head": HEADS,
+    "model.stem": STEMS,
+    "data.loader": ("auto", *LOADERS),
+    "data.blosc_shuffle": BLOSC_SHUFFLES,
+    "data.augment": AUGMENTS,
+    "data.orient": ORIENTS,
     "train.optimizer": ("adam", "sgd"),
     "train.optimizer_impl": ("foreach", "for-loop", "fused"),
     "train.lr_scaling": ("none", "linear", "sqrt"),
-    "train.grad_compression": ("none", "fp16"),
+    "train.grad_compression": COMPRESSIONS,
     "train.device": ("auto", "cpu", "cuda"),
-    "model.algo": ("auto", "native", "implicit_gemm", "split_implicit_gemm"),
-    "model.head": ("flatten", "max"),
-    "model.stem": ("auto", "fused", "library"),
     "train.amp": ("none", "bf16", "fp16"),
     "train.noise_scale": ("off", "auto", "ranks", "halves"),
-    "dist.backend": ("auto", "horovod", "torch", "none"),
-}
-#: Other enumerated options, not settings, named after their command or module.
-OPTION_CHOICES = {
-    "simulate.geometry": ("isotropic", "beam"),  #: the generator's source geometries
-    "loader.mode": ("dense", "sparse", "device-dense"),  #: lartpc.data.loaders' classes
+    "dist.backend": BACKENDS,
 }
 
 
 def choices(key: str, *, without: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """The allowed values of setting or option ``key`` (``"model.name"``), less ``without``."""
-    return tuple(v for v in {**CHOICES, **OPTION_CHOICES}[key] if v not in without)
+    """The allowed values of setting ``key`` (``"model.name"``), less ``without``."""
+    return tuple(v for v in CHOICES[key] if v not in without)
 
 
 POSITIVE = ("data.downsample", "train.batch_per_rank", "train.epochs", "train.time_limit_s",
@@ -182,9 +181,6 @@ NON_NEGATIVE = ("data.max_events", "data.prefetch", "train.seed", "train.weight_
                 "train.eval_every_images", "train.eval_every_steps",
                 "train.checkpoint_every_s", "train.threads", "train.progress_every_s")
 MAX_THREADS = 1024  #: CPU threads per rank; beyond this torch fails to create them
-#: The largest seed (train.seed, simulate --seed): seeds are stored as int64 (HDF5
-#: attributes, TOML integers) and torch.manual_seed takes no more.
-MAX_SEED = 2 ** 63 - 1
 #: Floats that must be finite (inf passes "> 0"; NaN fails every comparison anyway).
 #: train.time_limit_s and train.budget_s may be inf: no limit.
 FINITE = ("train.lr", "train.eps", "train.weight_decay", "train.momentum",

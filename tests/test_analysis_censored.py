@@ -9,7 +9,7 @@ from lartpc.analysis.censored import fit_censored_power_law
 from lartpc.analysis.fit import fit_power_law, summarize
 from lartpc.analysis.metrics import run_metrics
 from lartpc.analysis.runs import load_runs
-from lartpc.analysis.synthetic import write_synthetic_study
+from synthetic_runs import write_synthetic_study
 
 TRUE_B = -0.7
 

@@ -13,8 +13,8 @@ import pytest
 from lartpc.analysis.__main__ import main
 from lartpc.analysis.paper import PAPER
 from lartpc.analysis.runs import CLASSES, RunFolderError, load_run
-from lartpc.analysis.synthetic import write_synthetic_run, write_synthetic_study
 from lartpc.analysis.tables import analyse
+from synthetic_runs import write_synthetic_run, write_synthetic_study
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 from lartpc.analysis.metrics import primary_steps, run_metrics
 from lartpc.analysis.runs import load_runs
-from lartpc.analysis.synthetic import write_synthetic_run
 from lartpc.analysis.tables import analyse, to_text
+from synthetic_runs import write_synthetic_run
 
 
 def _run(tmp_path, eval_share: float = 0.0, **meta):

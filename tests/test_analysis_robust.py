@@ -15,7 +15,7 @@ from lartpc.analysis.__main__ import main
 from lartpc.analysis.metrics import run_metrics
 from lartpc.analysis.runcheck import safe_name
 from lartpc.analysis.runs import RunFolderError, load_run
-from lartpc.analysis.synthetic import write_synthetic_run
+from synthetic_runs import write_synthetic_run
 
 RATE, TTL, DLT = 0.5, 200.0, 20.0
 

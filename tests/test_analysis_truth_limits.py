@@ -7,8 +7,8 @@ import json
 
 from lartpc.analysis.__main__ import main as analysis_main
 from lartpc.analysis.paper import PAPER
-from lartpc.analysis.synthetic import write_synthetic_run
 from lartpc.analysis.truth_limits import load_truth_limits
+from synthetic_runs import write_synthetic_run
 
 from lartpc.cli import main as lartpc_main
 

@@ -37,7 +37,7 @@ def _flipped(img: np.ndarray, wire: bool, time: bool) -> np.ndarray:
     return img[::-1, :] if time else img
 
 
-@pytest.mark.parametrize("mode", ["dense", "sparse"])
+@pytest.mark.parametrize("mode", ["blosc", "sparse"])
 def test_batches_hold_the_mirrored_events_and_the_loader_keeps_its_own(store, mode):
     idx = np.arange(40)
     loader = build_loader(store, mode, idx, 8, seed=5)
@@ -53,7 +53,7 @@ def test_batches_hold_the_mirrored_events_and_the_loader_keeps_its_own(store, mo
             for j, ev in enumerate(store.read_many(b.event_ids)):
                 img = ev.dense(shape)
                 want = _flipped(img, wire[j], time[j])
-                if mode == "dense":
+                if mode == "blosc":
                     got, orig = m.dense[j, 0].numpy(), b.dense[j, 0].numpy()
                 else:
                     got, orig = _scatter(m, j, shape), _scatter(b, j, shape)

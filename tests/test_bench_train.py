@@ -13,8 +13,8 @@ from train_helpers import BIN, run
 from lartpc import dist
 from lartpc.bench.bare_step import BareStep
 from lartpc.config import load_config
-from lartpc.data.sharding import plan_run
 from lartpc.data.store import EventStore
+from lartpc.train.plan import plan_run
 from lartpc.train.trainer import Trainer
 
 SETS = ["data.downsample=9", "data.eval_fraction=0.2", "train.epochs=2", "train.threads=1"]

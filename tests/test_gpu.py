@@ -64,7 +64,7 @@ def dense_input(store: EventStore, n: int = 3) -> torch.Tensor:
 def test_cpu_half_of_the_comparisons_runs_here(store):
     """The helpers the GPU tests use, on the CPU: same batches from two dense paths, and
     channels_last equal to the default layout."""
-    _assert_same_batches(loader_batches(store, "dense", "cpu"),
+    _assert_same_batches(loader_batches(store, "blosc", "cpu"),
                          loader_batches(store, "device-dense", "cpu"))
     ref, cl = jishnet_pair(channels_last=True)
     x = dense_input(store)
@@ -75,7 +75,7 @@ def test_cpu_half_of_the_comparisons_runs_here(store):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason=NO_CUDA)
-@pytest.mark.parametrize("mode", ["dense", "device-dense", "sparse"])
+@pytest.mark.parametrize("mode", ["blosc", "device-dense", "sparse"])
 def test_cuda_loader_gives_the_cpu_batches(store, mode):
     """Pinned-buffer Blosc copies, the on-device scatter and sparse tensors on CUDA hold
     exactly the CPU loader's batches."""

@@ -72,7 +72,7 @@ def test_quick_cpu_run_measures_every_step(tmp_path):
         point = json.loads((out / f"{name}.json").read_text())["points"][0]
         assert point["steps"] > 1 and 0 <= point["data_wait_fraction"] < 1
     assert {p["loader"] for n in ("blosc", "device-dense") for p in json.loads(
-        (out / f"train-jishnet-{n}.json").read_text())["points"]} == {"dense", "device-dense"}
+        (out / f"train-jishnet-{n}.json").read_text())["points"]} == {"blosc", "device-dense"}
     assert (out / "minibatch" / "minibatch.png").exists()
     summary = (out / "summary.md").read_text()
     assert "skipped: spconv's CPU build" in summary and "failed" not in summary

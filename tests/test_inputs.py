@@ -130,8 +130,8 @@ def test_train_refuses_bad_input_before_run_json(train_events_dir, tmp_path, set
 
 
 def test_plan_for_the_world_size_is_checked(train_events_dir):
-    from lartpc.data.sharding import plan_run
     from lartpc.errors import LartpcError
+    from lartpc.train.plan import plan_run
 
     store = EventStore(train_events_dir)
     # 20 events, 4 per class: round(0.2 * 4) = 1 held out per class

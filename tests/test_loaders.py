@@ -15,7 +15,7 @@ from lartpc.data import EventStore, EventStoreError
 from lartpc.data.blosc_cache import BloscConfig
 from lartpc.data.loaders import build_loader
 from lartpc.data.prefetch import n_slots, prefetch
-from lartpc.data.sharding import ShardPlan
+from lartpc.data.sharding import ShardPlan, epoch_batches
 from lartpc.errors import ConfigError, LartpcError
 
 
@@ -51,7 +51,7 @@ def _check_epochs(store, loader, epochs, indices):
 ])
 def test_dense_images_equal_stored_events(store, blosc):
     idx = np.arange(0, 40, 3)
-    loader = build_loader(store, "dense", idx, 4, blosc=blosc, seed=1)
+    loader = build_loader(store, "blosc", idx, 4, blosc=blosc, seed=1)
     _check_epochs(store, loader, (0, 1), idx)  # epoch 0 may compress, 1 decompresses only
     assert all(loader.cache.has(i) for i in range(len(idx)))  # epoch 0 compressed them all
     assert loader.resident_bytes == loader.cache.resident_bytes  # no sparse copy left
@@ -62,7 +62,7 @@ def test_dense_images_equal_stored_events(store, blosc):
 def test_dense_full_resolution(full_res_events_dir):
     store = EventStore(full_res_events_dir)
     assert store.geometry.shape == (3600, 3600)
-    loader = build_loader(store, "dense", np.arange(len(store)), 7, seed=2)
+    loader = build_loader(store, "blosc", np.arange(len(store)), 7, seed=2)
     for epoch in (0, 1):
         loader.set_epoch(epoch)
         sizes = []
@@ -104,7 +104,7 @@ def test_duplicate_pixels_keep_the_last_charge_like_event_dense(store, tmp_path)
     dup = EventStore(tmp_path)
     want = evs[0].dense(dup.geometry.shape)
     assert want[ev.row[0], ev.col[0]] == np.float32(123.5)
-    for mode in ("dense", "device-dense"):
+    for mode in ("blosc", "device-dense"):
         b = next(iter(build_loader(dup, mode, np.arange(2), 2, shuffle=False)))
         assert np.array_equal(b.dense[0, 0].numpy(), want)
     b = next(iter(build_loader(dup, "sparse", np.arange(2), 2, shuffle=False)))
@@ -116,7 +116,7 @@ def test_duplicate_pixels_keep_the_last_charge_like_event_dense(store, tmp_path)
 
 
 def test_one_iteration_at_a_time(store):
-    loader = build_loader(store, "dense", np.arange(20), 4)
+    loader = build_loader(store, "blosc", np.arange(20), 4)
     first = iter(loader)
     next(first)
     with pytest.raises(LartpcError, match="iteration is still running"):
@@ -127,7 +127,7 @@ def test_one_iteration_at_a_time(store):
 
 def test_device_dense_equals_dense(store):
     idx = np.arange(5, 30)
-    dense = build_loader(store, "dense", idx, 6, seed=9)
+    dense = build_loader(store, "blosc", idx, 6, seed=9)
     dev = build_loader(store, "device-dense", idx, 6, seed=9)
     for epoch in (0, 1):
         dense.set_epoch(epoch), dev.set_epoch(epoch)
@@ -146,14 +146,14 @@ def test_device_dense_images_equal_stored_events_as_slots_are_reused(store):
     _check_epochs(store, build_loader(store, "device-dense", idx, 5, seed=4), range(3), idx)
 
 
-@pytest.mark.parametrize("mode", ["dense", "device-dense"])
+@pytest.mark.parametrize("mode", ["blosc", "device-dense"])
 def test_batch_failing_half_way_leaves_no_stale_pixels(store, mode, monkeypatch):
     """A batch that fails after writing part of its buffer (here: garbage over a whole
     image, then an error) must not let the slot's next batch trust an old record."""
     loader = build_loader(store, mode, np.arange(12), 4, seed=3, prefetch_depth=0)
     list(loader)  # epoch 0 (the dense mode compresses here)
     calls = {"n": 0}
-    if mode == "dense":
+    if mode == "blosc":
         real = loader.cache.decompress_into
 
         def flaky(i, dst, stale=None):
@@ -183,7 +183,7 @@ def test_batch_failing_half_way_leaves_no_stale_pixels(store, mode, monkeypatch)
     _check_epochs(store, loader, (2, 3), range(12))
 
 
-@pytest.mark.parametrize("mode", ["dense", "sparse", "device-dense"])
+@pytest.mark.parametrize("mode", ["blosc", "sparse", "device-dense"])
 def test_ranks_cover_the_epoch_once_in_step(store, mode):
     plan = ShardPlan(len(store), 3, 5, seed=8, eval_fraction=0.1, labels=store.labels)
     loaders = [build_loader(store, mode, plan.train_indices(r), 5, seed=plan.seed,
@@ -194,7 +194,9 @@ def test_ranks_cover_the_epoch_once_in_step(store, mode):
             loader.set_epoch(epoch)
             ids = [b.event_ids for b in loader]
             assert len(ids) == plan.steps_per_epoch
-            assert [x.tolist() for x in ids] == [x.tolist() for x in plan.train_batches(r, epoch)]
+            want = epoch_batches(plan.train_indices(r), 5, epoch, plan.seed,
+                                 steps=plan.steps_per_epoch)
+            assert [x.tolist() for x in ids] == [x.tolist() for x in want]
             seen += np.concatenate(ids).tolist()
         assert sorted(seen) == plan.train.tolist()
     ev = build_loader(store, mode, plan.eval_indices(0), 5, shuffle=False)
@@ -238,11 +240,11 @@ def test_prefetch_reraises_at_the_failing_item_and_stops_the_thread():
 
 def test_empty_shard_and_bad_options(store):
     with pytest.raises(LartpcError, match="empty shard"):
-        build_loader(store, "dense", np.zeros(0, np.int64), 7)
-    with pytest.raises(ConfigError, match="loader mode 'blosc'"):
-        build_loader(store, "blosc", np.arange(3), 7)
+        build_loader(store, "blosc", np.zeros(0, np.int64), 7)
+    with pytest.raises(ConfigError, match="loader mode .dense."):  # the old name
+        build_loader(store, "dense", np.arange(3), 7)
     with pytest.raises(ConfigError, match="blosc codec 'snappyy'"):
-        build_loader(store, "dense", np.arange(3), 7, blosc=BloscConfig(codec="snappyy"))
+        build_loader(store, "blosc", np.arange(3), 7, blosc=BloscConfig(codec="snappyy"))
 
 
 @pytest.mark.parametrize("damage", ["row", "charge"])
@@ -257,7 +259,7 @@ def test_corrupt_shard_names_file_and_event(events_dir, tmp_path, damage):
         else:
             f["charge"][b - 1] = np.nan
     store = EventStore(bad)
-    for mode in ("dense", "sparse", "device-dense"):
+    for mode in ("blosc", "sparse", "device-dense"):
         with pytest.raises(EventStoreError, match=r"events-00001\.h5: event 3 "):
             build_loader(store, mode, np.arange(15, 30), 7)
 
@@ -268,13 +270,13 @@ def test_truncated_shard_names_file(events_dir, tmp_path):
     target = bad / "events-00000.h5"
     target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
     with pytest.raises(EventStoreError, match=r"events-00000\.h5"):
-        build_loader(EventStore(bad), "dense", np.arange(10), 7)
+        build_loader(EventStore(bad), "blosc", np.arange(10), 7)
 
 
 def test_bench_loader_prints_json(events_dir, capsys):
     from lartpc.cli import main
 
-    rc = main(["bench", "loader", "--data", str(events_dir), "--mode", "dense", "--ranks", "2",
+    rc = main(["bench", "loader", "--data", str(events_dir), "--mode", "blosc", "--ranks", "2",
                "--repeats", "1", "--batches", "2"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["events"] == 20 and out["geometry"] == [900, 900]
@@ -284,7 +286,7 @@ def test_bench_loader_prints_json(events_dir, capsys):
     assert out["dlt_s"] >= out["loader_read_s"]  # the loading time includes its read
 
 
-@pytest.mark.parametrize("mode", ["dense", "sparse"])
+@pytest.mark.parametrize("mode", ["blosc", "sparse"])
 def test_bench_loader_times_mirrored_batches(events_dir, capsys, monkeypatch, mode):
     from lartpc.cli import main
     from lartpc.data import augment

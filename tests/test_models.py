@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from lartpc.bench.model import _batch_from_events
+from lartpc.bench.model import batch_from_events
 from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError
 from lartpc.geometry import Geometry
@@ -52,7 +52,7 @@ def test_scnet_spatial_sizes_at_3600():
     for pool in model.pools:
         pool.register_forward_hook(lambda m, i, o: shapes.append(list(o.spatial_shape)))
     events, _ = events_at(1, 2)
-    out = model(_batch_from_events(events, (3600, 3600), "sparse"))
+    out = model(batch_from_events(events, (3600, 3600), "sparse"))
     assert shapes == [[720, 720], [144, 144], [36, 36], [9, 9]]
     assert out.shape == (2, 5) and torch.isfinite(out).all()
 
@@ -64,7 +64,7 @@ def test_output_shape_at_other_sizes(name, size):
     model = build(name, image_size=size)
     seen = []
     model.head.register_forward_pre_hook(lambda m, args: seen.append(tuple(args[0].shape)))
-    batch = _batch_from_events(events, model.image_size, model.input_kind)
+    batch = batch_from_events(events, model.image_size, model.input_kind)
     with torch.no_grad():
         out = model(batch)
     assert out.shape == (3, 5) and torch.isfinite(out).all()
@@ -80,8 +80,8 @@ def test_max_head_sees_an_event_the_same_wherever_it_lies():
     weighs each cell on its own and tells the two apart."""
     events, _ = events_at(8, 3)  # real 450 x 450 events
     size = (450, 1250)  # trunk map 1 x 3: columns 0-399, 400-799, 800-1199
-    here = _batch_from_events(events, size, "sparse")
-    there = _batch_from_events(events, size, "sparse")
+    here = batch_from_events(events, size, "sparse")
+    there = batch_from_events(events, size, "sparse")
     there.coords = there.coords.clone()
     there.coords[:, 2] += 400
     torch.manual_seed(0)
@@ -111,7 +111,7 @@ def test_forward_backward_on_real_events_and_training_lowers_loss(name, events_d
     store = EventStore(events_dir)
     events = store.read_many(range(6))
     model = build(name, image_size=store.geometry.shape)
-    batch = _batch_from_events(events, store.geometry.shape, model.input_kind)
+    batch = batch_from_events(events, store.geometry.shape, model.input_kind)
     assert (batch.features if name == "scnet" else batch.dense).abs().sum() > 0
     loss_fn = build_loss("ce")
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -130,7 +130,7 @@ def test_forward_backward_on_real_events_and_training_lowers_loss(name, events_d
 @pytest.mark.parametrize("option", ["elu_after_pool", "channels_last"])
 def test_jishnet_speed_options_compute_the_same_function(option):
     events, shape = events_at(8, 2)
-    batch = _batch_from_events(events, shape, "dense")
+    batch = batch_from_events(events, shape, "dense")
     batch.dense *= 0.05  # charge to O(1) so that ELU's negative side is exercised
     torch.manual_seed(3)
     ref = build("jishnet", shape)
@@ -151,7 +151,7 @@ def test_models_declare_their_input_kind_and_reject_the_other():
         model = build(name, shape)
         assert model.input_kind == kind
         with pytest.raises(ConfigError, match=f"needs {kind} batches"):
-            model(_batch_from_events(events, shape, other))
+            model(batch_from_events(events, shape, other))
 
 
 def test_registry_errors():
@@ -174,7 +174,7 @@ def test_scnet_gpu_options_are_refused_on_cpu():
     from spconv.cppconstants import CPU_ONLY_BUILD
 
     events, shape = events_at(8, 2)
-    batch = _batch_from_events(events, shape, "sparse")
+    batch = batch_from_events(events, shape, "sparse")
     with pytest.raises(ConfigError, match="half=True needs CUDA"):
         build("scnet", shape, half=True)(batch)
     if CPU_ONLY_BUILD:
@@ -188,7 +188,7 @@ def test_scnet_gpu_options_are_refused_on_cpu():
 
 def test_scnet_batch_without_pixels_gives_logits():
     model = build("scnet", 450)
-    batch = _batch_from_events(events_at(8, 2)[0], (450, 450), "sparse")
+    batch = batch_from_events(events_at(8, 2)[0], (450, 450), "sparse")
     batch.coords, batch.features = batch.coords[:0], batch.features[:0]
     out = model(batch)
     assert out.shape == (2, 5)
@@ -261,8 +261,8 @@ def test_bench_model_generates_events_and_rejects_bad_sizes(capsys):
 
 def test_batch_from_events_dense_and_sparse_agree():
     events, shape = events_at(8, 3)
-    dense = _batch_from_events(events, shape, "dense")
-    sparse = _batch_from_events(events, shape, "sparse")
+    dense = batch_from_events(events, shape, "dense")
+    sparse = batch_from_events(events, shape, "sparse")
     rebuilt = torch.zeros_like(dense.dense)
     c = sparse.coords.long()
     rebuilt[c[:, 0], 0, c[:, 1], c[:, 2]] = sparse.features[:, 0]

@@ -37,7 +37,7 @@ def _image(batch, j: int, shape) -> np.ndarray:
     return img
 
 
-@pytest.mark.parametrize("mode", ["dense", "sparse"])
+@pytest.mark.parametrize("mode", ["blosc", "sparse"])
 def test_loader_turns_the_events_as_the_oriented_copy_holds_them(isotropic_events_dir,
                                                                  oriented_copy, mode, capsys):
     raw, copy = EventStore(isotropic_events_dir), EventStore(oriented_copy)

@@ -118,6 +118,20 @@ def test_checkpoint_round_trip_restores_every_rng(tmp_path):
     assert got[2] == expect[2]
 
 
+def test_checkpoint_says_its_format_version_and_refuses_an_unknown_one(tmp_path):
+    path = _save(tmp_path, 5)
+    assert checkpoint.load(tmp_path)["format_version"] == checkpoint.FORMAT_VERSION == 2
+    state = torch.load(path, weights_only=True)
+    del state["format_version"]  # as every checkpoint before the field: version 1
+    torch.save(state, path)
+    assert checkpoint.load(tmp_path)["global_step"] == 5
+    for bad in (checkpoint.FORMAT_VERSION + 1, 0, "2"):
+        torch.save({**state, "format_version": bad}, path)
+        with pytest.raises(RunFolderError, match=rf"checkpoint.pt: checkpoint format_version "
+                                                 rf"{bad!r}: this lartpc reads versions 1 to 2"):
+            checkpoint.load(tmp_path)
+
+
 def _disk_full(obj, f, *args, **kwargs):
     f.write(b"partial")  # torch.save writes into the open temporary file
     raise OSError(errno.ENOSPC, "No space left on device")

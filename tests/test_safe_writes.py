@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from lartpc.analysis.__main__ import main as analysis_main
-from lartpc.analysis.synthetic import write_synthetic_run
+from synthetic_runs import write_synthetic_run
 from train_helpers import rows, run, train_cmd
 
 from lartpc.fsutil import (

@@ -10,6 +10,18 @@ from lartpc.data.sharding import ShardPlan, batch_sizes, epoch_batches, split_tr
 from lartpc.errors import ConfigError, LartpcError
 
 
+def train_batches(plan: ShardPlan, rank: int, epoch: int) -> list[np.ndarray]:
+    """Rank ``rank``'s batches in ``epoch`` as its loader draws them."""
+    return epoch_batches(plan.train_indices(rank), plan.batch_size, epoch, plan.seed,
+                         steps=plan.steps_per_epoch)
+
+
+def eval_batches(plan: ShardPlan, rank: int) -> list[np.ndarray]:
+    """Rank ``rank``'s evaluation batches, in store order, the last one short."""
+    idx = plan.eval_indices(rank)
+    return epoch_batches(idx, plan.batch_size, 0, plan.seed, shuffle=False) if len(idx) else []
+
+
 @pytest.fixture(scope="module")
 def labels(events_dir):
     return EventStore(events_dir).labels
@@ -29,13 +41,13 @@ def test_shards_disjoint_complete_and_in_step(labels, world_size, batch):
         assert sorted(flat.tolist()) == sorted(whole.tolist())  # complete
         assert max(map(len, parts)) - min(map(len, parts)) <= 1
     for epoch in range(3):
-        per_rank = [plan.train_batches(r, epoch) for r in range(world_size)]
+        per_rank = [train_batches(plan, r, epoch) for r in range(world_size)]
         assert {len(b) for b in per_rank} == {plan.steps_per_epoch}  # every rank steps together
         for r, batches in enumerate(per_rank):
             assert all(1 <= len(b) <= batch for b in batches)
             seen = np.concatenate(batches)
             assert sorted(seen.tolist()) == train[r].tolist()  # each event once per epoch
-    ev = [np.concatenate(plan.eval_batches(r)) if plan.eval_batches(r) else np.zeros(0, int)
+    ev = [np.concatenate(eval_batches(plan, r)) if eval_batches(plan, r) else np.zeros(0, int)
           for r in range(world_size)]
     assert sorted(np.concatenate(ev).tolist()) == plan.eval.tolist()
 
@@ -56,8 +68,8 @@ def test_remainder_rule_splits_last_batch_of_the_short_rank():
     plan = ShardPlan(29, 2, 7, seed=0, eval_fraction=0.0)
     assert [len(plan.train_indices(r)) for r in range(2)] == [14, 15]
     assert plan.steps_per_epoch == 3
-    assert [len(b) for b in plan.train_batches(0, 0)] == [7, 6, 1]
-    assert [len(b) for b in plan.train_batches(1, 0)] == [7, 7, 1]
+    assert [len(b) for b in train_batches(plan, 0, 0)] == [7, 6, 1]
+    assert [len(b) for b in train_batches(plan, 1, 0)] == [7, 7, 1]
     assert batch_sizes(20, 7) == [7, 7, 6]
     with pytest.raises(LartpcError, match="nonempty batches"):
         batch_sizes(2, 7, steps=3)
@@ -68,14 +80,14 @@ def test_reshuffle_per_epoch_and_identical_across_processes(labels):
     b = ShardPlan(len(labels), 3, 4, seed=11, labels=labels)  # as another rank builds it
     c = ShardPlan(len(labels), 3, 4, seed=12, labels=labels)
     for r in range(3):
-        e0, e1 = np.concatenate(a.train_batches(r, 0)), np.concatenate(a.train_batches(r, 1))
+        e0, e1 = np.concatenate(train_batches(a, r, 0)), np.concatenate(train_batches(a, r, 1))
         assert not np.array_equal(e0, e1)
-        assert np.array_equal(e0, np.concatenate(b.train_batches(r, 0)))
-        assert np.array_equal(e1, np.concatenate(b.train_batches(r, 1)))
-    assert any(not np.array_equal(np.concatenate(a.train_batches(r, 0)),
-                                  np.concatenate(c.train_batches(r, 0))) for r in range(3))
+        assert np.array_equal(e0, np.concatenate(train_batches(b, r, 0)))
+        assert np.array_equal(e1, np.concatenate(train_batches(b, r, 1)))
+    assert any(not np.array_equal(np.concatenate(train_batches(a, r, 0)),
+                                  np.concatenate(train_batches(c, r, 0))) for r in range(3))
     # evaluation order never changes
-    assert all(np.array_equal(x, y) for x, y in zip(a.eval_batches(0), b.eval_batches(0),
+    assert all(np.array_equal(x, y) for x, y in zip(eval_batches(a, 0), eval_batches(b, 0),
                                                       strict=True))
     unshuffled = epoch_batches(np.arange(10), 4, 3, 0, shuffle=False)
     assert np.concatenate(unshuffled).tolist() == list(range(10))

@@ -13,10 +13,10 @@ from train_helpers import rows
 
 from lartpc import dist
 from lartpc.config import load_config
-from lartpc.data.sharding import plan_run
 from lartpc.data.store import EventStore
 from lartpc.train.checkpointer import Checkpointer
 from lartpc.train.loop import fit
+from lartpc.train.plan import plan_run
 from lartpc.train.sinks import Sink, open_sinks
 from lartpc.train.trainer import Trainer
 
@@ -115,8 +115,8 @@ def test_a_diverged_run_stops_a_step_later_and_names_the_first_bad_step(
                ("train.lr=1e30", "train.epochs=1"))
     rec = Recorder()
     assert fit(t, Checkpointer(world, tmp_path / "run", 0, 600.0), rec) == "diverged"
-    first = next(r for r in rec.steps if not math.isfinite(r.loss))
-    assert t.last_loss_at == (first.epoch, first.step_in_epoch)
+    first = next(r for r in rec.steps if not math.isfinite(r.global_loss))
+    assert t.last_loss_at == (first.epoch, first.batchno)
     # seen with the next step, which is recorded too, and nothing after it
     assert rec.steps[-1].global_step == first.global_step + 1 < t.plan.steps_per_epoch - 1
     assert [r.global_step for r in rec.steps] == list(range(len(rec.steps)))

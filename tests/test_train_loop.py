@@ -12,11 +12,11 @@ from train_helpers import rows
 
 from lartpc import dist
 from lartpc.config import load_config
-from lartpc.data.sharding import plan_run
 from lartpc.data.store import EventStore
 from lartpc.train import checkpoint
 from lartpc.train.checkpointer import Checkpointer
 from lartpc.train.loop import fit
+from lartpc.train.plan import plan_run
 from lartpc.train.sinks import EvalRecord, Sink, Sinks, StepRecord, open_sinks
 from lartpc.train.trainer import StepVote, Trainer
 
@@ -65,13 +65,13 @@ def test_loop_in_process_writes_every_step_and_evaluation(world, train_events_di
     assert status == "completed"
     spe = t.plan.steps_per_epoch
     assert [r.global_step for r in rec.steps] == list(range(2 * spe))
-    assert [r.step_in_epoch for r in rec.steps] == [*range(spe), *range(spe)]
-    assert all(r.images == r.batch_size and r.step_s > 0 for r in rec.steps)
+    assert [r.batchno for r in rec.steps] == [*range(spe), *range(spe)]
+    assert all(r.images == r.data_size and r.step_s > 0 for r in rec.steps)
     assert [e.row["epoch"] for e in rec.evals] == [0, 1]
     assert rec.evals[-1].global_step == 2 * spe - 1
     assert rec.flushes >= 3  # before each epoch-end checkpoint, and at the end
     csv_rows = rows(out / "rank-000.csv")
-    assert [float(r["global_loss"]) for r in csv_rows] == [r.loss for r in rec.steps]
+    assert [float(r["global_loss"]) for r in csv_rows] == [r.global_loss for r in rec.steps]
     assert len(rows(out / "eval.csv")) == 2
     ck = checkpoint.load(out)
     assert (ck["epoch"], ck["global_step"]) == (2, 2 * spe)
@@ -101,7 +101,7 @@ def test_state_dict_round_trip_continues_identically(world, train_events_dir, tm
     # a step's numbers come back with the next step: read this one's now
     nxt_a = (a.step(*next(batches)) + a.read_back())[-1]
     nxt_b = (b.step(*next(b.batches())) + b.read_back())[-1]
-    assert nxt_a.loss == nxt_b.loss and nxt_a.step_in_epoch == nxt_b.step_in_epoch == 3
+    assert nxt_a.global_loss == nxt_b.global_loss and nxt_a.batchno == nxt_b.batchno == 3
     for pa, pb in zip(a.model.parameters(), b.model.parameters(), strict=True):
         assert torch.equal(pa, pb)
 

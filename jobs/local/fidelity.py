@@ -44,6 +44,7 @@ from lartpc.bench.train import LARTPC
 from lartpc.config import choices
 from lartpc.fsutil import atomic_write
 from lartpc.runfolder.record import batch_per_rank, flat, read_record, record_path
+from lartpc.sim.generate import SOURCE_GEOMETRIES
 
 PAPER_LR, PAPER_BATCH = 1e-3, 7  #: the study's Adam learning rate at 7 events per GPU
 EXIT_MORE = 3  #: this segment ended and the budget is not yet spent: call again
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="folder for events and run")
     ap.add_argument("--model", choices=choices("model.name"), default="scnet")
-    ap.add_argument("--geometry", choices=choices("simulate.geometry"), default="isotropic",
+    ap.add_argument("--geometry", choices=SOURCE_GEOMETRIES, default="isotropic",
                     help="source geometry of the events (lartpc simulate --geometry)")
     ap.add_argument("--ranks", type=int, default=None,
                     help="data-parallel ranks (torchrun; 1: one plain process); default one "

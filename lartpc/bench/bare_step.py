@@ -78,7 +78,6 @@ class BareStep:
     (same seed, so the same initial weights), stepped by :meth:`step`."""
 
     def __init__(self, cfg: Config, data: Path):
-        from lartpc.data.sharding import plan_run
         from lartpc.data.store import EventStore
         from lartpc.dist import World, device_type
         from lartpc.models import build
@@ -86,6 +85,7 @@ class BareStep:
         from lartpc.train.noise import NoiseMeter
         from lartpc.train.optim import build_optimizer
         from lartpc.train.parts import autocast_and_scaler, model_options
+        from lartpc.train.plan import plan_run
 
         self.cfg, tc = cfg, cfg.train
         self.device = torch.device(device_type(tc.device))

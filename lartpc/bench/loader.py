@@ -24,6 +24,7 @@ import statistics
 import time
 
 from lartpc.config import choices
+from lartpc.data import LOADERS
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ BATCH_THREADS = 1
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="event file or folder of events-*.h5")
-    p.add_argument("--mode", default="dense", choices=choices("loader.mode"))
+    p.add_argument("--mode", default="blosc", choices=LOADERS)
     p.add_argument("--ranks", type=int, default=1, help="simulate rank 0 of N (its shard)")
     p.add_argument("--batch", type=int, default=7, help="events per batch")
     p.add_argument("--repeats", type=int, default=3, help="fresh loaders to time")
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     store = EventStore(args.data)
     plan = ShardPlan(len(store), args.ranks, args.batch, seed=0, eval_fraction=0.0)
     indices = plan.train_indices(0)
-    blosc = _blosc_config(args) if args.mode == "dense" else None
+    blosc = _blosc_config(args) if args.mode == "blosc" else None
     sync = torch.cuda.synchronize if torch.device(args.device).type == "cuda" else (lambda: None)
 
     def augment(batch, epoch: int):

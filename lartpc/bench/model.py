@@ -93,7 +93,7 @@ def _model_options(args) -> dict:
     return model_class(args.model).options(cfg, amp, args.device)
 
 
-def _batch_from_events(events, shape: tuple[int, int], kind: str):
+def batch_from_events(events, shape: tuple[int, int], kind: str):
     """A :class:`Batch` (dense or sparse, per ``kind``) from a list of events."""
     import numpy as np
     import torch
@@ -112,7 +112,7 @@ def _batch_from_events(events, shape: tuple[int, int], kind: str):
                  features=torch.from_numpy(feats), event_ids=ids)
 
 
-def _load_events(args):
+def load_events(args):
     """``args.batch`` events and their image shape, from ``--data`` or freshly generated."""
     from lartpc.data.store import EventStore
     from lartpc.errors import LartpcError
@@ -214,9 +214,9 @@ def run(args) -> int:
         torch.backends.cudnn.benchmark = True
     dev = torch.device(args.device)
     options = _model_options(args)
-    events, shape = _load_events(args)
+    events, shape = load_events(args)
     model = build(args.model, image_size=shape, **options).to(dev)
-    batch = _batch_from_events(events, shape, model.input_kind).to(dev)
+    batch = batch_from_events(events, shape, model.input_kind).to(dev)
     loss_fn = build_loss(args.loss)
     flops = train_flops(args.model, shape, args.batch, options, loss_fn)
     plain = model

@@ -68,16 +68,16 @@ def _time_steps(args, batch, shape) -> dict[str, list[float]]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from lartpc.bench.model import _batch_from_events, _load_events
+    from lartpc.bench.model import batch_from_events, load_events
     from lartpc.errors import LartpcError
     from lartpc.models import build
 
     if not 1 <= args.threads <= MAX_THREADS:  # torch crashes creating that many threads
         raise LartpcError(f"--threads = {args.threads}: must be in 1..{MAX_THREADS}")
     torch.set_num_threads(args.threads)
-    events, shape = _load_events(args)
+    events, shape = load_events(args)
     kind = build(args.model, image_size=shape).input_kind
-    batch = _batch_from_events(events, shape, kind)
+    batch = batch_from_events(events, shape, kind)
     times = _time_steps(args, batch, shape)
     off = statistics.median(times["off"])
     out = {"model": args.model, "shape": list(shape), "batch": args.batch,

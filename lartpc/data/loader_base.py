@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from lartpc.config import choices
+from lartpc.data import ORIENTS
 from lartpc.data.batch import Batch
 from lartpc.data.orient import check_resolution
 from lartpc.data.orient import orient as orient_event
@@ -34,7 +34,6 @@ from lartpc.errors import LartpcError
 
 log = logging.getLogger(__name__)
 
-ORIENT = choices("data.orient")  #: none | start (lartpc/data/orient.py)
 
 
 class SparseEvents:
@@ -98,8 +97,8 @@ class Loader:
                  device: torch.device | str = "cpu", seed: int = 0, shuffle: bool = True,
                  steps_per_epoch: int | None = None, prefetch_depth: int = 1,
                  orient: str = "none"):
-        if orient not in ORIENT:
-            raise LartpcError(f"orient {orient!r}: choose from {', '.join(ORIENT)}")
+        if orient not in ORIENTS:
+            raise LartpcError(f"orient {orient!r}: choose from {', '.join(ORIENTS)}")
         if orient == "start":
             check_resolution(store.geometry, f"{store.paths[0].parent} (orient 'start')")
         self.indices = np.asarray(indices, np.int64)

@@ -1,6 +1,6 @@
 """Per-rank loaders that yield :class:`~lartpc.data.batch.Batch` objects, three ways.
 
-``dense``
+``blosc``
     The paper's path: the shard is read once, densified and Blosc-compressed into RAM
     (:mod:`lartpc.data.blosc_cache`); each step decompresses the minibatch into a
     preallocated (pinned, with CUDA) buffer, clearing only the bands the buffer's last
@@ -25,14 +25,12 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from lartpc.config import choices
+from lartpc.data import LOADERS
 from lartpc.data.batch import Batch
 from lartpc.data.blosc_cache import BloscConfig, BloscImageCache
 from lartpc.data.loader_base import Loader, SparseEvents
 from lartpc.data.store import Event, EventStore
 from lartpc.errors import ConfigError
-
-MODES = choices("loader.mode")  #: dense (Blosc, the paper), sparse, device-dense
 
 
 class DenseBloscLoader(Loader):
@@ -45,7 +43,7 @@ class DenseBloscLoader(Loader):
     computes on batch k instead of queueing behind it.
     """
 
-    mode = "dense"
+    mode = "blosc"
 
     def __init__(self, *args, blosc: BloscConfig | None = None, **kw):
         self.blosc = blosc or BloscConfig()
@@ -226,7 +224,7 @@ class _Scatter:
         return self.batch
 
 
-_CLASSES = {"dense": DenseBloscLoader, "sparse": SparseLoader, "device-dense": DeviceDenseLoader}
+_CLASSES = {"blosc": DenseBloscLoader, "sparse": SparseLoader, "device-dense": DeviceDenseLoader}
 
 
 def build_loader(store: EventStore, mode: str, indices: np.ndarray, batch_size: int = 7, *,
@@ -238,7 +236,7 @@ def build_loader(store: EventStore, mode: str, indices: np.ndarray, batch_size: 
     Parameters
     ----------
     store : the event store.
-    mode : ``dense`` (Blosc, the paper), ``sparse`` or ``device-dense``.
+    mode : ``blosc`` (Blosc, the paper), ``sparse`` or ``device-dense``.
     indices : store indices this rank owns (``ShardPlan.train_indices(rank)``).
     batch_size : events per step.
     device : where batches end up.
@@ -247,7 +245,7 @@ def build_loader(store: EventStore, mode: str, indices: np.ndarray, batch_size: 
     steps_per_epoch : force this many steps (``ShardPlan.steps_per_epoch``) so all
         ranks step together; default ``ceil(len(indices) / batch_size)``.
     prefetch_depth : batches prepared ahead by the background thread (0 = inline).
-    blosc : compression settings of the ``dense`` mode.
+    blosc : compression settings of the ``blosc`` mode.
     orient : ``none``, or ``start``: each event turned by the start-finding stage
         (:mod:`lartpc.data.orient`) as it is read.
 
@@ -257,8 +255,8 @@ def build_loader(store: EventStore, mode: str, indices: np.ndarray, batch_size: 
         Iterate for one epoch of :class:`Batch`; ``set_epoch(e)`` before each epoch.
     """
     if mode not in _CLASSES:
-        raise ConfigError(f"loader mode {mode!r}: choose from {', '.join(MODES)}")
-    kw = {"blosc": blosc} if mode == "dense" else {}
+        raise ConfigError(f"loader mode {mode!r}: choose from {', '.join(LOADERS)}")
+    kw = {"blosc": blosc} if mode == "blosc" else {}
     return _CLASSES[mode](store, indices, batch_size, device=device, seed=seed, shuffle=shuffle,
                           steps_per_epoch=steps_per_epoch, prefetch_depth=prefetch_depth,
                           orient=orient, **kw)

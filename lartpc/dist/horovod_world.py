@@ -9,7 +9,7 @@ from typing import ClassVar
 import horovod.torch as hvd
 import torch
 
-from lartpc.dist.world import World, _check_compression
+from lartpc.dist.world import World, check_compression
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class HorovodWorld(World):
     def distributed_optimizer(self, opt: torch.optim.Optimizer, module: torch.nn.Module,
                               compression: str = "none") -> torch.optim.Optimizer:
         """Horovod's DistributedOptimizer (averaging; ``fp16``: Compression.fp16)."""
-        _check_compression(compression)
+        check_compression(compression)
         comp = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
         return hvd.DistributedOptimizer(opt, named_parameters=module.named_parameters(),
                                         compression=comp, op=hvd.Average)

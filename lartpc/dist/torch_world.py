@@ -9,7 +9,7 @@ from typing import ClassVar
 import torch
 import torch.distributed as tdist
 
-from lartpc.dist.world import World, _check_compression
+from lartpc.dist.world import World, check_compression
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class TorchWorld(World):
         """``module`` in DistributedDataParallel: gradients averaged in buckets during
         backward (see :mod:`lartpc.dist.ddp`). Its ``state_dict`` gains a ``module.``
         prefix: save and load :func:`~lartpc.dist.world.unwrap_model` of it."""
-        _check_compression(compression)
+        check_compression(compression)
         from lartpc.dist.ddp import wrap
 
         model, exchange = wrap(module, fp16=compression == "fp16")

@@ -21,11 +21,10 @@ from typing import ClassVar
 
 import torch
 
-from lartpc.config import choices
+from lartpc.dist import BACKENDS, COMPRESSIONS
 from lartpc.errors import ConfigError
 
 log = logging.getLogger(__name__)
-BACKENDS = choices("dist.backend")
 _MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "JSM_NAMESPACE_RANK")
 
 
@@ -117,7 +116,7 @@ class World:
         """``module`` as this backend trains it (the torch backend wraps it in
         DistributedDataParallel; the others train it as it is). Call it once every rank
         holds the same parameters; save and load :func:`unwrap_model` of the result."""
-        _check_compression(compression)
+        check_compression(compression)
         return module
 
     def distributed_optimizer(self, opt: torch.optim.Optimizer, module: torch.nn.Module,
@@ -125,7 +124,7 @@ class World:
         """``opt`` wrapped so ``step()`` uses gradients averaged over ranks, where the
         backend averages in the optimizer (Horovod); ``opt`` itself otherwise.
         ``compression="fp16"`` sends gradients as float16."""
-        _check_compression(compression)
+        check_compression(compression)
         return opt
 
     def watch_local_gradients(self, observer) -> bool:
@@ -190,9 +189,11 @@ class LocalWorld(World):
     """One process: every collective is the identity."""
 
 
-def _check_compression(compression: str) -> None:
-    if compression not in ("none", "fp16"):
-        raise ConfigError(f"train.grad_compression={compression!r}: expected 'none' or 'fp16'")
+def check_compression(compression: str) -> None:
+    """Refuse a ``train.grad_compression`` that is not one of :data:`COMPRESSIONS`."""
+    if compression not in COMPRESSIONS:
+        raise ConfigError(f"train.grad_compression={compression!r}: expected one of "
+                          f"{', '.join(COMPRESSIONS)}")
 
 
 def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:

@@ -16,6 +16,11 @@ MODELS: dict[str, tuple[str, str]] = {
     "jishnet": ("lartpc.models.jishnet", "JishNet"),
     "scnet": ("lartpc.models.scnet", "SCNet"),
 }
+#: The models' own options (config's model.* settings take their allowed values from here).
+LOSSES = ("ce", "paper")  #: lartpc/models/losses.py
+HEADS = ("flatten", "max")  #: lartpc/models/head.py
+STEMS = ("auto", "fused", "library")  #: JishNet's first stage (lartpc/models/jishnet.py)
+ALGOS = ("auto", "native", "implicit_gemm", "split_implicit_gemm")  #: spconv (SCNet)
 
 
 def image_hw(image_size: int | tuple[int, int] | list[int]) -> tuple[int, int]:

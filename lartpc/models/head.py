@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from lartpc import NUM_CLASSES
-from lartpc.config import choices
 from lartpc.errors import ConfigError
+from lartpc.models import HEADS
 
 HIDDEN = 32
 
@@ -34,9 +34,8 @@ class Head(nn.Module):
     def __init__(self, channels: int, map_hw: tuple[int, int], pooling: str = "flatten",
                  hidden: int = HIDDEN, num_classes: int = NUM_CLASSES):
         super().__init__()
-        if pooling not in choices("model.head"):
-            raise ConfigError(f"model.head={pooling!r}: expected one of "
-                              f"{', '.join(choices('model.head'))}")
+        if pooling not in HEADS:
+            raise ConfigError(f"model.head={pooling!r}: expected one of {', '.join(HEADS)}")
         self.pooling = pooling
         self.in_features = channels * (map_hw[0] * map_hw[1] if pooling == "flatten" else 1)
         self.fc1 = nn.Linear(self.in_features, hidden)

@@ -61,11 +61,10 @@ def stem_choice(stem: str, device_type: str) -> str:
         For ``fused`` where it cannot run: no Triton, or a CPU without Triton's
         interpreter (``TRITON_INTERPRET=1``, for tests).
     """
-    from lartpc.config import choices
+    from lartpc.models import STEMS
 
-    if stem not in choices("model.stem"):
-        raise ConfigError(f"model.stem={stem!r}: choose one of "
-                          f"{', '.join(choices('model.stem'))}")
+    if stem not in STEMS:
+        raise ConfigError(f"model.stem={stem!r}: choose one of {', '.join(STEMS)}")
     if stem == "library" or (stem == "auto" and device_type != "cuda"):
         return "library"  # without importing Triton (a second of start-up on a CPU)
     missing = _triton_missing()

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lartpc import CLASSES, __version__
-from lartpc.config import MAX_SEED, choices
+from lartpc import CLASSES, MAX_SEED, __version__
 from lartpc.data.staging import existing_shards, replace_store
 from lartpc.data.store import SHARD_PATTERN, Event, write_shard
 from lartpc.errors import LartpcError
@@ -33,7 +32,7 @@ log = logging.getLogger(__name__)
 # among wires, thin-layer Landau straggling, t-slope kinks, measured drift velocity,
 # electron restricted dE/dx, noise and ROIs from the noisy waveform everywhere
 GENERATOR_VERSION = f"{__version__}+sim3"
-SOURCE_GEOMETRIES = choices("simulate.geometry")  #: isotropic, beam (draw_source)
+SOURCE_GEOMETRIES = ("isotropic", "beam")  #: simulate --geometry (draw_source)
 #: beam-like gun: vertex uniform in this box (cm; x, y, z) and direction within
 #: BEAM_HALF_ANGLE_DEG of +z. Why a box: a photon first deposits charge one conversion
 #: length (9/7 X0 = 18 cm, mean) past its vertex, an electron at it, so with one fixed

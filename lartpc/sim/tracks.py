@@ -49,9 +49,6 @@ class Deposits:
         return (np.concatenate(self.starts), np.concatenate(self.ends),
                 np.concatenate(self.energy))
 
-    def total_mev(self) -> float:
-        return float(sum(e.sum() for e in self.energy))
-
 
 def inside(p: np.ndarray) -> np.ndarray:
     """True where points (..., 3) lie in the active volume."""

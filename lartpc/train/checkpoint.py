@@ -10,6 +10,12 @@ bit in a weight loads silently. :func:`read` checks every record's CRC before lo
 which covers checkpoints of every lartpc version, and then the fields' types and
 ranges, so a damaged or crafted file is refused in one line instead of failing deep
 inside the resume.
+
+Every checkpoint says its layout in ``format_version`` (:data:`FORMAT_VERSION`); one
+without the field is version 1 (the same layout, written before the field existed). A
+version this lartpc does not know is refused with the versions it reads, so a newer
+layout is never half-read: a change to the fields below raises the number, and
+:func:`read` converts each older version it still accepts.
 """
 
 from __future__ import annotations
@@ -44,6 +50,10 @@ def rng_state() -> dict:
                        "gauss_next": gauss_next}}
 
 
+#: The checkpoint layout :func:`write` writes; :func:`read` accepts 1 (no field) to this.
+FORMAT_VERSION = 2
+
+
 def write(run: Path, state: dict) -> Path:
     """Write ``state`` (see ``Trainer.state_dict``) as ``checkpoint.pt``, durably and
     atomically (rank 0 only).
@@ -59,7 +69,7 @@ def write(run: Path, state: dict) -> Path:
         # serialised in memory first: torch.save's own file writer reports a full disk
         # as "[enforce fail at inline_container.cc:...]"; a plain write says ENOSPC
         buf = io.BytesIO()
-        torch.save(state, buf)
+        torch.save({**state, "format_version": FORMAT_VERSION}, buf)
         atomic_write(path, lambda f: f.write(buf.getbuffer()))
     except (OSError, RuntimeError) as e:
         reason = (e.strerror or errno.errorcode.get(e.errno or 0, str(e))
@@ -120,6 +130,11 @@ def read(path: Path, advice: str = MOVE_AWAY, follow_link: bool = True) -> dict:
             from None
     if not isinstance(state, dict) or "global_step" not in state:
         raise RunFolderError(f"{path}: not a lartpc checkpoint")
+    version = state.get("format_version", 1)  # version 1 wrote no such field
+    if not _count(version) or not 1 <= version <= FORMAT_VERSION:
+        raise RunFolderError(f"{path}: checkpoint format_version {version!r}: this lartpc "
+                             f"reads versions 1 to {FORMAT_VERSION} (a newer lartpc wrote it?); "
+                             f"{advice}")
     missing = [k for k in REQUIRED if k not in state]
     if missing:
         raise RunFolderError(f"{path}: not a complete lartpc checkpoint (missing "

@@ -56,7 +56,7 @@ def make_loader(cfg: Config, store: EventStore, mode: str, indices: np.ndarray,
         return None
     blosc = BloscConfig(codec=cfg.data.blosc_codec, clevel=cfg.data.blosc_clevel,
                         shuffle=cfg.data.blosc_shuffle)
-    return build_loader(store, "dense" if mode == "blosc" else mode, indices,
+    return build_loader(store, mode, indices,
                         cfg.train.batch_per_rank, device=device, seed=cfg.train.seed,
                         shuffle=train, steps_per_epoch=steps, prefetch_depth=cfg.data.prefetch,
                         blosc=blosc, orient=cfg.data.orient)

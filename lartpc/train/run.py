@@ -12,7 +12,7 @@ import torch
 
 from lartpc import dist
 from lartpc.config import Config
-from lartpc.data.sharding import ShardPlan, check_store_fits, plan_run
+from lartpc.data.sharding import ShardPlan
 from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError, LartpcError
 from lartpc.fsutil import remove_stale_temporaries
@@ -22,6 +22,7 @@ from lartpc.runfolder.lock import RunLock
 from lartpc.runfolder.schema import RunFolderError, Status
 from lartpc.train import runinfo, segments, tblog
 from lartpc.train.parts import model_options
+from lartpc.train.plan import check_store_fits, plan_run
 from lartpc.train.signals import StopRequests
 
 if TYPE_CHECKING:

@@ -25,18 +25,19 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
-    """One optimizer step as this rank saw it."""
+    """One optimizer step as this rank saw it; the fields of its rank-CSV row carry the
+    row's column names (docs/run-folder.md)."""
 
     global_step: int  #: counted from 0: the row index in the rank CSV
     epoch: int
-    step_in_epoch: int
+    batchno: int  #: the step within its epoch, from 0
     rank: int
-    batch_size: int  #: this rank's events
+    data_size: int  #: this rank's events
     images: int  #: every rank's events
     local_loss: float
     local_acc: float
-    loss: float  #: averaged over the ranks
-    acc: float
+    global_loss: float  #: averaged over the ranks
+    global_acc: float
     lr: float
     data_s: float  #: waiting for the batch
     compute_s: float
@@ -85,9 +86,9 @@ class RankCSV(Sink):
 
     def on_step(self, rec: StepRecord) -> None:
         self.log.log(time=rec.time, epoch=rec.epoch, rank=rec.rank,
-                     batchno=rec.step_in_epoch, data_size=rec.batch_size,
-                     local_loss=rec.local_loss, global_loss=rec.loss,
-                     local_acc=rec.local_acc, global_acc=rec.acc, data_s=rec.data_s,
+                     batchno=rec.batchno, data_size=rec.data_size,
+                     local_loss=rec.local_loss, global_loss=rec.global_loss,
+                     local_acc=rec.local_acc, global_acc=rec.global_acc, data_s=rec.data_s,
                      compute_s=rec.compute_s, comm_s=rec.comm_s)
 
     def flush(self) -> None:
@@ -115,7 +116,7 @@ class TensorBoard(Sink):
         self.tb = tb
 
     def on_step(self, rec: StepRecord) -> None:
-        self.tb.step(rec.global_step, loss=rec.loss, acc=rec.acc, lr=rec.lr,
+        self.tb.step(rec.global_step, loss=rec.global_loss, acc=rec.global_acc, lr=rec.lr,
                      images=rec.images, step_s=rec.step_s, data_s=rec.data_s)
         if rec.noise is not None:
             self.tb.scalars(rec.global_step, {f"noise/{k}": rec.noise[k]
@@ -138,7 +139,7 @@ class Console(Sink):
         self.progress = progress
 
     def on_step(self, rec: StepRecord) -> None:
-        self.progress.on_step(rec.global_step + 1, loss=rec.loss, acc=rec.acc,
+        self.progress.on_step(rec.global_step + 1, loss=rec.global_loss, acc=rec.global_acc,
                               images=rec.images, data_s=rec.data_s,
                               compute_s=rec.compute_s, comm_s=rec.comm_s)
 

@@ -123,7 +123,7 @@ def _check_optimizer_shapes(opt: torch.optim.Optimizer) -> None:
 
 
 def _records(steps: list[Unread], done: list[tuple]) -> list[StepRecord]:
-    return [StepRecord(**u.fields, local_loss=ll, local_acc=la, loss=gl, acc=ga)
+    return [StepRecord(**u.fields, local_loss=ll, local_acc=la, global_loss=gl, global_acc=ga)
             for u, (ll, la, gl, ga) in zip(steps, done, strict=True)]
 
 
@@ -303,8 +303,8 @@ class Trainer:
                                                    self.autocast, s.global_step)
         comm_s = world.step_optimizer(self.opt, self.scaler)
         this = Unread(loss, accuracy(logits, batch.labels), {
-            "global_step": s.global_step, "epoch": s.epoch, "step_in_epoch": s.step_in_epoch,
-            "rank": world.rank, "batch_size": batch.batch_size,
+            "global_step": s.global_step, "epoch": s.epoch, "batchno": s.step_in_epoch,
+            "rank": world.rank, "data_size": batch.batch_size,
             "images": batch.batch_size * world.size, "lr": self.opt.param_groups[0]["lr"],
             "data_s": data_s})
         now = (not tc.overlap_readback or s.step_in_epoch + 1 == self.plan.steps_per_epoch
@@ -340,7 +340,7 @@ class Trainer:
         if done:
             k = next((i for i, d in enumerate(done) if not math.isfinite(d[2])), len(done) - 1)
             f = ready[k].fields
-            self.last_loss, self.last_loss_at = done[k][2], (f["epoch"], f["step_in_epoch"])
+            self.last_loss, self.last_loss_at = done[k][2], (f["epoch"], f["batchno"])
         return _records(ready, done)
 
     def read_back(self) -> list[StepRecord]:

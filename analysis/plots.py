@@ -151,21 +151,19 @@ def epoch_rate(rows: list[RunMetrics], fit: PowerLawFit, model: str, out: Path) 
     return save_figure(fig, out)
 
 
-def confusion(counts: np.ndarray, title: str, out: Path,
-              classes: tuple[str, ...] = CLASSES) -> Path:
-    """Row-normalised confusion matrix in percent, counts in brackets (rows = true class,
-    in the order of ``classes``: the run's store's)."""
+def confusion(counts: np.ndarray, title: str, out: Path) -> Path:
+    """Row-normalised confusion matrix in percent, counts in brackets (rows = true class)."""
     totals = counts.sum(axis=1, keepdims=True)
     pct = np.divide(100.0 * counts, totals, out=np.zeros(counts.shape), where=totals > 0)
     fig, ax = plt.subplots(figsize=(6.2, 5.2))
     im = ax.imshow(pct, cmap="Blues", vmin=0, vmax=100)
-    for i in range(len(classes)):
-        for j in range(len(classes)):
+    for i in range(len(CLASSES)):
+        for j in range(len(CLASSES)):
             ax.text(j, i, f"{pct[i, j]:.1f}%\n({counts[i, j]})", ha="center", va="center",
                     fontsize=8, color="white" if pct[i, j] > 55 else "black")
-    ax.set_xticks(range(len(classes)), classes)
-    ax.set_yticks(range(len(classes)), [f"{c} (n={int(t)})" for c, t in
-                                        zip(classes, totals[:, 0], strict=True)])
+    ax.set_xticks(range(len(CLASSES)), CLASSES)
+    ax.set_yticks(range(len(CLASSES)), [f"{c} (n={int(t)})" for c, t in
+                                        zip(CLASSES, totals[:, 0], strict=True)])
     ax.set_xlabel("predicted class")
     ax.set_ylabel("true class")
     ax.set_title(title, fontsize=10, **PLAIN)
@@ -246,9 +244,12 @@ def _percent_matrix(ax: plt.Axes, pct: np.ndarray, title: str, ylabels: bool) ->
 def fidelity(results: list[tuple[str, dict]], paper: tuple[str, list[list[float]],
              float], out: Path) -> Path:
     """The fidelity runs beside the paper: each run's held-out confusion matrix, Table 1's,
-    and per class the accuracy (Wilson 95 % bars), the events' truth ceiling (a black
-    tick) and the paper's accuracy. ``results``: (label, fidelity results JSON);
+    and per class the accuracy (Wilson 95 % bars), the recall of the reference rule on
+    the events' truth (a black tick; :mod:`lartpc.sim.limits`: a reference, not a bound)
+    and the paper's accuracy. ``results``: (label, fidelity results JSON);
     ``paper``: (label, confusion in percent, overall accuracy)."""
+    from lartpc.analysis.truth_limits import recall
+
     n = len(results) + 1
     fig = plt.figure(figsize=(3.0 * n + 5.5, 3.6))
     grid = fig.add_gridspec(1, n + 2, width_ratios=[1] * n + [0.05, 1.9], wspace=0.25)
@@ -272,9 +273,9 @@ def fidelity(results: list[tuple[str, dict]], paper: tuple[str, list[list[float]
         hi = np.array([100 * c["wilson95"][1] for c in cls])
         ax.bar(pos, a, width, color=colours[k], label=label,
                yerr=[a - lo, hi - a], capsize=2, error_kw={"lw": 0.8})
-        ceil = [100 * res["truth_limits"]["classes"][c]["accuracy_ceiling"] for c in CLASSES]
-        ax.plot(pos, ceil, "_", color="black", ms=12, mew=2,
-                label="truth ceiling of those events" if k == 0 else None)
+        rule = [100 * recall(res["truth_limits"]["classes"][c]) for c in CLASSES]
+        ax.plot(pos, rule, "_", color="black", ms=12, mew=2,
+                label="reference rule on truth (not a bound)" if k == 0 else None)
     pos = x - 0.4 + width * (n - 0.5)
     ax.bar(pos, np.diag(np.asarray(pct, dtype=float)), width, color=colours[n - 1],
            hatch="//", edgecolor="white", label=paper[0])

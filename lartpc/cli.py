@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "display": ("lartpc.commands.display", "draw one event as wire-vs-time image"),
     "train": ("lartpc.commands.train",
               "train JishNet or SCNet (single process or under a launcher)"),
+    "evaluate": ("lartpc.commands.evaluate",
+                 "score a trained network on a store or on its held-out events made again"),
     "watch": ("lartpc.commands.watch",
               "live table of running trainings: step, loss, accuracy, images/s, ETA"),
     "bench": ("lartpc.commands.bench",

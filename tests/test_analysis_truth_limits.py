@@ -35,17 +35,30 @@ def test_report_shows_truth_limits(tmp_path, capsys):
     html = (tmp_path / "rep" / "report.html").read_text()
     assert "Truth limits of the evaluation data (source geometry isotropic" in html
     assert f"<td>{100 * pion['exit_without_interaction']:.1f}</td>" in html
-    assert f"{100 * lim['muon_purity_ceiling']:.1f} %" in html
-    # the ceilings beside the confusion matrix: per class and overall
-    assert pion["accuracy_ceiling"] == 1 - pion["indistinguishable"]
-    assert f"<td>{100 * pion['accuracy_ceiling']:.1f}</td></tr>" in html
-    assert (f"Overall accuracy ceiling (class-balanced mean of the per-class ceilings): "
-            f"{100 * lim['overall_accuracy_ceiling']:.1f} %") in html
-    assert 0 < lim["overall_accuracy_ceiling"] <= 1
+    assert f"{100 * lim['reference_rule_muon_purity']:.1f} %" in html
+    # the reference rule beside the confusion matrix, named as one: per class and overall
+    assert pion["reference_rule_recall"] == 1 - pion["indistinguishable"]
+    assert f"<td>{100 * pion['reference_rule_recall']:.1f}</td></tr>" in html
+    assert (f"Reference rule, overall (class-balanced mean of its recall per class; "
+            f"a reference, not a bound): {100 * lim['reference_rule_overall']:.1f} %") in html
+    assert 0 < lim["reference_rule_overall"] <= 1 and "ceiling" not in html
 
 
-def test_old_truth_limits_file_gets_ceilings(tmp_path):
-    """a truth_limits.json written before the ceilings existed: derived, not missing"""
+def test_truth_limits_file_with_the_old_ceiling_names_reads(tmp_path):
+    """written before issue 39, when the reference rule's recall was called a ceiling"""
+    run = _run(tmp_path)
+    old = {"source_geometry": "beam", "muon_purity_ceiling": 0.95,
+           "overall_accuracy_ceiling": 0.9,
+           "classes": {"pion": {"events": 10, "indistinguishable": 0.3,
+                                "accuracy_ceiling": 0.65}}}
+    (run / "truth_limits.json").write_text(json.dumps(old))
+    lim = load_truth_limits(run)
+    assert lim["classes"]["pion"]["reference_rule_recall"] == 0.65
+    assert (lim["reference_rule_overall"], lim["reference_rule_muon_purity"]) == (0.9, 0.95)
+
+
+def test_old_truth_limits_file_gets_the_reference_rule(tmp_path):
+    """a truth_limits.json written before the rule's recall was stored: derived"""
     run = _run(tmp_path)
     old = {"source_geometry": "isotropic", "muon_purity_ceiling": 0.7,
            "classes": {"muon": {"events": 10, "indistinguishable": 0.0},
@@ -53,8 +66,8 @@ def test_old_truth_limits_file_gets_ceilings(tmp_path):
                        "kaon": {"events": 0, "indistinguishable": 0.0}}}
     (run / "truth_limits.json").write_text(json.dumps(old))
     lim = load_truth_limits(run)
-    assert lim["classes"]["pion"]["accuracy_ceiling"] == 0.7
-    assert lim["overall_accuracy_ceiling"] == 0.85  # kaon has no events
+    assert lim["classes"]["pion"]["reference_rule_recall"] == 0.7
+    assert lim["reference_rule_overall"] == 0.85  # kaon has no events
 
 
 def test_bad_truth_limits_file_is_ignored(tmp_path, caplog):

@@ -77,4 +77,4 @@ def test_refuses_another_store_and_a_run_without_checkpoint(trained, events_dir,
     empty = tmp_path / "empty-run"
     shutil.copytree(trained, empty, ignore=shutil.ignore_patterns("checkpoint.pt"))
     r = _breakdown(empty, events_dir)
-    assert r.returncode == 2 and "no checkpoint.pt" in r.stderr
+    assert r.returncode == 2 and "no weights.pt or checkpoint.pt" in r.stderr

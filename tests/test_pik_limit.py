@@ -60,7 +60,7 @@ def test_features_of_the_classifiable_hadrons(hadrons):
     assert set(np.unique(f["type"])) <= set(range(2 * len(TYPES) + 1))
 
 
-def test_estimate_and_ceilings(hadrons, tmp_path, capsys):
+def test_classifier_and_reference_rule(hadrons, tmp_path, capsys):
     out = tmp_path / "pik.json"
     assert main([str(hadrons), "--wire-resolution", "0.2", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
@@ -74,10 +74,10 @@ def test_estimate_and_ceilings(hadrons, tmp_path, capsys):
         res["type_only_from_the_parameters"]["balanced"], abs=0.1)
     lim = truth_limits(EventStore(hadrons))["classes"]
     for c in ("pion", "kaon"):
-        ceil = res["ceilings"][c]
-        assert ceil["truth_limits"] == lim[c]["accuracy_ceiling"]
-        assert ceil["with_pik_estimate"] == pytest.approx(lim[c]["accuracy_ceiling"]
-                                                          * rec["all"][c])
+        ref = res["reference_rule_recall"][c]
+        assert ref["reference_rule"] == lim[c]["reference_rule_recall"]
+        assert ref["with_physics_feature_classifier"] == pytest.approx(
+            lim[c]["reference_rule_recall"] * rec["all"][c])
 
 
 def test_refusals(events_dir, tmp_path, capsys):

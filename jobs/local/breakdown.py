@@ -2,8 +2,8 @@
 
     python -m lartpc.jobs.local.breakdown RUN STORE [--json OUT]
 
-Rebuilds the run's network from ``RUN/checkpoint.pt`` and its held-out split from the
-run's own config (the events its ``eval.csv`` and ``confusion.csv`` were measured on;
+Rebuilds the run's network from ``RUN/weights.pt`` (else its checkpoint) and its held-out
+split from the run's own config (the events its ``eval.csv`` and ``confusion.csv`` were measured on;
 the run must have been trained on ``STORE``), classifies them once, and splits the
 result by what the generator's truth says about each event (:mod:`lartpc.sim.limits`):
 
@@ -11,7 +11,8 @@ result by what the generator's truth says about each event (:mod:`lartpc.sim.lim
   kaon stubs, little visible energy) apart from the rest, with the accuracy on each and
   what each part was called (its row of the confusion matrix, split in two): the
   accuracy on the *classifiable* events is the one to set against 100 %, and the gap
-  to the class's truth ceiling splits into what is lost on each part;
+  to the class's reference rule (:mod:`lartpc.sim.limits`: a rule on truth, not a
+  bound) splits into what is lost on each part;
 * the minimum-ionising stub pool (every muon, pion and kaon that left without
   interacting) and what the network calls it: the confusion that the physics forces;
 * electrons and photons by how far their direction leans along the wires (``|d_y|``):
@@ -44,42 +45,12 @@ DY_BINS = (0.0, 0.5, 0.75, 1.0 + 1e-9)  #: |d_y| bins (the direction's component
 def predict(run: Path, store, threads: int = 1,
             orient: str | None = None) -> tuple[np.ndarray, ...]:
     """(store indices, predicted classes, truth directions) of ``run``'s held-out events
-    in ``store`` (an EventStore), from its checkpoint; ``orient`` replaces the run's
-    ``data.orient`` (None: keep it)."""
-    import torch
+    in ``store`` (an EventStore), from its weights (``weights.pt``, else its checkpoint);
+    ``orient`` replaces the run's ``data.orient`` (None: keep it)."""
+    from lartpc.train import evaluate, weights
 
-    from lartpc.config import config_from_dict
-    from lartpc.data.sharding import plan_run
-    from lartpc.models import build
-    from lartpc.train import checkpoint
-    from lartpc.train.parts import loader_mode, make_loader, model_options
-    from lartpc.train.segments import store_identity
-
-    state = checkpoint.load(run)
-    if state is None:
-        raise LartpcError(f"{run}: no checkpoint.pt (nothing trained there yet)")
-    cfg = config_from_dict(state["config"], f"{run}/checkpoint.pt")
-    if orient is not None:
-        cfg.data.orient = orient
-    trained_on = state.get("store")
-    if trained_on and store_identity(store, cfg.data.max_events) != trained_on:
-        raise LartpcError(f"{store.paths[0].parent}: not the events {run} was trained on (their "
-                          f"count and labels differ); give the run's own store")
-    torch.set_num_threads(threads)
-    device = torch.device("cpu")
-    model = build(cfg.model.name, image_size=store.geometry.shape,
-                  **model_options(cfg, device.type))
-    model.load_state_dict(state["model"])
-    model.eval()
-    indices = plan_run(cfg, store, 1).eval_indices(0)
-    loader = make_loader(cfg, store, loader_mode(cfg, model), indices, device, train=False)
-    ids, preds, directions = [], [], []
-    with torch.no_grad():
-        for batch in loader:
-            preds.append(model(batch).float().argmax(1).numpy())
-            ids.append(batch.event_ids)
-            directions.append(np.asarray(batch.truth["direction"], float))
-    return np.concatenate(ids), np.concatenate(preds), np.concatenate(directions)
+    p = evaluate.predict(weights.load(run), store, orient=orient, threads=threads)
+    return p.positions, p.predicted, p.directions
 
 
 def _share(mask: np.ndarray, right: np.ndarray) -> dict:
@@ -106,9 +77,9 @@ def breakdown(store, ids: np.ndarray, preds: np.ndarray, direction: np.ndarray) 
     per_class = {}
     for i, cls in enumerate(CLASSES):
         m = labels == i
-        ceiling = 1.0 - float(lost[m].mean()) if m.any() else None
+        rule = 1.0 - float(lost[m].mean()) if m.any() else None
         per_class[cls] = {
-            **_share(m, right), "ceiling": ceiling,
+            **_share(m, right), "reference_rule_recall": rule,
             "classifiable": {**_share(m & ~lost, right), "called": _calls(m & ~lost, preds)},
             "indistinguishable": {**_share(m & lost, right), "called": _calls(m & lost, preds)},
         }
@@ -143,10 +114,11 @@ def format_table(res: dict) -> str:
     lines = [f"held-out events {res['events']}: accuracy {100 * res['accuracy']:.1f} %, on "
              f"the classifiable ones {100 * res['classifiable']['accuracy']:.1f} % "
              f"({res['classifiable']['events']})",
-             "class     events  acc ceiling  classifiable (acc)  indistinguishable (acc)"]
+             "class     events  acc    rule  classifiable (acc)  indistinguishable (acc)"]
     for cls, c in res["per_class"].items():
         a, b = c["classifiable"], c["indistinguishable"]
-        lines.append(f"{cls:9s} {c['events']:6d} {pct(c['accuracy'])} {pct(c['ceiling']):>7s}"
+        lines.append(f"{cls:9s} {c['events']:6d} {pct(c['accuracy'])} "
+                     f"{pct(c['reference_rule_recall']):>7s}"
                      f"  {a['events']:6d} ({pct(a['accuracy'])})      {b['events']:6d} "
                      f"({pct(b['accuracy'])})")
     lines.append("MIP stubs (left without interacting), called (%): "
@@ -173,7 +145,7 @@ def _run_confusion(run: Path) -> list[list[int]] | None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m lartpc.jobs.local.breakdown",
                                 description=__doc__.split("\n\n")[0])
-    p.add_argument("run", type=Path, help="run folder (its checkpoint.pt)")
+    p.add_argument("run", type=Path, help="run folder (its weights.pt or checkpoint.pt)")
     p.add_argument("store", type=Path, help="the event store the run was trained on")
     p.add_argument("--json", type=Path, help="also write the numbers here")
     p.add_argument("--threads", type=int, default=1, help="CPU threads (SCNet: 1 is fastest)")

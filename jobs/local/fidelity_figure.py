@@ -1,5 +1,6 @@
 """The README's fidelity figure: the fidelity runs' confusion matrices beside Table 1's
-and, per class, accuracy against the events' truth ceiling and the paper::
+and, per class, accuracy against the events' reference rule (truth limits: a rule on
+truth, not a bound) and the paper::
 
     python -m lartpc.jobs.local.fidelity_figure docs/results/fidelity-scnet-beam-finetuned.json \
         docs/results/fidelity-scnet-isotropic-120k.json \
@@ -49,10 +50,18 @@ def load(path: Path) -> dict:
 
 
 def label(res: dict) -> str:
-    """What the figure calls a run: geometry, hours of training (of this run only: a
-    fine-tuned run says so) and whether the results are interim."""
-    hours = f"{res.get('training_s', 0) / 3600:.1f} h"
-    trained = f"fine-tuned {hours}" if res.get("init_from") else hours
+    """What the figure calls a run: geometry, hours of training over every stage that
+    led to it (``cumulative_training_s``; with the last stage's when they differ; a
+    results file from before it was recorded: this run's, said to be fine-tuned) and
+    whether the results are interim."""
+    own = res.get("training_s", 0) / 3600
+    total = res.get("cumulative_training_s")
+    if total is not None:
+        total /= 3600
+        trained = (f"{total:.1f} h in all ({own:.1f} h last stage)"
+                   if round(total, 1) != round(own, 1) else f"{total:.1f} h")
+    else:
+        trained = f"fine-tuned {own:.1f} h" if res.get("init_from") else f"{own:.1f} h"
     side = 3600 // res.get("downsample", 1)
     extra = ([f"{side}x{side}"] if side != 3600 else []) \
         + ([f"{res['head']} head"] if res.get("head", "flatten") != "flatten" else []) \

@@ -17,7 +17,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lartpc import NUM_CLASSES
 from lartpc.errors import ConfigError
 from lartpc.geometry import pooled_size
 from lartpc.models.head import Head
@@ -110,8 +109,7 @@ class JishNet(nn.Module):
                 "head": cfg.head, "stem": stem_choice(cfg.stem, device_type)}
 
     def __init__(self, image_size: tuple[int, int], *, channels_last: bool = False,
-                 elu_after_pool: bool = False, head: str = "flatten", stem: str = "library",
-                 num_classes: int = NUM_CLASSES):
+                 elu_after_pool: bool = False, head: str = "flatten", stem: str = "library"):
         super().__init__()
         self.image_size = (int(image_size[0]), int(image_size[1]))
         self.out_hw = trunk_shape(self.image_size)
@@ -130,7 +128,7 @@ class JishNet(nn.Module):
             cin = cout
         self.convs = nn.ModuleList(convs)
         self.pools = [pool for *_, pool in STAGES]
-        self.head = Head(cin, self.out_hw, head, num_classes=num_classes)
+        self.head = Head(cin, self.out_hw, head)
         if channels_last:
             self.to(memory_format=torch.channels_last)
 

@@ -181,6 +181,15 @@ def delta_tmax_mev(t_mev: np.ndarray, mass_mev: float, kind: str = "") -> np.nda
     return 2 * mat.ME_MEV * (gamma**2 - 1) / (1 + 2 * gamma * r + r * r)
 
 
+def delta_rays_above_per_cm(t_mev: np.ndarray, mass_mev: float, above_mev: float,
+                            kind: str = "") -> np.ndarray:
+    """Delta electrons per cm above ``above_mev`` from a particle of ``t_mev``: the
+    1/T^2 envelope the generator draws from, before its 1 - beta^2 T / Tmax thinning
+    (so at least as many as it makes); 0 where Tmax does not reach ``above_mev``."""
+    tmax = np.maximum(delta_tmax_mev(t_mev, mass_mev, kind), above_mev)
+    return _delta_prefactor(_beta2(t_mev, mass_mev)) * (1 / above_mev - 1 / tmax)
+
+
 def _beta2(t_mev: np.ndarray, mass_mev: float) -> np.ndarray:
     gamma = 1 + t_mev / mass_mev
     return 1 - 1 / gamma**2

@@ -210,8 +210,9 @@ def check_fields(path: Path, state: dict, advice: str = MOVE_AWAY) -> None:
 
 
 def init_weights(source: str, model: str, head: str = "flatten") -> tuple[dict, bool]:
-    """The model weights of ``source`` (``train.init_from``: a checkpoint file or a run
-    folder holding one), from a run of ``model``, and whether its head was left out:
+    """The model weights of ``source`` (``train.init_from``: a checkpoint file, a compact
+    weights file (:mod:`lartpc.train.weights`) or a run folder holding either), from a
+    run of ``model``, and whether its head was left out:
     when ``source`` was trained with another ``model.head`` than ``head``, only the
     trunk's weights carry over (the head's shapes differ) and the head starts fresh.
 
@@ -222,13 +223,18 @@ def init_weights(source: str, model: str, head: str = "flatten") -> tuple[dict, 
     RunFolderError
         When the file is not a readable lartpc checkpoint.
     """
+    from lartpc.train.weights import WEIGHTS
+    from lartpc.train.weights import load as load_weights
+
     path = Path(source)
     if path.is_dir():
-        path = path / CHECKPOINT
+        path = path / CHECKPOINT if (path / CHECKPOINT).is_file() else path / WEIGHTS
     if not path.is_file():
         raise ConfigError(f"train.init_from {source!r}: no checkpoint there (give a "
-                          f"checkpoint file or a run folder holding {CHECKPOINT})")
-    state = read(path, "train.init_from needs a checkpoint lartpc wrote")
+                          f"checkpoint file, a weights file or a run folder holding "
+                          f"{CHECKPOINT} or {WEIGHTS})")
+    # a checkpoint (checked as one) or compact weights
+    state = load_weights(path, "train.init_from needs a checkpoint lartpc wrote")
     theirs = state["config"].get("model", {}).get("name")
     if theirs != model:
         raise ConfigError(f"train.init_from {source!r}: a {theirs} checkpoint cannot "

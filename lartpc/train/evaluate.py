@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lartpc import CLASSES
+from lartpc import CLASSES, NUM_CLASSES
 from lartpc.dist import World
 
 
@@ -15,22 +15,19 @@ from lartpc.dist import World
 class EvalResult:
     loss: float
     n_events: int
-    confusion: np.ndarray  # (k, k) int counts, rows true, k = len(classes)
-    classes: tuple[str, ...] = CLASSES  # the store's classes
+    confusion: np.ndarray  # (5, 5) int counts, rows true
 
     def row(self) -> dict:
         correct = np.diag(self.confusion)
         per_class = correct / np.maximum(self.confusion.sum(1), 1)
         return {"loss": self.loss, "accuracy": float(correct.sum() / max(self.n_events, 1)),
                 "n_events": self.n_events,
-                **{f"acc_{c}": float(a) for c, a in zip(self.classes, per_class, strict=True)}}
+                **{f"acc_{c}": float(a) for c, a in zip(CLASSES, per_class, strict=True)}}
 
 
 @torch.no_grad()
-def evaluate(model, loader, world: World, loss_fn, autocast,
-             classes: tuple[str, ...] = CLASSES) -> EvalResult:
-    """Loss (event-weighted mean) and confusion matrix summed over all ranks, over the
-    store's ``classes``.
+def evaluate(model, loader, world: World, loss_fn, autocast) -> EvalResult:
+    """Loss (event-weighted mean) and confusion matrix summed over all ranks.
 
     ``loader`` is None on a rank without held-out events. Ranks may hold different
     numbers of them; the only
@@ -39,18 +36,151 @@ def evaluate(model, loader, world: World, loss_fn, autocast,
     was_training = model.training
     model.eval()
     loss_sum = 0.0
-    k = len(classes)
-    conf = torch.zeros(k, k, dtype=torch.float64)
+    conf = torch.zeros(NUM_CLASSES, NUM_CLASSES, dtype=torch.float64)
     for batch in (loader if loader is not None else ()):
         with autocast():
             logits = model(batch).float()
         loss_sum += float(loss_fn(logits, batch.labels)) * batch.batch_size
         pred = logits.argmax(1).cpu()
-        idx = batch.labels.cpu() * k + pred
-        conf += torch.bincount(idx, minlength=k ** 2).view(k, -1)
+        idx = batch.labels.cpu() * NUM_CLASSES + pred
+        conf += torch.bincount(idx, minlength=NUM_CLASSES ** 2).view(NUM_CLASSES, -1)
     totals = world.allreduce_sum(torch.cat([conf.flatten(), torch.tensor([loss_sum])]))
-    conf = totals[:-1].view(k, k).round().to(torch.int64).numpy()
+    conf = totals[:-1].view(NUM_CLASSES, NUM_CLASSES).round().to(torch.int64).numpy()
     n = int(conf.sum())
     model.train(was_training)
-    return EvalResult(loss=float(totals[-1]) / max(n, 1), n_events=n, confusion=conf,
-                      classes=tuple(classes))
+    return EvalResult(loss=float(totals[-1]) / max(n, 1), n_events=n, confusion=conf)
+
+
+@dataclass
+class Predictions:
+    """A network's call on some events: store ``positions``, the events' indices in
+    the dataset they were generated for (``event_ids``; the store indices when the
+    store is the run's own), true and predicted classes, truth directions (n, 3)."""
+
+    positions: np.ndarray
+    event_ids: np.ndarray
+    labels: np.ndarray
+    predicted: np.ndarray
+    directions: np.ndarray
+
+    def confusion(self) -> np.ndarray:
+        """(5, 5) counts, rows true, columns predicted."""
+        conf = np.zeros((NUM_CLASSES, NUM_CLASSES), np.int64)
+        np.add.at(conf, (self.labels, self.predicted), 1)
+        return conf
+
+
+def held_out(cfg, labels: np.ndarray) -> np.ndarray:
+    """The store indices a run of config ``cfg`` (a :class:`lartpc.config.Config`)
+    held out of a store whose events have ``labels``: the events its ``eval.csv`` and
+    ``confusion.csv`` were measured on."""
+    from lartpc.data.sharding import split_train_eval
+
+    n = min(len(labels), cfg.data.max_events) if cfg.data.max_events else len(labels)
+    return split_train_eval(n, cfg.data.eval_fraction, cfg.train.seed,
+                            np.asarray(labels[:n]))[1]
+
+
+def generated_labels(n_events: int) -> np.ndarray:
+    """The labels of a ``lartpc simulate`` store of ``n_events`` (all five classes,
+    cycled: :func:`lartpc.sim.generate.simulate_event`), known without generating it."""
+    return np.arange(n_events) % NUM_CLASSES
+
+
+def regenerate_held_out(network: dict, out, workers: int = 1) -> np.ndarray:
+    """Generate the held-out events of ``network`` (see
+    :func:`lartpc.train.weights.load`) alone into a store at ``out``, from its record of
+    how its events were made (``events``: seed, count, geometry, downsample); returns
+    their indices in the full dataset.
+
+    Raises
+    ------
+    LartpcError
+        When the network does not record how its events were made.
+    """
+    from lartpc.config import config_from_dict
+    from lartpc.errors import LartpcError
+    from lartpc.sim.subset import write_events
+
+    ev = network.get("events") or {}
+    missing = [k for k in ("seed", "events", "geometry", "downsample") if k not in ev]
+    if missing:
+        raise LartpcError(f"{network.get('path')}: does not record how its events were made "
+                          f"({', '.join(missing)} missing); give the run's store")
+    cfg = config_from_dict(network["config"], str(network.get("path")))
+    indices = held_out(cfg, generated_labels(int(ev["events"])))
+    write_events(out, indices, seed=int(ev["seed"]), source_geometry=str(ev["geometry"]),
+                 downsample=int(ev["downsample"]), workers=workers, overwrite=True)
+    return indices
+
+
+@torch.no_grad()
+def predict(network: dict, store, positions: np.ndarray | None = None, *,
+            orient: str | None = None, threads: int = 1) -> Predictions:
+    """Classify events of ``store`` (an EventStore) with ``network`` (see
+    :func:`lartpc.train.weights.load`) on the CPU, each once.
+
+    ``positions`` are store indices (None: the run's held-out events, the store being
+    the one it was trained on, which is checked when the network records it); ``orient``
+    replaces the run's ``data.orient`` (None: keep it).
+
+    Raises
+    ------
+    LartpcError
+        When the store is not the run's own (positions None) or the weights do not fit.
+    """
+    from lartpc.config import config_from_dict
+    from lartpc.errors import LartpcError
+    from lartpc.models import build
+    from lartpc.train.parts import loader_mode, make_loader, model_options
+    from lartpc.train.segments import store_identity
+
+    where = str(network.get("path"))
+    cfg = config_from_dict(network["config"], where)
+    if orient is not None:
+        cfg.data.orient = orient
+    if positions is None:
+        trained_on = network.get("store")
+        if trained_on and store_identity(store, cfg.data.max_events) != trained_on:
+            raise LartpcError(f"{store.paths[0].parent}: not the events {where} was trained "
+                              "on (their count and labels differ); give the run's own store")
+        positions = held_out(cfg, store.labels)
+    positions = np.asarray(positions, np.int64)
+    if len(positions) == 0 or positions.min() < 0 or positions.max() >= len(store):
+        raise LartpcError(f"--indices: store indices 0..{len(store) - 1}, one or more")
+    torch.set_num_threads(threads)
+    device = torch.device("cpu")
+    model = build(cfg.model.name, image_size=store.geometry.shape,
+                  **model_options(cfg, device.type))
+    try:
+        model.load_state_dict(network["model"])
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[0]
+        raise LartpcError(f"{where}: its weights do not fit these events' model ({first}); "
+                          "same data.downsample needed") from None
+    model.eval()
+    loader = make_loader(cfg, store, loader_mode(cfg, model), positions, device, train=False)
+    pos, preds, dirs = [], [], []
+    for batch in loader:
+        preds.append(model(batch).float().argmax(1).numpy())
+        pos.append(np.asarray(batch.event_ids, np.int64))
+        dirs.append(np.asarray(batch.truth["direction"], float))
+    pos = np.concatenate(pos)
+    return Predictions(positions=pos, event_ids=event_ids(store)[pos],
+                       labels=np.asarray(store.labels)[pos].astype(np.int64),
+                       predicted=np.concatenate(preds).astype(np.int64),
+                       directions=np.concatenate(dirs))
+
+
+def event_ids(store) -> np.ndarray:
+    """Each event's index in the dataset it was generated for (the store's
+    ``event_id``; a store without it: the store indices)."""
+    import h5py
+
+    parts = []
+    for path in store.paths:
+        with h5py.File(path, "r") as f:
+            n = len(f["label"])
+            parts.append(f["event_id"][:] if "event_id" in f else np.full(n, -1))
+    ids = np.concatenate(parts).astype(np.int64)
+    return ids if (ids >= 0).all() else np.arange(len(ids), dtype=np.int64)

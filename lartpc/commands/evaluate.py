@@ -1,0 +1,121 @@
+"""``lartpc evaluate RUN``: score a trained network on events, writing the confusion
+matrix as JSON.
+
+RUN is a run folder (its ``weights.pt``, else its ``checkpoint.pt``) or either file.
+``--store`` scores events of a store on disk (by default the run's held-out events of
+its own store); ``--regenerate DIR`` makes the run's held-out events alone again (from
+its record of how its events were made: seed, count, geometry; each event depends on
+its seed and index only) and scores them, so a quoted number is reproduced without the
+training events. With the held-out events of a run folder that has a
+``confusion.csv``, the JSON says whether the two agree event for event in count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from lartpc.errors import LartpcError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", help="run folder (weights.pt or checkpoint.pt), or either file")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--store", help="event store to score (default: the run's held-out "
+                                     "events of it, which must be the run's own store)")
+    src.add_argument("--regenerate", metavar="DIR",
+                     help="generate the run's held-out events alone into DIR, then score them")
+    p.add_argument("--indices", default="held-out",
+                   help="with --store: 'held-out' (default), 'all', A:B (store indices A to "
+                        "B-1) or i,j,k")
+    p.add_argument("--orient", default=None,
+                   help="start-finding stage instead of the run's data.orient (none, start)")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads (SCNet: 1 is fastest)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes generating events (--regenerate)")
+    p.add_argument("--json", help="write the result here (default: print it)")
+
+
+def parse_indices(text: str, n: int):
+    """Store indices of ``--indices`` for a store of ``n`` events (None: held-out)."""
+    import numpy as np
+
+    if text == "held-out":
+        return None
+    if text == "all":
+        return np.arange(n)
+    try:
+        if ":" in text:
+            a, b = (int(v) for v in text.split(":"))
+            idx = np.arange(a, b)
+        else:
+            idx = np.array([int(v) for v in text.split(",")], np.int64)
+    except ValueError:
+        raise LartpcError(f"--indices {text!r}: held-out, all, A:B or i,j,k") from None
+    if len(idx) == 0 or idx.min() < 0 or idx.max() >= n:
+        raise LartpcError(f"--indices {text!r}: store indices 0..{n - 1}, one or more")
+    return idx
+
+
+def result(network: dict, preds, run: Path, held_out: bool) -> dict:
+    """The JSON of one evaluation (see the module docstring)."""
+    from lartpc import CLASSES
+
+    conf = preds.confusion()
+    n, k = int(conf.sum()), int(conf.trace())
+    recorded = None
+    if held_out and run.is_dir() and (run / "confusion.csv").is_file():
+        from lartpc.analysis.csvread import read_confusion
+
+        recorded = read_confusion(run / "confusion.csv", CLASSES).tolist()
+    return {
+        "network": network["path"], "dtype": network["dtype"],
+        "events": n, "accuracy": k / n if n else None, "classes": list(CLASSES),
+        "confusion": conf.tolist(),
+        "per_class": {c: (int(conf[i, i]) / int(conf[i].sum()) if conf[i].sum() else None)
+                      for i, c in enumerate(CLASSES)},
+        "held_out": held_out,
+        **({"matches_run_confusion": recorded == conf.tolist()} if recorded else {}),
+        "event_ids": preds.event_ids.tolist(), "predicted": preds.predicted.tolist(),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from lartpc.data.store import EventStore
+    from lartpc.train import evaluate, weights
+
+    if args.threads < 1 or args.workers < 1:
+        raise LartpcError("--threads and --workers: at least 1")
+    if args.orient is not None and args.orient not in ("none", "start"):
+        raise LartpcError(f"--orient {args.orient!r}: none or start")
+    if args.regenerate and args.indices != "held-out":
+        raise LartpcError("--indices: only with --store (--regenerate makes the held-out "
+                          "events)")
+    network = weights.load(args.run)
+    if args.regenerate:
+        evaluate.regenerate_held_out(network, args.regenerate, args.workers)
+        store = EventStore(args.regenerate)
+        positions = list(range(len(store)))
+        held_out = True
+    else:
+        store = EventStore(args.store)
+        positions = parse_indices(args.indices, len(store))
+        held_out = positions is None
+    preds = evaluate.predict(network, store, positions, orient=args.orient,
+                             threads=args.threads)
+    res = result(network, preds, Path(args.run), held_out)
+    text = json.dumps(res, indent=1) + "\n"
+    if args.json:
+        from lartpc.fsutil import atomic_write
+
+        try:
+            atomic_write(Path(args.json), text)
+        except OSError as e:
+            raise LartpcError(f"--json {args.json}: cannot write ({e.strerror or e})") from None
+        print(f"{res['events']} events, accuracy {res['accuracy']:.4f}"
+              + (f", matches the run's confusion.csv: {res['matches_run_confusion']}"
+                 if "matches_run_confusion" in res else "") + f"; {args.json}")
+    else:
+        print(text, end="")
+    return 0

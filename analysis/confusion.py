@@ -37,14 +37,14 @@ def accuracy(counts: np.ndarray) -> dict:
             "wilson95": wilson_interval(k, n)}
 
 
-def markdown_table(counts: np.ndarray, title: str) -> str:
+def markdown_table(counts: np.ndarray, title: str, classes: tuple[str, ...] = CLASSES) -> str:
     """Markdown table of row percent with counts in brackets, then the accuracy line."""
     pct = row_percent(counts)
     acc = accuracy(counts)
-    lines = [f"### {title}", "", "| true \\ predicted | " + " | ".join(CLASSES) + " | n |",
-             "|---" * (len(CLASSES) + 2) + "|"]
-    for i, cls in enumerate(CLASSES):
-        cells = [f"{pct[i, j]:.1f}% ({counts[i, j]})" for j in range(len(CLASSES))]
+    lines = [f"### {title}", "", "| true \\ predicted | " + " | ".join(classes) + " | n |",
+             "|---" * (len(classes) + 2) + "|"]
+    for i, cls in enumerate(classes):
+        cells = [f"{pct[i, j]:.1f}% ({counts[i, j]})" for j in range(len(classes))]
         lines.append(f"| {cls} | " + " | ".join(cells) + f" | {int(counts[i].sum())} |")
     lo, hi = acc["wilson95"]
     lines += ["", f"Accuracy {100 * acc['accuracy']:.1f} % ± {100 * acc['binomial_se']:.1f} % "
@@ -57,10 +57,10 @@ def _write_text(path: Path, text: str) -> None:
     atomic_write(path, text)
 
 
-def _csv(matrix: np.ndarray, fmt: str) -> str:
-    rows = ["true," + ",".join(CLASSES)]
+def _csv(matrix: np.ndarray, fmt: str, classes: tuple[str, ...] = CLASSES) -> str:
+    rows = ["true," + ",".join(classes)]
     rows += [cls + "," + ",".join(fmt.format(v) for v in matrix[i])
-             for i, cls in enumerate(CLASSES)]
+             for i, cls in enumerate(classes)]
     return "\n".join(rows) + "\n"
 
 
@@ -95,13 +95,14 @@ def write_run_confusion(run: Run, out: Path, label: str | None = None) -> dict |
     out.mkdir(parents=True, exist_ok=True)
     stem = safe_name(f"{label or run.name}_confusion")  # the folder name is input too
     title = run_title(run)
-    md = markdown_table(run.confusion, title)
-    _write_text(out / f"{stem}_percent.csv", _csv(row_percent(run.confusion), "{:.2f}"))
-    _write_text(out / f"{stem}_counts.csv", _csv(run.confusion, "{:d}"))
+    md = markdown_table(run.confusion, title, run.classes)
+    _write_text(out / f"{stem}_percent.csv",
+                _csv(row_percent(run.confusion), "{:.2f}", run.classes))
+    _write_text(out / f"{stem}_counts.csv", _csv(run.confusion, "{:d}", run.classes))
     _write_text(out / f"{stem}.md", md)
     acc = accuracy(run.confusion)
     png = plots.confusion(run.confusion, f"{title}\naccuracy {100 * acc['accuracy']:.1f} ± "
                           f"{100 * acc['binomial_se']:.1f} % (binomial SE)",
-                          out / f"{stem}.png")
+                          out / f"{stem}.png", run.classes)
     return {"run": run.name, "model": run.model, "gpus": run.world_size, "title": title,
-            "png": str(png), "markdown": md, **acc}
+            "png": str(png), "markdown": md, "classes": run.classes, **acc}

@@ -109,6 +109,18 @@ def read_table(path: Path, columns: tuple[str, ...], int_columns: tuple[str, ...
     return df if found == columns else df.reindex(columns=list(columns), fill_value=np.nan)
 
 
+def confusion_classes(path: Path) -> tuple[str, ...]:
+    """The class names of ``confusion.csv``'s header ``true,<classes>`` (the run's store's
+    classes: the study's five, or those a converted store brought)."""
+    rows = [row for _, row in csv_rows(path, read_text(path))]
+    head = tuple(c.strip() for c in rows[0]) if rows else ()
+    if len(head) < 3 or head[0] != "true" or any(not c for c in head[1:]) \
+            or len(set(head[1:])) != len(head) - 1:
+        raise RunFolderError(f"{path}:1: header is {','.join(head)!r}, expected "
+                             "'true,<two or more distinct class names>'")
+    return head[1:]
+
+
 def read_confusion(path: Path, classes: tuple[str, ...]) -> np.ndarray:
     """Read ``confusion.csv``: header ``true,<classes>``, then one row per true class."""
     header = ("true", *classes)

@@ -151,19 +151,21 @@ def epoch_rate(rows: list[RunMetrics], fit: PowerLawFit, model: str, out: Path) 
     return save_figure(fig, out)
 
 
-def confusion(counts: np.ndarray, title: str, out: Path) -> Path:
-    """Row-normalised confusion matrix in percent, counts in brackets (rows = true class)."""
+def confusion(counts: np.ndarray, title: str, out: Path,
+              classes: tuple[str, ...] = CLASSES) -> Path:
+    """Row-normalised confusion matrix in percent, counts in brackets (rows = true class,
+    in the order of ``classes``: the run's store's)."""
     totals = counts.sum(axis=1, keepdims=True)
     pct = np.divide(100.0 * counts, totals, out=np.zeros(counts.shape), where=totals > 0)
     fig, ax = plt.subplots(figsize=(6.2, 5.2))
     im = ax.imshow(pct, cmap="Blues", vmin=0, vmax=100)
-    for i in range(len(CLASSES)):
-        for j in range(len(CLASSES)):
+    for i in range(len(classes)):
+        for j in range(len(classes)):
             ax.text(j, i, f"{pct[i, j]:.1f}%\n({counts[i, j]})", ha="center", va="center",
                     fontsize=8, color="white" if pct[i, j] > 55 else "black")
-    ax.set_xticks(range(len(CLASSES)), CLASSES)
-    ax.set_yticks(range(len(CLASSES)), [f"{c} (n={int(t)})" for c, t in
-                                        zip(CLASSES, totals[:, 0], strict=True)])
+    ax.set_xticks(range(len(classes)), classes)
+    ax.set_yticks(range(len(classes)), [f"{c} (n={int(t)})" for c, t in
+                                        zip(classes, totals[:, 0], strict=True)])
     ax.set_xlabel("predicted class")
     ax.set_ylabel("true class")
     ax.set_title(title, fontsize=10, **PLAIN)

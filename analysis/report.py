@@ -160,12 +160,13 @@ def _confusion_section(a: Analysis, folder: Path) -> str:
             parts.append(f"<p>{html.escape(model)}: no run has confusion.csv.</p>")
             continue
         done.sort(key=lambda c: -c["gpus"])
-        p = PAPER.get(model)
+        first, rest = done[0], done[1:]
+        # the paper's matrix only beside runs on the paper's five classes
+        p = PAPER.get(model) if tuple(first["classes"]) == CLASSES else None
         paper = (f"<div><h4>paper ({html.escape(p['label'])})</h4>"
                  f"{_matrix_table(np.array(p['confusion_percent']))}<p>accuracy "
                  f"{100 * p['accuracy']:.1f} % ± {100 * p['accuracy_err']:.1f} %</p></div>"
                  if p else "")
-        first, rest = done[0], done[1:]
         lo, hi = first["wilson95"]
         parts.append(f'<h3>{html.escape(model)}</h3><div class="pair"><div>'
                      f"{_img(first['png'], first['title'])}<p>accuracy "

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from lartpc.analysis.csvread import read_confusion, read_table
+from lartpc.analysis.csvread import confusion_classes, read_confusion, read_table
 from lartpc.analysis.runcheck import (
     STATUSES,
     RunFolderError,
@@ -36,6 +36,7 @@ from lartpc.runfolder.schema import (  # noqa: F401 (re-exported)
     EVAL_CSV,
     RUN_JSON,
     STEP_COLUMNS,
+    eval_columns,
     rank_csv_name,
 )
 
@@ -69,6 +70,8 @@ class Run:
         5x5 counts from ``confusion.csv`` (rows true, columns predicted) when present.
     notes : list[str]
         What was tolerated while reading (a torn final line, duplicated steps).
+    classes : tuple[str, ...]
+        The class names of ``confusion.csv`` (the store's; the study's five by default).
     """
 
     path: Path
@@ -77,6 +80,7 @@ class Run:
     evals: pd.DataFrame | None = None
     confusion: np.ndarray | None = None
     notes: list[str] = field(default_factory=list)
+    classes: tuple[str, ...] = CLASSES
 
     @property
     def name(self) -> str:
@@ -217,12 +221,16 @@ def load_run(path: str | Path) -> Run:
     if max(run.steps, default=0) >= run.world_size:
         raise RunFolderError(f"{path}: {rank_csv_name(max(run.steps))} but world_size is "
                              f"{run.world_size} in {RUN_JSON}")
+    if (path / CONFUSION_CSV).is_file():  # the store's classes, before eval.csv's columns
+        run.classes = confusion_classes(path / CONFUSION_CSV)
     if (path / EVAL_CSV).is_file():
-        run.evals = read_table(path / EVAL_CSV, EVAL_COLUMNS, ("epoch", "n_events"),
-                               run.notes, older=(EVAL_COLUMNS_V1,))
+        five = run.classes == CLASSES
+        run.evals = read_table(path / EVAL_CSV, EVAL_COLUMNS if five
+                               else eval_columns(run.classes), ("epoch", "n_events"),
+                               run.notes, older=(EVAL_COLUMNS_V1,) if five else ())
         check_evals(path / EVAL_CSV, run.evals, run.meta)
     if (path / CONFUSION_CSV).is_file():
-        run.confusion = read_confusion(path / CONFUSION_CSV, CLASSES)
+        run.confusion = read_confusion(path / CONFUSION_CSV, run.classes)
     for note in run.notes:
         log.warning("%s", note)
     return run

@@ -111,6 +111,40 @@ def test_two_node_job_trains_across_the_link(cluster, tmp_path, train_events_dir
                                                                     strict=True))
     assert moved > len(rows(run_dir / "rank-000.csv")) * grad_bytes
     _same_as(run_dir, reference)
+    _training_time_apart(run_dir, meta)
+    # one rank per node: its srun task's CPUs, recorded with the threads it used
+    assert meta["cpu_binding"]["ranks_sharing_mask"] == 1 and meta["threads_per_rank"] == 1
+
+
+def _training_time_apart(run_dir: Path, meta: dict) -> None:
+    """run.json's training time is the steps' own (rank 0's data+compute+comm columns),
+    its evaluations and checkpoints counted apart (issue 37)."""
+    steps = rows(run_dir / "rank-000.csv")
+    own = sum(float(x["data_s"]) + float(x["compute_s"]) + float(x["comm_s"]) for x in steps)
+    assert meta["train_time_s"] == pytest.approx(own, rel=1e-9)
+    assert meta["eval_time_s"] > 0 and meta["checkpoint_time_s"] > 0
+
+
+def test_budget_ends_a_two_node_requeue_chain(cluster, tmp_path, train_events_dir):
+    """LARTPC_TIME_LIMIT_S=1 stops every segment at its time limit after one step, which
+    its script requeues (5 requeues allowed). train.budget_s=1e-9 is spent by the first
+    segment's step (its vote saw 0 s spent): the requeued job's training finds the budget
+    spent and does nothing, and its script ends the chain with requeues left."""
+    env = {**cluster, "LARTPC_TIME_LIMIT_S": "1"}
+    point = _sweep(tmp_path, train_events_dir, "torchrun", *TRAIN, "--set",
+                   "train.budget_s=1e-9", "--max-requeues", "5", cluster=env)
+    info = sh.wait(point["job_id"], cluster)
+    log = _log(tmp_path)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", log
+    assert "study budget spent" in log and "not requeued" in log, log
+    run_dir = Path(point["run"])
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["budget_spent"] is True and meta["status"] == "time_limit"
+    assert meta["budget_s"] == 1e-9 and "has spent its budget" in log, log
+    assert [s["status"] for s in meta["segments"]] == ["time_limit"]
+    assert meta["nodes"] == NODES and len(rows(run_dir / "rank-000.csv")) == 1
+    assert meta["network"]["transport"] == "TCP"
+    _training_time_apart(run_dir, meta)
 
 
 def test_scontrol_requeue_of_a_two_node_job_resumes_exactly(cluster, tmp_path,

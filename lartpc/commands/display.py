@@ -100,12 +100,13 @@ def render(event, geometry, out: str | Path, *, title: str, margin: int = 40,
     return out
 
 
-def event_title(event, index: int) -> str:
-    """'<class>, p = X GeV/c, event I' (+ how the primary ended, when known)."""
+def event_title(event, index: int, classes: tuple[str, ...] | None = None) -> str:
+    """'<class>, p = X GeV/c, event I' (+ how the primary ended, when known); ``classes``:
+    the store's (default the study's five)."""
     from lartpc import CLASSES
 
     t = event.truth or {}
-    parts = [CLASSES[event.label]]
+    parts = [(classes or CLASSES)[event.label]]
     if t.get("momentum_mev"):
         parts.append(f"p = {t['momentum_mev'] / 1000:.2f} GeV/c")
     parts.append(f"event {index}")
@@ -124,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
     if not out.parent.is_dir():
         raise LartpcError(f"--out {out}: folder {out.parent} does not exist")
     ev = store[args.event]
-    render(ev, store.geometry, out, title=event_title(ev, args.event % len(store)),
+    render(ev, store.geometry, out,
+           title=event_title(ev, args.event % len(store), store.classes),
            margin=args.margin, crop=not args.no_crop)
     print(out)
     return 0

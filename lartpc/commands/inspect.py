@@ -18,7 +18,6 @@ def summary(path) -> dict:
     """Summary of an event store as a JSON-able dict."""
     import numpy as np
 
-    from lartpc import CLASSES
     from lartpc.data import EventStore
 
     store = EventStore(path)
@@ -28,7 +27,8 @@ def summary(path) -> dict:
     q = [5, 25, 50, 75, 95]
     return {
         "path": str(path), "files": len(store.paths), "events": len(store),
-        "events_per_class": dict(zip(CLASSES, map(int, store.class_counts()), strict=True)),
+        "events_per_class": dict(zip(store.classes, map(int, store.class_counts()),
+                                     strict=True)),
         "active_pixels_percentiles": {f"p{k}": float(v) for k, v in
                                       zip(q, np.percentile(pix, q) if len(pix) else [0] * 5,
                                           strict=True)},

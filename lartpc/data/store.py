@@ -42,7 +42,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from lartpc import CLASSES, NUM_CLASSES
+from lartpc import CLASSES
 from lartpc.errors import LartpcError
 from lartpc.fsutil import atomic_path
 from lartpc.geometry import Geometry
@@ -111,11 +111,13 @@ def write_shard(
     seed: int = -1,
     compression: str | None = "gzip",
     attrs: dict | None = None,
+    classes: Sequence[str] = CLASSES,
 ) -> Path:
     """Write ``events`` to ``path`` atomically (temporary file, then rename).
 
     ``attrs`` are extra file attributes (str, int or float values), e.g. how the events
-    were made; they may not replace the schema's own attributes.
+    were made; they may not replace the schema's own attributes. ``classes`` names the
+    label indices (the study's five unless a converted store brings its own).
     """
     path = Path(path)
     n = len(events)
@@ -130,8 +132,8 @@ def write_shard(
 
     row, col, charge = cat("row", np.int16), cat("col", np.int16), cat("charge", np.float32)
     labels = np.array([e.label for e in events], np.int8)
-    if n and (labels.min() < 0 or labels.max() >= NUM_CLASSES):
-        raise EventStoreError(f"{path}: label out of range 0..{NUM_CLASSES - 1}")
+    if n and (labels.min() < 0 or labels.max() >= len(classes)):
+        raise EventStoreError(f"{path}: label out of range 0..{len(classes) - 1}")
     if len(charge) and not np.all(np.isfinite(charge)):
         raise EventStoreError(f"{path}: non-finite charge")
     if len(charge) and charge.min() < 0:
@@ -154,7 +156,7 @@ def write_shard(
         f.attrs["schema_version"] = SCHEMA_VERSION
         for k, v in geometry.to_attrs().items():
             f.attrs[k] = v
-        f.attrs["classes"] = ",".join(CLASSES)
+        f.attrs["classes"] = ",".join(classes)
         f.attrs["generator"] = generator
         f.attrs["generator_version"] = generator_version
         f.attrs["seed"] = seed
@@ -216,6 +218,19 @@ def shard_geometry(path: Path, attrs) -> Geometry:
     return geom
 
 
+def shard_classes(path: Path, attrs) -> tuple[str, ...]:
+    """The class names a shard's labels index: its ``classes`` attribute (comma-separated),
+    or the study's five for a store written before stores named their own."""
+    v = _py(attrs.get("classes"))
+    if v is None or v == "":
+        return CLASSES
+    names = tuple(str(v).split(","))
+    if len(names) < 2 or any(not n.strip() for n in names) or len(set(names)) != len(names):
+        raise EventStoreError(f"{path}: attribute classes={v!r}: expected two or more distinct "
+                              "comma-separated names")
+    return names
+
+
 #: dataset -> numpy dtype kinds it may have: pixel coordinates, offsets and labels are
 #: integers (a float row would be NaN-tolerant and cast to row 0), charge is a number
 SHARD_DATASETS = {"offsets": "iu", "row": "iu", "col": "iu", "charge": "fiu", "label": "iu"}
@@ -256,6 +271,8 @@ class EventStore:
         self._offsets: list[np.ndarray] = []
         labels, geoms = [], []
         self.attrs: dict = {}
+        #: class names of the label indices (the store's ``classes``; old stores: the five)
+        self.classes: tuple[str, ...] = CLASSES
         for p in self.paths:
             try:
                 with h5py.File(p, "r") as f:
@@ -269,6 +286,7 @@ class EventStore:
                     lab = f["label"][:]
                     npix = f["charge"].shape[0]
                     geoms.append(shard_geometry(p, f.attrs))
+                    classes = shard_classes(p, f.attrs)
                     if not self.attrs:
                         self.attrs = {k: (v.item() if hasattr(v, "item") else v)
                                       for k, v in f.attrs.items()}
@@ -279,10 +297,14 @@ class EventStore:
             if len(off) != len(lab) + 1 or off[0] != 0 or np.any(np.diff(off) < 0) \
                     or off[-1] != npix:
                 raise EventStoreError(f"{p}: inconsistent offsets (truncated or corrupt file)")
-            bad = np.flatnonzero((lab < 0) | (lab >= NUM_CLASSES))
+            if p != self.paths[0] and classes != self.classes:
+                raise EventStoreError(f"{p}: classes {','.join(classes)} differ from "
+                                      f"{self.paths[0].name}'s {','.join(self.classes)}")
+            self.classes = classes
+            bad = np.flatnonzero((lab < 0) | (lab >= len(classes)))
             if bad.size:  # every count, split and loss indexes by label
                 raise EventStoreError(f"{p}: event {int(bad[0])} label {int(lab[bad[0]])} out "
-                                      f"of range 0..{NUM_CLASSES - 1}")
+                                      f"of range 0..{len(classes) - 1}")
             self._offsets.append(off)
             labels.append(lab.astype(np.int64))
         if any(g != geoms[0] for g in geoms):
@@ -301,8 +323,8 @@ class EventStore:
         return f"EventStore({len(self)} events in {len(self.paths)} file(s), {self.geometry.shape})"
 
     def class_counts(self) -> np.ndarray:
-        """Events per class, in :data:`lartpc.CLASSES` order."""
-        return np.bincount(self.labels, minlength=NUM_CLASSES)
+        """Events per class, in :attr:`classes` order."""
+        return np.bincount(self.labels, minlength=len(self.classes))
 
     def pixel_counts(self) -> np.ndarray:
         """Active pixels per event."""
@@ -361,8 +383,8 @@ class EventStore:
                 ev = Event(row[a:b], col[a:b], charge[a:b], label,
                            {k: _py(v[j - min(js)]) for k, v in truth_all.items()},
                            int(eids[j - min(js)]) if eids is not None else -1)
-                if not span_ok or not 0 <= label < NUM_CLASSES:
-                    _validate(ev, self.geometry, path, j)
+                if not span_ok or not 0 <= label < len(self.classes):
+                    _validate(ev, self.geometry, path, j, len(self.classes))
                 out[pos] = ev
         return out  # type: ignore[return-value]
 
@@ -384,7 +406,7 @@ def _pixels_ok(row: np.ndarray, col: np.ndarray, charge: np.ndarray, geom: Geome
                 and np.isfinite(charge.max()))
 
 
-def _validate(ev: Event, geom: Geometry, path: Path, j: int) -> None:
+def _validate(ev: Event, geom: Geometry, path: Path, j: int, n_classes: int) -> None:
     if len(ev.row) and (ev.row.min() < 0 or ev.row.max() >= geom.height
                         or ev.col.min() < 0 or ev.col.max() >= geom.width):
         raise EventStoreError(f"{path}: event {j} has pixels outside the {geom.shape} image")
@@ -393,5 +415,5 @@ def _validate(ev: Event, geom: Geometry, path: Path, j: int) -> None:
     if len(ev.charge) and ev.charge.min() < 0:
         raise EventStoreError(f"{path}: event {j} has negative charge "
                               f"(min {float(ev.charge.min()):.4g}); charges must be >= 0")
-    if not 0 <= ev.label < NUM_CLASSES:
+    if not 0 <= ev.label < n_classes:
         raise EventStoreError(f"{path}: event {j} label {ev.label} out of range")

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lartpc import NUM_CLASSES
 from lartpc.errors import ConfigError
 from lartpc.geometry import pooled_size
 from lartpc.models.head import Head
@@ -109,7 +110,8 @@ class JishNet(nn.Module):
                 "head": cfg.head, "stem": stem_choice(cfg.stem, device_type)}
 
     def __init__(self, image_size: tuple[int, int], *, channels_last: bool = False,
-                 elu_after_pool: bool = False, head: str = "flatten", stem: str = "library"):
+                 elu_after_pool: bool = False, head: str = "flatten", stem: str = "library",
+                 num_classes: int = NUM_CLASSES):
         super().__init__()
         self.image_size = (int(image_size[0]), int(image_size[1]))
         self.out_hw = trunk_shape(self.image_size)
@@ -128,7 +130,7 @@ class JishNet(nn.Module):
             cin = cout
         self.convs = nn.ModuleList(convs)
         self.pools = [pool for *_, pool in STAGES]
-        self.head = Head(cin, self.out_hw, head)
+        self.head = Head(cin, self.out_hw, head, num_classes=num_classes)
         if channels_last:
             self.to(memory_format=torch.channels_last)
 

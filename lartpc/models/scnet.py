@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lartpc import NUM_CLASSES
 from lartpc.errors import ConfigError
 from lartpc.models.head import Head
 from lartpc.models.sparse_compat import import_spconv
@@ -100,7 +101,7 @@ class SCNet(nn.Module):
                 "head": cfg.head}
 
     def __init__(self, image_size: tuple[int, int], *, algo: str | None = None,
-                 half: bool = False, head: str = "flatten"):
+                 half: bool = False, head: str = "flatten", num_classes: int = NUM_CLASSES):
         super().__init__()
         spconv = import_spconv()
         self.image_size = (int(image_size[0]), int(image_size[1]))
@@ -115,7 +116,7 @@ class SCNet(nn.Module):
             pools.append(spconv.SparseMaxPool2d(pool, stride=pool, algo=conv_algo))
             cin = cout
         self.convs, self.pools = nn.ModuleList(convs), nn.ModuleList(pools)
-        self.head = Head(cin, self.out_hw, head)
+        self.head = Head(cin, self.out_hw, head, num_classes=num_classes)
 
     def forward(self, batch) -> torch.Tensor:
         """Logits (B, 5) for a :class:`~lartpc.data.batch.Batch` with ``coords`` and

@@ -22,6 +22,14 @@ EVAL_COLUMNS_V1: tuple[str, ...] = (
 #: Columns of eval.csv: ``step`` is the global steps done when it was taken, ``images``
 #: the training images all ranks had stepped on by then.
 EVAL_COLUMNS: tuple[str, ...] = (*EVAL_COLUMNS_V1, "step", "images")
+
+
+def eval_columns(classes: tuple[str, ...] = CLASSES) -> tuple[str, ...]:
+    """Columns of eval.csv of a run on a store of ``classes`` (:data:`EVAL_COLUMNS` for
+    the study's five)."""
+    return (*EVAL_COLUMNS_V1[:5], *(f"acc_{c}" for c in classes), "step", "images")
+
+
 #: Header of confusion.csv: rows true class, columns predicted.
 CONFUSION_HEADER: tuple[str, ...] = ("true", *CLASSES)
 #: Columns of noise.csv (one row per measured step).

@@ -45,7 +45,7 @@ def prepare(cfg: Config, data: Path, out: Path) -> EventStore:
     from lartpc.models import build
 
     # raises if the image is too small or a speed option cannot run on this device
-    build(cfg.model.name, image_size=store.geometry.shape,
+    build(cfg.model.name, image_size=store.geometry.shape, num_classes=len(store.classes),
           **model_options(cfg, dist.device_type(cfg.train.device)))
     # before any backend starts: a split with no evaluation event (the same for every
     # world size); run_training plans the shards for its world

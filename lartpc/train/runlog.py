@@ -26,6 +26,7 @@ from lartpc.runfolder.schema import (  # noqa: F401 (re-exported)
     EVAL_CSV,
     STEP_COLUMNS,
     RunFolderError,
+    eval_columns,
     rank_csv_name,
 )
 
@@ -110,21 +111,23 @@ def short_log_message(path: Path, rows: int | None, step: int) -> str:
             "a backup to resume, or move checkpoint.pt away to restart the run from step 0")
 
 
-def write_eval(run: Path, rows: list[dict]) -> None:
-    """Rewrite ``eval.csv`` with all evaluation rows so far."""
+def write_eval(run: Path, rows: list[dict], classes: tuple[str, ...] = CLASSES) -> None:
+    """Rewrite ``eval.csv`` with all evaluation rows so far (per-class accuracy columns
+    of the store's ``classes``)."""
+    columns = eval_columns(classes)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(EVAL_COLUMNS)
+    w.writerow(columns)
     for r in rows:  # rows of a checkpoint from before issue 37 have no step, images
-        w.writerow([_fmt(r.get(c, math.nan)) for c in EVAL_COLUMNS])
+        w.writerow([_fmt(r.get(c, math.nan)) for c in columns])
     write_text(Path(run) / EVAL_CSV, buf.getvalue())
 
 
-def write_confusion(run: Path, counts) -> None:
-    """``confusion.csv``: rows true class, columns predicted, in CLASSES order."""
+def write_confusion(run: Path, counts, classes: tuple[str, ...] = CLASSES) -> None:
+    """``confusion.csv``: rows true class, columns predicted, in the store's class order."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(CONFUSION_HEADER)
-    for name, row in zip(CLASSES, counts, strict=True):
+    w.writerow(("true", *classes))
+    for name, row in zip(classes, counts, strict=True):
         w.writerow([name, *(int(c) for c in row)])
     write_text(Path(run) / CONFUSION_CSV, buf.getvalue())

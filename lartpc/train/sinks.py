@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lartpc import CLASSES
 from lartpc.train import runlog
 from lartpc.train.progress import open_progress
 from lartpc.train.tblog import open_tblog
@@ -60,6 +61,7 @@ class EvalRecord:
     rows: list[dict]
     confusion: np.ndarray
     seconds: float
+    classes: tuple[str, ...] = CLASSES  #: the store's classes (rows of confusion)
 
 
 class Sink:
@@ -102,8 +104,8 @@ class EvalFiles(Sink):
         self.run = run
 
     def on_eval(self, rec: EvalRecord) -> None:
-        runlog.write_eval(self.run, rec.rows)
-        runlog.write_confusion(self.run, rec.confusion)
+        runlog.write_eval(self.run, rec.rows, rec.classes)
+        runlog.write_confusion(self.run, rec.confusion, rec.classes)
         log.info("eval epoch %d (step %d, %d images): loss %.4f accuracy %.3f on %d events",
                  rec.row["epoch"], rec.row["step"], rec.row["images"], rec.row["loss"],
                  rec.row["accuracy"], rec.row["n_events"])

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from lartpc import CLASSES
 from lartpc.config import Config
 from lartpc.data.augment import mirror
 from lartpc.data.sharding import ShardPlan
@@ -160,6 +161,7 @@ class Trainer:
         self.noise: NoiseMeter | None = None
         self.stops = stops  #: the signals the stop vote reads (None: none)
         self.store_id = store_id  #: segments.store_identity, saved in checkpoints
+        self.classes: tuple[str, ...] = CLASSES  #: the store's classes (Trainer.build)
         self.stop: str | None = None  #: the agreed reason to stop, after a step
         self.save_due = False  #: every rank agreed to checkpoint after this step
         self.budget_spent = False  #: every rank agreed the study budget is spent
@@ -181,11 +183,13 @@ class Trainer:
         if world.device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # fixed input shapes: autotune once
         model = build(cfg.model.name, image_size=store.geometry.shape,
+                      num_classes=len(store.classes),
                       **model_options(cfg, world.device.type)).to(world.device)
         mode = loader_mode(cfg, model)
         opt = world.distributed_optimizer(build_optimizer(tc, model), model,
                                           tc.grad_compression)
         t = cls(cfg, world, run, plan, model, opt, process_start, stops, store_id)
+        t.classes = store.classes
         if resume is not None:
             t.load_state_dict(resume)
             keep_impl(opt, tc)
@@ -379,7 +383,8 @@ class Trainer:
     def evaluate(self) -> EvalRecord:
         """Evaluate on the held-out events; the row joins the state's eval rows."""
         t0 = time.time()
-        res = evaluate(self.model, self.eval_loader, self.world, self.loss_fn, self.autocast)
+        res = evaluate(self.model, self.eval_loader, self.world, self.loss_fn, self.autocast,
+                       self.classes)
         self.timing.eval_s = time.time() - t0
         s = self.state
         s.eval_time_s += self.timing.eval_s
@@ -390,7 +395,8 @@ class Trainer:
         same = "step" if self.by_count else "epoch"
         s.eval_rows = [r for r in s.eval_rows if r.get(same) != row[same]] + [row]
         return EvalRecord(global_step=s.global_step - 1, row=row, rows=s.eval_rows,
-                          confusion=res.confusion, seconds=self.timing.eval_s)
+                          confusion=res.confusion, seconds=self.timing.eval_s,
+                          classes=res.classes)
 
     @property
     def by_count(self) -> bool:

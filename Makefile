@@ -18,6 +18,7 @@ install:
 	@$(PY) -m pip install -q -e '.[test,horovod]'
 	@bash jobs/env/install_spconv.sh $(PY) $(SPCONV)
 	@bash jobs/env/install_horovod.sh $(PY)
+	@bash jobs/env/install_larcv.sh $(PY)
 	@$(VENV)/bin/lartpc env
 
 # The venv's bin first: tests call lartpc, horovodrun, torchrun and shellcheck from it.

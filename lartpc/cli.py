@@ -16,7 +16,9 @@ from lartpc.helpformat import HelpFormatter
 COMMANDS: dict[str, tuple[str, str]] = {
     "env": ("lartpc.commands.env", "print versions of Python, torch, spconv, Horovod, ..."),
     "simulate": ("lartpc.commands.simulate", "generate synthetic single-particle events"),
-    "convert": ("lartpc.commands.convert", "convert upstream dense HDF5 files to the event store"),
+    "convert": ("lartpc.commands.convert",
+                "convert upstream dense HDF5 or larcv3 files to the event store"),
+    "export": ("lartpc.commands.export", "write an event store as a larcv3 file"),
     "inspect": ("lartpc.commands.inspect", "summarise an event file or folder"),
     "display": ("lartpc.commands.display", "draw one event as wire-vs-time image"),
     "train": ("lartpc.commands.train",

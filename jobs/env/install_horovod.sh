@@ -50,11 +50,9 @@ PY
 fi
 
 wheel_dir="$CACHE/$key"
-if compgen -G "$wheel_dir/horovod-*.whl" >/dev/null; then
-    echo "installing cached horovod wheel: $key"
-    "$PYTHON" -m pip install --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
-    exit 0
-fi
+# shellcheck source=jobs/env/wheel_cache.sh
+source "$(dirname "${BASH_SOURCE[0]}")/wheel_cache.sh"
+install_cached_wheel "$PYTHON" "$wheel_dir" horovod && exit 0
 
 echo "building horovod ${HVD} from source (${features}, torch ${torch_version}, ${py_tag}); a cold build takes ~3 min on 2 cores"
 work=$(mktemp -d)
@@ -88,8 +86,5 @@ else
 fi
 export MAKEFLAGS="-j$(nproc)"
 
-mkdir -p "$wheel_dir"
 "$PYTHON" -m pip wheel --no-build-isolation --no-deps -w "$work/dist" "$src"
-cp "$work"/dist/horovod-*.whl "$wheel_dir/"
-"$PYTHON" -m pip install --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
-echo "horovod ${HVD} installed; wheel cached in $wheel_dir"
+cache_and_install_wheel "$PYTHON" "$work/dist" "$wheel_dir" horovod

@@ -13,4 +13,6 @@ KINDS: dict[str, tuple[str, str]] = {
     "noise": ("lartpc.bench.noise", "cost of measuring the gradient noise scale per step"),
     "allreduce": ("lartpc.bench.allreduce", "allreduce time vs message size on the job's "
                   "ranks; fits a cluster profile"),
+    "convert": ("lartpc.bench.convert", "conversion rate: larcv3 against the upstream "
+                "dense-HDF5 converter on the same events"),
 }

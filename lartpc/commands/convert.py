@@ -1,4 +1,5 @@
-"""``lartpc convert IN.h5 ... --out DIR``: upstream dense HDF5 -> sparse event store."""
+"""``lartpc convert IN.h5 ... --out DIR``: upstream dense HDF5 (or, with ``--from
+larcv3``, larcv3 files) -> sparse event store."""
 
 from __future__ import annotations
 
@@ -6,7 +7,11 @@ import argparse
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("inputs", nargs="+", help="upstream files with image/wires and label/type")
+    p.add_argument("inputs", nargs="+", help="upstream files with image/wires and label/type "
+                   "(or larcv3 files with --from larcv3)")
+    p.add_argument("--from", dest="source_format", choices=("upstream", "larcv3"),
+                   default="upstream", help="input format (default upstream: LArSoft dense "
+                   "HDF5); the larcv3 options are listed below")
     p.add_argument("--out", required=True, help="output folder for events-NNNNN.h5")
     p.add_argument("--downsample", type=int, default=1, help="bin factor K (default 1)")
     p.add_argument("--shard-size", type=int, default=1000, help="events per file")
@@ -19,11 +24,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--charge-scale", type=float, default=1.0,
                    help="factor on summed ADC; (electrons per ADC)/1000 gives the "
                         "generator's unit of 10^3 electrons (default 1: raw ADC sums)")
+    from lartpc.commands.larcv3_options import add_larcv3_arguments
+
+    add_larcv3_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
     from lartpc.data.convert import convert
     from lartpc.errors import LartpcError
+
+    if args.source_format == "larcv3":
+        from lartpc.commands.larcv3_options import run_convert
+
+        return run_convert(args)
 
     try:
         res = convert(args.inputs, args.out, downsample=args.downsample,

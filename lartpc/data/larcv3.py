@@ -1,0 +1,459 @@
+"""larcv3 files (DeepLearnPhysics' format, used by SPINE and the PILArNet datasets) to and
+from the event store.
+
+Reading: one ``sparse2d`` producer and one projection (the tensor whose ImageMeta2D has
+that projection id) become the store's pixels; the image size is the meta's voxel
+counts (rows = axis 0, columns = axis 1, so voxel index = row * columns + column, the
+layout larcv's own ``as_array`` uses), zero-padded to a square when the two differ and
+binned by ``downsample``. Voxels with value <= 0 are not pixels (the store holds charge
+> 0) and are counted. The label is the class of the *first* particle of a ``particle``
+producer, through a PDG -> class mapping (:class:`ClassMap`: the study's five by
+default, or a user's TOML). An event whose particle maps to no class, that has no
+particle, or whose tensor has no pixel is skipped and counted, never guessed. Every
+input is checked (HDF5 readable, producers present, projection present, one image
+size) before anything is written, and the store is written through
+:func:`lartpc.data.staging.replace_store`: one atomic rename, nothing left behind on
+failure, a killed conversion cleaned up by the next writer.
+
+Writing (:func:`export`): each event becomes one entry: its pixels as a ``sparse2d``
+tensor of the given projection (meta: the store's image size, physical lengths from
+the geometry), and one particle with its PDG, momentum, vertex, energies.
+
+The larcv library (PyPI ``larcv``, built by jobs/env/install_larcv.sh) is an optional
+extra; without it every larcv3 option ends in one line (:func:`require_larcv`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from lartpc.data.convert import ConvertResult
+from lartpc.data.staging import existing_shards, replace_store
+from lartpc.data.store import SHARD_PATTERN, Event, EventStore, write_shard
+from lartpc.errors import LartpcError
+from lartpc.fsutil import atomic_path, output_file
+from lartpc.geometry import Geometry
+
+log = logging.getLogger(__name__)
+#: What the study's five classes are made of (the upstream converter's mapping).
+STUDY_PDG = {"gamma": (22,), "electron": (11, -11), "muon": (-13,), "pion": (211,),
+             "kaon": (321,)}
+DEFAULT_PRODUCER = "lartpc"
+#: image rows and columns are int16 in the store
+_MAX_SIDE = 32767
+
+
+def require_larcv():
+    """The ``larcv`` module, or one clear error when the optional extra is absent."""
+    try:
+        import larcv
+    except ImportError:
+        raise LartpcError("larcv3 format needs the larcv library (optional extra): run "
+                          "`make install` or `bash jobs/env/install_larcv.sh`") from None
+    return larcv
+
+
+@dataclass(slots=True)
+class Larcv3Result(ConvertResult):
+    """:class:`ConvertResult` with why events were skipped, in words."""
+
+    reasons: str = ""
+
+
+@dataclass(frozen=True)
+class ClassMap:
+    """Class names in label order and the PDG code -> label index mapping."""
+
+    classes: tuple[str, ...]
+    pdg: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_table(cls, table: dict, origin: str) -> ClassMap:
+        """From ``{class name: [pdg, ...]}`` in label order."""
+        if not isinstance(table, dict) or len(table) < 2:
+            raise LartpcError(f"{origin}: [classes] must name two or more classes, each with "
+                              "a list of PDG codes")
+        if len(table) > 127:
+            raise LartpcError(f"{origin}: {len(table)} classes; at most 127")
+        pdg: dict[int, int] = {}
+        for i, (name, codes) in enumerate(table.items()):
+            if not name.strip() or "," in name:
+                raise LartpcError(f"{origin}: class name {name!r}: must be non-empty, no commas")
+            if not isinstance(codes, list) or not codes or not all(
+                    isinstance(c, int) and not isinstance(c, bool) for c in codes):
+                raise LartpcError(f"{origin}: class {name!r}: expected a non-empty list of "
+                                  f"integer PDG codes, got {codes!r}")
+            for c in codes:
+                if c in pdg:
+                    raise LartpcError(f"{origin}: PDG {c} is in two classes "
+                                      f"({list(table)[pdg[c]]!r} and {name!r})")
+                pdg[c] = i
+        return cls(tuple(table), pdg)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike | None) -> ClassMap:
+        """The study's five classes, or a user's TOML file with a ``[classes]`` table:
+        ``name = [pdg, ...]`` per class, in label order."""
+        if path is None:
+            return cls.from_table({k: list(v) for k, v in STUDY_PDG.items()}, "default")
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10
+            import tomli as tomllib
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except OSError as e:
+            raise LartpcError(f"--classes {path}: cannot read ({e.strerror})") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise LartpcError(f"--classes {path}: not TOML ({e})") from None
+        if set(data) != {"classes"}:
+            raise LartpcError(f"--classes {path}: expected one table [classes] of "
+                              f"name = [pdg, ...], got {', '.join(data) or 'nothing'}")
+        return cls.from_table(data["classes"], f"--classes {path}")
+
+    def to_json(self) -> str:
+        """The mapping recorded in the store (attribute ``pdg_classes``)."""
+        by_class: dict[str, list[int]] = {c: [] for c in self.classes}
+        for code, i in self.pdg.items():
+            by_class[self.classes[i]].append(code)
+        return json.dumps(by_class)
+
+
+# ---------------------------------------------------------------- reading larcv3 files
+
+def _check_file(p: Path, producer: str, particles: str) -> None:
+    """The file is whole HDF5 with larcv3's groups and both producers (checked with h5py,
+    before larcv's C++ reader sees it)."""
+    import h5py
+
+    if not p.is_file():
+        raise LartpcError(f"{p}: no such input file")
+    try:
+        with h5py.File(p, "r") as f:
+            if "Data" not in f or "Events" not in f or "event_id" not in f["Events"]:
+                raise LartpcError(f"{p}: not a larcv3 file (no Data and Events groups)")
+            groups = list(f["Data"])
+            for kind, name in (("sparse2d", producer), ("particle", particles)):
+                if f"{kind}_{name}_group" not in groups:
+                    have = sorted(g[len(kind) + 1:-len("_group")] for g in groups
+                                  if g.startswith(kind + "_") and g.endswith("_group"))
+                    raise LartpcError(f"{p}: no {kind} producer {name!r} "
+                                      f"(the file has: {', '.join(have) or 'none'})")
+            # read every dataset once: a truncated file fails here, not in larcv's C++
+            for kind, name in (("sparse2d", producer), ("particle", particles)):
+                grp = f["Data"][f"{kind}_{name}_group"]
+                for ds in grp.values():
+                    if isinstance(ds, h5py.Dataset):
+                        ds[...]
+            f["Events"]["event_id"][...]
+    except LartpcError:
+        raise
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise LartpcError(f"{p}: cannot read as larcv3/HDF5 ({msg})") from None
+
+
+#: larcv's logger levels: 2 "normal" prints every file opened; 3 warnings and worse
+_QUIET = 3
+
+
+def _open_reader(larcv, paths: Sequence[Path], producer: str, particles: str):
+    """larcv's IOManager over ``paths``, reading only the two products used."""
+    cfg = larcv.IOManager.default_config()
+    cfg.update(Name="lartpc", IOMode=0, Verbosity=_QUIET)
+    cfg["Input"].update(InputFiles=[str(p) for p in paths],
+                        ReadOnlyType=["sparse2d", "particle"],
+                        ReadOnlyName=[producer, particles])
+    io = larcv.IOManager(cfg)
+    io.initialize()
+    return io
+
+
+def _tensor(ev_sparse, projection: int):
+    for k in range(ev_sparse.size()):
+        t = ev_sparse.sparse_tensor(k)
+        if t.meta().projection_id() == projection:
+            return t
+    return None
+
+
+def _projections(ev_sparse) -> list[int]:
+    return sorted(ev_sparse.sparse_tensor(k).meta().projection_id()
+                  for k in range(ev_sparse.size()))
+
+
+def _truth(part) -> dict:
+    """Store truth of a larcv3 Particle: PDG, momentum and direction, vertex, kinetic
+    energy (initial energy minus the mass that momentum and energy imply), deposited
+    energy, path length."""
+    p = float(part.p())
+    e = float(part.energy_init())
+    direction = np.array([part.px(), part.py(), part.pz()], np.float64) / p if p > 0 \
+        else np.zeros(3)
+    ke = e - math.sqrt(max(e * e - p * p, 0.0)) if e > 0 else 0.0
+    return {"pdg": int(part.pdg_code()), "momentum_mev": p, "kinetic_energy_mev": ke,
+            "vertex_cm": np.array([part.x(), part.y(), part.z()], np.float32),
+            "direction": direction.astype(np.float32),
+            "path_length_cm": float(part.distance_travel()),
+            "visible_energy_mev": float(part.energy_deposit()), "end_process": ""}
+
+
+def _pixels(t, shape: tuple[int, int], geom: Geometry, counts: dict, where: str
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    idx = np.asarray(t.indexes(), np.int64)
+    val = np.asarray(t.values(), np.float32)
+    rows, cols = shape
+    if idx.size and (idx.min() < 0 or idx.max() >= rows * cols):
+        raise LartpcError(f"{where}: voxel index {int(idx.max())} outside the "
+                          f"{rows} x {cols} image of its meta")
+    keep = val > 0
+    counts["dropped_voxels"] += int((~keep).sum())
+    if not np.all(np.isfinite(val[keep])):
+        raise LartpcError(f"{where}: non-finite voxel value")
+    idx, val = idx[keep], val[keep]
+    row, col = idx // cols, idx % cols
+    k = geom.downsample
+    dup = len(np.unique(idx)) != len(idx)
+    if k > 1 or dup:
+        row, col = row // k, col // k
+        flat = row * geom.width + col
+        uniq, inv = np.unique(flat, return_inverse=True)
+        val = np.bincount(inv, weights=val).astype(np.float32)
+        row, col = uniq // geom.width, uniq % geom.width
+    return row.astype(np.int16), col.astype(np.int16), val
+
+
+def _projection_tensor(io, producer: str, projection: int, shape, where: str):
+    """The entry's tensor of ``projection``, its meta's (rows, columns) checked against
+    ``shape`` (None: not yet known)."""
+    t = _tensor(io.get_data("sparse2d", producer), projection)
+    if t is None:
+        have = _projections(io.get_data("sparse2d", producer))
+        raise LartpcError(f"{where}: sparse2d producer {producer!r} has no projection "
+                          f"{projection} (it has: {', '.join(map(str, have)) or 'none'})")
+    m = t.meta()
+    s = (int(m.number_of_voxels(0)), int(m.number_of_voxels(1)))
+    if shape is not None and s != tuple(shape):
+        raise LartpcError(f"{where}: a {s[0]} x {s[1]} image; the first event's is "
+                          f"{shape[0]} x {shape[1]} (one size per store)")
+    return t, s
+
+
+def _image_shape(larcv, files: list[Path], producer: str, particles: str,
+                 projection: int) -> tuple[int, int]:
+    """The (rows, columns) of the projection's meta in the first event of each file, the
+    same in all (every other event is checked as it converts)."""
+    shape = None
+    for p in files:
+        io = _open_reader(larcv, [p], producer, particles)
+        try:
+            if io.get_n_entries() == 0:
+                raise LartpcError(f"{p}: holds no events")
+            io.read_entry(0)
+            _, shape = _projection_tensor(io, producer, projection, shape, f"{p}: entry 0")
+        finally:
+            io.finalize()
+    assert shape is not None
+    if min(shape) < 1 or max(shape) > _MAX_SIDE:
+        raise LartpcError(f"{files[0]}: image {shape[0]} x {shape[1]}: sides must be "
+                          f"1..{_MAX_SIDE}")
+    return shape
+
+
+def convert_larcv3(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
+                   producer: str = DEFAULT_PRODUCER, projection: int = 0,
+                   particles: str | None = None, class_map: ClassMap | None = None,
+                   downsample: int = 1, shard_size: int = 1000, overwrite: bool = False,
+                   progress: bool = False) -> Larcv3Result:
+    """Convert larcv3 files into ``out_dir/events-NNNNN.h5`` (see the module's text).
+
+    Returns a :class:`Larcv3Result`: ``skipped`` counts the events with no particle,
+    a PDG in no class, or no pixels; ``reasons`` says which, in words. Raises
+    :class:`LartpcError` (nothing written) for a file that cannot be used, or when no
+    event converts.
+    """
+    larcv = require_larcv()
+    cmap = class_map or ClassMap.load(None)
+    particles = particles or producer
+    if shard_size <= 0:
+        raise LartpcError(f"--shard-size: must be positive, got {shard_size}")
+    files = [Path(p) for p in inputs]
+    if not files:
+        raise LartpcError("convert: no input files given")
+    for p in files:  # fail before writing anything
+        _check_file(p, producer, particles)
+    rows, cols = _image_shape(larcv, files, producer, particles, projection)
+    side = max(rows, cols)
+    try:
+        geom = Geometry(full_size=side, n_wires=cols, n_ticks=rows * 3,
+                        pretrigger_ticks=0, downsample=downsample)
+    except ValueError as e:
+        raise LartpcError(f"--downsample: {e} (the files' image is {rows} x {cols})") from None
+    counts = {"converted": 0, "no_pixels": 0, "no_particle": 0, "dropped_voxels": 0,
+              "source": 0}
+    unmapped: dict[int, int] = {}
+    attrs = {"source_format": "larcv3", "sparse2d_producer": producer,
+             "particle_producer": particles, "projection": projection,
+             "pdg_classes": cmap.to_json(), "source_rows": rows, "source_cols": cols}
+    out = Path(out_dir)
+    with replace_store(out, overwrite) as stage:
+        written: list[Path] = []
+        buf: list[Event] = []
+
+        def flush() -> None:
+            path = stage / SHARD_PATTERN.format(len(written))
+            write_shard(path, buf, geom, generator="lartpc.data.larcv3",
+                        generator_version=",".join(p.name for p in files)[:1000],
+                        attrs=attrs, classes=cmap.classes)
+            written.append(path)
+            buf.clear()
+
+        for p in files:
+            io = _open_reader(larcv, [p], producer, particles)
+            bar = None
+            try:
+                n = io.get_n_entries()
+                if progress:
+                    from tqdm import tqdm
+
+                    bar = tqdm(total=n, desc=p.name, unit="ev", disable=None)  # a terminal only
+                for i in range(n):
+                    io.read_entry(i)
+                    ev = _event(io, producer, particles, projection, (rows, cols), geom,
+                                cmap, counts, unmapped, f"{p}: entry {i}")
+                    counts["source"] += 1
+                    if bar:
+                        bar.update(1)
+                    if ev is None:
+                        continue
+                    buf.append(ev)
+                    counts["converted"] += 1
+                    if len(buf) == shard_size:
+                        flush()
+            finally:
+                if bar:
+                    bar.close()
+                io.finalize()
+        if not counts["converted"]:
+            raise LartpcError(f"{', '.join(map(str, files))}: no event converted "
+                              f"({skip_summary(counts, unmapped, cmap)})")
+        if buf:
+            flush()
+    skipped = counts["no_pixels"] + counts["no_particle"] + sum(unmapped.values())
+    res = Larcv3Result(existing_shards(out), counts["converted"], skipped,
+                       skip_summary(counts, unmapped, cmap))
+    log.info("converted %d events, skipped %d (%s)", res.converted, skipped, res.reasons)
+    return res
+
+
+def _event(io, producer, particles, projection, shape, geom, cmap, counts, unmapped,
+           where) -> Event | None:
+    t, _ = _projection_tensor(io, producer, projection, shape, where)
+    ev_part = io.get_data("particle", particles)
+    if ev_part.size() == 0:
+        counts["no_particle"] += 1
+        return None
+    part = ev_part.at(0)
+    pdg = int(part.pdg_code())
+    if pdg not in cmap.pdg:
+        unmapped[pdg] = unmapped.get(pdg, 0) + 1
+        return None
+    row, col, q = _pixels(t, shape, geom, counts, where)
+    if not len(q):
+        counts["no_pixels"] += 1
+        return None
+    return Event(row, col, q, cmap.pdg[pdg], _truth(part), counts["source"])
+
+
+def skip_summary(counts: dict, unmapped: dict[int, int], cmap: ClassMap) -> str:
+    """What was skipped and why, in words."""
+    parts = []
+    if unmapped:
+        codes = ", ".join(f"{c} x{n}" for c, n in sorted(unmapped.items()))
+        parts.append(f"{sum(unmapped.values())} whose particle's PDG maps to none of "
+                     f"{','.join(cmap.classes)} ({codes})")
+    if counts["no_particle"]:
+        parts.append(f"{counts['no_particle']} with no particle")
+    if counts["no_pixels"]:
+        parts.append(f"{counts['no_pixels']} with no pixels")
+    if counts["dropped_voxels"]:
+        parts.append(f"{counts['dropped_voxels']} voxels <= 0 dropped")
+    return "; ".join(parts) or "none skipped"
+
+
+# ---------------------------------------------------------------- writing larcv3 files
+
+def _particle(larcv, ev: Event):
+    t = ev.truth
+    part = larcv.Particle()
+    part.pdg_code(int(t.get("pdg", 0)))
+    p = float(t.get("momentum_mev", 0.0))
+    d = np.asarray(t.get("direction", np.zeros(3)), np.float64)
+    part.momentum(*(p * d).tolist())
+    v = np.asarray(t.get("vertex_cm", np.zeros(3)), np.float64)
+    part.position(float(v[0]), float(v[1]), float(v[2]), 0.0)
+    ke = float(t.get("kinetic_energy_mev", 0.0))
+    # initial energy = T + m, the mass from p^2 = T^2 + 2 T m
+    part.energy_init(ke + (p * p - ke * ke) / (2 * ke) if ke > 0 else 0.0)
+    part.energy_deposit(float(t.get("visible_energy_mev", -1.0)))
+    part.distance_travel(float(t.get("path_length_cm", 0.0)))
+    part.creation_process("primary")
+    part.track_id(1)
+    part.parent_track_id(1)
+    return part
+
+
+def export(store_path: str | os.PathLike, out_file: str | os.PathLike, *,
+           producer: str = DEFAULT_PRODUCER, projection: int = 0,
+           overwrite: bool = False, progress: bool = False) -> int:
+    """Write the store as one larcv3 file (``sparse2d`` and ``particle`` of
+    ``producer``); the number of events. The file appears whole or not at all."""
+    larcv = require_larcv()
+    store = EventStore(store_path)
+    out = output_file(out_file)
+    if out.exists() and not overwrite:
+        raise LartpcError(f"{out}: exists; choose another name or overwrite")
+    if not out.parent.is_dir():
+        raise LartpcError(f"{out}: folder {out.parent} does not exist")
+    g = store.geometry
+    meta = larcv.ImageMeta2D()
+    meta.set_dimension(0, g.height * g.downsample * g.time_pixel_cm, g.height, 0.0)
+    meta.set_dimension(1, g.width * g.downsample * g.wire_pitch_cm, g.width, 0.0)
+    meta.set_projection_id(projection)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(store), desc=out.name, unit="ev", disable=None)
+    with atomic_path(out) as tmp:
+        cfg = larcv.IOManager.default_config()
+        cfg.update(Name="lartpc", IOMode=1, Verbosity=_QUIET)
+        cfg["Output"].update(OutFileName=str(tmp))
+        io = larcv.IOManager(cfg)
+        io.initialize()
+        try:
+            for i in range(0, len(store), 256):
+                for j, ev in enumerate(store.read_many(range(i, min(i + 256, len(store))))):
+                    io.set_id(0, 0, i + j)
+                    vs = larcv.VoxelSet()
+                    idx = ev.row.astype(np.uint64) * np.uint64(g.width) + ev.col.astype(np.uint64)
+                    vs.set(idx, ev.charge.astype(np.float32))
+                    io.get_data("sparse2d", producer).set(vs, meta)
+                    io.get_data("particle", producer).append(_particle(larcv, ev))
+                    io.save_entry()
+                    if bar:
+                        bar.update(1)
+        finally:
+            io.finalize()
+            if bar:
+                bar.close()
+    store.close()
+    return len(store)

@@ -1,0 +1,285 @@
+"""larcv3 files in and out (issue 41): files written by the real larcv library convert to
+a store equal pixel for pixel and label for label; store -> larcv3 -> store is exact; bad
+input is one line, exit 2, nothing written; a converted store with its own classes trains.
+
+The larcv library is an optional extra (jobs/env/install_larcv.sh, run by `make
+install`). Without it these tests skip with the reason, except under
+LARTPC_REQUIRE_LARCV=1 (CI, .ci/run), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+from train_helpers import rows, run, train_cmd
+
+from lartpc.cli import main
+from lartpc.data import EventStore
+from lartpc.data.larcv3 import STUDY_PDG, ClassMap
+
+try:
+    import larcv
+except ImportError as e:  # the optional extra is not installed
+    larcv = None
+    _WHY = f"larcv (optional extra, jobs/env/install_larcv.sh) is not importable: {e}"
+
+needs_larcv = pytest.mark.skipif(
+    larcv is None and os.environ.get("LARTPC_REQUIRE_LARCV") != "1",
+    reason=_WHY if larcv is None else "")
+#: a PDG code no default class takes (a proton)
+UNMAPPED = 2212
+PROJECTIONS = (0, 1)
+
+
+@pytest.fixture(autouse=True)
+def _larcv_required(request):
+    if larcv is None and os.environ.get("LARTPC_REQUIRE_LARCV") == "1" \
+            and request.node.get_closest_marker("skipif") is not None:
+        pytest.fail(f"LARTPC_REQUIRE_LARCV=1 but {_WHY}")
+
+
+@pytest.fixture(scope="module")
+def sim_store(tmp_path_factory):
+    """20 generated events, 400 x 400 (downsample 9): four of each class."""
+    from lartpc.sim import write_dataset
+
+    d = tmp_path_factory.mktemp("sim")
+    write_dataset(d, 20, seed=41, downsample=9, shard_size=8, workers=1)
+    return d
+
+
+def _events(store_path):
+    s = EventStore(store_path)
+    return s, s.read_many(range(len(s)))
+
+
+def write_larcv(path, events, width, *, pdgs=None, producer="wire", particles="truth",
+                empty=False):
+    """A larcv3 file written by larcv's own IOManager: per event, projection 0 holds the
+    event's pixels and projection 1 the pixels of the event in reverse order (so the two
+    differ); one particle with the event's PDG (or ``pdgs[i]``)."""
+    io = larcv.IOManager(larcv.IOManager.kWRITE)
+    io.set_out_file(str(path))
+    io.initialize()
+    metas = []
+    for proj in PROJECTIONS:
+        m = larcv.ImageMeta2D()
+        m.set_dimension(0, 400 * 0.5, width, 0.0)
+        m.set_dimension(1, 400 * 0.3, width, 0.0)
+        m.set_projection_id(proj)
+        metas.append(m)
+    for i, ev in enumerate(events):
+        io.set_id(1, 0, i)
+        for proj, src in zip(PROJECTIONS, (ev, events[len(events) - 1 - i]), strict=True):
+            vs = larcv.VoxelSet()
+            if not empty:
+                idx = src.row.astype(np.uint64) * np.uint64(width) + src.col.astype(np.uint64)
+                vs.set(idx, src.charge.astype(np.float32))
+            io.get_data("sparse2d", producer).set(vs, metas[proj])
+        part = larcv.Particle()
+        part.pdg_code(int(ev.truth["pdg"] if pdgs is None else pdgs[i]))
+        io.get_data("particle", particles).append(part)
+        io.save_entry()
+    io.finalize()
+
+
+def _same_pixels(a, b):
+    np.testing.assert_array_equal(a.row, b.row)
+    np.testing.assert_array_equal(a.col, b.col)
+    np.testing.assert_array_equal(a.charge, b.charge)
+
+
+@needs_larcv
+def test_larcv_file_converts_pixel_for_pixel(sim_store, tmp_path, capsys):
+    store, events = _events(sim_store)
+    pdgs = [int(e.truth["pdg"]) for e in events]
+    pdgs[3] = UNMAPPED
+    src = tmp_path / "in.h5"
+    write_larcv(src, events, store.geometry.width, pdgs=pdgs)
+    kept = [i for i in range(len(events)) if i != 3]
+    for proj in PROJECTIONS:
+        out = tmp_path / f"p{proj}"
+        assert main(["convert", "--from", "larcv3", str(src), "--out", str(out),
+                     "--producer", "wire", "--particles", "truth", "--projection", str(proj),
+                     "--shard-size", "7"]) == 0
+        said = capsys.readouterr().out
+        assert "converted 19 events" in said and "skipped 1" in said
+        assert f"{UNMAPPED} x1" in said
+        got = EventStore(out)
+        assert got.geometry.shape == store.geometry.shape
+        assert got.classes == store.classes
+        assert len(got) == len(kept)
+        for j, i in enumerate(kept):
+            want = events[i] if proj == 0 else events[len(events) - 1 - i]
+            ev = got[j]
+            _same_pixels(ev, want)
+            assert ev.label == events[i].label
+            assert ev.truth["pdg"] == pdgs[i]
+        # every class is there
+        assert set(got.labels.tolist()) == set(range(5))
+        assert got.attrs["source_format"] == "larcv3"
+
+
+@needs_larcv
+def test_store_to_larcv3_to_store_is_exact(sim_store, tmp_path, capsys):
+    store, events = _events(sim_store)
+    f = tmp_path / "out.h5"
+    assert main(["export", "--to", "larcv3", str(sim_store), str(f)]) == 0
+    assert "wrote 20 events" in capsys.readouterr().out
+    # larcv's own reader sees every event, its meta and its particle
+    io = larcv.IOManager(larcv.IOManager.kREAD)
+    io.add_in_file(str(f))
+    io.initialize()
+    assert io.get_n_entries() == len(events)
+    io.read_entry(2)
+    t = io.get_data("sparse2d", "lartpc").sparse_tensor(0)
+    assert (t.meta().number_of_voxels(0), t.meta().number_of_voxels(1)) == store.geometry.shape
+    dense = np.zeros(store.geometry.shape, np.float32)
+    dense.flat[np.asarray(t.indexes(), np.int64)] = t.values()
+    np.testing.assert_array_equal(dense, events[2].dense(store.geometry.shape))
+    assert io.get_data("particle", "lartpc").at(0).pdg_code() == events[2].truth["pdg"]
+    io.finalize()
+
+    back = tmp_path / "back"
+    assert main(["convert", "--from", "larcv3", str(f), "--out", str(back)]) == 0
+    got, again = _events(back)
+    assert got.geometry.shape == store.geometry.shape
+    np.testing.assert_array_equal(got.labels, store.labels)
+    for a, b in zip(again, events, strict=True):
+        _same_pixels(a, b)
+        assert a.truth["pdg"] == b.truth["pdg"]
+        np.testing.assert_allclose(a.truth["momentum_mev"], b.truth["momentum_mev"], rtol=1e-5)
+        np.testing.assert_allclose(a.truth["kinetic_energy_mev"],
+                                   b.truth["kinetic_energy_mev"], rtol=1e-3)
+        np.testing.assert_allclose(a.truth["vertex_cm"], b.truth["vertex_cm"], rtol=1e-5)
+
+
+def _bad_missing_producer(path, events, width):
+    write_larcv(path, events, width)
+    return ["--producer", "nosuch"], "no sparse2d producer 'nosuch'"
+
+
+def _bad_empty(path, events, width):
+    write_larcv(path, events, width, empty=True)
+    return [], "no pixels"
+
+
+def _bad_unknown_pdg(path, events, width):
+    write_larcv(path, events, width, pdgs=[UNMAPPED] * len(events))
+    return [], f"{UNMAPPED} x"
+
+
+def _bad_projection(path, events, width):
+    write_larcv(path, events, width)
+    return ["--projection", "2"], "no projection 2"
+
+
+def _bad_truncated(path, events, width):
+    write_larcv(path, events, width)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return [], "cannot read"
+
+
+@needs_larcv
+@pytest.mark.parametrize("make", [_bad_missing_producer, _bad_empty, _bad_unknown_pdg,
+                                  _bad_projection, _bad_truncated])
+def test_bad_input_is_one_line_and_writes_nothing(sim_store, tmp_path, capfd, make):
+    store, events = _events(sim_store)
+    src = tmp_path / "in" / "bad.h5"
+    src.parent.mkdir()
+    good = tmp_path / "in" / "good.h5"
+    write_larcv(good, events[:4], store.geometry.width, producer="lartpc",
+                particles="lartpc")
+    extra, message = make(src, events[:6], store.geometry.width)
+    if make is _bad_missing_producer:
+        extra = ["--producer", "nosuch"]
+    else:
+        extra = ["--producer", "wire", "--particles", "truth", *extra]
+    capfd.readouterr()
+    out = tmp_path / "store"
+    inputs = [str(src)] if make in (_bad_missing_producer,) else [str(src)]
+    code = main(["convert", "--from", "larcv3", *inputs, "--out", str(out), *extra])
+    cap = capfd.readouterr()
+    assert code == 2
+    lines = cap.err.strip().splitlines()
+    assert len(lines) == 1, cap.err
+    assert "bad.h5" in lines[0] and message in lines[0]
+    # nothing partly written: no shard, no staging folder, no lock beside it
+    assert not out.exists() or not any(out.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) in (["in", "store"], ["in"])
+
+
+@needs_larcv
+def test_export_refuses_an_existing_file(sim_store, tmp_path, capsys):
+    f = tmp_path / "out.h5"
+    f.write_bytes(b"mine")
+    assert main(["export", "--to", "larcv3", str(sim_store), str(f)]) == 2
+    assert "exists" in capsys.readouterr().err
+    assert f.read_bytes() == b"mine"
+
+
+def test_missing_larcv_is_one_line(sim_store, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "larcv", None)  # import larcv raises ImportError
+    f = tmp_path / "x.h5"
+    f.write_bytes(b"")
+    for argv in (["convert", "--from", "larcv3", str(f), "--out", str(tmp_path / "o")],
+                 ["export", "--to", "larcv3", str(sim_store), str(tmp_path / "e.h5")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "larcv library" in err[0] and "install_larcv.sh" in err[0]
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+    assert not (tmp_path / "e.h5").exists()
+
+
+def test_class_map_default_and_toml(tmp_path):
+    default = ClassMap.load(None)
+    assert default.classes == ("gamma", "electron", "muon", "pion", "kaon")
+    assert {c: default.pdg[c] for codes in STUDY_PDG.values() for c in codes} == {
+        22: 0, 11: 1, -11: 1, -13: 2, 211: 3, 321: 4}
+    t = tmp_path / "m.toml"
+    t.write_text('[classes]\nshower = [22, 11, -11]\ntrack = [-13, 13]\nhadron = [211, 321]\n')
+    m = ClassMap.load(t)
+    assert m.classes == ("shower", "track", "hadron") and m.pdg[13] == 1
+    t.write_text('[classes]\nshower = [22]\ntrack = [22]\n')
+    with pytest.raises(Exception, match="PDG 22 is in two classes"):
+        ClassMap.load(t)
+
+
+@needs_larcv
+@pytest.mark.slow
+def test_converted_store_trains_with_its_own_classes(tmp_path):
+    """A 3-class mapping: the run's head, eval.csv, confusion.csv and the analysis all
+    follow the store's classes."""
+    from lartpc.analysis.runs import load_run
+
+    from lartpc.sim import write_dataset
+
+    sim = tmp_path / "sim"
+    write_dataset(sim, 40, seed=7, downsample=9, shard_size=40, workers=1)
+    store, events = _events(sim)
+    src = tmp_path / "in.h5"
+    write_larcv(src, events, store.geometry.width, producer="lartpc", particles="lartpc")
+    mapping = tmp_path / "three.toml"
+    mapping.write_text("[classes]\nshower = [22, 11, -11]\ntrack = [-13]\n"
+                       "hadron = [211, 321]\n")
+    data = tmp_path / "events"
+    assert main(["convert", "--from", "larcv3", str(src), "--out", str(data),
+                 "--classes", str(mapping)]) == 0
+    conv = EventStore(data)
+    assert conv.classes == ("shower", "track", "hadron")
+    assert conv.class_counts().tolist() == [16, 8, 16]
+    out = tmp_path / "run"
+    res = run(train_cmd(data, out, "data.downsample=1"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    header = (out / "confusion.csv").read_text().splitlines()[0]
+    assert header == "true,shower,track,hadron"
+    ev = rows(out / "eval.csv")
+    assert {"acc_shower", "acc_track", "acc_hadron"} <= set(ev[0])
+    assert "acc_gamma" not in ev[0]
+    loaded = load_run(out)
+    assert loaded.classes == ("shower", "track", "hadron")
+    assert loaded.confusion.shape == (3, 3) and loaded.confusion.sum() == int(ev[-1]["n_events"])

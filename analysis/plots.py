@@ -250,6 +250,8 @@ def fidelity(results: list[tuple[str, dict]], paper: tuple[str, list[list[float]
     the events' truth (a black tick; :mod:`lartpc.sim.limits`: a reference, not a bound)
     and the paper's accuracy. ``results``: (label, fidelity results JSON);
     ``paper``: (label, confusion in percent, overall accuracy)."""
+    from textwrap import fill
+
     from lartpc.analysis.truth_limits import recall
 
     n = len(results) + 1
@@ -259,7 +261,7 @@ def fidelity(results: list[tuple[str, dict]], paper: tuple[str, list[list[float]
         ax = fig.add_subplot(grid[0, k])
         acc = res["overall"]["accuracy"]
         _percent_matrix(ax, np.asarray(res["confusion_percent"], dtype=float),
-                        f"{label}\n{100 * acc:.1f} % overall", ylabels=k == 0)
+                        f"{fill(label, 30)}\n{100 * acc:.1f} % overall", ylabels=k == 0)
     label, pct, acc = paper
     _percent_matrix(fig.add_subplot(grid[0, n - 1]), np.asarray(pct, dtype=float),
                     f"{label}\n{100 * acc:.1f} % overall", ylabels=False)

@@ -16,6 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
+from lartpc.config import choices
 from lartpc.errors import LartpcError
 
 
@@ -29,8 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--indices", default="held-out",
                    help="with --store: 'held-out' (default), 'all', A:B (store indices A to "
                         "B-1) or i,j,k")
-    p.add_argument("--orient", default=None,
-                   help="start-finding stage instead of the run's data.orient (none, start)")
+    p.add_argument("--orient", default=None, choices=choices("data.orient"),
+                   help="start-finding stage instead of the run's data.orient")
     p.add_argument("--threads", type=int, default=1, help="CPU threads (SCNet: 1 is fastest)")
     p.add_argument("--workers", type=int, default=1,
                    help="processes generating events (--regenerate)")
@@ -87,8 +88,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads < 1 or args.workers < 1:
         raise LartpcError("--threads and --workers: at least 1")
-    if args.orient is not None and args.orient not in ("none", "start"):
-        raise LartpcError(f"--orient {args.orient!r}: none or start")
     if args.regenerate and args.indices != "held-out":
         raise LartpcError("--indices: only with --store (--regenerate makes the held-out "
                           "events)")

@@ -9,6 +9,7 @@ LARTPC_REQUIRE_LARCV=1 (CI, .ci/run), where that is a failure.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -283,3 +284,11 @@ def test_converted_store_trains_with_its_own_classes(tmp_path):
     loaded = load_run(out)
     assert loaded.classes == ("shower", "track", "hadron")
     assert loaded.confusion.shape == (3, 3) and loaded.confusion.sum() == int(ev[-1]["n_events"])
+    # `lartpc evaluate` rescores the run on its held-out events in the same classes
+    scored = tmp_path / "eval.json"
+    res = run([sys.executable, "-m", "lartpc", "evaluate", str(out), "--store", str(data),
+               "--json", str(scored)])
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(scored.read_text())
+    assert got["classes"] == ["shower", "track", "hadron"]
+    assert got["matches_run_confusion"] is True

@@ -61,21 +61,20 @@ def parse_indices(text: str, n: int):
 
 def result(network: dict, preds, run: Path, held_out: bool) -> dict:
     """The JSON of one evaluation (see the module docstring)."""
-    from lartpc import CLASSES
-
+    classes = preds.classes
     conf = preds.confusion()
     n, k = int(conf.sum()), int(conf.trace())
     recorded = None
     if held_out and run.is_dir() and (run / "confusion.csv").is_file():
         from lartpc.analysis.csvread import read_confusion
 
-        recorded = read_confusion(run / "confusion.csv", CLASSES).tolist()
+        recorded = read_confusion(run / "confusion.csv", classes).tolist()
     return {
         "network": network["path"], "dtype": network["dtype"],
-        "events": n, "accuracy": k / n if n else None, "classes": list(CLASSES),
+        "events": n, "accuracy": k / n if n else None, "classes": list(classes),
         "confusion": conf.tolist(),
         "per_class": {c: (int(conf[i, i]) / int(conf[i].sum()) if conf[i].sum() else None)
-                      for i, c in enumerate(CLASSES)},
+                      for i, c in enumerate(classes)},
         "held_out": held_out,
         **({"matches_run_confusion": recorded == conf.tolist()} if recorded else {}),
         "event_ids": preds.event_ids.tolist(), "predicted": preds.predicted.tolist(),

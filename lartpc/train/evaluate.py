@@ -67,10 +67,12 @@ class Predictions:
     labels: np.ndarray
     predicted: np.ndarray
     directions: np.ndarray
+    classes: tuple[str, ...] = CLASSES  #: the store's classes
 
     def confusion(self) -> np.ndarray:
-        """(5, 5) counts, rows true, columns predicted."""
-        conf = np.zeros((NUM_CLASSES, NUM_CLASSES), np.int64)
+        """(k, k) counts over :attr:`classes`, rows true, columns predicted."""
+        k = len(self.classes)
+        conf = np.zeros((k, k), np.int64)
         np.add.at(conf, (self.labels, self.predicted), 1)
         return conf
 
@@ -174,7 +176,7 @@ def predict(network: dict, store, positions: np.ndarray | None = None, *,
     return Predictions(positions=pos, event_ids=event_ids(store)[pos],
                        labels=np.asarray(store.labels)[pos].astype(np.int64),
                        predicted=np.concatenate(preds).astype(np.int64),
-                       directions=np.concatenate(dirs))
+                       directions=np.concatenate(dirs), classes=store.classes)
 
 
 def event_ids(store) -> np.ndarray:

@@ -179,7 +179,7 @@ def minibatch_scan(result: dict, runs: list[Run], out: Path) -> Path:
     size, censored runs as open triangles at their bound (the axis starts at zero, so a
     scan where no run reached the threshold reads as such)."""
     rows, points = result["rows"], result["points"]
-    batches = [r["batch"] for r in rows]
+    batches = [r["batch_per_rank"] for r in rows]
     threshold = result["threshold"]
     colour = _colours(batches)
     fig, (ax_rate, ax_loss, ax_ttl) = plt.subplots(1, 3, figsize=(15, 4.3))
@@ -192,7 +192,7 @@ def minibatch_scan(result: dict, runs: list[Run], out: Path) -> Path:
         if steps is None:
             continue
         t = steps["time"].to_numpy() - run.meta["start_time"]
-        b = p["batch"]
+        b = p["batch_per_rank"]
         ax_loss.plot(t, smoothed_loss(steps, p["smooth_window"] or 1).to_numpy(),
                      color=colour[b], lw=1.2, label=None if b in labelled else f"B = {b}")
         labelled.add(b)
@@ -203,14 +203,14 @@ def minibatch_scan(result: dict, runs: list[Run], out: Path) -> Path:
     ax_loss.grid(alpha=0.3)
     reached = [p for p in points if not p["ttl_censored"]]
     cens = [p for p in points if p["ttl_censored"] and p["ttl_lower_bound_s"]]
-    ax_ttl.plot([p["batch"] for p in reached], [p["ttl_s"] for p in reached], "o",
+    ax_ttl.plot([p["batch_per_rank"] for p in reached], [p["ttl_s"] for p in reached], "o",
                 color="C1", alpha=0.7, label="reached")
-    ax_ttl.plot([p["batch"] for p in cens], [p["ttl_lower_bound_s"] for p in cens], "^",
+    ax_ttl.plot([p["batch_per_rank"] for p in cens], [p["ttl_lower_bound_s"] for p in cens], "^",
                 color="C3", mfc="none", label="not reached (lower bound)")
     done = [r for r in rows if r["ttl_s"] is not None]
     if done:
-        ax_ttl.plot([r["batch"] for r in done], [r["ttl_s"] for r in done], "-", color="C1",
-                    label="median over seeds")
+        ax_ttl.plot([r["batch_per_rank"] for r in done], [r["ttl_s"] for r in done], "-",
+                    color="C1", label="median over seeds")
     ax_ttl.set_ylim(bottom=0)
     ax_ttl.set_ylabel(f"time to loss < {threshold:g} (s)")
     ax_ttl.legend(fontsize=8, loc="lower left")

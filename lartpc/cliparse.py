@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 
 from lartpc.errors import LartpcError
@@ -22,3 +23,14 @@ def int_list(text: str, option: str, *, minimum: int | None = None, distinct: bo
     if distinct and len(set(values)) != len(values):
         raise error(f"{option} {text!r}: repeated value")
     return values
+
+
+def add_batch_per_rank(parser, *, default: int | str = 7, type=int,
+                       help: str = "events per rank per step (train.batch_per_rank; default 7)",
+                       old: str = "--batch") -> None:
+    """``--batch-per-rank``, the command-line name of ``train.batch_per_rank``; ``old``
+    is the spelling the commands recorded in BENCHMARKS.md before 2026-11-26 used, still
+    read (hidden from --help) so that those commands run as written."""
+    parser.add_argument("--batch-per-rank", dest="batch_per_rank", type=type, default=default,
+                        help=help)
+    parser.add_argument(old, dest="batch_per_rank", type=type, help=argparse.SUPPRESS)

@@ -16,20 +16,23 @@ from lartpc.bench.minibatch import _write_outputs, markdown, scaled_lr, summaris
 def test_minibatch_scan_trains_each_size_and_writes_table_and_plot(train_events_dir, tmp_path):
     out = tmp_path / "scan"
     r = run([str(BIN / "lartpc"), "bench", "minibatch", "--data", str(train_events_dir),
-             "--downsample", "9", "--batches", "4,16", "--seeds", "0", "--seconds", "12",
-             "--bare-steps", "3", "--out", str(out)], timeout=300)
+             "--downsample", "9", "--batch-per-rank", "4,16", "--seeds", "0",
+             # a fixed number of epochs, not seconds: a loaded machine takes the same steps
+             "--set", "train.epochs=2", "--seconds", "600",
+             "--bare-steps", "3", "--out", str(out)], timeout=600)
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
-    assert [row["batch"] for row in res["rows"]] == [4, 16]
+    assert [row["batch_per_rank"] for row in res["rows"]] == [4, 16]
     assert [row["lr"] for row in res["rows"]] == pytest.approx(
         [1e-3 * math.sqrt(4 / 7), 1e-3 * math.sqrt(16 / 7)])
     for p in res["points"]:
-        info = json.loads((out / "runs" / f"b{p['batch']:03d}-s0" / "run.json").read_text())
+        folder = out / "runs" / f"b{p['batch_per_rank']:03d}-s0"
+        info = json.loads((folder / "run.json").read_text())
         # each point really trained at its size and learning rate
-        assert info["config"]["train"]["batch_per_rank"] == p["batch"]
+        assert info["config"]["train"]["batch_per_rank"] == p["batch_per_rank"]
         assert info["config"]["train"]["lr"] == pytest.approx(p["lr"])
         assert info["loader"] == "sparse" and p["steps"] > 1
-        assert p["images_per_s_steps"] == pytest.approx(p["batch"] / p["step_s_median"])
+        assert p["images_per_s_steps"] == pytest.approx(p["batch_per_rank"] / p["step_s_median"])
         assert 0.0 <= p["data_wait_fraction"] < 1.0
         assert p["ttl_censored"] == (p["ttl_s"] is None)
         # the bare step of the same batches beside the loop's step (lartpc bench train's)
@@ -71,12 +74,12 @@ def test_minibatch_scan_trains_each_size_and_writes_table_and_plot(train_events_
     assert r.returncode == 2 and "not a finished `lartpc bench minibatch --out`" in r.stderr
     # a second scan never writes into the first one's folder
     r = run([str(BIN / "lartpc"), "bench", "minibatch", "--data", str(train_events_dir),
-             "--downsample", "9", "--batches", "4", "--out", str(out)], timeout=120)
+             "--downsample", "9", "--batch-per-rank", "4", "--out", str(out)], timeout=120)
     assert r.returncode == 2 and f"--out {out}: exists" in r.stderr
 
 
 def _point(batch, seed, ttl, bound=None, rate=100.0):
-    return {"batch": batch, "seed": seed, "lr": 1e-3, "images_per_s_steps": rate,
+    return {"batch_per_rank": batch, "seed": seed, "lr": 1e-3, "images_per_s_steps": rate,
             "images_per_s": rate * 0.9, "step_s_median": batch / rate,
             "data_wait_fraction": 0.01, "ttl_s": ttl, "ttl_censored": ttl is None,
             "ttl_lower_bound_s": bound, "final_loss_smoothed": 1.3, "accuracy": 0.4}
@@ -86,7 +89,7 @@ def test_summary_gives_a_median_ttl_only_when_every_seed_got_there():
     rows = summarise([_point(7, 0, 50.0), _point(7, 1, 70.0), _point(7, 2, 60.0),
                       _point(64, 0, 40.0), _point(64, 1, None, bound=120.0),
                       _point(256, 0, None, bound=118.0), _point(256, 1, None, bound=119.0)])
-    by = {r["batch"]: r for r in rows}
+    by = {r["batch_per_rank"]: r for r in rows}
     assert by[7]["ttl_s"] == 60.0 and by[7]["ttl_reached"] == 3
     assert by[64]["ttl_s"] is None and by[64]["ttl_reached"] == 1
     assert by[64]["ttl_censored_bound_s"] == 120.0
@@ -104,8 +107,10 @@ def test_learning_rate_scaling_rules():
 
 
 def test_bad_batch_list_is_one_clear_error():
-    r = run([str(BIN / "lartpc"), "bench", "minibatch", "--batches", "7,x"], timeout=60)
-    assert r.returncode == 2 and "--batches '7,x'" in r.stderr and "Traceback" not in r.stderr
+    for option in ("--batch-per-rank", "--batches"):  # the old spelling is still read
+        r = run([str(BIN / "lartpc"), "bench", "minibatch", option, "7,x"], timeout=60)
+        assert r.returncode == 2 and "--batch-per-rank '7,x'" in r.stderr
+        assert "Traceback" not in r.stderr
 
 
 @pytest.mark.parametrize("argv,message", [

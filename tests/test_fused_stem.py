@@ -199,7 +199,7 @@ def test_bench_model_stages(capsys):
     """`lartpc bench model --stages`: each stage and the head, timed, shapes chained."""
     from lartpc.cli import main
 
-    assert main(["bench", "model", "--model", "jishnet", "--size", "400", "--batch", "2",
+    assert main(["bench", "model", "--model", "jishnet", "--size", "400", "--batch-per-rank", "2",
                  "--repeats", "1", "--warmup", "0", "--stages", "--elu-after-pool"]) == 0
     res = json.loads(capsys.readouterr().out)
     stages = res["stages"]

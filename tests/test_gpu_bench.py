@@ -41,7 +41,7 @@ def test_cuda_plan_measures_every_issue_target():
     assert "train.amp=fp16" not in steps["train-scnet-sparse"]
     assert "train.amp=fp16" not in steps["minibatch-scnet"]
     scan = steps["minibatch-scnet"]
-    assert scan[scan.index("--batches") + 1] == "7,14,28,56,112,256"
+    assert scan[scan.index("--batch-per-rank") + 1] == "7,14,28,56,112,256"
 
 
 def test_cpu_plan_skips_only_what_spconv_cpu_cannot_run():

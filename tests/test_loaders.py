@@ -277,7 +277,7 @@ def test_bench_loader_prints_json(events_dir, capsys):
     from lartpc.cli import main
 
     rc = main(["bench", "loader", "--data", str(events_dir), "--mode", "blosc", "--ranks", "2",
-               "--repeats", "1", "--batches", "2"])
+               "--repeats", "1", "--steps", "2"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["events"] == 20 and out["geometry"] == [900, 900]
     for key in ("dlt_s", "read_s", "batch_s", "batch_gbps", "compression_ratio",
@@ -295,7 +295,7 @@ def test_bench_loader_times_mirrored_batches(events_dir, capsys, monkeypatch, mo
     real = augment.mirror
     monkeypatch.setattr(augment, "mirror", lambda b, s, e: calls.append(e) or real(b, s, e))
     rc = main(["bench", "loader", "--data", str(events_dir), "--mode", mode,
-               "--repeats", "1", "--batches", "3", "--augment", "mirror"])
+               "--repeats", "1", "--steps", "3", "--augment", "mirror"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["augment"] == "mirror" and out["batch_s"] > 0
     assert len(calls) >= 3 + 1 and 0 in calls and max(calls) >= 1  # epoch 0 and a later one

@@ -206,10 +206,10 @@ def run_bench(capsys, *argv) -> tuple[int, dict | str]:
 
 @pytest.mark.parametrize("name", ["jishnet", "scnet"])
 def test_bench_model_prints_json_on_real_events(name, capsys, events_dir):
-    rc, res = run_bench(capsys, "--model", name, "--data", str(events_dir), "--batch", "2",
+    rc, res = run_bench(capsys, "--model", name, "--data", str(events_dir), "--batch-per-rank", "2",
                         "--repeats", "1", "--warmup", "0")
     assert rc == 0
-    assert res["model"] == name and res["size"] == [900, 900] and res["batch"] == 2
+    assert res["model"] == name and res["size"] == [900, 900] and res["batch_per_rank"] == 2
     assert res["active_pixels"] == int(EventStore(events_dir).pixel_counts()[:2].sum()) > 0
     if name == "jishnet":  # 5 significant digits of the hand count
         assert res["train_gflop_per_image"] == pytest.approx(
@@ -250,7 +250,7 @@ def test_jishnet_flop_count_equals_hand_count():
 
 
 def test_bench_model_generates_events_and_rejects_bad_sizes(capsys):
-    rc, res = run_bench(capsys, "--model", "scnet", "--size", "450", "--batch", "2",
+    rc, res = run_bench(capsys, "--model", "scnet", "--size", "450", "--batch-per-rank", "2",
                         "--repeats", "1")
     assert rc == 0 and res["size"] == [450, 450] and res["active_pixels"] > 0
     rc, err = run_bench(capsys, "--model", "scnet", "--size", "1000")
@@ -318,7 +318,7 @@ def test_bench_model_compile_and_flop_numbers_on_cpu(capsys):
     """The GPU speed options run on CPU too: torch.compile (inductor's CPU backend)
     with ELU after pooling, and the achieved TFLOP/s follow from the FLOP count and the
     measured step (no peak known for a CPU, so no fraction); --peak-tflops gives one."""
-    rc, res = run_bench(capsys, "--model", "jishnet", "--size", "300", "--batch", "2",
+    rc, res = run_bench(capsys, "--model", "jishnet", "--size", "300", "--batch-per-rank", "2",
                         "--repeats", "1", "--warmup", "1", "--compile", "--elu-after-pool",
                         "--peak-tflops", "1.0")
     assert rc == 0, res

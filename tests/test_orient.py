@@ -97,7 +97,7 @@ def test_bench_loader_reports_the_stages_cost(isotropic_events_dir, capsys):
     from lartpc.cli import main
 
     rc = main(["bench", "loader", "--data", str(isotropic_events_dir), "--mode", "sparse",
-               "--batch", "5", "--repeats", "1", "--batches", "2", "--orient", "start"])
+               "--batch-per-rank", "5", "--repeats", "1", "--steps", "2", "--orient", "start"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["orient"] == "start" and out["events"] == 40
     assert 0 < out["orient_s"] <= out["dlt_s"]  # paid once, inside the loading time

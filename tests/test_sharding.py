@@ -12,14 +12,14 @@ from lartpc.errors import ConfigError, LartpcError
 
 def train_batches(plan: ShardPlan, rank: int, epoch: int) -> list[np.ndarray]:
     """Rank ``rank``'s batches in ``epoch`` as its loader draws them."""
-    return epoch_batches(plan.train_indices(rank), plan.batch_size, epoch, plan.seed,
+    return epoch_batches(plan.train_indices(rank), plan.batch_per_rank, epoch, plan.seed,
                          steps=plan.steps_per_epoch)
 
 
 def eval_batches(plan: ShardPlan, rank: int) -> list[np.ndarray]:
     """Rank ``rank``'s evaluation batches, in store order, the last one short."""
     idx = plan.eval_indices(rank)
-    return epoch_batches(idx, plan.batch_size, 0, plan.seed, shuffle=False) if len(idx) else []
+    return epoch_batches(idx, plan.batch_per_rank, 0, plan.seed, shuffle=False) if len(idx) else []
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,7 @@ def test_empty_shard_is_a_clear_error():
 def test_bad_options_are_named():
     with pytest.raises(ConfigError, match="eval_fraction"):
         ShardPlan(10, 1, 7, eval_fraction=1.0)
-    with pytest.raises(ConfigError, match="batch_size=1"):
+    with pytest.raises(ConfigError, match="batch_per_rank=1"):
         ShardPlan(11, 2, 1, eval_fraction=0.0)
     with pytest.raises(ConfigError, match="rank 2 of world size 2"):
         ShardPlan(10, 2, 7, eval_fraction=0.0).train_indices(2)

@@ -1,4 +1,4 @@
-"""--geometry beam|isotropic and `lartpc inspect --truth-limits` on both."""
+"""--source-geometry beam|isotropic and `lartpc inspect --truth-limits` on both."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def samples(tmp_path_factory):
         d = tmp_path_factory.mktemp(geo)
         assert main(["simulate", "--out", str(d), "--events", "100", "--seed", "3",
                      "--downsample", "12", "--classes", "muon,pion,kaon,gamma",
-                     "--geometry", geo]) == 0
+                     "--source-geometry", geo]) == 0
         out[geo] = d
     return out
 
@@ -98,7 +98,8 @@ def test_truth_limits_text_and_old_or_converted_stores(samples, tmp_path, capsys
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["--geometry", "pencil"], "--geometry"),
+    (["--source-geometry", "pencil"], "--source-geometry"),
+    (["--geometry", "pencil"], "--geometry"),  # its old name, still read
     (["--dead-wire-fraction", "1.5"], "--dead-wire-fraction"),
 ])
 def test_simulate_rejects_bad_geometry_options(tmp_path, capsys, argv, needle):

@@ -127,7 +127,7 @@ def plan(args) -> list[tuple[str, list[str] | None, str]]:
                       [*train, "--model", model, "--loader", loader, *fast], ""))
     steps.append(("minibatch-scnet",
                   ["bench", "minibatch", "--model", "scnet", *dev, "--downsample", downsample,
-                   "--events", str(args.events), "--batches", args.batches, "--seeds",
+                   "--events", str(args.events), "--batch-per-rank", args.batches, "--seeds",
                    args.scan_seeds, "--seconds", str(args.scan_seconds),
                    "--out", str(args.out / "minibatch"), *fast_scnet, *bound], ""))
     return steps
@@ -204,7 +204,8 @@ def records(done: list[dict], device_name: str) -> list[dict]:
         opts = _sets(r.get("command") or [])
         rows = r.get("rows") or r["points"]  # the scan: medians over seeds per minibatch
         for pt in rows:
-            extra = {"train.batch_per_rank": pt["batch"]} if "batch" in pt else {}
+            extra = ({"train.batch_per_rank": pt["batch_per_rank"]} if "batch_per_rank" in pt
+                     else {})
             out.append({**common, **pt, "options": {**opts, **extra},
                         "images_per_s": pt["images_per_s"]})
     return out

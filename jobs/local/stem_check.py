@@ -2,7 +2,7 @@
 
     python -m lartpc.jobs.local.stem_check --out stem-check            # on the GPU host
     TRITON_INTERPRET=1 python -m lartpc.jobs.local.stem_check --out /tmp/sc --size 300 \\
-        --device cpu --batch 1 --configs 4096:4                       # smoke run on CPU
+        --device cpu --batch-per-rank 1 --configs 4096:4                       # smoke run on CPU
 
 On ``--batch`` events generated at ``--size`` (real events, as every bench), for float32
 and bfloat16 input and for float32 under bf16 autocast, with each way of summing the taps
@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from lartpc.bench.stages import median_ms
+from lartpc.cliparse import add_batch_per_rank
 
 
 def _events(size: int, batch: int, seed: int):
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--size", type=int, default=3600)
-    ap.add_argument("--batch", type=int, default=7)
+    add_batch_per_rank(ap)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--configs", default="128:4,128:4:d,64:4:d,256:8:d",
@@ -171,11 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
-    x, labels = _events(args.size, args.batch, seed=0)
+    x, labels = _events(args.size, args.batch_per_rank, seed=0)
     x, labels = x.to(device), labels.to(device)
     torch.manual_seed(1)
     conv = torch.nn.Conv2d(1, 10, 5, padding=2).to(device)
-    result = {"size": args.size, "batch": args.batch,
+    result = {"size": args.size, "batch_per_rank": args.batch_per_rank,
               "device_name": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
               "torch": torch.__version__,
               "accuracy": []}
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             result["accuracy"].append(accuracy(x, conv, 5, dt, autocast))
             print(json.dumps(result["accuracy"][-1]), file=sys.stderr, flush=True)
     result["timings"] = timings(x, labels, args.size, configs, args.repeats, device)
-    result["conv2_channels"] = conv2_channels(args.size, args.batch, args.repeats, device)
+    result["conv2_channels"] = conv2_channels(args.size, args.batch_per_rank, args.repeats, device)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "stem-check.json").write_text(json.dumps(result, indent=2))
     print("| stem | block | warps | dot | stem fwd ms | stem fwd+bwd ms | step ms | images/s |")

@@ -23,6 +23,7 @@ import logging
 import statistics
 import time
 
+from lartpc.cliparse import add_batch_per_rank
 from lartpc.config import choices
 from lartpc.data import LOADERS
 
@@ -36,9 +37,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="event file or folder of events-*.h5")
     p.add_argument("--mode", default="blosc", choices=LOADERS)
     p.add_argument("--ranks", type=int, default=1, help="simulate rank 0 of N (its shard)")
-    p.add_argument("--batch", type=int, default=7, help="events per batch")
+    add_batch_per_rank(p)
     p.add_argument("--repeats", type=int, default=3, help="fresh loaders to time")
-    p.add_argument("--batches", type=int, default=20, help="batches timed per loader")
+    p.add_argument("--steps", type=int, default=20, help="batches timed per loader")
+    # --batches: the spelling of the commands recorded before 2026-11-26
+    p.add_argument("--batches", dest="steps", type=int, help=argparse.SUPPRESS)
     p.add_argument("--device", default="cpu", help="torch device of the batches")
     p.add_argument("--codec", default=None, help="dense: Blosc codec (default: BloscConfig)")
     p.add_argument("--clevel", type=int, default=None, help="dense: Blosc level")
@@ -73,10 +76,10 @@ def run(args: argparse.Namespace) -> int:
     from lartpc.data.store import EventStore
     from lartpc.errors import ConfigError
 
-    if args.repeats < 1 or args.batches < 1:
+    if args.repeats < 1 or args.steps < 1:
         raise ConfigError("--repeats and --batches must be >= 1")
     store = EventStore(args.data)
-    plan = ShardPlan(len(store), args.ranks, args.batch, seed=0, eval_fraction=0.0)
+    plan = ShardPlan(len(store), args.ranks, args.batch_per_rank, seed=0, eval_fraction=0.0)
     indices = plan.train_indices(0)
     blosc = _blosc_config(args) if args.mode == "blosc" else None
     sync = torch.cuda.synchronize if torch.device(args.device).type == "cuda" else (lambda: None)
@@ -91,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         EventStore(args.data).read_many(indices)
         reads.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        loader = build_loader(store, args.mode, indices, args.batch, device=args.device,
+        loader = build_loader(store, args.mode, indices, args.batch_per_rank, device=args.device,
                               steps_per_epoch=plan.steps_per_epoch, prefetch_depth=0, blosc=blosc,
                               orient=args.orient)
         it = iter(loader)
@@ -107,27 +110,29 @@ def run(args: argparse.Namespace) -> int:
         for b in it:  # finish epoch 0: with lazy compression it also compresses
             b = augment(b, 0)
             sync()
-            if b.batch_size == args.batch:
+            if b.batch_size == args.batch_per_rank:
                 first_epoch.append(time.perf_counter() - tb)
             tb = time.perf_counter()
         firsts.extend(first_epoch)
         compress.append(getattr(loader, "compress_s", 0.0))
         epoch = 0
-        while len(times) < args.batches * (rep + 1):
+        while len(times) < args.steps * (rep + 1):
             epoch += 1
             loader.set_epoch(epoch)
             tb = time.perf_counter()
             for b in loader:
                 b = augment(b, epoch)
                 sync()
-                if b.batch_size == args.batch:  # short remainder batches would skew the rate
+                # short remainder batches would skew the rate
+                if b.batch_size == args.batch_per_rank:
                     times.append(time.perf_counter() - tb)
-                if len(times) >= args.batches * (rep + 1):
+                if len(times) >= args.steps * (rep + 1):
                     break
                 tb = time.perf_counter()
         log.info("repeat %d: dlt %.3f s (read %.3f s)", rep, dlts[-1], reads[-1])
     if not times:
-        raise ConfigError(f"{args.data}: no full batch of {args.batch} events in the shard")
+        raise ConfigError(f"{args.data}: no full batch of {args.batch_per_rank} events in the "
+                          "shard")
     h, w = store.geometry.shape
     dense_event = h * w * 4
     batch_s = statistics.median(times)
@@ -137,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         "events": len(indices),
         "store_events": len(store),
         "ranks": args.ranks,
-        "batch": args.batch,
+        "batch_per_rank": args.batch_per_rank,
         "augment": args.augment,
         "orient": args.orient,
         "geometry": [h, w],
@@ -158,9 +163,9 @@ def run(args: argparse.Namespace) -> int:
         "dlt_over_read": statistics.median(dlts) / statistics.median(reads),
         "batch_s": batch_s,
         "batches_timed": len(times),
-        "batch_gbps": (args.batch * dense_event / batch_s / BATCH_THREADS / 1e9
+        "batch_gbps": (args.batch_per_rank * dense_event / batch_s / BATCH_THREADS / 1e9
                        if args.mode != "sparse" else None),
-        "batch_events_per_s": args.batch / batch_s,
+        "batch_events_per_s": args.batch_per_rank / batch_s,
         "compression_ratio": dense_event / resident,
         "resident_bytes_per_event": resident,
         "resident_fraction": resident / dense_event,

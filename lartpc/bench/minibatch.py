@@ -27,6 +27,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from lartpc.cliparse import add_batch_per_rank
 from lartpc.config import choices
 from lartpc.errors import LartpcError
 from lartpc.fsutil import atomic_write
@@ -36,8 +37,8 @@ DEVICES = choices("train.device", without=("auto",))
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=choices("model.name"), default="scnet")
-    parser.add_argument("--batches", default="7,14,28,56,112,256",
-                        help="comma-separated minibatch sizes")
+    add_batch_per_rank(parser, default="7,14,28,56,112,256", type=str, old="--batches",
+                       help="comma-separated minibatch sizes (train.batch_per_rank)")
     parser.add_argument("--seeds", default="0", help="comma-separated seeds (runs per size)")
     parser.add_argument("--base-batch", type=int, default=7,
                         help="the minibatch the config's learning rate is meant for")
@@ -74,12 +75,12 @@ def summarise(points: list[dict]) -> list[dict]:
     """One row per minibatch size: medians over seeds; TTL median only when every seed
     got there, else the number that did and the smallest censored bound."""
     rows = []
-    for b in sorted({p["batch"] for p in points}):
-        ps = [p for p in points if p["batch"] == b]
+    for b in sorted({p["batch_per_rank"] for p in points}):
+        ps = [p for p in points if p["batch_per_rank"] == b]
         ttls = [p["ttl_s"] for p in ps if not p["ttl_censored"]]
         bounds = [p["ttl_lower_bound_s"] for p in ps if p["ttl_censored"]]
         rows.append({
-            "batch": b, "lr": ps[0]["lr"], "runs": len(ps),
+            "batch_per_rank": b, "lr": ps[0]["lr"], "runs": len(ps),
             "images_per_s": statistics.median(p["images_per_s_steps"] for p in ps),
             "images_per_s_epochs": statistics.median(p["images_per_s"] for p in ps),
             "step_s": statistics.median(p["step_s_median"] for p in ps),
@@ -118,7 +119,7 @@ def markdown(result: dict) -> str:
         loss = "–" if r["final_loss_smoothed"] is None else f"{r['final_loss_smoothed']:.3f}"
         acc = "–" if r["accuracy"] is None else f"{100 * r['accuracy']:.0f} %"
         over = "–" if r.get("loop_overhead") is None else f"{100 * r['loop_overhead']:+.0f} %"
-        lines.append(f"| {r['batch']} | {r['lr']:.3g} | {r['images_per_s']:.1f} | "
+        lines.append(f"| {r['batch_per_rank']} | {r['lr']:.3g} | {r['images_per_s']:.1f} | "
                      f"{1e3 * r['step_s']:.1f} | {over} | "
                      f"{100 * r['data_wait_fraction']:.1f} % | {ttl} | {loss} | {acc} |")
     return head + "\n".join(lines) + "\n"
@@ -139,7 +140,7 @@ def _scan(args: argparse.Namespace) -> dict:
     from lartpc.cliparse import int_list
     from lartpc.config import load_config
 
-    batches = int_list(args.batches, "--batches", minimum=1)
+    batches = int_list(args.batch_per_rank, "--batch-per-rank", minimum=1)
     seeds = int_list(args.seeds, "--seeds", minimum=0)
     if args.seconds <= 0:
         raise LartpcError("--seconds must be > 0")
@@ -160,7 +161,7 @@ def _scan(args: argparse.Namespace) -> dict:
         for b in batches:
             lr = scaled_lr(base_lr, b, args.base_batch, args.lr_scaling)
             point_args = copy.copy(args)
-            point_args.batch, point_args.config = b, config
+            point_args.batch_per_rank, point_args.config = b, config
             for s in seeds:
                 run = run_folder(b, s)
                 p = train_point(point_args, data, work / run, 1, "none",
@@ -190,12 +191,13 @@ def _remeasure(args: argparse.Namespace) -> dict:
         old = json.loads((src / "minibatch.json").read_text())
         points = []
         for p in old["points"]:
-            run = run_folder(p["batch"], p["seed"])
-            points.append(_point(measure_run(src / run, args.threshold), run, p["batch"],
+            b = p.get("batch_per_rank", p.get("batch"))  # "batch": scans before 2026-11-26
+            run = run_folder(b, p["seed"])
+            points.append(_point(measure_run(src / run, args.threshold), run, b,
                                  p["seed"], p["lr"]))
             if "bare_step_s_median" in p:  # the steps are the same: so is the overhead
                 add_overhead(points[-1], p)
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, TypeError) as e:
         raise LartpcError(f"--from {src}: not a finished `lartpc bench minibatch --out` "
                           f"folder ({e})") from e
     result = {**old, "threshold": args.threshold, "remeasured_from": str(src),
@@ -218,7 +220,7 @@ def run_folder(batch: int, seed: int) -> str:
 
 
 def _point(measured: dict, run: str, batch: int, seed: int, lr: float) -> dict:
-    measured.update(run=run, batch=batch, seed=seed, lr=lr,
+    measured.update(run=run, batch_per_rank=batch, seed=seed, lr=lr,
                     images_per_s_steps=batch / measured["step_s_median"])
     return measured
 

@@ -23,6 +23,7 @@ import resource
 import statistics
 import sys
 
+from lartpc.cliparse import add_batch_per_rank
 from lartpc.config import MAX_THREADS, choices
 
 DEVICES = choices("train.device", without=("auto",))
@@ -33,7 +34,7 @@ FULL_SIZE = 3600
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, choices=choices("model.name"))
-    parser.add_argument("--batch", type=int, default=7, help="events per step (default 7)")
+    add_batch_per_rank(parser)
     parser.add_argument("--size", type=int, default=None,
                         help="image side, a divisor of 3600 (default 3600, or the --data geometry)")
     parser.add_argument("--device", default="cpu", choices=DEVICES)
@@ -113,19 +114,20 @@ def batch_from_events(events, shape: tuple[int, int], kind: str):
 
 
 def load_events(args):
-    """``args.batch`` events and their image shape, from ``--data`` or freshly generated."""
+    """``args.batch_per_rank`` events and their image shape, from ``--data`` or freshly
+    generated."""
     from lartpc.data.store import EventStore
     from lartpc.errors import LartpcError
 
     if args.data:
         store = EventStore(args.data)
-        if len(store) < args.batch:
+        if len(store) < args.batch_per_rank:
             raise LartpcError(f"--data {args.data}: holds {len(store)} events, --batch is "
-                              f"{args.batch}")
+                              f"{args.batch_per_rank}")
         if args.size is not None and args.size != store.geometry.height:
             raise LartpcError(f"--size {args.size} disagrees with --data {args.data} "
                               f"({store.geometry.shape})")
-        return store.read_many(range(args.batch)), store.geometry.shape
+        return store.read_many(range(args.batch_per_rank)), store.geometry.shape
     size = FULL_SIZE if args.size is None else args.size
     if size < 1 or FULL_SIZE % size:
         raise LartpcError(f"--size {size}: must divide {FULL_SIZE} (the generator bins "
@@ -134,9 +136,10 @@ def load_events(args):
     from lartpc.sim import simulate_event
 
     geometry = Geometry(downsample=FULL_SIZE // size)
-    log.info("generating %d events at %dx%d (seed %d)", args.batch, size, size, args.seed)
+    n = args.batch_per_rank
+    log.info("generating %d events at %dx%d (seed %d)", n, size, size, args.seed)
     # event i cycles through the five classes, so a batch of 7 holds every class
-    return [simulate_event(i, args.seed, geometry) for i in range(args.batch)], geometry.shape
+    return [simulate_event(i, args.seed, geometry) for i in range(n)], geometry.shape
 
 
 def train_flops(name: str, shape: tuple[int, int], batch_size: int, options: dict,
@@ -198,7 +201,7 @@ def run(args) -> int:
     from lartpc.models import build, num_parameters
     from lartpc.models.losses import build_loss
 
-    if args.batch < 1 or args.repeats < 1 or args.warmup < 0:
+    if args.batch_per_rank < 1 or args.repeats < 1 or args.warmup < 0:
         raise LartpcError("--batch and --repeats must be >= 1, --warmup >= 0")
     if args.threads is not None and not 0 <= args.threads <= MAX_THREADS:
         # torch crashes creating that many threads
@@ -218,7 +221,7 @@ def run(args) -> int:
     model = build(args.model, image_size=shape, **options).to(dev)
     batch = batch_from_events(events, shape, model.input_kind).to(dev)
     loss_fn = build_loss(args.loss)
-    flops = train_flops(args.model, shape, args.batch, options, loss_fn)
+    flops = train_flops(args.model, shape, args.batch_per_rank, options, loss_fn)
     plain = model
     if args.compile:
         model = torch.compile(model)
@@ -263,8 +266,8 @@ def run(args) -> int:
     peak_tf = args.peak_tflops or peak_tflops(name, precision)
     achieved = flops / fb_s / 1e12 if flops else None
     result = {
-        "model": args.model, "size": list(shape), "batch": args.batch, "device": args.device,
-        "device_name": name,
+        "model": args.model, "size": list(shape), "batch_per_rank": args.batch_per_rank,
+        "device": args.device, "device_name": name,
         "threads": torch.get_num_threads(), "options": options, "compile": args.compile,
         "amp": args.amp, "parameters": num_parameters(model),
         "active_pixels": int(sum(len(e) for e in events)),
@@ -274,8 +277,8 @@ def run(args) -> int:
         "forward_backward_ms_all": [round(t * 1e3, 3) for t in fb],
         # CPU seconds of all threads: on a shared host less noisy than wall time
         "forward_backward_cpu_ms": round(statistics.median(fb_cpu) * 1e3, 3),
-        "images_per_s": _sig(args.batch / fb_s),
-        "train_gflop_per_image": _sig(flops / args.batch / 1e9) if flops else None,
+        "images_per_s": _sig(args.batch_per_rank / fb_s),
+        "train_gflop_per_image": _sig(flops / args.batch_per_rank / 1e9) if flops else None,
         "achieved_tflops": _sig(achieved) if achieved else None,
         "precision": precision, "peak_tflops": peak_tf,
         "peak_source": "--peak-tflops" if args.peak_tflops else
@@ -292,6 +295,6 @@ def run(args) -> int:
                                        args.repeats, args.warmup, sync)
     if args.max_batch:
         # the model as built: torch.compile would recompile for every size tried
-        result.update(_max_batch(plain, batch, loss_fn, autocast, args.batch))
+        result.update(_max_batch(plain, batch, loss_fn, autocast, args.batch_per_rank))
     print(json.dumps(result), file=sys.stdout, flush=True)
     return 0

@@ -16,12 +16,13 @@ import statistics
 import sys
 import time
 
+from lartpc.cliparse import add_batch_per_rank
 from lartpc.config import MAX_THREADS, choices
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="jishnet", choices=choices("model.name"))
-    parser.add_argument("--batch", type=int, default=7, help="events per step (default 7)")
+    add_batch_per_rank(parser)
     parser.add_argument("--size", type=int, default=400,
                         help="image side without --data (default 400, downsample 9)")
     parser.add_argument("--data", default=None, help="event store to read the batch from")
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     batch = batch_from_events(events, shape, kind)
     times = _time_steps(args, batch, shape)
     off = statistics.median(times["off"])
-    out = {"model": args.model, "shape": list(shape), "batch": args.batch,
+    out = {"model": args.model, "shape": list(shape), "batch_per_rank": args.batch_per_rank,
            "threads": args.threads, "steps": args.steps, "every": args.every,
            "median_step_s": {m: round(statistics.median(t), 5) for m, t in times.items()}}
     for mode in ("ranks", "halves"):

@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from lartpc.cliparse import int_list
+from lartpc.cliparse import add_batch_per_rank, int_list
 from lartpc.config import choices
 from lartpc.errors import LartpcError
 
@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--downsample", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=60.0, help="time limit per training")
     parser.add_argument("--device", choices=DEVICES, default="cpu")
-    parser.add_argument("--batch", type=int, default=7)
+    add_batch_per_rank(parser)
     parser.add_argument("--config", default=None,
                         help="training preset or TOML file (default tiny-MODEL)")
     parser.add_argument("--loader", default="auto",
@@ -79,7 +79,7 @@ def train_point(args, data: Path, out: Path, n: int, backend: str,
                   str(data), "--out", str(out)]
     loader = [] if args.loader == "auto" else [f"data.loader={args.loader}"]
     for s in [f"data.downsample={args.downsample}", "train.epochs=1000",
-              f"train.time_limit_s={args.seconds}", f"train.batch_per_rank={args.batch}",
+              f"train.time_limit_s={args.seconds}", f"train.batch_per_rank={args.batch_per_rank}",
               f"train.device={args.device}", f"dist.backend={backend}", *loader,
               *args.overrides, *extra]:
         train_args += ["--set", s]
@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         result = {
             "model": args.model, "config": args.config or f"tiny-{args.model}",
             "device": args.device, "backend": args.backend, "downsample": args.downsample,
-            "batch_per_rank": args.batch, "seconds_per_run": args.seconds,
+            "batch_per_rank": args.batch_per_rank, "seconds_per_run": args.seconds,
             "cores": os.cpu_count(),
             "note": "threads_per_rank per point (default cores / ranks, SCNet on CPU 1); "
                     "efficiency relative to the first point; bare_step: forward, backward "

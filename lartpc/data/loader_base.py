@@ -93,7 +93,7 @@ class Loader:
     mode = ""
     dense_batches = True  # batches carry ``dense`` (rotating preallocated buffers)
 
-    def __init__(self, store: EventStore, indices: np.ndarray, batch_size: int = 7, *,
+    def __init__(self, store: EventStore, indices: np.ndarray, batch_per_rank: int = 7, *,
                  device: torch.device | str = "cpu", seed: int = 0, shuffle: bool = True,
                  steps_per_epoch: int | None = None, prefetch_depth: int = 1,
                  orient: str = "none"):
@@ -104,14 +104,14 @@ class Loader:
         self.indices = np.asarray(indices, np.int64)
         if len(self.indices) == 0:
             raise LartpcError(f"{store.paths[0].parent}: empty shard (no events for this rank)")
-        self.batch_size, self.seed, self.shuffle = batch_size, seed, shuffle
+        self.batch_per_rank, self.seed, self.shuffle = batch_per_rank, seed, shuffle
         self.device = torch.device(device)
         self.shape = store.geometry.shape
         self.prefetch_depth = prefetch_depth
         self.epoch = 0
         self._iterating = False
         self._steps = steps_per_epoch
-        self._batches(0)  # validates batch_size / steps_per_epoch before any heavy work
+        self._batches(0)  # validates batch_per_rank / steps_per_epoch before any heavy work
         # Batch buffers are allocated and first touched (page faults, pinning) in a
         # thread while the shard is read, so that cost stays off the loading time.
         self._buffers: list[torch.Tensor] = []  # rotating batch buffers, created zeroed
@@ -189,7 +189,7 @@ class Loader:
         self.epoch = int(epoch)
 
     def _batches(self, epoch: int) -> list[np.ndarray]:
-        return epoch_batches(np.arange(len(self.indices)), self.batch_size, epoch, self.seed,
+        return epoch_batches(np.arange(len(self.indices)), self.batch_per_rank, epoch, self.seed,
                              shuffle=self.shuffle, steps=self._steps)
 
     def _slot_buffer(self, slot: int) -> torch.Tensor:

@@ -62,14 +62,14 @@ class DenseBloscLoader(Loader):
                              if self.device.type == "cuda" else None)
 
     def _new_buffer(self) -> torch.Tensor:
-        shape = (self.batch_size, 1, *self.shape)
+        shape = (self.batch_per_rank, 1, *self.shape)
         if self.device.type == "cuda":
             return torch.zeros(shape, dtype=torch.float32, pin_memory=True)
         # calloc'd: pages are mapped on first write, so zero bands cost nothing until reused
         return torch.from_numpy(np.zeros(shape, np.float32))
 
     def _nothing_written(self) -> list:
-        return [[] for _ in range(self.batch_size)]
+        return [[] for _ in range(self.batch_per_rank)]
 
     @property
     def resident_bytes(self) -> int:
@@ -88,7 +88,7 @@ class DenseBloscLoader(Loader):
             self._copied.pop(slot).synchronize()
         buf = self._slot_buffer(slot)[: len(positions)]
         arr = buf.numpy()
-        bands = self._begin_write(slot) or [None] * self.batch_size  # None: clear all
+        bands = self._begin_write(slot) or [None] * self.batch_per_rank  # None: clear all
         for j, p in enumerate(positions):
             p = int(p)
             if self.cache.has(p):
@@ -174,8 +174,8 @@ class DeviceDenseLoader(SparseLoader):
 
     def _new_buffer(self) -> torch.Tensor:
         if self.device.type == "cpu":
-            return torch.from_numpy(np.zeros((self.batch_size, 1, *self.shape), np.float32))
-        return torch.zeros((self.batch_size, 1, *self.shape), dtype=torch.float32,
+            return torch.from_numpy(np.zeros((self.batch_per_rank, 1, *self.shape), np.float32))
+        return torch.zeros((self.batch_per_rank, 1, *self.shape), dtype=torch.float32,
                            device=self.device)
 
     def _nothing_written(self) -> torch.Tensor:
@@ -227,7 +227,7 @@ class _Scatter:
 _CLASSES = {"blosc": DenseBloscLoader, "sparse": SparseLoader, "device-dense": DeviceDenseLoader}
 
 
-def build_loader(store: EventStore, mode: str, indices: np.ndarray, batch_size: int = 7, *,
+def build_loader(store: EventStore, mode: str, indices: np.ndarray, batch_per_rank: int = 7, *,
                  device: torch.device | str = "cpu", seed: int = 0, shuffle: bool = True,
                  steps_per_epoch: int | None = None, prefetch_depth: int = 1,
                  blosc: BloscConfig | None = None, orient: str = "none") -> Loader:
@@ -238,12 +238,12 @@ def build_loader(store: EventStore, mode: str, indices: np.ndarray, batch_size: 
     store : the event store.
     mode : ``blosc`` (Blosc, the paper), ``sparse`` or ``device-dense``.
     indices : store indices this rank owns (``ShardPlan.train_indices(rank)``).
-    batch_size : events per step.
+    batch_per_rank : events per step (the last batch of a shard may be shorter).
     device : where batches end up.
     seed : shuffle seed, shared by all ranks; each epoch reshuffles within the shard.
     shuffle : False for evaluation (store order).
     steps_per_epoch : force this many steps (``ShardPlan.steps_per_epoch``) so all
-        ranks step together; default ``ceil(len(indices) / batch_size)``.
+        ranks step together; default ``ceil(len(indices) / batch_per_rank)``.
     prefetch_depth : batches prepared ahead by the background thread (0 = inline).
     blosc : compression settings of the ``blosc`` mode.
     orient : ``none``, or ``start``: each event turned by the start-finding stage
@@ -257,6 +257,6 @@ def build_loader(store: EventStore, mode: str, indices: np.ndarray, batch_size: 
     if mode not in _CLASSES:
         raise ConfigError(f"loader mode {mode!r}: choose from {', '.join(LOADERS)}")
     kw = {"blosc": blosc} if mode == "blosc" else {}
-    return _CLASSES[mode](store, indices, batch_size, device=device, seed=seed, shuffle=shuffle,
+    return _CLASSES[mode](store, indices, batch_per_rank, device=device, seed=seed, shuffle=shuffle,
                           steps_per_epoch=steps_per_epoch, prefetch_depth=prefetch_depth,
                           orient=orient, **kw)

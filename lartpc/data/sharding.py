@@ -67,15 +67,16 @@ def contiguous_shard(indices: np.ndarray, rank: int, world_size: int) -> np.ndar
     return np.asarray(indices[lo:hi], np.int64)
 
 
-def batch_sizes(n: int, batch_size: int, steps: int | None = None) -> list[int]:
+def batch_sizes(n: int, batch_per_rank: int, steps: int | None = None) -> list[int]:
     """Sizes of the ``steps`` batches that cover ``n`` events exactly once (module rules)."""
-    if batch_size < 1:
-        raise ConfigError(f"batch_size={batch_size}: must be >= 1")
-    steps = math.ceil(n / batch_size) if steps is None else steps
-    if not steps <= n <= steps * batch_size:
+    if batch_per_rank < 1:
+        raise ConfigError(f"batch_per_rank={batch_per_rank}: must be >= 1")
+    steps = math.ceil(n / batch_per_rank) if steps is None else steps
+    if not steps <= n <= steps * batch_per_rank:
         raise LartpcError(f"cannot cover {n} events in exactly {steps} nonempty batches of at "
-                          f"most {batch_size}: make the shards larger or the batch bigger")
-    sizes = [batch_size] * (n // batch_size) + ([n % batch_size] if n % batch_size else [])
+                          f"most {batch_per_rank}: make the shards larger or the batch bigger")
+    full, rest = divmod(n, batch_per_rank)
+    sizes = [batch_per_rank] * full + ([rest] if rest else [])
     while len(sizes) < steps:  # split the last batch that can be split
         k = max(i for i, s in enumerate(sizes) if s > 1)
         sizes[k] -= 1
@@ -83,7 +84,7 @@ def batch_sizes(n: int, batch_size: int, steps: int | None = None) -> list[int]:
     return sizes
 
 
-def epoch_batches(indices: np.ndarray, batch_size: int, epoch: int, seed: int, *,
+def epoch_batches(indices: np.ndarray, batch_per_rank: int, epoch: int, seed: int, *,
                   shuffle: bool = True, steps: int | None = None) -> list[np.ndarray]:
     """The batches (arrays of store indices) of one epoch over ``indices``.
 
@@ -94,7 +95,7 @@ def epoch_batches(indices: np.ndarray, batch_size: int, epoch: int, seed: int, *
     order = indices
     if shuffle:
         order = indices[np.random.default_rng([seed, epoch]).permutation(len(indices))]
-    bounds = np.cumsum([0, *batch_sizes(len(order), batch_size, steps)])
+    bounds = np.cumsum([0, *batch_sizes(len(order), batch_per_rank, steps)])
     return [order[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
@@ -105,15 +106,15 @@ class ShardPlan:
     ----------
     n_events : events in the store.
     world_size : number of ranks.
-    batch_size : events per rank per step.
+    batch_per_rank : events per rank per step.
     seed : drives the split and the per-epoch shuffles.
     eval_fraction : held-out fraction.
     labels : class per event (stratifies the split).
     """
 
-    def __init__(self, n_events: int, world_size: int = 1, batch_size: int = 7, seed: int = 0,
+    def __init__(self, n_events: int, world_size: int = 1, batch_per_rank: int = 7, seed: int = 0,
                  eval_fraction: float = 0.1, labels: np.ndarray | None = None):
-        self.n_events, self.world_size, self.batch_size = n_events, world_size, batch_size
+        self.n_events, self.world_size, self.batch_per_rank = n_events, world_size, batch_per_rank
         self.seed = seed
         if world_size < 1:
             raise ConfigError(f"world_size={world_size}: must be >= 1")
@@ -124,10 +125,10 @@ class ShardPlan:
                 f"{n_train} training events for {world_size} ranks: some ranks would get an "
                 f"empty shard (use fewer ranks, more events or a smaller eval_fraction)")
         sizes = {len(self.train_indices(r)) for r in range(world_size)}
-        if batch_size == 1 and len(sizes) > 1:
-            raise ConfigError(f"batch_size=1 needs the {n_train} training events to divide "
+        if batch_per_rank == 1 and len(sizes) > 1:
+            raise ConfigError(f"batch_per_rank=1 needs the {n_train} training events to divide "
                               f"evenly over {world_size} ranks")
-        self.steps_per_epoch = math.ceil(max(sizes) / batch_size)
+        self.steps_per_epoch = math.ceil(max(sizes) / batch_per_rank)
         self._cum_images: list[int] | None = None
 
     def images_seen(self, global_step: int) -> int:
@@ -137,7 +138,7 @@ class ShardPlan:
             per_step = [0] * self.steps_per_epoch
             for r in range(self.world_size):
                 n = len(self.train_indices(r))
-                for j, b in enumerate(batch_sizes(n, self.batch_size, self.steps_per_epoch)):
+                for j, b in enumerate(batch_sizes(n, self.batch_per_rank, self.steps_per_epoch)):
                     per_step[j] += b
             self._cum_images = [0, *itertools.accumulate(per_step)]
         epochs, j = divmod(global_step, self.steps_per_epoch)

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 # among wires, thin-layer Landau straggling, t-slope kinks, measured drift velocity,
 # electron restricted dE/dx, noise and ROIs from the noisy waveform everywhere
 GENERATOR_VERSION = f"{__version__}+sim3"
-SOURCE_GEOMETRIES = ("isotropic", "beam")  #: simulate --geometry (draw_source)
+SOURCE_GEOMETRIES = ("isotropic", "beam")  #: simulate --source-geometry (draw_source)
 #: beam-like gun: vertex uniform in this box (cm; x, y, z) and direction within
 #: BEAM_HALF_ANGLE_DEG of +z. Why a box: a photon first deposits charge one conversion
 #: length (9/7 X0 = 18 cm, mean) past its vertex, an electron at it, so with one fixed
@@ -74,7 +74,7 @@ def _check_momentum(momentum_gev: Sequence[float]) -> tuple[float, float]:
 def check_source_geometry(name: str) -> str:
     """``name`` if it is one of :data:`SOURCE_GEOMETRIES`, else a clear error."""
     if name not in SOURCE_GEOMETRIES:
-        raise LartpcError(f"--geometry {name!r}: choose one of {', '.join(SOURCE_GEOMETRIES)}")
+        raise LartpcError(f"source geometry {name!r}: choose one of {', '.join(SOURCE_GEOMETRIES)}")
     return name
 
 

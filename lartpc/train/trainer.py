@@ -370,7 +370,7 @@ class Trainer:
         times = self.timing.step_times
         step = statistics.median(times[-20:]) if times else 0.0
         eval_s = self.timing.eval_s or 0.5 * step * max(
-            1, len(self.plan.eval_indices(0)) / self.plan.batch_size)
+            1, len(self.plan.eval_indices(0)) / self.plan.batch_per_rank)
         reserve = 1.5 * (2 * step + eval_s + self.timing.checkpoint_s) + 2.0
         return time.time() - self.process_start + reserve < self.cfg.train.time_limit_s
 

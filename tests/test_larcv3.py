@@ -292,3 +292,9 @@ def test_converted_store_trains_with_its_own_classes(tmp_path):
     got = json.loads(scored.read_text())
     assert got["classes"] == ["shower", "track", "hadron"]
     assert got["matches_run_confusion"] is True
+
+
+@needs_larcv
+def test_env_names_the_larcv_build(capsys):
+    assert main(["env"]) == 0
+    assert f"larcv: {larcv.__version__}" in capsys.readouterr().out.splitlines()

@@ -62,6 +62,8 @@ def env_lines() -> list[str]:
         f"numpy: {_version('numpy')}",
         # the fused JishNet stem's compiler (model.stem=auto uses it on CUDA)
         f"triton: {_version('triton')}",
+        # larcv3 files (optional extra, jobs/env/install_larcv.sh)
+        f"larcv: {_version('larcv')}",
     ]
     lines += horovod_lines()
     return lines

@@ -292,6 +292,12 @@ def test_converted_store_trains_with_its_own_classes(tmp_path):
     got = json.loads(scored.read_text())
     assert got["classes"] == ["shower", "track", "hadron"]
     assert got["matches_run_confusion"] is True
+    # the analysis tables name them; the paper's five-class matrix is not set beside them
+    rep = tmp_path / "report"
+    assert main(["analyze", "report", str(out), "--out", str(rep)]) == 0
+    md = (rep / "confusion" / "run_confusion.md").read_text()
+    assert "| true \\ predicted | shower | track | hadron | n |" in md
+    assert "<h4>paper (" not in (rep / "report.html").read_text()
 
 
 @needs_larcv

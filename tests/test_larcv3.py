@@ -58,7 +58,7 @@ def _events(store_path):
 
 
 def write_larcv(path, events, width, *, pdgs=None, producer="wire", particles="truth",
-                empty=False):
+                empty=False, rows=None):
     """A larcv3 file written by larcv's own IOManager: per event, projection 0 holds the
     event's pixels and projection 1 the pixels of the event in reverse order (so the two
     differ); one particle with the event's PDG (or ``pdgs[i]``)."""
@@ -68,7 +68,7 @@ def write_larcv(path, events, width, *, pdgs=None, producer="wire", particles="t
     metas = []
     for proj in PROJECTIONS:
         m = larcv.ImageMeta2D()
-        m.set_dimension(0, 400 * 0.5, width, 0.0)
+        m.set_dimension(0, 400 * 0.5, rows or width, 0.0)
         m.set_dimension(1, 400 * 0.3, width, 0.0)
         m.set_projection_id(proj)
         metas.append(m)
@@ -78,6 +78,7 @@ def write_larcv(path, events, width, *, pdgs=None, producer="wire", particles="t
             vs = larcv.VoxelSet()
             if not empty:
                 idx = src.row.astype(np.uint64) * np.uint64(width) + src.col.astype(np.uint64)
+                assert rows is None or len(src.row) == 0 or src.row.max() < rows
                 vs.set(idx, src.charge.astype(np.float32))
             io.get_data("sparse2d", producer).set(vs, metas[proj])
         part = larcv.Particle()
@@ -304,3 +305,34 @@ def test_converted_store_trains_with_its_own_classes(tmp_path):
 def test_env_names_the_larcv_build(capsys):
     assert main(["env"]) == 0
     assert f"larcv: {larcv.__version__}" in capsys.readouterr().out.splitlines()
+
+
+@needs_larcv
+def test_non_square_image_is_padded_and_downsample_bins_it(sim_store, tmp_path, capsys):
+    """A 300 x 400 meta: the store's image is 400 x 400 with the pixels where they were;
+    --downsample 4 sums them into 100 x 100."""
+    from lartpc.data.store import Event
+
+    _, events = _events(sim_store)
+    cut = []
+    for ev in events:
+        keep = ev.row < 300
+        cut.append(Event(ev.row[keep], ev.col[keep], ev.charge[keep], ev.label, ev.truth))
+    src = tmp_path / "in.h5"
+    write_larcv(src, cut, 400, rows=300)
+    full, binned = tmp_path / "full", tmp_path / "binned"
+    args = ["convert", "--from", "larcv3", str(src), "--producer", "wire",
+            "--particles", "truth"]
+    assert main([*args, "--out", str(full)]) == 0
+    assert main([*args, "--out", str(binned), "--downsample", "4"]) == 0
+    kept = [ev for ev in cut if len(ev.row)]
+    assert f"skipped {len(cut) - len(kept)}" in capsys.readouterr().out
+    a, b = EventStore(full), EventStore(binned)
+    assert a.geometry.shape == (400, 400) and b.geometry.shape == (100, 100)
+    assert (a.attrs["source_rows"], a.attrs["source_cols"]) == (300, 400)
+    for want, got, small in zip(kept, a.read_many(range(len(a))), b.read_many(range(len(b))),
+                                strict=True):
+        _same_pixels(got, want)
+        dense = np.zeros((100, 100))
+        np.add.at(dense, (want.row // 4, want.col // 4), want.charge.astype(np.float64))
+        np.testing.assert_allclose(small.dense((100, 100)), dense, rtol=1e-5)

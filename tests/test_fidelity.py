@@ -74,6 +74,10 @@ def test_segments_on_fresh_hosts_add_up_to_the_budget(tmp_path):
     assert set(rule) == set(res["classes"])
     assert all(0 <= c["reference_rule_recall"] <= 1 for c in rule.values())
     assert res["events_seed"] == 0 and res["init_from"] is None and res["augment"] == "none"
+    # the split: the held-out store indices (what lartpc evaluate rescores), no validation
+    split = res["split"]
+    assert len(split["held_out_indices"]) == res["eval_events"] == 10
+    assert split["train_events"] == res["train_events"] and split["validation"] is None
     # fine-tuning that run on other events: another seed, its weights as the start,
     # mirrored training events
     fine, start = tmp_path / "fine", out / "run-scnet-isotropic"

@@ -108,6 +108,22 @@ def median(values: list) -> float | None:
     return statistics.median(got) if len(got) == len(values) and got else None
 
 
+def summarise(mine: list[dict]) -> dict:
+    """The medians of one cadence's runs, and the wall/train ratios (the bias), each the
+    median of the runs' own ratios; None where a run has no value (TTL censored)."""
+    s = {k: median([x[k] for x in mine]) for k in (
+        "evaluations", "wall_s", "train_time_s", "eval_time_s", "checkpoint_time_s",
+        "epoch_rate_per_min_train", "epoch_rate_per_min_wall", "ttl_s_train", "ttl_s_wall")}
+    s["eval_checkpoint_share_of_wall"] = median([
+        (x["eval_time_s"] + x["checkpoint_time_s"]) / x["wall_s"] for x in mine])
+    s["epoch_rate_wall_over_train"] = median([
+        x["epoch_rate_per_min_wall"] / x["epoch_rate_per_min_train"] for x in mine])
+    s["ttl_wall_over_train"] = median([
+        x["ttl_s_wall"] / x["ttl_s_train"] if x["ttl_s_wall"] and x["ttl_s_train"]
+        else None for x in mine])
+    return s
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m lartpc.jobs.local.eval_bias",
                                 description=__doc__.split("\n\n")[0])
@@ -161,20 +177,8 @@ def main(argv: list[str] | None = None) -> int:
             row[f"epoch_rate_per_min_{c}"] = res[key]["epoch_rate_per_min"]
             row[f"ttl_s_{c}"] = None if res[key]["ttl_censored"] else res[key]["ttl_s"]
         rows.append(row)
-    summary = {}
-    for name in cadences:
-        mine = [x for x in rows if x["cadence"] == name]
-        s = {k: median([x[k] for x in mine]) for k in (
-            "evaluations", "wall_s", "train_time_s", "eval_time_s", "checkpoint_time_s",
-            "epoch_rate_per_min_train", "epoch_rate_per_min_wall", "ttl_s_train", "ttl_s_wall")}
-        s["eval_checkpoint_share_of_wall"] = median([
-            (x["eval_time_s"] + x["checkpoint_time_s"]) / x["wall_s"] for x in mine])
-        s["epoch_rate_wall_over_train"] = median([
-            x["epoch_rate_per_min_wall"] / x["epoch_rate_per_min_train"] for x in mine])
-        s["ttl_wall_over_train"] = median([
-            x["ttl_s_wall"] / x["ttl_s_train"] if x["ttl_s_wall"] and x["ttl_s_train"]
-            else None for x in mine])
-        summary[name] = s
+    summary = {name: summarise([x for x in rows if x["cadence"] == name])
+               for name in cadences}
     result = {
         "issue": 37,
         "what": "TTL and epoch rate with evaluation and checkpoints inside (--clock wall) "

@@ -9,7 +9,7 @@ import pytest
 from lartpc.analysis.fit import fit_power_law, scaling_table, summarize
 from lartpc.analysis.metrics import RunMetrics, run_metrics, wilson_interval
 from lartpc.analysis.runs import load_run, load_runs
-from lartpc.analysis.synthetic import write_synthetic_run, write_synthetic_study
+from synthetic_runs import write_synthetic_run, write_synthetic_study
 
 GPUS = [1, 2, 4, 8, 16]
 NOISE = 0.05

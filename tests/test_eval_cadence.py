@@ -17,7 +17,7 @@ from lartpc.data.sharding import ShardPlan
 from lartpc.errors import ConfigError
 from lartpc.runfolder.schema import EVAL_COLUMNS
 from lartpc.train import checkpoint
-from lartpc.train.checkpointer import Checkpointer
+from lartpc.train.checkpoint import Checkpointer
 from lartpc.train.loop import fit
 from lartpc.train.sinks import open_sinks
 from lartpc.train.trainer import Trainer

@@ -17,7 +17,7 @@ def test_each_stack_goes_to_the_first_part_that_matches():
         f"{STEP};NoiseMeter.forward_backward (noise.py:172);Tensor.backward (_tensor.py:623) 60\n",
         f"{STEP};World.step_optimizer (world.py:152);Adam.step (adam.py:248) 40\n",
         f"{STEP} 5\n",
-        "fit (lartpc/train/loop.py:36);Checkpointer.save (checkpointer.py:47) 10\n",
+        "fit (lartpc/train/loop.py:36);Checkpointer.save (checkpoint.py:290) 10\n",
         "\n",
         "_run_module_as_main (<frozen runpy>:198) 5\n",
     ]

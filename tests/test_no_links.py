@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 from lartpc.analysis.__main__ import main as analysis_main
-from lartpc.analysis.synthetic import write_synthetic_run
+from synthetic_runs import write_synthetic_run
 
 from lartpc.cli import main
 from lartpc.fsutil import UnsafePathError
-from lartpc.train import runlog, tblog
+from lartpc.runfolder import tables
+from lartpc.train import tblog
 
 SECRET = "secret,do,not,copy\n"
 
@@ -41,9 +42,9 @@ def test_rank_log_replaced_by_a_link_is_not_read_on_resume(tmp_path):
     log.symlink_to(secret)
     refused = f"{log}: is a symbolic link; refusing to read through it"
     with pytest.raises(UnsafePathError, match=refused):
-        runlog.complete_rows(log)  # the resume's check of the log
+        tables.complete_rows(log)  # the resume's check of the log
     with pytest.raises(UnsafePathError, match=refused):
-        runlog.StepLog(run, 0, keep_steps=5)
+        tables.StepLog(run, 0, keep_steps=5)
     assert log.is_symlink() and (secret.stat().st_mode & 0o777) == 0o600
     assert [p for p in run.iterdir() if p.is_file() and not p.is_symlink()
             and secret.read_text() in p.read_text()] == []

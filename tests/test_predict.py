@@ -14,7 +14,7 @@ import pytest
 from lartpc.analysis.__main__ import main
 from lartpc.analysis.noise import NOISE_COLUMNS, b_noise_at_loss, ema, read_noise
 from lartpc.analysis.predict import PARAMETERS, allreduce_s, load_profiles
-from lartpc.analysis.synthetic import write_synthetic_run
+from synthetic_runs import write_synthetic_run
 
 B_NOISE = 56.0  # N_crit = 8 at 7 images per GPU
 

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from lartpc.runfolder import record
+from lartpc.runfolder import record, tables
 from lartpc.runfolder.lock import RunLock
 from lartpc.runfolder.schema import LOCK, RUN_JSON, RunFolderError
-from lartpc.train import checkpoint, runlog
+from lartpc.train import checkpoint
 
 HOLD = textwrap.dedent("""
     import sys, time
@@ -167,9 +167,9 @@ def test_atomic_write_on_full_disk_leaves_old_file_and_no_temporary(tmp_path, mo
 ])
 def test_step_log_behind_the_checkpoint_is_a_clear_error(tmp_path, content, message):
     if content is not None:
-        runlog.rank_csv_path(tmp_path, 0).write_text(content)
+        tables.rank_csv_path(tmp_path, 0).write_text(content)
     with pytest.raises(RunFolderError, match=message + ".*move checkpoint.pt away"):
-        runlog.StepLog(tmp_path, 0, keep_steps=3)
+        tables.StepLog(tmp_path, 0, keep_steps=3)
 
 
 def test_stop_signals_are_recorded_and_a_second_sigint_aborts():

@@ -99,7 +99,7 @@ def test_truth_limits_text_and_old_or_converted_stores(samples, tmp_path, capsys
 
 @pytest.mark.parametrize("argv,needle", [
     (["--source-geometry", "pencil"], "--source-geometry"),
-    (["--geometry", "pencil"], "--geometry"),  # its old name, still read
+    (["--geometry", "pencil"], "--source-geometry"),  # its old name, still read
     (["--dead-wire-fraction", "1.5"], "--dead-wire-fraction"),
 ])
 def test_simulate_rejects_bad_geometry_options(tmp_path, capsys, argv, needle):

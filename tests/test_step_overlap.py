@@ -14,7 +14,7 @@ from train_helpers import rows
 from lartpc import dist
 from lartpc.config import load_config
 from lartpc.data.store import EventStore
-from lartpc.train.checkpointer import Checkpointer
+from lartpc.train.checkpoint import Checkpointer
 from lartpc.train.loop import fit
 from lartpc.train.plan import plan_run
 from lartpc.train.sinks import Sink, open_sinks

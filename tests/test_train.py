@@ -10,8 +10,8 @@ import pytest
 import torch
 from train_helpers import clean_env, final_params, kill_after_steps, rows, run, train_cmd
 
+from lartpc.runfolder.tables import EVAL_COLUMNS, STEP_COLUMNS
 from lartpc.train import checkpoint
-from lartpc.train.runlog import EVAL_COLUMNS, STEP_COLUMNS
 
 
 def _assert_complete(out, world_size: int) -> dict:

@@ -14,7 +14,7 @@ from lartpc import dist
 from lartpc.config import load_config
 from lartpc.data.store import EventStore
 from lartpc.train import checkpoint
-from lartpc.train.checkpointer import Checkpointer
+from lartpc.train.checkpoint import Checkpointer
 from lartpc.train.loop import fit
 from lartpc.train.plan import plan_run
 from lartpc.train.sinks import EvalRecord, Sink, Sinks, StepRecord, open_sinks

@@ -83,9 +83,9 @@ def ops(data: Path, sets: list[str], steps: int, config: str) -> str:
 
     from lartpc import dist
     from lartpc.config import load_config
-    from lartpc.data.sharding import plan_run
     from lartpc.data.store import EventStore
     from lartpc.train.parts import set_threads
+    from lartpc.train.plan import plan_run
     from lartpc.train.trainer import Trainer
 
     cfg = load_config(config, ["train.epochs=1000", *sets])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from lartpc.errors import LartpcError
-from lartpc.sim.generate import SOURCE_GEOMETRIES
 
 
 def parse_range(text: str) -> tuple[float, float]:
@@ -29,15 +28,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=1, help="processes (output is identical)")
     p.add_argument("--shard-size", type=int, default=1000, help="events per file")
     p.add_argument("--overwrite", action="store_true", help="replace shards already in --out")
-    p.add_argument("--source-geometry", default="isotropic", choices=SOURCE_GEOMETRIES,
+    p.add_argument("--source-geometry", default="isotropic",
                    help="where particles start and go (the store's source_geometry; the "
                         "detector image is the store's geometry): isotropic: vertex uniform "
                         "in the volume, any direction; beam: vertex uniform in a box along "
                         "the beam axis (500 cm), within 5 degrees of it "
                         "(lartpc.sim.generate.draw_source)")
     # --geometry: its name before 2026-11-26, still read (commands in docs/results JSON)
-    p.add_argument("--geometry", dest="source_geometry", choices=SOURCE_GEOMETRIES,
-                   help=argparse.SUPPRESS)
+    p.add_argument("--geometry", dest="source_geometry", help=argparse.SUPPRESS)
     p.add_argument("--dead-wire-fraction", type=float, default=0.0,
                    help="fraction of collection wires that read nothing (default 0)")
 

@@ -74,7 +74,8 @@ def _check_momentum(momentum_gev: Sequence[float]) -> tuple[float, float]:
 def check_source_geometry(name: str) -> str:
     """``name`` if it is one of :data:`SOURCE_GEOMETRIES`, else a clear error."""
     if name not in SOURCE_GEOMETRIES:
-        raise LartpcError(f"source geometry {name!r}: choose one of {', '.join(SOURCE_GEOMETRIES)}")
+        raise LartpcError(f"--source-geometry {name!r}: choose one of "
+                          f"{', '.join(SOURCE_GEOMETRIES)}")
     return name
 
 

@@ -1,4 +1,5 @@
-"""Checkpoints: everything needed to continue a run exactly where it stopped.
+"""Checkpoints: everything needed to continue a run exactly where it stopped; when a
+training saves one (:class:`Checkpointer`), what it holds, how it is written and read.
 
 A checkpoint holds only tensors and plain containers (dicts, lists, numbers, strings),
 so it is read with ``torch.load(weights_only=True)``: a crafted ``checkpoint.pt``
@@ -26,9 +27,11 @@ import math
 import os
 import pickle
 import random
+import time
 import zipfile
 import zlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -36,6 +39,10 @@ import torch
 from lartpc.errors import ConfigError
 from lartpc.fsutil import atomic_write, read_nofollow
 from lartpc.runfolder.schema import CHECKPOINT, RunFolderError
+
+if TYPE_CHECKING:
+    from lartpc.dist import World
+    from lartpc.train.sinks import Sink
 
 
 def rng_state() -> dict:
@@ -256,3 +263,52 @@ def restore_rng(state: dict) -> None:
                          n["has_gauss"], n["cached_gaussian"]))
     p = rng["python"]
     random.setstate((p["version"], tuple(p["internal"]), p["gauss_next"]))
+
+
+class Checkpointer:
+    """Saves ``checkpoint.pt`` every ``checkpoint_every_steps`` steps, else every
+    ``checkpoint_every_s`` seconds, and at the points the loop asks for.
+
+    Every log is on disk before the checkpoint that counts its rows, so a resume never
+    finds a log behind its checkpoint; a rank that cannot write makes every rank raise
+    (none waits for it in a collective forever).
+    """
+
+    def __init__(self, world: World, run, every_steps: int, every_s: float):
+        self.world, self.run = world, run
+        self.every_steps, self.every_s = every_steps, every_s
+        self.last_time = time.time()
+
+    def due(self, global_step: int) -> bool:
+        """This rank's wish to save once ``global_step`` steps are done. The time rule
+        reads this rank's clock: the loop votes on it with the step
+        (:class:`~lartpc.train.trainer.StepVote`), never acts on it alone."""
+        if self.every_steps:
+            return global_step % self.every_steps == 0
+        return time.time() - self.last_time > self.every_s
+
+    def save(self, trainer, sinks: Sink) -> None:
+        # counted after the write: a checkpoint holds the time of those before it
+        t_start, error = time.perf_counter(), None
+        try:
+            sinks.flush()
+        except RunFolderError as e:
+            error = e
+        self._agree(error, "its logs")
+        if self.world.is_root:
+            t0 = time.time()
+            try:
+                write(self.run, trainer.state_dict())
+            except RunFolderError as e:
+                error = e
+            trainer.timing.checkpoint_s = time.time() - t0
+        self._agree(error, CHECKPOINT)
+        self.last_time = time.time()
+        trainer.saved_step = trainer.state.global_step
+        trainer.state.checkpoint_time_s += time.perf_counter() - t_start
+
+    def _agree(self, error: RunFolderError | None, what: str) -> None:
+        """Raise on every rank when any rank failed to write."""
+        failed = self.world.allreduce_sum(torch.tensor([0.0 if error is None else 1.0]))
+        if float(failed[0]) > 0:
+            raise error or RunFolderError(f"{self.run}: another rank could not write {what}")

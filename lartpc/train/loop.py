@@ -5,7 +5,7 @@ step that reaches each multiple of ``eval_every_images`` images or ``eval_every_
 steps, and at the end), a checkpoint at every epoch end and whenever the checkpointer
 says so, until the epochs are done or every rank agrees to stop (time limit, signal,
 non-finite loss). The parts it drives:
-:class:`~lartpc.train.trainer.Trainer`, :class:`~lartpc.train.checkpointer.Checkpointer`
+:class:`~lartpc.train.trainer.Trainer`, :class:`~lartpc.train.checkpoint.Checkpointer`
 and the :mod:`sinks <lartpc.train.sinks>`.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from lartpc.train.checkpointer import Checkpointer
+from lartpc.train.checkpoint import Checkpointer
 from lartpc.train.sinks import Sink
 from lartpc.train.trainer import Trainer
 

@@ -16,11 +16,11 @@ from lartpc.data.sharding import ShardPlan
 from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError, LartpcError
 from lartpc.fsutil import remove_stale_temporaries
-from lartpc.runfolder import record
+from lartpc.runfolder import provenance, record
 from lartpc.runfolder.guard import check_trainable
 from lartpc.runfolder.lock import RunLock
 from lartpc.runfolder.schema import RunFolderError, Status
-from lartpc.train import runinfo, segments, tblog
+from lartpc.train import segments, tblog
 from lartpc.train.parts import model_options
 from lartpc.train.plan import check_store_fits, plan_run
 from lartpc.train.signals import StopRequests
@@ -151,7 +151,7 @@ def _begin(cfg: Config, store: EventStore, out: Path, process_start: float,
     """Rank 0 opens this segment in run.json (status running); the record (empty on
     other ranks). Every rank returns once the folder is there to write into."""
     info = {}
-    hosts = world.allgather_object(runinfo.host())  # every rank takes part
+    hosts = world.allgather_object(provenance.host())  # every rank takes part
     if world.is_root:
         info = record.begin_segment(
             cfg.to_dict(), out, None if resume is None else resume["global_step"],
@@ -161,8 +161,8 @@ def _begin(cfg: Config, store: EventStore, out: Path, process_start: float,
             "loss": cfg.model.loss,
             # the constructor's options as resolved here (model.stem=auto -> fused/library)
             "model_options": model_options(cfg, world.device.type),
-            "geometry": store.geometry.to_attrs(), "versions": runinfo.versions(),
-            "git_sha": runinfo.git_sha(), "host": runinfo.host(),
+            "geometry": store.geometry.to_attrs(), "versions": provenance.versions(),
+            "git_sha": provenance.git_sha(), "host": provenance.host(),
             "data": str(Path(store.paths[0]).parent.resolve()),
             "threads_per_rank": threads, "device": str(world.device),
             # with world_size and local ranks: did the ranks share a host's cores?
@@ -193,7 +193,7 @@ def _record_network(out: Path, info: dict, world: dist.World) -> None:
 
 def _fit(trainer: Trainer, info: dict) -> str:
     """Give the trainer its checkpointer and sinks, and train; the status."""
-    from lartpc.train.checkpointer import Checkpointer
+    from lartpc.train.checkpoint import Checkpointer
     from lartpc.train.loop import fit
     from lartpc.train.sinks import open_sinks
 

@@ -19,9 +19,10 @@ import numpy as np
 from lartpc.config import Config
 from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError
+from lartpc.runfolder import tables
 from lartpc.runfolder.record import flat, record_path
 from lartpc.runfolder.schema import RunFolderError
-from lartpc.train import checkpoint, runlog
+from lartpc.train import checkpoint
 
 log = logging.getLogger(__name__)
 # Changing these on resume would change what the run means.
@@ -68,10 +69,10 @@ def load_resume(cfg: Config, store: EventStore, out: Path, world_size: int) -> d
                           f"ranks, this job has {world_size}")
     _check_store(resume.get("store"), store_identity(store, cfg.data.max_events), out, store)
     for r in range(world_size):
-        path = runlog.rank_csv_path(out, r)
-        n = runlog.complete_rows(path)
+        path = tables.rank_csv_path(out, r)
+        n = tables.complete_rows(path)
         if n is None or n < resume["global_step"]:
-            raise RunFolderError(runlog.short_log_message(path, n, resume["global_step"]))
+            raise RunFolderError(tables.short_log_message(path, n, resume["global_step"]))
     return resume
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from lartpc import CLASSES
-from lartpc.train import runlog
+from lartpc.runfolder import tables
 from lartpc.train.progress import open_progress
 from lartpc.train.tblog import open_tblog
 
@@ -84,7 +84,7 @@ class RankCSV(Sink):
     """``rank-NNN.csv``: one row per step (buffered; ``flush`` writes and fsyncs)."""
 
     def __init__(self, run: Path, rank: int, keep_steps: int, flush_every: int):
-        self.log = runlog.StepLog(run, rank, keep_steps=keep_steps, flush_every=flush_every)
+        self.log = tables.StepLog(run, rank, keep_steps=keep_steps, flush_every=flush_every)
 
     def on_step(self, rec: StepRecord) -> None:
         self.log.log(time=rec.time, epoch=rec.epoch, rank=rec.rank,
@@ -104,8 +104,8 @@ class EvalFiles(Sink):
         self.run = run
 
     def on_eval(self, rec: EvalRecord) -> None:
-        runlog.write_eval(self.run, rec.rows, rec.classes)
-        runlog.write_confusion(self.run, rec.confusion, rec.classes)
+        tables.write_eval(self.run, rec.rows, rec.classes)
+        tables.write_confusion(self.run, rec.confusion, rec.classes)
         log.info("eval epoch %d (step %d, %d images): loss %.4f accuracy %.3f on %d events",
                  rec.row["epoch"], rec.row["step"], rec.row["images"], rec.row["loss"],
                  rec.row["accuracy"], rec.row["n_events"])

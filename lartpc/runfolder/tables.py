@@ -1,5 +1,6 @@
-"""The training's table writers (the contract with ``analysis``; see docs/run-folder.md);
-``run.json`` is :mod:`lartpc.runfolder.record`'s.
+"""The run folder's tables as training writes them: the rank logs, ``eval.csv`` and
+``confusion.csv`` (the contract with ``analysis``; see docs/run-folder.md); ``run.json``
+is :mod:`lartpc.runfolder.record`'s.
 
 ``eval.csv`` and ``confusion.csv`` are rewritten whole through a
 temporary file and a rename. ``rank-NNN.csv`` grows by whole lines written in one

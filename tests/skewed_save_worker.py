@@ -18,6 +18,7 @@ from lartpc.data.store import EventStore
 from lartpc.train.checkpoint import Checkpointer
 from lartpc.train.loop import fit
 from lartpc.train.plan import plan_run
+from lartpc.train.segments import Segment
 from lartpc.train.sinks import Sink
 from lartpc.train.trainer import Trainer
 
@@ -42,8 +43,8 @@ def main() -> int:
     cfg = load_config("tiny-jishnet", ["data.downsample=9", "data.eval_fraction=0.2",
                                        "train.epochs=2", "train.threads=1"])
     store = EventStore(data)
-    t = Trainer.build(cfg, store, plan_run(cfg, store, world.size), world, out, time.time(),
-                      None)
+    t = Trainer.build(Segment(cfg, store, plan_run(cfg, store, world.size), world, out,
+                              time.time()))
     ckpt = SkewedClock(world, out, 0, 600.0, wish_at=3 if world.rank == 0 else None)
     status = fit(t, ckpt, Sink())
     (out / f"saves-rank{world.rank}.json").write_text(

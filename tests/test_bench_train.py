@@ -15,6 +15,7 @@ from lartpc.bench.bare_step import BareStep
 from lartpc.config import load_config
 from lartpc.data.store import EventStore
 from lartpc.train.plan import plan_run
+from lartpc.train.segments import Segment
 from lartpc.train.trainer import Trainer
 
 SETS = ["data.downsample=9", "data.eval_fraction=0.2", "train.epochs=2", "train.threads=1"]
@@ -29,7 +30,7 @@ def test_bare_step_is_the_trainers_step_on_its_batches(train_events_dir, tmp_pat
     store = EventStore(train_events_dir)
     plan = plan_run(cfg, store, 1)
     n = plan.steps_per_epoch + 2
-    t = Trainer.build(cfg, store, plan, dist.init("none", "cpu"), tmp_path, time.time(), None)
+    t = Trainer.build(Segment(cfg, store, plan, dist.init("none", "cpu"), tmp_path, time.time()))
     seen = []
     while len(seen) < n:
         for batch, data_s in t.batches():

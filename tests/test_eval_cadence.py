@@ -32,8 +32,7 @@ def world():
 
 
 def _fit(world, cfg, t, out) -> str:
-    sinks = open_sinks(cfg, out, 0, True, t.plan.steps_per_epoch, t.process_start,
-                       t.state.global_step)
+    sinks = open_sinks(t.segment, t.state.global_step)
     return fit(t, Checkpointer(world, out, cfg.train.checkpoint_every_steps, 600.0), sinks)
 
 

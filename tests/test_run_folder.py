@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from lartpc.errors import LartpcError
 from lartpc.runfolder import record, tables
 from lartpc.runfolder.lock import RunLock
 from lartpc.runfolder.schema import LOCK, RUN_JSON, RunFolderError
@@ -238,3 +239,31 @@ def test_segments_keep_a_resumed_record_and_discard_on_restart(tmp_path):
     fresh = record.begin_segment(cfg, tmp_path, None, 5.0, {"events": 9})
     assert "batch_per_rank" not in fresh and fresh["start_time"] == 5.0
     assert len(fresh["discarded_segments"]) == 2 and len(fresh["segments"]) == 1
+
+
+def test_run_folder_object_takes_records_and_lets_go(tmp_path):
+    from lartpc.runfolder.folder import RunFolder
+
+    run = RunFolder(tmp_path / "run").take(process_start=1.0)
+    with pytest.raises(RunFolderError, match="in use by another training"):
+        RunFolder(tmp_path / "run").take(process_start=2.0)
+    from lartpc.config import Config
+
+    run.begin_segment(Config().to_dict(), None, 1.0, {"events": 3, "sha256": "ab"},
+                      model="scnet", world_size=2)
+    on_disk = record.read_record(run.path)
+    assert on_disk["status"] == "running" and on_disk["model"] == "scnet"
+    assert on_disk["segments"][-1]["status"] == "running" and on_disk["store"]["events"] == 3
+    run.update(steps_per_epoch=4)
+    assert run.record()["steps_per_epoch"] == 4
+    run.info["train_time_s"] = 2.5  # kept for the end of the segment
+    run.end_segment("completed")
+    done = run.record()
+    assert done["status"] == done["segments"][-1]["status"] == "completed"
+    assert done["train_time_s"] == 2.5 and done["end_time"] is not None
+    run.release()
+    RunFolder(tmp_path / "run").take(process_start=3.0).release()  # free again
+    (tmp_path / "user").mkdir()
+    (tmp_path / "user" / "thesis.tex").write_text("mine\n")
+    with pytest.raises(LartpcError, match="not a run folder"):
+        RunFolder(tmp_path / "user").take(process_start=4.0)

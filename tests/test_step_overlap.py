@@ -17,6 +17,7 @@ from lartpc.data.store import EventStore
 from lartpc.train.checkpoint import Checkpointer
 from lartpc.train.loop import fit
 from lartpc.train.plan import plan_run
+from lartpc.train.segments import Segment
 from lartpc.train.sinks import Sink, open_sinks
 from lartpc.train.trainer import Trainer
 
@@ -37,13 +38,14 @@ def _build(world, data, out, preset, sets, resume=None):
     cfg = load_config(preset, [*SETS, *sets])
     store = EventStore(data)
     out.mkdir(exist_ok=True)
-    return Trainer.build(cfg, store, plan_run(cfg, store, 1), world, out, time.time(), resume)
+    return Trainer.build(Segment(cfg, store, plan_run(cfg, store, 1), world, out, time.time(),
+                                 resume))
 
 
 def _fit(world, data, out, preset="tiny-scnet", *sets):
     """A two-epoch training through the loop: (final parameters, rank-log values)."""
     t = _build(world, data, out, preset, sets)
-    sinks = open_sinks(t.cfg, out, 0, True, t.plan.steps_per_epoch, t.process_start, 0)
+    sinks = open_sinks(t.segment, 0)
     try:
         assert fit(t, Checkpointer(world, out, 0, 600.0), sinks) == "completed"
     finally:

@@ -17,6 +17,7 @@ from lartpc.train import checkpoint
 from lartpc.train.checkpoint import Checkpointer
 from lartpc.train.loop import fit
 from lartpc.train.plan import plan_run
+from lartpc.train.segments import Segment
 from lartpc.train.sinks import EvalRecord, Sink, Sinks, StepRecord, open_sinks
 from lartpc.train.trainer import StepVote, Trainer
 
@@ -52,7 +53,7 @@ def _trainer(world, data, out, *sets, resume=None):
     cfg = load_config("tiny-jishnet", [*SETS, *sets])
     store = EventStore(data)
     plan = plan_run(cfg, store, world.size)
-    return cfg, Trainer.build(cfg, store, plan, world, out, time.time(), resume)
+    return cfg, Trainer.build(Segment(cfg, store, plan, world, out, time.time(), resume))
 
 
 def test_loop_in_process_writes_every_step_and_evaluation(world, train_events_dir, tmp_path):
@@ -60,7 +61,7 @@ def test_loop_in_process_writes_every_step_and_evaluation(world, train_events_di
     out.mkdir()
     cfg, t = _trainer(world, train_events_dir, out)
     rec = Recorder()
-    sinks = Sinks(rec, open_sinks(cfg, out, 0, True, t.plan.steps_per_epoch, t.process_start, 0))
+    sinks = Sinks(rec, open_sinks(t.segment, 0))
     status = fit(t, Checkpointer(world, out, 0, 600.0), sinks)
     assert status == "completed"
     spe = t.plan.steps_per_epoch

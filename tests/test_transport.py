@@ -68,18 +68,22 @@ class _NcclWorld(LocalWorld):
 
 
 def test_sockets_between_nodes_warn_loudly_and_are_recorded(tmp_path, monkeypatch, caplog):
+    from lartpc.runfolder.folder import RunFolder
     from lartpc.train import run
 
     _nccl_log(tmp_path, monkeypatch, SOCKET_LINES)
     out = tmp_path / "run"
     out.mkdir()
+    folder = RunFolder(out)
+    folder.info = {"nodes": ["nid001", "nid002"]}
     with caplog.at_level(logging.WARNING):
-        run._record_network(out, {"nodes": ["nid001", "nid002"]}, _NcclWorld())
+        run._record_network(folder, _NcclWorld())
     assert "2 nodes talk through NCCL over TCP SOCKETS" in caplog.text
     net = json.loads((out / "run.json").read_text())["network"]
     assert net["transport"] == "Socket" and net["sockets_across_nodes"] is True
     caplog.clear()
-    run._record_network(out, {"nodes": ["nid001"]}, LocalWorld())
+    folder.info = {"nodes": ["nid001"]}
+    run._record_network(folder, LocalWorld())
     assert "SOCKETS" not in caplog.text
     assert json.loads((out / "run.json").read_text())["network"]["library"] == "none"
 

@@ -1,7 +1,8 @@
 """The fidelity run: does a model trained on our events classify like the paper's?
 
-    python -m lartpc.jobs.local.fidelity --out fid --geometry beam --minutes 240 --segment-s 1800
-    python -m lartpc.jobs.local.fidelity --out fid --geometry isotropic --minutes 240 \
+    python -m lartpc.jobs.local.fidelity --out fid --source-geometry beam --minutes 240 \
+        --segment-s 1800
+    python -m lartpc.jobs.local.fidelity --out fid --source-geometry isotropic --minutes 240 \
         --results docs/results/fidelity-scnet-isotropic.json
 
 It simulates the study's 15,000 + 1,500 full-resolution events of one source geometry
@@ -183,8 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="folder for events and run")
     ap.add_argument("--model", choices=choices("model.name"), default="scnet")
-    ap.add_argument("--geometry", choices=SOURCE_GEOMETRIES, default="isotropic",
-                    help="source geometry of the events (lartpc simulate --geometry)")
+    ap.add_argument("--source-geometry", choices=SOURCE_GEOMETRIES, default="isotropic",
+                    help="source geometry of the events (lartpc simulate --source-geometry)")
+    # --geometry: its name before 2026-11-26, still read (the commands in docs/results)
+    ap.add_argument("--geometry", dest="source_geometry", choices=SOURCE_GEOMETRIES,
+                    help=argparse.SUPPRESS)
     ap.add_argument("--ranks", type=int, default=None,
                     help="data-parallel ranks (torchrun; 1: one plain process); default one "
                          "per GPU when training on CUDA, else one per core")
@@ -224,11 +228,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.ranks < 1 or args.batch_per_rank < 1:
         ap.error("--ranks and --batch-per-rank must be at least 1")
     args.out.mkdir(parents=True, exist_ok=True)
-    name = f"{args.model}-{args.geometry}"
-    store = events(TAG, args.out / f"events-{args.geometry}-ds{args.downsample}", args.events,
+    name = f"{args.model}-{args.source_geometry}"
+    folder = args.out / f"events-{args.source_geometry}-ds{args.downsample}"
+    store = events(TAG, folder, args.events,
                    downsample=args.downsample, seed=args.seed, workers=args.workers,
-                   extra=("--geometry", args.geometry),
-                   expect={"source_geometry": args.geometry})
+                   extra=("--source-geometry", args.source_geometry),
+                   expect={"source_geometry": args.source_geometry})
     run = args.out / f"run-{name}"
     budget = 60 * args.minutes
     left = budget - trained_s(run)

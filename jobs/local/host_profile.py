@@ -86,6 +86,7 @@ def ops(data: Path, sets: list[str], steps: int, config: str) -> str:
     from lartpc.data.store import EventStore
     from lartpc.train.parts import set_threads
     from lartpc.train.plan import plan_run
+    from lartpc.train.segments import Segment
     from lartpc.train.trainer import Trainer
 
     cfg = load_config(config, ["train.epochs=1000", *sets])
@@ -93,8 +94,8 @@ def ops(data: Path, sets: list[str], steps: int, config: str) -> str:
     set_threads(cfg, world)
     store = EventStore(data)
     with tempfile.TemporaryDirectory(prefix="lartpc-host-profile-") as tmp:
-        t = Trainer.build(cfg, store, plan_run(cfg, store, 1), world, Path(tmp), time.time(),
-                          None)
+        t = Trainer.build(Segment(cfg, store, plan_run(cfg, store, 1), world, Path(tmp),
+                                  time.time()))
 
         def run(n: int) -> None:
             while n:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,17 +11,15 @@ import torch
 
 from lartpc import dist
 from lartpc.config import Config
-from lartpc.data.sharding import ShardPlan
 from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError, LartpcError
-from lartpc.fsutil import remove_stale_temporaries
-from lartpc.runfolder import provenance, record
-from lartpc.runfolder.guard import check_trainable
-from lartpc.runfolder.lock import RunLock
+from lartpc.runfolder import provenance
+from lartpc.runfolder.folder import RunFolder
 from lartpc.runfolder.schema import RunFolderError, Status
 from lartpc.train import segments, tblog
 from lartpc.train.parts import model_options
 from lartpc.train.plan import check_store_fits, plan_run
+from lartpc.train.segments import Segment
 from lartpc.train.signals import StopRequests
 
 if TYPE_CHECKING:
@@ -56,23 +53,19 @@ def prepare(cfg: Config, data: Path, out: Path) -> EventStore:
     return store
 
 
-def lock_run_folder(world: dist.World, out: Path, process_start: float) -> RunLock | None:
-    """Rank 0 takes the folder's lock before anything is written; every rank learns
-    whether it did, so a refused job fails on all ranks at once."""
-    lock, error = None, None
+def take_run_folder(world: dist.World, folder: RunFolder, process_start: float) -> None:
+    """Rank 0 takes the folder (guard, lock, stale temporaries) before anything is
+    written; every rank learns whether it did, so a refused job fails on all ranks at
+    once."""
+    error = None
     if world.is_root:
         try:
-            check_trainable(out)
-            out.mkdir(parents=True, exist_ok=True)
-            lock = RunLock(out, process_start).acquire()
-            for p in remove_stale_temporaries(out):
-                log.info("removed %s (left by a killed writer)", p)
+            folder.take(process_start)
         except (LartpcError, OSError) as e:
             error = str(e)
     error = world.broadcast_object(error)
     if error:
         raise RunFolderError(error if world.is_root else f"rank 0: {error}")
-    return lock
 
 
 def run_training(cfg: Config, store: EventStore, out: Path, process_start: float) -> int:
@@ -81,106 +74,90 @@ def run_training(cfg: Config, store: EventStore, out: Path, process_start: float
 
     world = dist.init(cfg.dist.backend, cfg.train.device, cfg.dist.timeout_s)
     setup_logging(rank=world.rank)
-    out = Path(out)
+    folder = RunFolder(out)
     plan = plan_run(cfg, store, world.size)  # before run.json: too few events for the ranks
-    lock = lock_run_folder(world, out, process_start)
+    take_run_folder(world, folder, process_start)
     try:
-        resume = segments.load_resume(cfg, store, out, world.size)
+        resume = segments.load_resume(cfg, store, folder.path, world.size)
         if segments.is_complete(cfg, resume):
-            log.info("run %s is complete (%d of %d epochs): nothing to do", out,
+            log.info("run %s is complete (%d of %d epochs): nothing to do", folder,
                      resume["epoch"], cfg.train.epochs)
             world.shutdown()
             return 0
         if segments.budget_spent(cfg, resume):
             log.info("run %s has spent its budget (%.0f s of training, train.budget_s=%g): "
-                     "nothing to do", out, resume["train_time_s"], cfg.train.budget_s)
+                     "nothing to do", folder, resume["train_time_s"], cfg.train.budget_s)
             if world.is_root:  # the job scripts read it: not requeued again
-                _mark_budget_spent(out, cfg.train.budget_s)
+                folder.mark_budget_spent(cfg.train.budget_s)
             world.shutdown()
             return 0
-        status = _train_segment(cfg, store, out, process_start, world, resume, plan)
+        seg = Segment(cfg, store, plan, world, folder.path, process_start, resume,
+                      segments.store_identity(store, cfg.data.max_events))
+        status = _train_segment(seg, folder)
     finally:
-        if lock is not None:
-            lock.release()
+        folder.release()
     world.shutdown()
     return EXIT_CODES[status]
 
 
-def _mark_budget_spent(out: Path, budget_s: float) -> None:
-    """run.json says the budget is spent (a budget lowered on resume, or a segment
-    killed before it could say so)."""
-    info = record.read_record(out)
-    if info.get("budget_spent") is not True or info.get("budget_s") != budget_s:
-        info.update(budget_spent=True, budget_s=budget_s)
-        record.write_record(out, info)
-
-
-def _train_segment(cfg: Config, store: EventStore, out: Path, process_start: float,
-                   world: dist.World, resume: dict | None, plan: ShardPlan) -> str:
+def _train_segment(seg: Segment, folder: RunFolder) -> str:
     from lartpc.train.parts import bind_cores, set_threads
     from lartpc.train.trainer import Trainer
 
+    world = seg.world
     binding = bind_cores(world)
-    threads = set_threads(cfg, world, binding)
-    store_id = segments.store_identity(store, cfg.data.max_events)
-    info = _begin(cfg, store, out, process_start, world, resume, store_id, threads)
+    threads = set_threads(seg.cfg, world, binding)
+    _begin(seg, folder, threads)
     if world.is_root:  # written with the network record, once the backend is set up
-        info["cpu_binding"] = binding
+        folder.info["cpu_binding"] = binding
     stops = StopRequests().install()
     status, error = "failed", None
     try:
-        trainer = Trainer.build(cfg, store, plan, world, out, process_start, resume,
-                                stops=stops, store_id=store_id)
+        trainer = Trainer.build(seg, stops=stops)
         if world.is_root:  # after the broadcasts, which set NCCL's communicator up
-            _record_network(out, info, world)
-        status = _fit(trainer, info)
+            _record_network(folder, world)
+        status = _fit(trainer, folder)
     except BaseException as e:
         error = str(e) if isinstance(e, LartpcError) else f"{type(e).__name__}: {e}"
         raise
     finally:
         stops.restore()
         if world.is_root:
-            _write_final(out, info, status, error)
-    log.info("run %s: %s", out, status)
+            folder.end_segment(status, error)
+    log.info("run %s: %s", folder, status)
     world.allreduce_sum(torch.zeros(1))  # no rank exits before rank 0 marked the run
     return status
 
 
-def _begin(cfg: Config, store: EventStore, out: Path, process_start: float,
-           world: dist.World, resume: dict | None, store_id: dict, threads: int) -> dict:
-    """Rank 0 opens this segment in run.json (status running); the record (empty on
-    other ranks). Every rank returns once the folder is there to write into."""
-    info = {}
+def _begin(seg: Segment, folder: RunFolder, threads: int) -> None:
+    """Rank 0 opens this segment in run.json (status running). Every rank returns once
+    the folder is there to write into."""
+    cfg, store, world = seg.cfg, seg.store, seg.world
     hosts = world.allgather_object(provenance.host())  # every rank takes part
     if world.is_root:
-        info = record.begin_segment(
-            cfg.to_dict(), out, None if resume is None else resume["global_step"],
-            process_start, store_id)
-        info.update({
-            "model": cfg.model.name, "world_size": world.size, "backend": world.backend,
-            "loss": cfg.model.loss,
+        folder.begin_segment(
+            cfg.to_dict(), None if seg.resume is None else seg.resume["global_step"],
+            seg.process_start, seg.store_id,
+            model=cfg.model.name, world_size=world.size, backend=world.backend,
+            loss=cfg.model.loss,
             # the constructor's options as resolved here (model.stem=auto -> fused/library)
-            "model_options": model_options(cfg, world.device.type),
-            "geometry": store.geometry.to_attrs(), "versions": provenance.versions(),
-            "git_sha": provenance.git_sha(), "host": provenance.host(),
-            "data": str(Path(store.paths[0]).parent.resolve()),
-            "threads_per_rank": threads, "device": str(world.device),
+            model_options=model_options(cfg, world.device.type),
+            geometry=store.geometry.to_attrs(), versions=provenance.versions(),
+            git_sha=provenance.git_sha(), host=provenance.host(),
+            data=str(Path(store.paths[0]).parent.resolve()),
+            threads_per_rank=threads, device=str(world.device),
             # with world_size and local ranks: did the ranks share a host's cores?
-            "host_cpus": os.cpu_count(), "local_size": world.local_size,
-            "nodes": list(dict.fromkeys(hosts))})  # the job's hosts, in rank order
-        record.end_segment(info, Status.RUNNING.value, None)
-        record.write_record(out, info)
+            host_cpus=os.cpu_count(), local_size=world.local_size,
+            nodes=list(dict.fromkeys(hosts)))  # the job's hosts, in rank order
     world.broadcast_object(None)  # the folder exists before any rank writes into it
-    return info
 
 
-def _record_network(out: Path, info: dict, world: dist.World) -> None:
+def _record_network(folder: RunFolder, world: dist.World) -> None:
     """run.json's ``network``: collective library, NCCL version and plugin, transport;
     a loud warning when several nodes talk over TCP sockets through NCCL."""
     from lartpc.dist import transport
 
-    net = transport.describe(world.collectives(), len(info.get("nodes", [])) or 1)
-    info["network"] = net
+    net = transport.describe(world.collectives(), len(folder.info.get("nodes", [])) or 1)
     if net["sockets_across_nodes"]:
         log.warning("NETWORK: %d nodes talk through NCCL over TCP SOCKETS, not the "
                     "cluster's fabric (NCCL_NET_PLUGIN=%s, plugin loadable: %s): step "
@@ -188,23 +165,21 @@ def _record_network(out: Path, info: dict, world: dist.World) -> None:
                     "variables (the site prelude, jobs/sites/) and check %s", net["nodes"],
                     net.get("net_plugin"), net.get("net_plugin_loadable"),
                     net.get("transport_source"))
-    record.write_record(out, info)
+    folder.update(network=net)
 
 
-def _fit(trainer: Trainer, info: dict) -> str:
+def _fit(trainer: Trainer, folder: RunFolder) -> str:
     """Give the trainer its checkpointer and sinks, and train; the status."""
     from lartpc.train.checkpoint import Checkpointer
     from lartpc.train.loop import fit
     from lartpc.train.sinks import open_sinks
 
-    cfg, world, out, plan = trainer.cfg, trainer.world, trainer.run, trainer.plan
+    cfg, world, plan = trainer.cfg, trainer.world, trainer.plan
     if world.is_root:
-        info.update(steps_per_epoch=plan.steps_per_epoch, train_events=len(plan.train),
-                    eval_events=len(plan.eval), loader=trainer.train_loader.mode)
-        record.write_record(out, info)
-    sinks = open_sinks(cfg, out, world.rank, world.is_root, plan.steps_per_epoch,
-                       trainer.process_start, trainer.state.global_step)
-    ckpt = Checkpointer(world, out, cfg.train.checkpoint_every_steps,
+        folder.update(steps_per_epoch=plan.steps_per_epoch, train_events=len(plan.train),
+                      eval_events=len(plan.eval), loader=trainer.train_loader.mode)
+    sinks = open_sinks(trainer.segment, trainer.state.global_step)
+    ckpt = Checkpointer(world, trainer.run, cfg.train.checkpoint_every_steps,
                         cfg.train.checkpoint_every_s)
     try:
         status = fit(trainer, ckpt, sinks)
@@ -212,21 +187,11 @@ def _fit(trainer: Trainer, info: dict) -> str:
         sinks.close()
     s = trainer.state
     divergence = trainer.close()
-    if world.is_root:
-        info["param_divergence"] = divergence
+    if world.is_root:  # written as the segment ends
         # the study's clock: steps only, evaluation and checkpoints apart (all segments)
-        info.update(train_time_s=s.train_time_s, eval_time_s=s.eval_time_s,
-                    checkpoint_time_s=s.checkpoint_time_s, budget_s=cfg.train.budget_s,
-                    budget_spent=trainer.budget_spent)
+        folder.info.update(param_divergence=divergence, train_time_s=s.train_time_s,
+                           eval_time_s=s.eval_time_s, checkpoint_time_s=s.checkpoint_time_s,
+                           budget_s=cfg.train.budget_s, budget_spent=trainer.budget_spent)
     if divergence != 0.0:
         log.error("ranks ended with different parameters (max |diff| %.3g)", divergence)
     return status
-
-
-def _write_final(out: Path, info: dict, status: str, error: str | None) -> None:
-    """Mark the run's end; a disk that cannot take even this is logged, not raised."""
-    record.end_segment(info, status, time.time(), error)
-    try:
-        record.write_record(out, info)
-    except RunFolderError as e:
-        log.error("%s", e)

@@ -5,14 +5,17 @@ segment starts, :func:`load_resume` decides between a fresh start, a restart fro
 step 0 (``run.json`` but no checkpoint: killed early or failed in set-up) and a
 resume, refusing a resume that would change what the run means: another store,
 another model or minibatch, another world size, or rank logs that lost rows.
-:func:`lartpc.runfolder.record.begin_segment` then records the segment in ``run.json``.
+:meth:`lartpc.runfolder.folder.RunFolder.begin_segment` then records the segment in
+``run.json``, and every rank builds its trainer and sinks from one :class:`Segment`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,12 +27,30 @@ from lartpc.runfolder.record import flat, record_path
 from lartpc.runfolder.schema import RunFolderError
 from lartpc.train import checkpoint
 
+if TYPE_CHECKING:
+    from lartpc.data.sharding import ShardPlan
+    from lartpc.dist import World
+
 log = logging.getLogger(__name__)
 # Changing these on resume would change what the run means.
 FIXED_ON_RESUME = ("model", "data.downsample", "data.eval_fraction", "data.max_events",
                    "train.batch_per_rank", "train.seed", "train.optimizer")
 # ... except these: the same function computed another way (and absent from older runs)
 FREE_ON_RESUME = ("model.stem",)
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One job's part of a run, as every rank trains it."""
+
+    cfg: Config
+    store: EventStore
+    plan: ShardPlan  #: the split and this world's shards (:func:`lartpc.train.plan.plan_run`)
+    world: World
+    run: Path  #: the run folder
+    process_start: float  #: ``time.time()`` when the process started (time limits)
+    resume: dict | None = None  #: the checkpoint it continues (:func:`load_resume`); None: step 0
+    store_id: dict | None = None  #: :func:`store_identity`, saved in checkpoints
 
 
 def store_identity(store: EventStore, max_events: int) -> dict:

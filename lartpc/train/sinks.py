@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,6 +21,9 @@ from lartpc import CLASSES
 from lartpc.runfolder import tables
 from lartpc.train.progress import open_progress
 from lartpc.train.tblog import open_tblog
+
+if TYPE_CHECKING:
+    from lartpc.train.segments import Segment
 
 log = logging.getLogger(__name__)
 
@@ -175,14 +179,15 @@ class Sinks(Sink):
             s.close()
 
 
-def open_sinks(cfg, run: Path, rank: int, is_root: bool, steps_per_epoch: int,
-               process_start: float, start_step: int) -> Sinks:
-    """A segment's sinks: every rank's CSV; rank 0's console, evaluation files and
-    TensorBoard."""
+def open_sinks(seg: Segment, start_step: int) -> Sinks:
+    """A segment's sinks from ``start_step`` on: every rank's CSV; rank 0's console,
+    evaluation files and TensorBoard."""
+    cfg, run, world = seg.cfg, seg.run, seg.world
     tc = cfg.train
-    csv = RankCSV(run, rank, start_step, tc.log_flush_steps)
-    if not is_root:
+    csv = RankCSV(run, world.rank, start_step, tc.log_flush_steps)
+    if not world.is_root:
         return Sinks(csv)
-    return Sinks(Console(open_progress(cfg, True, steps_per_epoch, process_start, start_step)),
+    return Sinks(Console(open_progress(cfg, True, seg.plan.steps_per_epoch, seg.process_start,
+                                       start_step)),
                  csv, EvalFiles(run),
                  TensorBoard(open_tblog(tc.tensorboard, True, run, start_step)))

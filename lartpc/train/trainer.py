@@ -27,10 +27,7 @@ from pathlib import Path
 import torch
 
 from lartpc import CLASSES
-from lartpc.config import Config
 from lartpc.data.augment import mirror
-from lartpc.data.sharding import ShardPlan
-from lartpc.data.store import EventStore
 from lartpc.dist import World, unwrap_model
 from lartpc.errors import ConfigError
 from lartpc.runfolder.schema import CHECKPOINT, RunFolderError
@@ -40,6 +37,7 @@ from lartpc.train.noise import NoiseMeter
 from lartpc.train.optim import build_optimizer, keep_impl, lr_at, set_lr
 from lartpc.train.parts import autocast_and_scaler, loader_mode, make_loader, model_options
 from lartpc.train.readback import Unread, accuracy
+from lartpc.train.segments import Segment
 from lartpc.train.signals import StopRequests
 from lartpc.train.sinks import EvalRecord, StepRecord
 
@@ -147,20 +145,21 @@ class Timing:
 class Trainer:
     """Everything one rank trains with; built by :meth:`build`."""
 
-    def __init__(self, cfg: Config, world: World, run: Path, plan: ShardPlan,
-                 model: torch.nn.Module, opt: torch.optim.Optimizer, process_start: float,
-                 stops: StopRequests | None = None, store_id: dict | None = None):
+    def __init__(self, seg: Segment, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                 stops: StopRequests | None = None):
         from lartpc.models.losses import build_loss
 
-        self.cfg, self.world, self.run, self.plan = cfg, world, Path(run), plan
-        self.model, self.opt, self.process_start = model, opt, process_start
+        cfg = seg.cfg
+        self.segment = seg
+        self.cfg, self.world, self.run, self.plan = cfg, seg.world, Path(seg.run), seg.plan
+        self.model, self.opt, self.process_start = model, opt, seg.process_start
         self.loss_fn = build_loss(cfg.model.loss)
-        self.autocast, self.scaler = autocast_and_scaler(cfg, world.device.type)
+        self.autocast, self.scaler = autocast_and_scaler(cfg, seg.world.device.type)
         self.state, self.timing = TrainState(), Timing()
         self.train_loader = self.eval_loader = None
         self.noise: NoiseMeter | None = None
         self.stops = stops  #: the signals the stop vote reads (None: none)
-        self.store_id = store_id  #: segments.store_identity, saved in checkpoints
+        self.store_id = seg.store_id  #: segments.store_identity, saved in checkpoints
         self.classes: tuple[str, ...] = CLASSES  #: the store's classes (Trainer.build)
         self.stop: str | None = None  #: the agreed reason to stop, after a step
         self.save_due = False  #: every rank agreed to checkpoint after this step
@@ -171,13 +170,12 @@ class Trainer:
         self._unread: Unread | None = None  #: the last step, its numbers not read yet
 
     @classmethod
-    def build(cls, cfg: Config, store: EventStore, plan: ShardPlan, world: World, run: Path,
-              process_start: float, resume: dict | None, *,
-              stops: StopRequests | None = None, store_id: dict | None = None) -> Trainer:
-        """The trainer of this rank, on ``plan`` (``plan_run`` for this world's size);
-        ``stops`` and ``store_id`` as :class:`Trainer` keeps them."""
+    def build(cls, seg: Segment, *, stops: StopRequests | None = None) -> Trainer:
+        """The trainer of this rank for ``seg`` (its plan: ``plan_run`` for this world's
+        size; its checkpoint, if any, loaded); ``stops`` as :class:`Trainer` keeps them."""
         from lartpc.models import build
 
+        cfg, store, plan, world, resume = seg.cfg, seg.store, seg.plan, seg.world, seg.resume
         tc = cfg.train
         torch.manual_seed(tc.seed)
         if world.device.type == "cuda":
@@ -188,7 +186,7 @@ class Trainer:
         mode = loader_mode(cfg, model)
         opt = world.distributed_optimizer(build_optimizer(tc, model), model,
                                           tc.grad_compression)
-        t = cls(cfg, world, run, plan, model, opt, process_start, stops, store_id)
+        t = cls(seg, model, opt, stops)
         t.classes = store.classes
         if resume is not None:
             t.load_state_dict(resume)

@@ -25,7 +25,7 @@ def store(events_dir):
 
 
 def _check_dense(store, batch):
-    assert batch.dense.shape == (batch.batch_size, 1, *store.geometry.shape)
+    assert batch.dense.shape == (batch.data_size, 1, *store.geometry.shape)
     for j, ev in enumerate(store.read_many(batch.event_ids)):
         assert np.array_equal(batch.dense[j, 0].numpy(), ev.dense(store.geometry.shape))
         assert int(batch.labels[j]) == ev.label
@@ -68,7 +68,7 @@ def test_dense_full_resolution(full_res_events_dir):
         sizes = []
         for b in loader:
             _check_dense(store, b)
-            sizes.append(b.batch_size)
+            sizes.append(b.data_size)
         assert sizes == [7, 3]
 
 

@@ -112,7 +112,7 @@ def test_split_batch_sparse_renumbers_events():
     b = Batch(labels=torch.tensor([0, 1, 2]), shape=(5, 5), coords=coords,
               features=torch.ones(4, 1))
     first, second = split_batch(b)
-    assert first.batch_size == 1 and second.batch_size == 2
+    assert first.data_size == 1 and second.data_size == 2
     assert first.coords.tolist() == [[0, 1, 1]]
     assert second.coords[:, 0].tolist() == [0, 1, 1]
 

@@ -50,7 +50,7 @@ def test_loader_turns_the_events_as_the_oriented_copy_holds_them(isotropic_event
     for a, b, c in zip(turned, ahead, plain, strict=True):
         assert torch.equal(a.labels, b.labels) and np.array_equal(a.event_ids, b.event_ids)
         np.testing.assert_array_equal(a.truth["direction"], c.truth["direction"])  # as is
-        for j in range(a.batch_size):
+        for j in range(a.data_size):
             img = _image(a, j, shape)
             assert np.array_equal(img, _image(b, j, shape))
             moved += not np.array_equal(img, _image(c, j, shape))

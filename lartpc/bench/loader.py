@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         for b in it:  # finish epoch 0: with lazy compression it also compresses
             b = augment(b, 0)
             sync()
-            if b.batch_size == args.batch_per_rank:
+            if b.data_size == args.batch_per_rank:
                 first_epoch.append(time.perf_counter() - tb)
             tb = time.perf_counter()
         firsts.extend(first_epoch)
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
                 b = augment(b, epoch)
                 sync()
                 # short remainder batches would skew the rate
-                if b.batch_size == args.batch_per_rank:
+                if b.data_size == args.batch_per_rank:
                     times.append(time.perf_counter() - tb)
                 if len(times) >= args.steps * (rep + 1):
                     break

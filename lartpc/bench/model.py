@@ -142,9 +142,9 @@ def load_events(args):
     return [simulate_event(i, args.seed, geometry) for i in range(n)], geometry.shape
 
 
-def train_flops(name: str, shape: tuple[int, int], batch_size: int, options: dict,
+def train_flops(name: str, shape: tuple[int, int], images: int, options: dict,
                 loss_fn) -> float | None:
-    """FLOPs of one forward+backward of ``batch_size`` images (None for SCNet)."""
+    """FLOPs of one forward+backward of ``images`` images (None for SCNet)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -155,8 +155,8 @@ def train_flops(name: str, shape: tuple[int, int], batch_size: int, options: dic
         return None
     # the fused stem computes the same convolution; the counter sees only torch's layers
     model = build(name, image_size=shape, **{**options, "stem": "library"}).to("meta")
-    batch = Batch(labels=torch.zeros(batch_size, dtype=torch.int64, device="meta"),
-                  shape=shape, dense=torch.empty(batch_size, 1, *shape, device="meta"))
+    batch = Batch(labels=torch.zeros(images, dtype=torch.int64, device="meta"),
+                  shape=shape, dense=torch.empty(images, 1, *shape, device="meta"))
     with FlopCounterMode(display=False) as counter:
         loss_fn(model(batch), batch.labels).backward()
     return float(counter.get_total_flops())

@@ -37,7 +37,9 @@ class Batch:
     truth: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
-    def batch_size(self) -> int:
+    def data_size(self) -> int:
+        """The events in this batch: the rank log's ``data_size`` (a shard's last batch may
+        hold fewer than ``train.batch_per_rank``)."""
         return int(self.labels.shape[0])
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:

@@ -127,7 +127,7 @@ class SCNet(nn.Module):
         if tuple(batch.shape) != self.image_size:
             raise ConfigError(f"SCNet built for {self.image_size} images, batch has shape "
                               f"{tuple(batch.shape)}")
-        return self.forward_sparse(batch.coords, batch.features, batch.batch_size)
+        return self.forward_sparse(batch.coords, batch.features, batch.data_size)
 
     def forward_sparse(self, coords: torch.Tensor, features: torch.Tensor,
                        batch_size: int) -> torch.Tensor:

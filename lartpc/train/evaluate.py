@@ -44,7 +44,7 @@ def evaluate(model, loader, world: World, loss_fn, autocast,
     for batch in (loader if loader is not None else ()):
         with autocast():
             logits = model(batch).float()
-        loss_sum += float(loss_fn(logits, batch.labels)) * batch.batch_size
+        loss_sum += float(loss_fn(logits, batch.labels)) * batch.data_size
         pred = logits.argmax(1).cpu()
         idx = batch.labels.cpu() * k + pred
         conf += torch.bincount(idx, minlength=k ** 2).view(k, -1)

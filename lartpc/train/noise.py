@@ -161,10 +161,10 @@ class NoiseMeter:
         hook or DDP's bucket sends the sum.
         """
         self._active = self.due(step)
-        halves = self._active and self.mode == "halves" and batch.batch_size >= 2
+        halves = self._active and self.mode == "halves" and batch.data_size >= 2
         pieces = split_batch(batch) if halves else [batch]
-        self._sizes = [pc.batch_size for pc in pieces]
-        self._weights = [n / batch.batch_size for n in self._sizes]
+        self._sizes = [pc.data_size for pc in pieces]
+        self._weights = [n / batch.data_size for n in self._sizes]
         self._scale = float(self.scaler.get_scale()) if self.scaler else 1.0
         self._parts = [{} for _ in pieces]
         logits, loss = [], 0.0
@@ -260,7 +260,7 @@ def split_batch(batch):
     """Two halves of a :class:`~lartpc.data.batch.Batch` (the first has the floor)."""
     from dataclasses import replace
 
-    n = batch.batch_size
+    n = batch.data_size
     h = n // 2
     out = []
     for lo, hi in ((0, h), (h, n)):

@@ -306,8 +306,8 @@ class Trainer:
         comm_s = world.step_optimizer(self.opt, self.scaler)
         this = Unread(loss, accuracy(logits, batch.labels), {
             "global_step": s.global_step, "epoch": s.epoch, "batchno": s.step_in_epoch,
-            "rank": world.rank, "data_size": batch.batch_size,
-            "images": batch.batch_size * world.size, "lr": self.opt.param_groups[0]["lr"],
+            "rank": world.rank, "data_size": batch.data_size,
+            "images": batch.data_size * world.size, "lr": self.opt.param_groups[0]["lr"],
             "data_s": data_s})
         now = (not tc.overlap_readback or s.step_in_epoch + 1 == self.plan.steps_per_epoch
                or self.noise.due(s.global_step))

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 # among wires, thin-layer Landau straggling, t-slope kinks, measured drift velocity,
 # electron restricted dE/dx, noise and ROIs from the noisy waveform everywhere
 GENERATOR_VERSION = f"{__version__}+sim3"
+#: the momentum range of the study's events, GeV (simulate --momentum-gev)
+MOMENTUM_GEV = (1.5, 4.5)
 SOURCE_GEOMETRIES = ("isotropic", "beam")  #: simulate --source-geometry (draw_source)
 #: beam-like gun: vertex uniform in this box (cm; x, y, z) and direction within
 #: BEAM_HALF_ANGLE_DEG of +z. Why a box: a photon first deposits charge one conversion
@@ -101,7 +103,7 @@ def draw_source(rng: np.random.Generator, source_geometry: str) -> tuple[np.ndar
 
 def simulate_event(index: int, seed: int, geometry: Geometry,
                    classes: Sequence[str] | None = None,
-                   momentum_gev: Sequence[float] = (1.5, 4.5),
+                   momentum_gev: Sequence[float] = MOMENTUM_GEV,
                    source_geometry: str = "isotropic",
                    readout: ReadoutConfig | None = None) -> Event:
     """Generate event ``index`` of ``seed``.
@@ -148,10 +150,13 @@ def simulate_event(index: int, seed: int, geometry: Geometry,
     return Event(row, col, charge, CLASSES.index(cls), truth, int(index))
 
 
-def _make_shard(job: tuple) -> str:
-    path, start, stop, seed, geometry, classes, momentum_gev, source, readout = job
-    events = [simulate_event(i, seed, geometry, classes, momentum_gev, source, readout)
-              for i in range(start, stop)]
+def write_event_shard(job: tuple) -> str:
+    """Events ``indices`` of dataset ``seed`` into the shard ``path`` (one job of a
+    worker pool: ``(path, indices, seed, geometry, classes, momentum_gev, source,
+    readout)``); each event's ``event_id`` is its index in the full dataset."""
+    path, indices, seed, geometry, classes, momentum_gev, source, readout = job
+    events = [simulate_event(int(i), seed, geometry, classes, momentum_gev, source, readout)
+              for i in indices]
     attrs = {"source_geometry": source,
              "dead_wire_fraction": float((readout or ReadoutConfig()).dead_wire_fraction)}
     write_shard(path, events, geometry, generator="lartpc.sim",
@@ -161,7 +166,7 @@ def _make_shard(job: tuple) -> str:
 
 def write_dataset(out_dir: str | os.PathLike, n_events: int, *, seed: int = 0,
                   downsample: int = 1, classes: Sequence[str] | str | None = None,
-                  momentum_gev: Sequence[float] = (1.5, 4.5), workers: int = 1,
+                  momentum_gev: Sequence[float] = MOMENTUM_GEV, workers: int = 1,
                   shard_size: int = 1000, progress: bool = False,
                   overwrite: bool = False, source_geometry: str = "isotropic",
                   readout: ReadoutConfig | None = None) -> list[Path]:
@@ -217,7 +222,7 @@ def _simulate_into(out: Path, n: int, seed: int, geometry: Geometry, classes, mo
                    workers: int, shard_size: int, progress: bool, source_geometry: str,
                    readout: ReadoutConfig | None) -> None:
     """Every shard of the dataset into ``out`` (a staging folder)."""
-    jobs = [(out / SHARD_PATTERN.format(j), a, min(n, a + shard_size), seed, geometry,
+    jobs = [(out / SHARD_PATTERN.format(j), range(a, min(n, a + shard_size)), seed, geometry,
              classes, momentum_gev, source_geometry, readout)
             for j, a in enumerate(range(0, n, shard_size))]
     bar = None
@@ -227,15 +232,15 @@ def _simulate_into(out: Path, n: int, seed: int, geometry: Geometry, classes, mo
         bar = tqdm(total=n, unit="ev", desc="simulate")
     try:
         if workers == 1 or len(jobs) == 1:
-            results = map(_make_shard, jobs)
+            results = map(write_event_shard, jobs)
             pool = None
         else:
             pool = mp.get_context("spawn").Pool(min(workers, len(jobs)))
-            results = pool.imap(_make_shard, jobs)
+            results = pool.imap(write_event_shard, jobs)
         try:
             for job, _ in zip(jobs, results, strict=True):
                 if bar:
-                    bar.update(job[2] - job[1])
+                    bar.update(len(job[1]))
         finally:
             if pool is not None:
                 pool.terminate()

@@ -15,28 +15,15 @@ from pathlib import Path
 import numpy as np
 
 from lartpc.data.staging import existing_shards, replace_store
-from lartpc.data.store import SHARD_PATTERN, write_shard
+from lartpc.data.store import SHARD_PATTERN
 from lartpc.errors import LartpcError
 from lartpc.geometry import Geometry
 from lartpc.sim.generate import (
-    GENERATOR_VERSION,
+    MOMENTUM_GEV,
     check_source_geometry,
     parse_classes,
-    simulate_event,
+    write_event_shard,
 )
-from lartpc.sim.readout import ReadoutConfig
-
-
-def _shard(job: tuple) -> str:
-    path, indices, seed, downsample, classes, source = job
-    geometry = Geometry(downsample=downsample)
-    events = [simulate_event(int(i), seed, geometry, classes, source_geometry=source)
-              for i in indices]
-    write_shard(path, events, geometry, generator="lartpc.sim",
-                generator_version=GENERATOR_VERSION, seed=seed,
-                attrs={"source_geometry": source,
-                       "dead_wire_fraction": float(ReadoutConfig().dead_wire_fraction)})
-    return str(path)
 
 
 def write_events(out_dir: str | os.PathLike, indices: Sequence[int], *, seed: int,
@@ -61,17 +48,17 @@ def write_events(out_dir: str | os.PathLike, indices: Sequence[int], *, seed: in
     if int(workers) <= 0:
         raise LartpcError(f"--workers: must be positive, got {workers}")
     try:
-        Geometry(downsample=int(downsample))
+        geometry = Geometry(downsample=int(downsample))
     except ValueError as e:
         raise LartpcError(f"--downsample: {e}") from None
     out = Path(out_dir)
     with replace_store(out, overwrite) as stage:
-        jobs = [(stage / SHARD_PATTERN.format(j), idx[a:a + shard_size], int(seed),
-                 int(downsample), classes, source_geometry)
+        jobs = [(stage / SHARD_PATTERN.format(j), idx[a:a + shard_size], int(seed), geometry,
+                 classes, MOMENTUM_GEV, source_geometry, None)
                 for j, a in enumerate(range(0, len(idx), shard_size))]
         if int(workers) == 1 or len(jobs) == 1:
-            list(map(_shard, jobs))
+            list(map(write_event_shard, jobs))
         else:
             with mp.get_context("spawn").Pool(min(int(workers), len(jobs))) as pool:
-                pool.map(_shard, jobs)
+                pool.map(write_event_shard, jobs)
     return existing_shards(out)

@@ -135,6 +135,13 @@ def read(path: Path, advice: str = MOVE_AWAY, follow_link: bool = True) -> dict:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise RunFolderError(f"{path}: cannot read the checkpoint ({first}); {advice}") \
             from None
+    return check(path, state, advice)
+
+
+def check(path: Path, state: object, advice: str = MOVE_AWAY) -> dict:
+    """``state``, as ``torch.load`` gave it from ``path``, if it is a checkpoint this
+    lartpc reads: its format version, its fields (:func:`check_fields`); else
+    :class:`RunFolderError` naming ``path``, ending with ``advice``."""
     if not isinstance(state, dict) or "global_step" not in state:
         raise RunFolderError(f"{path}: not a lartpc checkpoint")
     version = state.get("format_version", 1)  # version 1 wrote no such field

@@ -106,7 +106,7 @@ def load(source: str | os.PathLike,
         first = (str(e).strip().splitlines() or [type(e).__name__])[-1]
         raise RunFolderError(f"{path}: cannot read it ({first}); {advice}") from None
     if isinstance(state, dict) and state.get("format") != FORMAT and "global_step" in state:
-        state = {**checkpoint.read(path, advice), "dtype": "float32", "events": {}}
+        state = {**checkpoint.check(path, state, advice), "dtype": "float32", "events": {}}
     elif not (isinstance(state, dict) and state.get("format") == FORMAT
               and isinstance(state.get("model"), dict) and isinstance(state.get("config"), dict)
               and all(isinstance(v, torch.Tensor) for v in state["model"].values())):

@@ -34,7 +34,7 @@ import numpy as np
 
 from lartpc import CLASSES
 from lartpc.data.staging import existing_shards, replace_store
-from lartpc.data.store import SHARD_PATTERN, Event, write_shard
+from lartpc.data.store import Event, ShardBuffer
 from lartpc.errors import LartpcError
 from lartpc.geometry import Geometry
 
@@ -202,26 +202,12 @@ def convert(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
 def _convert_into(out: Path, files: list[Path], geom: Geometry, shift: int,
                   charge_scale: float, shard_size: int, progress: bool, attrs: dict) -> dict:
     """Every input file's events as shards in ``out`` (a staging folder); the counts."""
-    written: list[Path] = []
-    buf: list[Event] = []
     counts = {"converted": 0, "skipped": 0, "source": 0}
-
-    def flush() -> None:
-        path = out / SHARD_PATTERN.format(len(written))
-        write_shard(path, buf, geom, generator="lartpc.data.convert",
-                    generator_version=",".join(p.name for p in files)[:1000], attrs=attrs)
-        written.append(path)
-        buf.clear()
-
-    def take(ev: Event) -> None:
-        buf.append(ev)
-        if len(buf) == shard_size:
-            flush()
-
+    shards = ShardBuffer(out, shard_size, geom, generator="lartpc.data.convert",
+                         generator_version=",".join(p.name for p in files)[:1000], attrs=attrs)
     for p in files:
-        _convert_file(p, geom, shift, charge_scale, counts, take, progress)
-    if buf or not written:
-        flush()
+        _convert_file(p, geom, shift, charge_scale, counts, shards.add, progress)
+    shards.close()
     return counts
 
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from lartpc.data.convert import ConvertResult
 from lartpc.data.staging import existing_shards, replace_store
-from lartpc.data.store import SHARD_PATTERN, Event, EventStore, write_shard
+from lartpc.data.store import Event, EventStore, ShardBuffer
 from lartpc.errors import LartpcError
 from lartpc.fsutil import atomic_path, output_file
 from lartpc.geometry import Geometry
@@ -305,16 +305,9 @@ def convert_larcv3(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
              "pdg_classes": cmap.to_json(), "source_rows": rows, "source_cols": cols}
     out = Path(out_dir)
     with replace_store(out, overwrite) as stage:
-        written: list[Path] = []
-        buf: list[Event] = []
-
-        def flush() -> None:
-            path = stage / SHARD_PATTERN.format(len(written))
-            write_shard(path, buf, geom, generator="lartpc.data.larcv3",
-                        generator_version=",".join(p.name for p in files)[:1000],
-                        attrs=attrs, classes=cmap.classes)
-            written.append(path)
-            buf.clear()
+        shards = ShardBuffer(stage, shard_size, geom, generator="lartpc.data.larcv3",
+                             generator_version=",".join(p.name for p in files)[:1000],
+                             attrs=attrs, classes=cmap.classes)
 
         for p in files:
             io = _open_reader(larcv, [p], producer, particles)
@@ -334,10 +327,8 @@ def convert_larcv3(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
                         bar.update(1)
                     if ev is None:
                         continue
-                    buf.append(ev)
+                    shards.add(ev)
                     counts["converted"] += 1
-                    if len(buf) == shard_size:
-                        flush()
             finally:
                 if bar:
                     bar.close()
@@ -345,8 +336,7 @@ def convert_larcv3(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
         if not counts["converted"]:
             raise LartpcError(f"{', '.join(map(str, files))}: no event converted "
                               f"({skip_summary(counts, unmapped, cmap)})")
-        if buf:
-            flush()
+        shards.close()
     skipped = counts["no_pixels"] + counts["no_particle"] + sum(unmapped.values())
     res = Larcv3Result(existing_shards(out), counts["converted"], skipped,
                        skip_summary(counts, unmapped, cmap))

@@ -167,6 +167,34 @@ def write_shard(
     return path
 
 
+class ShardBuffer:
+    """Events, as a converter makes them, into numbered shards of ``shard_size`` events
+    in ``folder`` (:data:`SHARD_PATTERN`); ``write`` holds :func:`write_shard`'s other
+    arguments. :meth:`close` writes the last, short shard (an empty one when nothing
+    was added, so that a store always has a shard)."""
+
+    def __init__(self, folder: Path, shard_size: int, geometry: Geometry, **write):
+        self.folder, self.shard_size, self.geometry, self.write = (
+            Path(folder), shard_size, geometry, write)
+        self.written: list[Path] = []
+        self._events: list[Event] = []
+
+    def add(self, ev: Event) -> None:
+        self._events.append(ev)
+        if len(self._events) == self.shard_size:
+            self._flush()
+
+    def close(self) -> None:
+        if self._events or not self.written:
+            self._flush()
+
+    def _flush(self) -> None:
+        path = self.folder / SHARD_PATTERN.format(len(self.written))
+        write_shard(path, self._events, self.geometry, **self.write)
+        self.written.append(path)
+        self._events.clear()
+
+
 def shard_paths(path_or_dir: str | os.PathLike) -> list[Path]:
     """The shard files a store path names (one file, or the ``events-*.h5`` of a folder)."""
     p = Path(path_or_dir)

@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 
 from lartpc import MAX_SEED
-from lartpc.data import AUGMENTS, BLOSC_SHUFFLES, LOADERS, ORIENTS
+from lartpc.data import AUGMENTS, BLOSC_SHUFFLES, LOADERS, ORIENTS, RULEBOOKS
 from lartpc.dist import BACKENDS, COMPRESSIONS
 from lartpc.errors import ConfigError
 from lartpc.models import ALGOS, HEADS, LOSSES, MODELS, STEMS
@@ -65,6 +65,9 @@ class DataConfig:
     #: its image lies at the low-wire, early end, once when it is read; full resolution
     #: only (lartpc/data/orient.py)
     orient: str = "none"
+    #: forward | loader: SCNet's spconv rulebooks built in each layer's forward, or for
+    #: the next batch in the sparse loader's prefetch thread (lartpc/models/rulebooks.py)
+    rulebooks: str = "forward"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -156,6 +159,7 @@ CHOICES = {
     "data.blosc_shuffle": BLOSC_SHUFFLES,
     "data.augment": AUGMENTS,
     "data.orient": ORIENTS,
+    "data.rulebooks": RULEBOOKS,
     "train.optimizer": ("adam", "sgd"),
     "train.optimizer_impl": ("foreach", "for-loop", "fused"),
     "train.lr_scaling": ("none", "linear", "sqrt"),

@@ -22,11 +22,13 @@ SETS = ["data.downsample=9", "data.eval_fraction=0.2", "train.epochs=2", "train.
 
 
 @pytest.mark.sparse
-def test_bare_step_is_the_trainers_step_on_its_batches(train_events_dir, tmp_path):
+@pytest.mark.parametrize("rulebooks", ["forward", "loader"])
+def test_bare_step_is_the_trainers_step_on_its_batches(train_events_dir, tmp_path, rulebooks):
     """Across an epoch boundary, the bare step sees the batches the trainer sees and
-    ends with the very parameters the trainer ends with."""
+    ends with the very parameters the trainer ends with (its batches carry the loader's
+    rulebooks when the training's do)."""
     torch.set_num_threads(1)
-    cfg = load_config("tiny-scnet", SETS)
+    cfg = load_config("tiny-scnet", [*SETS, f"data.rulebooks={rulebooks}"])
     store = EventStore(train_events_dir)
     plan = plan_run(cfg, store, 1)
     n = plan.steps_per_epoch + 2
@@ -46,6 +48,7 @@ def test_bare_step_is_the_trainers_step_on_its_batches(train_events_dir, tmp_pat
         ids, coords, features = seen[k]
         assert (b.event_ids == ids).all()
         assert torch.equal(b.coords, coords) and torch.equal(b.features, features)
+        assert (b.rulebooks is not None) == (rulebooks == "loader")
         bare.step(b, k)
     for pt, pb in zip(t.model.parameters(), bare.model.parameters(), strict=True):
         assert torch.equal(pt, pb)
@@ -61,6 +64,7 @@ def test_bench_train_reports_the_bare_step_beside_the_loop(train_events_dir):
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     bare, point = res["bare_step"], res["points"][0]
+    assert point["rulebooks"] == "forward"
     assert bare["bare_steps"] == 4 and bare["bare_threads"] == point["threads_per_rank"] == 1
     assert bare["bare_step_s_median"] > 0 and point["bare_step_s_median"] == \
         bare["bare_step_s_median"]

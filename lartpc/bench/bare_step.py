@@ -34,8 +34,11 @@ def _copy(batch: Batch, device: torch.device) -> Batch:
     def own(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.to(device).clone()
 
+    # rulebooks built in the loader (data.rulebooks=loader) hold its coordinates, a tensor
+    # of the batch's own (never a rotating buffer): kept, so that they still fit
+    coords = batch.coords if batch.rulebooks is not None else own(batch.coords)
     return replace(batch, labels=own(batch.labels), dense=own(batch.dense),
-                   coords=own(batch.coords), features=own(batch.features))
+                   coords=coords, features=own(batch.features))
 
 
 def _nbytes(batch: Batch) -> int:
@@ -52,7 +55,7 @@ def training_batches(cfg: Config, store, plan, model: torch.nn.Module, device: t
     from lartpc.train.parts import loader_mode, make_loader
 
     loader = make_loader(cfg, store, loader_mode(cfg, model), plan.train_indices(0), device,
-                         train=True, steps=plan.steps_per_epoch)
+                         train=True, steps=plan.steps_per_epoch, model=model)
     out: list[Batch] = []
     held, epoch = 0, 0
     while len(out) < n and held < MAX_BATCH_BYTES:

@@ -2,8 +2,8 @@
 
 The loaders' own options are declared here (config's data.* settings take their allowed
 values from this list): the loader that fills a batch, training-time augmentation
-(:mod:`.augment`), turning each event to its start (:mod:`.orient`) and Blosc's byte
-shuffle (:mod:`.blosc_cache`).
+(:mod:`.augment`), turning each event to its start (:mod:`.orient`), Blosc's byte
+shuffle (:mod:`.blosc_cache`) and where a sparse model's rulebooks are built.
 """
 
 from lartpc.data.store import Event, EventStore, EventStoreError, write_shard
@@ -14,6 +14,9 @@ LOADERS = ("blosc", "sparse", "device-dense")
 AUGMENTS = ("none", "mirror")
 ORIENTS = ("none", "start")
 BLOSC_SHUFFLES = ("noshuffle", "shuffle", "bitshuffle")
+#: forward (spconv builds them in each layer's forward) | loader (the sparse loader's
+#: prefetch thread builds them for the next batch: lartpc/models/rulebooks.py)
+RULEBOOKS = ("forward", "loader")
 
-__all__ = ["AUGMENTS", "BLOSC_SHUFFLES", "LOADERS", "ORIENTS", "Event", "EventStore",
-           "EventStoreError", "write_shard"]
+__all__ = ["AUGMENTS", "BLOSC_SHUFFLES", "LOADERS", "ORIENTS", "RULEBOOKS", "Event",
+           "EventStore", "EventStoreError", "write_shard"]

@@ -26,6 +26,8 @@ class Batch:
     features : float32 (P, 1) charge at ``coords`` or None.
     event_ids : int64 (B,) store indices of the events (for bookkeeping and tests).
     truth : per-event truth arrays, each of leading length B.
+    rulebooks : spconv rulebooks built ahead for ``coords`` (``data.rulebooks = loader``:
+        :mod:`lartpc.models.rulebooks`), or None: the model builds them.
     """
 
     labels: torch.Tensor
@@ -35,6 +37,7 @@ class Batch:
     features: torch.Tensor | None = None
     event_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     truth: dict[str, np.ndarray] = field(default_factory=dict)
+    rulebooks: object | None = None
 
     @property
     def data_size(self) -> int:

@@ -20,6 +20,7 @@ The shared machinery (reading, epochs, prefetch, buffers) is in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -135,13 +136,26 @@ class _Copied:
 
 
 class SparseLoader(Loader):
-    """Sparse batches: coords int32 (P, 3) = (batch index, row, col), features (P, 1)."""
+    """Sparse batches: coords int32 (P, 3) = (batch index, row, col), features (P, 1).
+
+    With ``rulebooks`` (a model's ``f(coords, batch_size)``, ``data.rulebooks = loader``)
+    the prefetch thread also builds each batch's spconv rulebooks, handed over in
+    ``batch.rulebooks``; on CUDA it copies the coordinates to the device and builds them
+    there on a stream of its own, and the consumer's stream waits for that stream.
+    """
 
     mode = "sparse"
     dense_batches = False
 
+    def __init__(self, *args, rulebooks: Callable | None = None, **kw):
+        self._rulebooks = rulebooks
+        super().__init__(*args, **kw)
+
     def _prepare(self, events: list[Event]) -> None:
         self.pixels = SparseEvents(events, self.shape)
+        self._rb_stream = (torch.cuda.Stream(device=self.device)
+                           if self._rulebooks is not None and self.device.type == "cuda"
+                           else None)
 
     @property
     def resident_bytes(self) -> int:
@@ -153,13 +167,34 @@ class SparseLoader(Loader):
         coords[:, 0], coords[:, 1], coords[:, 2] = bidx, row, col
         batch = self._host_batch(positions, coords=torch.from_numpy(coords),
                                  features=torch.from_numpy(charge.reshape(-1, 1)))
-        if self.device.type != "cuda":
+        if self.device.type == "cuda":
+            # Pinned here, in the prefetch thread: the consumer's non-blocking copy is then
+            # queued behind the step in flight; from pageable memory the driver may first
+            # wait for the device to drain (issue 36: a host-bound step's idle GPU)
+            batch = replace(batch, labels=batch.labels.pin_memory(),
+                            coords=batch.coords.pin_memory(),
+                            features=batch.features.pin_memory())
+        if self._rulebooks is None:
             return batch
-        # Pinned here, in the prefetch thread: the consumer's non-blocking copy is then
-        # queued behind the step in flight; from pageable memory the driver may first
-        # wait for the device to drain (issue 36: a host-bound step's idle GPU)
-        return replace(batch, labels=batch.labels.pin_memory(),
-                       coords=batch.coords.pin_memory(), features=batch.features.pin_memory())
+        if self._rb_stream is None:
+            return replace(batch, rulebooks=self._rulebooks(batch.coords, batch.data_size))
+        with torch.cuda.device(self.device), torch.cuda.stream(self._rb_stream):
+            coords = batch.coords.to(self.device, non_blocking=True)
+            rulebooks = self._rulebooks(coords, batch.data_size)
+            done = torch.cuda.Event()
+            done.record(self._rb_stream)
+        return _Copied(replace(batch, coords=coords, rulebooks=rulebooks), done)
+
+    def _finish(self, item: Batch | _Copied) -> Batch:
+        if not isinstance(item, _Copied):
+            return super()._finish(item)
+        stream = torch.cuda.current_stream(self.device)
+        stream.wait_event(item.done)  # the step's kernels start once the rulebooks are built
+        rb = item.batch.rulebooks
+        for t in [item.batch.coords, *(rb.tensors() if rb is not None else [])]:
+            if t.is_cuda:
+                t.record_stream(stream)  # allocated on the loader's stream, used on this one
+        return item.batch.to(self.device, non_blocking=True)
 
 
 class DeviceDenseLoader(SparseLoader):
@@ -230,7 +265,8 @@ _CLASSES = {"blosc": DenseBloscLoader, "sparse": SparseLoader, "device-dense": D
 def build_loader(store: EventStore, mode: str, indices: np.ndarray, batch_per_rank: int = 7, *,
                  device: torch.device | str = "cpu", seed: int = 0, shuffle: bool = True,
                  steps_per_epoch: int | None = None, prefetch_depth: int = 1,
-                 blosc: BloscConfig | None = None, orient: str = "none") -> Loader:
+                 blosc: BloscConfig | None = None, orient: str = "none",
+                 rulebooks: Callable | None = None) -> Loader:
     """Build the loader of one rank.
 
     Parameters
@@ -248,6 +284,9 @@ def build_loader(store: EventStore, mode: str, indices: np.ndarray, batch_per_ra
     blosc : compression settings of the ``blosc`` mode.
     orient : ``none``, or ``start``: each event turned by the start-finding stage
         (:mod:`lartpc.data.orient`) as it is read.
+    rulebooks : ``sparse`` mode only: ``f(coords, batch_size)`` building a sparse
+        model's rulebooks for each batch in the prefetch thread (``data.rulebooks =
+        loader``); None: the model builds them in its forward.
 
     Returns
     -------
@@ -257,6 +296,11 @@ def build_loader(store: EventStore, mode: str, indices: np.ndarray, batch_per_ra
     if mode not in _CLASSES:
         raise ConfigError(f"loader mode {mode!r}: choose from {', '.join(LOADERS)}")
     kw = {"blosc": blosc} if mode == "blosc" else {}
+    if rulebooks is not None:
+        if mode != "sparse":
+            raise ConfigError(f"rulebooks built in the loader need the sparse loader, not "
+                              f"{mode!r}")
+        kw["rulebooks"] = rulebooks
     return _CLASSES[mode](store, indices, batch_per_rank, device=device, seed=seed, shuffle=shuffle,
                           steps_per_epoch=steps_per_epoch, prefetch_depth=prefetch_depth,
                           orient=orient, **kw)

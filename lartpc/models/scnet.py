@@ -15,6 +15,8 @@ layers against dense references.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,6 +24,7 @@ from torch import nn
 from lartpc import NUM_CLASSES
 from lartpc.errors import ConfigError
 from lartpc.models.head import Head
+from lartpc.models.rulebooks import Layer, Rulebooks, max_pool, prebuild
 from lartpc.models.sparse_compat import import_spconv
 
 CHANNELS = (10, 64, 128, 256)
@@ -127,32 +130,50 @@ class SCNet(nn.Module):
         if tuple(batch.shape) != self.image_size:
             raise ConfigError(f"SCNet built for {self.image_size} images, batch has shape "
                               f"{tuple(batch.shape)}")
-        return self.forward_sparse(batch.coords, batch.features, batch.data_size)
+        return self.forward_sparse(batch.coords, batch.features, batch.data_size,
+                                   batch.rulebooks)
 
     def forward_sparse(self, coords: torch.Tensor, features: torch.Tensor,
-                       batch_size: int) -> torch.Tensor:
+                       batch_size: int, rulebooks: Rulebooks | None = None) -> torch.Tensor:
         """Logits (B, 5) from int (P, 3) coords (batch, row, col) and features (P, 1)."""
         if coords.dim() != 2 or coords.shape[1] != 3 or features.shape != (coords.shape[0], 1):
             raise ConfigError(f"SCNet expects coords (P, 3) and features (P, 1), got "
                               f"{tuple(coords.shape)} and {tuple(features.shape)}")
-        return self.head(self.trunk(coords, features, batch_size))
+        return self.head(self.trunk(coords, features, batch_size, rulebooks))
+
+    def rulebook_layers(self) -> tuple[Layer, ...]:
+        """The layers that build spconv rulebooks, in forward order."""
+        return tuple(Layer.of(m) for pair in zip(self.convs, self.pools, strict=True)
+                     for m in pair)
+
+    def rulebook_builder(self, *, training: bool):
+        """``f(coords, batch_size)``: this network's rulebooks for a batch
+        (:func:`~lartpc.models.rulebooks.prebuild`), for forwards in training mode or
+        not; what the sparse loader calls with ``data.rulebooks = loader``."""
+        return partial(prebuild, spatial_shape=list(self.image_size),
+                       layers=self.rulebook_layers(), training=training)
 
     def trunk(self, coords: torch.Tensor, features: torch.Tensor,
-              batch_size: int) -> torch.Tensor:
-        """The sparse layers, returned as a dense map (B, 256, h, w)."""
+              batch_size: int, rulebooks: Rulebooks | None = None) -> torch.Tensor:
+        """The sparse layers, returned as a dense map (B, 256, h, w). ``rulebooks``
+        built ahead for these very ``coords`` are used instead of building them here;
+        any others (another tensor, mode or shape) are ignored."""
         if coords.shape[0] == 0:  # spconv cannot build a rulebook for no sites
             return self._no_sites(batch_size, features)
         if self.half and not features.is_cuda:
             raise ConfigError("SCNet option half=True needs CUDA tensors (spconv's CPU "
                               "kernels are float32 only)")
         spconv = import_spconv()
-        x = spconv.SparseConvTensor(features, coords.to(torch.int32), list(self.image_size),
-                                    batch_size)
+        coords = coords.to(torch.int32)
+        rb = rulebooks if rulebooks is not None and rulebooks.fits(
+            coords, batch_size, self.image_size, self.training) else None
+        x = spconv.SparseConvTensor(features, coords, list(self.image_size), batch_size,
+                                    indice_dict=None if rb is None else dict(rb.subm))
         with torch.autocast("cuda", dtype=torch.float16, enabled=self.half):
-            for conv, pool in zip(self.convs, self.pools, strict=True):
-                x = conv(x)
+            for level, (conv, pool) in enumerate(zip(self.convs, self.pools, strict=True)):
+                x = conv(x)  # finds its rulebook in x.indice_dict when prebuilt
                 x = x.replace_feature(F.elu(x.features))
-                x = pool(x)
+                x = pool(x) if rb is None else max_pool(x, rb.pools[level])
                 if x.features.shape[0] == 0:
                     return self._no_sites(batch_size, features)
         return x.dense().float()

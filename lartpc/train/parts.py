@@ -14,6 +14,7 @@ import torch
 from lartpc.config import Config
 from lartpc.data.store import EventStore
 from lartpc.dist import World
+from lartpc.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +47,29 @@ def loader_mode(cfg: Config, model: torch.nn.Module) -> str:
     return "sparse" if model.input_kind == "sparse" else "blosc"
 
 
+def rulebook_builder(cfg: Config, model: torch.nn.Module | None, mode: str, *, train: bool):
+    """What the sparse loader calls to build each batch's rulebooks (``data.rulebooks =
+    loader``), for forwards in training mode or not; None where the model builds them
+    (``forward``, or no model given)."""
+    if cfg.data.rulebooks == "forward" or model is None:
+        return None
+    if mode != "sparse" or not hasattr(model, "rulebook_builder"):
+        raise ConfigError(f"data.rulebooks=loader builds spconv rulebooks in the sparse "
+                          f"loader: it needs model.name=scnet and the sparse loader (here "
+                          f"{cfg.model.name}, {mode})")
+    if cfg.data.augment != "none":
+        raise ConfigError(f"data.rulebooks=loader with data.augment={cfg.data.augment}: the "
+                          "augmentation changes the coordinates after the loader built the "
+                          "rulebooks; use data.rulebooks=forward")
+    return model.rulebook_builder(training=train)
+
+
 def make_loader(cfg: Config, store: EventStore, mode: str, indices: np.ndarray,
-                device: torch.device, *, train: bool, steps: int | None = None):
-    """One rank's loader over ``indices`` (None for an empty evaluation shard)."""
+                device: torch.device, *, train: bool, steps: int | None = None,
+                model: torch.nn.Module | None = None):
+    """One rank's loader over ``indices`` (None for an empty evaluation shard); given the
+    (unwrapped) ``model``, its rulebooks are built in the loader as ``data.rulebooks``
+    says."""
     from lartpc.data.blosc_cache import BloscConfig
     from lartpc.data.loaders import build_loader
 
@@ -59,7 +80,8 @@ def make_loader(cfg: Config, store: EventStore, mode: str, indices: np.ndarray,
     return build_loader(store, mode, indices,
                         cfg.train.batch_per_rank, device=device, seed=cfg.train.seed,
                         shuffle=train, steps_per_epoch=steps, prefetch_depth=cfg.data.prefetch,
-                        blosc=blosc, orient=cfg.data.orient)
+                        blosc=blosc, orient=cfg.data.orient,
+                        rulebooks=rulebook_builder(cfg, model, mode, train=train))
 
 
 def cpu_mask() -> list[int]:

@@ -205,9 +205,10 @@ class Trainer:
                              t.scaler, start_step=t.state.global_step)
         t0 = time.time()
         t.train_loader = make_loader(cfg, store, mode, plan.train_indices(world.rank),
-                                     world.device, train=True, steps=plan.steps_per_epoch)
+                                     world.device, train=True, steps=plan.steps_per_epoch,
+                                     model=model)
         t.eval_loader = make_loader(cfg, store, mode, plan.eval_indices(world.rank),
-                                    world.device, train=False)
+                                    world.device, train=False, model=model)
         log.info("data ready in %.1f s: %d train / %d eval events on this rank, %d "
                  "steps/epoch, %s loader", time.time() - t0, len(plan.train_indices(world.rank)),
                  len(plan.eval_indices(world.rank)), plan.steps_per_epoch, mode)

@@ -20,7 +20,7 @@ from lartpc import MAX_SEED
 from lartpc.data import AUGMENTS, BLOSC_SHUFFLES, LOADERS, ORIENTS, RULEBOOKS
 from lartpc.dist import BACKENDS, COMPRESSIONS
 from lartpc.errors import ConfigError
-from lartpc.models import ALGOS, HEADS, LOSSES, MODELS, STEMS
+from lartpc.models import ALGOS, HEADS, LOSSES, MODELS, STAGE2S, STEMS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -46,6 +46,11 @@ class ModelConfig:
     #: fused (conv + ELU + pool as one Triton kernel, the same function) | library (the
     #: published torch layers)
     stem: str = "auto"
+    #: JishNet's second stage, the same choices (fused: conv + ELU + pool forward as one
+    #: Triton kernel, backward through torch's convolution gradients, fused_stage2.py).
+    #: library by default until the kernel has been compiled and timed on a GPU
+    #: (BENCHMARKS.md, issue 35); auto then, as model.stem
+    stage2: str = "library"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -155,6 +160,7 @@ CHOICES = {
     "model.algo": ALGOS,
     "model.head": HEADS,
     "model.stem": STEMS,
+    "model.stage2": STAGE2S,
     "data.loader": ("auto", *LOADERS),
     "data.blosc_shuffle": BLOSC_SHUFFLES,
     "data.augment": AUGMENTS,

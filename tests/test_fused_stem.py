@@ -193,6 +193,8 @@ def test_stem_is_a_jishnet_option():
 
     with pytest.raises(ConfigError, match="JishNet option"):
         model_class("scnet").options(ModelConfig(name="scnet", stem="fused"), "none", "cpu")
+    with pytest.raises(ConfigError, match="model.stage2=fused is a JishNet option"):
+        model_class("scnet").options(ModelConfig(name="scnet", stage2="fused"), "none", "cpu")
 
 
 def test_bench_model_stages(capsys):

@@ -3,6 +3,7 @@
     python -m lartpc.jobs.local.stem_check --out stem-check            # on the GPU host
     TRITON_INTERPRET=1 python -m lartpc.jobs.local.stem_check --out /tmp/sc --size 300 \\
         --device cpu --batch-per-rank 1 --configs 4096:4                       # smoke run on CPU
+    python -m lartpc.jobs.local.stem_check --out stage2-check --stage 2     # the second stage
 
 On ``--batch`` events generated at ``--size`` (real events, as every bench), for float32
 and bfloat16 input and for float32 under bf16 autocast, with each way of summing the taps
@@ -14,6 +15,14 @@ forward+backward) and the whole JishNet training step (bf16 autocast, channels_l
 ELU after pool) with the library and with the fused stem: medians of wall-clock times,
 the device synchronised around each; and the second stage with 10 and 16 input
 channels. Writes ``stem-check.json`` into ``--out`` and prints a table.
+
+``--stage 2`` checks the fused second stage (:mod:`lartpc.models.fused_stage2`) instead,
+on its real input (the events through the library stem, float32): output and input,
+weight and bias gradients against the published layers in float64 (operands rounded as
+the kernel rounds them: to bf16 for bf16 input or under autocast), then, for each
+``BLOCK:WARPS:BLOCK_K`` configuration, the second stage alone (forward, forward+backward
+with its input's gradient) and the whole training step, both with the fused stem, with
+the library's second stage and with the fused one. Writes ``stage2-check.json``.
 """
 
 from __future__ import annotations
@@ -154,6 +163,138 @@ def conv2_channels(size: int, batch: int, repeats: int, device) -> list[dict]:
     return rows
 
 
+def stage2_accuracy(x, conv, pool: int, dtype, autocast: bool = False) -> dict:
+    """Fused second stage (as configured now) against the published layers in float64, on
+    input ``x`` (B, 10, H, W) cast to ``dtype``, optionally under bf16 autocast."""
+    import torch
+    import torch.nn.functional as F
+
+    import lartpc.models.fused_stage2 as fs2
+
+    pad = conv.padding[0]
+    xin = x.to(dtype).detach().requires_grad_(True)
+    w = conv.weight.detach().clone().requires_grad_(True)
+    b = conv.bias.detach().clone().requires_grad_(True)
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
+        y = fs2.fused_stage(xin, w, b, pool, pad)
+    g = torch.randn(y.shape, device=y.device, dtype=torch.float32)
+    (y.float() * g).sum().backward()
+    # the kernel's products: operands in bf16 under autocast or for half input
+    rounding = torch.bfloat16 if autocast else dtype
+    x64 = xin.detach().to(rounding).double().requires_grad_(True)
+    w64 = conv.weight.detach().to(rounding).double().requires_grad_(True)
+    b64 = conv.bias.detach().double().requires_grad_(True)
+    conv64 = F.conv2d(x64, w64, b64, padding=pad)
+    ref, where = F.max_pool2d(F.elu(conv64), pool, return_indices=True)
+    (ref * g.double()).sum().backward()
+    _, where_fused = F.max_pool2d(conv64.detach(), pool, return_indices=True)
+
+    def rel(a, r):
+        return float((a.detach().double() - r.detach()).norm() / r.detach().norm())
+
+    return {"dtype": str(dtype).replace("torch.", ""), "autocast_bf16": autocast,
+            "block": fs2.BLOCK, "num_warps": fs2.NUM_WARPS, "block_k": fs2.BLOCK_K,
+            "output_rel": rel(y, ref),
+            "output_max_abs": float((y.detach().double() - ref.detach()).abs().max()),
+            "input_grad_rel": rel(xin.grad, x64.grad),
+            "weight_grad_rel": rel(w.grad, w64.grad), "bias_grad_rel": rel(b.grad, b64.grad),
+            "argmax_differs_fraction": float((where != where_fused).double().mean())}
+
+
+def stage2_timings(x, labels, size: int, configs: list[tuple[int, int, int]],
+                   repeats: int, device) -> list[dict]:
+    """The second stage alone and the whole step (bf16 autocast, channels_last, ELU after
+    pool, fused stem), with the library's second stage and the fused one per config."""
+    import torch
+
+    import lartpc.models.fused_stage2 as fs2
+    from lartpc.models import build
+    from lartpc.models.losses import build_loss
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    loss_fn = build_loss("ce")
+    rows = []
+    for stage2, block, warps, block_k in [("library", 0, 0, 0)] + \
+            [("fused", *config) for config in configs]:
+        if stage2 == "fused":
+            fs2.BLOCK, fs2.NUM_WARPS, fs2.BLOCK_K = block, warps, block_k
+        torch.manual_seed(0)
+        model = build("jishnet", image_size=(size, size), channels_last=True,
+                      elu_after_pool=True, stem="fused", stage2=stage2).to(device)
+        xc = x.contiguous(memory_format=torch.channels_last)
+
+        def ac():
+            return torch.autocast(device.type, dtype=torch.bfloat16)
+
+        with torch.no_grad(), ac():
+            x2 = model.stage(0, xc).detach().requires_grad_(True)  # the stage's input
+
+        def fwd(model=model, x2=x2):
+            with torch.no_grad(), ac():
+                return model.stage(1, x2)
+
+        grad = torch.randn_like(fwd())
+
+        def fb(model=model, x2=x2, grad=grad):
+            model.zero_grad(set_to_none=True)
+            x2.grad = None
+            with ac():
+                out = model.stage(1, x2)
+            out.backward(grad)
+
+        def step(model=model, xc=xc):
+            model.zero_grad(set_to_none=True)
+            with ac():
+                loss = loss_fn(model.forward_tensor(xc), labels)
+            loss.backward()
+
+        step_ms = median_ms(step, repeats, sync)
+        rows.append({"stem": "fused", "stage2": stage2, "block": block or None,
+                     "num_warps": warps or None, "block_k": block_k or None,
+                     "stage2_forward_ms": median_ms(fwd, repeats, sync),
+                     "stage2_forward_backward_ms": median_ms(fb, repeats, sync),
+                     "step_ms": step_ms,
+                     "images_per_s": round(x.shape[0] / step_ms * 1e3, 1)})
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
+def stage2_main(args, x, labels, device) -> int:
+    """``--stage 2``: accuracy and timings of the fused second stage."""
+    import torch
+
+    import lartpc.models.fused_stage2 as fs2
+    from lartpc.models import build
+
+    configs = [tuple(int(v) for v in c.split(":")) for c in args.configs.split(",")]
+    if any(len(c) != 3 for c in configs):
+        raise SystemExit(f"stem_check --stage 2: --configs {args.configs}: "
+                         "BLOCK:WARPS:BLOCK_K expected")
+    torch.manual_seed(1)
+    with torch.no_grad():  # the second stage's real input: the events through the stem
+        x2 = build("jishnet", image_size=x.shape[2:]).to(device).stage(0, x)
+    conv = torch.nn.Conv2d(x2.shape[1], 64, 5, padding=2).to(device)
+    result = {"stage": 2, "size": args.size, "batch_per_rank": args.batch_per_rank,
+              "device_name": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+              "torch": torch.__version__, "accuracy": []}
+    for dt, autocast in ((torch.float32, False), (torch.float32, True),
+                         (torch.bfloat16, False)):
+        result["accuracy"].append(stage2_accuracy(x2, conv, 5, dt, autocast))
+        print(json.dumps(result["accuracy"][-1]), file=sys.stderr, flush=True)
+    defaults = (fs2.BLOCK, fs2.NUM_WARPS, fs2.BLOCK_K)
+    result["timings"] = stage2_timings(x, labels, args.size, configs, args.repeats, device)
+    fs2.BLOCK, fs2.NUM_WARPS, fs2.BLOCK_K = defaults
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "stage2-check.json").write_text(json.dumps(result, indent=2))
+    print("| stage 2 | block | warps | block_k | stage 2 fwd ms | stage 2 fwd+bwd ms | "
+          "step ms | images/s |")
+    for r in result["timings"]:
+        print(f"| {r['stage2']} | {r['block']} | {r['num_warps']} | {r['block_k']} | "
+              f"{r['stage2_forward_ms']} | {r['stage2_forward_backward_ms']} | "
+              f"{r['step_ms']} | {r['images_per_s']} |")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
@@ -163,17 +304,23 @@ def main(argv: list[str] | None = None) -> int:
     add_batch_per_rank(ap)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--configs", default="128:4,128:4:d,64:4:d,256:8:d",
-                    help="BLOCK:WARPS[:d] of the fused stem to time (d: taps as a matrix "
-                         "product)")
+    ap.add_argument("--stage", type=int, default=1, choices=(1, 2),
+                    help="1: the fused stem (default); 2: the fused second stage")
+    ap.add_argument("--configs", default=None,
+                    help="stage 1: BLOCK:WARPS[:d] of the fused stem to time (d: taps as a "
+                         "matrix product; default 128:4,128:4:d,64:4:d,256:8:d); stage 2: "
+                         "BLOCK:WARPS:BLOCK_K (default 64:8:32,64:8:64,32:4:64,128:8:32)")
     args = ap.parse_args(argv)
-    configs = [(int(c.split(":")[0]), int(c.split(":")[1]), c.endswith(":d"))
-               for c in args.configs.split(",")]
+    if args.configs is None:
+        args.configs = "128:4,128:4:d,64:4:d,256:8:d" if args.stage == 1 else \
+            "64:8:32,64:8:64,32:4:64,128:8:32"
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
     x, labels = _events(args.size, args.batch_per_rank, seed=0)
     x, labels = x.to(device), labels.to(device)
+    if args.stage == 2:
+        return stage2_main(args, x, labels, device)
     torch.manual_seed(1)
     conv = torch.nn.Conv2d(1, 10, 5, padding=2).to(device)
     result = {"size": args.size, "batch_per_rank": args.batch_per_rank,
@@ -188,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
                              (torch.bfloat16, False)):
             result["accuracy"].append(accuracy(x, conv, 5, dt, autocast))
             print(json.dumps(result["accuracy"][-1]), file=sys.stderr, flush=True)
+    configs = [(int(c.split(":")[0]), int(c.split(":")[1]), c.endswith(":d"))
+               for c in args.configs.split(",")]
     result["timings"] = timings(x, labels, args.size, configs, args.repeats, device)
     result["conv2_channels"] = conv2_channels(args.size, args.batch_per_rank, args.repeats, device)
     args.out.mkdir(parents=True, exist_ok=True)

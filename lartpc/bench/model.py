@@ -56,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     speed.add_argument("--stem", default=None, choices=choices("model.stem"),
                        help="JishNet: first stage as the published layers (library, the "
                             "default here), one Triton kernel (fused), or auto")
+    speed.add_argument("--stage2", default=None, choices=choices("model.stage2"),
+                       help="JishNet: second stage as the published layers (library, the "
+                            "default here), a Triton forward kernel (fused), or auto")
     parser.add_argument("--stages", action="store_true",
                         help="JishNet: also time each stage and the head alone (forward, "
                              "forward+backward) into the JSON's 'stages'")
@@ -78,7 +81,8 @@ def _model_options(args) -> dict:
     foreign = ({"--algo": args.algo, "--half": args.half} if args.model == "jishnet" else
                {"--amp": args.amp != "none", "--channels-last": args.channels_last,
                 "--elu-after-pool": args.elu_after_pool, "--compile": args.compile,
-                "--stem": args.stem is not None, "--stages": args.stages,
+                "--stem": args.stem is not None, "--stage2": args.stage2 is not None,
+                "--stages": args.stages,
                 "--max-batch": args.max_batch})
     used = [flag for flag, value in foreign.items() if value]
     if used:
@@ -88,7 +92,8 @@ def _model_options(args) -> dict:
 
     cfg = ModelConfig(name=args.model, channels_last=args.channels_last,
                       elu_after_pool=args.elu_after_pool, algo=args.algo or "auto",
-                      stem=(args.stem or "library") if args.model == "jishnet" else "auto")
+                      stem=(args.stem or "library") if args.model == "jishnet" else "auto",
+                      stage2=(args.stage2 or "library") if args.model == "jishnet" else "auto")
     # the model's own checks, as in training (SCNet's --half is its fp16 trunk)
     amp = "fp16" if args.half else "none"
     return model_class(args.model).options(cfg, amp, args.device)
@@ -154,7 +159,8 @@ def train_flops(name: str, shape: tuple[int, int], images: int, options: dict,
     if name != "jishnet":
         return None
     # the fused stem computes the same convolution; the counter sees only torch's layers
-    model = build(name, image_size=shape, **{**options, "stem": "library"}).to("meta")
+    model = build(name, image_size=shape,
+                  **{**options, "stem": "library", "stage2": "library"}).to("meta")
     batch = Batch(labels=torch.zeros(images, dtype=torch.int64, device="meta"),
                   shape=shape, dense=torch.empty(images, 1, *shape, device="meta"))
     with FlopCounterMode(display=False) as counter:

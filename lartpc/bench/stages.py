@@ -1,12 +1,13 @@
 """Where a JishNet step goes: ``lartpc bench model --stages`` and ``--max-batch``.
 
-``stage_times`` times each stage (conv, ELU, max-pool; the first one as ``model.stem``
-chooses) and the head with its loss alone, forward and forward+backward, on the inputs
-the stage sees in the real network (the batch passed through the stages before it),
-under the same autocast and memory layout. A stage after the first computes its input's
-gradient, as inside the network; the first does not (its input is the event image).
-The sum of the stages is close to the whole step but not equal: the step also runs the
-optimizer-free bookkeeping of autograd across stages.
+``stage_times`` times each stage (conv, ELU, max-pool; the first and second as
+``model.stem`` and ``model.stage2`` choose) and the head with its loss alone, forward
+and forward+backward, on the inputs the stage sees in the real network (the batch
+passed through the stages before it), under the same autocast and memory layout. A
+stage after the first computes its input's gradient, as inside the network; the first
+does not (its input is the event image). The sum of the stages is close to the whole
+step but not equal: the step also runs the optimizer-free bookkeeping of autograd
+across stages.
 
 ``max_batch`` finds the largest minibatch whose forward+backward fits on the GPU, by
 doubling and then bisection, with the measured events repeated to fill the batch (the
@@ -83,6 +84,8 @@ def stage_times(model, dense: torch.Tensor, labels: torch.Tensor, loss_fn, autoc
                f"{conv.kernel_size[0]}x{conv.kernel_size[1]} + ELU + pool {model.pools[k]}"
         if k == 0:
             name += f" ({model.stem})"
+        elif k == 1:
+            name += f" ({model.stage2})"
         rows.append({"stage": name, "input": list(x_in.shape), "output": list(grad.shape),
                      "dtype": str(grad.dtype).replace("torch.", ""),
                      "forward_ms": median_ms(forward, repeats, sync, warmup),

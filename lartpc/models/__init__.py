@@ -20,6 +20,7 @@ MODELS: dict[str, tuple[str, str]] = {
 LOSSES = ("ce", "paper")  #: lartpc/models/losses.py
 HEADS = ("flatten", "max")  #: lartpc/models/head.py
 STEMS = ("auto", "fused", "library")  #: JishNet's first stage (lartpc/models/jishnet.py)
+STAGE2S = ("auto", "fused", "library")  #: JishNet's second stage (same file)
 ALGOS = ("auto", "native", "implicit_gemm", "split_implicit_gemm")  #: spconv (SCNet)
 
 

@@ -45,7 +45,7 @@ DOT = False
 
 
 @triton.jit
-def _elu(v):
+def elu(v):
     # expm1 is not in Triton's core language: exp(v) - 1 loses relative precision
     # near 0, so a cubic Taylor step there (its error < v^4 / 24 < 5e-10)
     small = v * (1.0 + v * (0.5 + v * (1.0 / 6.0)))
@@ -54,7 +54,7 @@ def _elu(v):
 
 
 @triton.jit
-def _block(N, HO, WO, C: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr):
+def pooled_block(N, HO, WO, C: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr):
     """This program's BLOCK consecutive pooled outputs of the flattened (image, row,
     column) order: in-range mask, image, row, column; the channels and their mask."""
     p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -80,7 +80,7 @@ def _window(x_img, w_ptr, bias, top, left, pm, c, cm, H, W, CP: tl.constexpr,
 
 
 @triton.jit
-def _take(v, d, best, arg):
+def take_max(v, d, best, arg):
     """Keep the running maximum and its window position (the first of ties; NaN wins)."""
     take = (v > best) | (v != v)
     return tl.where(take, v, best), tl.where(take, d, arg)
@@ -92,7 +92,7 @@ def _stem_forward(x_ptr, w_ptr, b_ptr, y_ptr, arg_ptr, N, H, W, HO, WO,
                   C: tl.constexpr, CP: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr,
                   POOL: tl.constexpr, BLOCK: tl.constexpr, DOT: tl.constexpr,
                   KP: tl.constexpr, LOWP: tl.constexpr):
-    pm, b, i, j, c, cm = _block(N, HO, WO, C, CP, BLOCK)
+    pm, b, i, j, c, cm = pooled_block(N, HO, WO, C, CP, BLOCK)
     bias = tl.load(b_ptr + c, mask=cm, other=0.0)
     x_img = x_ptr + b * H * W
     top = i * POOL - PAD
@@ -118,15 +118,15 @@ def _stem_forward(x_ptr, w_ptr, b_ptr, y_ptr, arg_ptr, N, H, W, HO, WO,
                 v = tl.dot(a.to(tl.float32), wt, input_precision="tf32") + bias[None, :]
             else:
                 v = tl.dot(a.to(tl.float32), wt, input_precision="ieee") + bias[None, :]
-            best, arg = _take(v, d, best, arg)
+            best, arg = take_max(v, d, best, arg)
     else:
         for d in range(POOL * POOL):
             v = _window(x_img, w_ptr, bias, top + d // POOL, left + d % POOL, pm, c, cm, H, W,
                         CP, K, BLOCK)
-            best, arg = _take(v, d, best, arg)
+            best, arg = take_max(v, d, best, arg)
     m2 = pm[:, None] & cm[None, :]
     y_off = (b * sy_b + i * sy_h + j * sy_w)[:, None] + c[None, :] * sy_c
-    tl.store(y_ptr + y_off, _elu(best).to(y_ptr.dtype.element_ty), mask=m2)
+    tl.store(y_ptr + y_off, elu(best).to(y_ptr.dtype.element_ty), mask=m2)
     a_off = (b * C * HO * WO + i * WO + j)[:, None] + c[None, :] * (HO * WO)
     tl.store(arg_ptr + a_off, arg.to(tl.uint8), mask=m2)
 
@@ -136,7 +136,7 @@ def _stem_backward(x_ptr, g_ptr, y_ptr, arg_ptr, part_ptr, N, H, W, HO, WO,
                    sg_b, sg_c, sg_h, sg_w, sy_b, sy_c, sy_h, sy_w,
                    C: tl.constexpr, CP: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr,
                    POOL: tl.constexpr, BLOCK: tl.constexpr):
-    pm, b, i, j, c, cm = _block(N, HO, WO, C, CP, BLOCK)
+    pm, b, i, j, c, cm = pooled_block(N, HO, WO, C, CP, BLOCK)
     m2 = pm[:, None] & cm[None, :]
     g = tl.load(g_ptr + (b * sg_b + i * sg_h + j * sg_w)[:, None] + c[None, :] * sg_c,
                 mask=m2, other=0.0).to(tl.float32)

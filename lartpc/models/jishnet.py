@@ -2,8 +2,11 @@
 
 Its first stage (conv 1->10, 5x5, ELU, max-pool 5) can run as one Triton kernel
 (``model.stem = fused``, :mod:`lartpc.models.fused_stem`): the same function and the same
-parameters, computed without writing the full-resolution map. ``stem_choice`` resolves
-``auto``: fused on CUDA when Triton imports, the published layers otherwise.
+parameters, computed without writing the full-resolution map. Its second stage (conv
+10->64, 5x5, ELU, max-pool 5) likewise (``model.stage2 = fused``,
+:mod:`lartpc.models.fused_stage2`: the forward as one kernel, the backward through torch's
+convolution gradients). ``stem_choice`` and ``stage2_choice`` resolve ``auto``: fused on
+CUDA when Triton imports, the published layers otherwise.
 
 At 3600 x 3600 the spatial sizes run 3600 -> 720 -> 144 -> 145 -> 36 -> 37 -> 9 and the
 network has 1,335,817 parameters (tests/test_models.py checks the count).
@@ -53,31 +56,46 @@ def _triton_missing() -> str | None:
     return None
 
 
-def stem_choice(stem: str, device_type: str) -> str:
-    """``fused`` or ``library`` for ``model.stem`` on ``device_type``.
+def _fused_choice(key: str, value: str, allowed: tuple[str, ...], device_type: str) -> str:
+    """``fused`` or ``library`` for the option ``key`` (``model.stem``, ``model.stage2``)
+    set to ``value`` on ``device_type``.
 
     Raises
     ------
     ConfigError
-        For ``fused`` where it cannot run: no Triton, or a CPU without Triton's
-        interpreter (``TRITON_INTERPRET=1``, for tests).
+        For a value not in ``allowed``, or ``fused`` where it cannot run: no Triton, or a
+        CPU without Triton's interpreter (``TRITON_INTERPRET=1``, for tests).
     """
-    from lartpc.models import STEMS
-
-    if stem not in STEMS:
-        raise ConfigError(f"model.stem={stem!r}: choose one of {', '.join(STEMS)}")
-    if stem == "library" or (stem == "auto" and device_type != "cuda"):
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r}: choose one of {', '.join(allowed)}")
+    if value == "library" or (value == "auto" and device_type != "cuda"):
         return "library"  # without importing Triton (a second of start-up on a CPU)
     missing = _triton_missing()
-    if stem == "auto":
+    if value == "auto":
         return "fused" if missing is None else "library"
     if missing is not None:
-        raise ConfigError(f"model.stem=fused needs Triton ({missing}); install the GPU extra "
-                          "(pip install 'lartpc[gpu]') or use model.stem=library")
+        raise ConfigError(f"{key}=fused needs Triton ({missing}); install the GPU extra "
+                          f"(pip install 'lartpc[gpu]') or use {key}=library")
     if device_type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ConfigError(f"model.stem=fused runs on CUDA (train.device is {device_type}); "
+        raise ConfigError(f"{key}=fused runs on CUDA (train.device is {device_type}); "
                           "on CPU only under Triton's interpreter (TRITON_INTERPRET=1, slow)")
-    return stem
+    return value
+
+
+def stem_choice(stem: str, device_type: str) -> str:
+    """``fused`` or ``library`` for ``model.stem`` on ``device_type`` (see
+    :func:`_fused_choice` for what is refused)."""
+    from lartpc.models import STEMS
+
+    return _fused_choice("model.stem", stem, STEMS, device_type)
+
+
+def stage2_choice(stage2: str, device_type: str) -> str:
+    """``fused`` or ``library`` for ``model.stage2`` on ``device_type`` (as
+    :func:`stem_choice`)."""
+    from lartpc.models import STAGE2S
+
+    return _fused_choice("model.stage2", stage2, STAGE2S, device_type)
 
 
 class JishNet(nn.Module):
@@ -95,6 +113,8 @@ class JishNet(nn.Module):
         (:class:`~lartpc.models.head.Head`).
     stem : ``library`` (the published layers) or ``fused`` (the first stage as one Triton
         kernel, :mod:`lartpc.models.fused_stem`; same function, same parameters).
+    stage2 : ``library`` or ``fused`` (the second stage's forward as one Triton kernel,
+        :mod:`lartpc.models.fused_stage2`; same function, same parameters).
     """
 
     input_kind = "dense"
@@ -107,11 +127,12 @@ class JishNet(nn.Module):
         if cfg.algo != "auto":
             raise ConfigError(f"model.algo={cfg.algo!r} is an SCNet option (model.name=jishnet)")
         return {"channels_last": cfg.channels_last, "elu_after_pool": cfg.elu_after_pool,
-                "head": cfg.head, "stem": stem_choice(cfg.stem, device_type)}
+                "head": cfg.head, "stem": stem_choice(cfg.stem, device_type),
+                "stage2": stage2_choice(cfg.stage2, device_type)}
 
     def __init__(self, image_size: tuple[int, int], *, channels_last: bool = False,
                  elu_after_pool: bool = False, head: str = "flatten", stem: str = "library",
-                 num_classes: int = NUM_CLASSES):
+                 stage2: str = "library", num_classes: int = NUM_CLASSES):
         super().__init__()
         self.image_size = (int(image_size[0]), int(image_size[1]))
         self.out_hw = trunk_shape(self.image_size)
@@ -120,10 +141,16 @@ class JishNet(nn.Module):
         if stem not in ("fused", "library"):
             raise ConfigError(f"JishNet stem={stem!r}: fused or library (resolve auto with "
                               "stem_choice)")
-        self.stem = stem
+        if stage2 not in ("fused", "library"):
+            raise ConfigError(f"JishNet stage2={stage2!r}: fused or library (resolve auto "
+                              "with stage2_choice)")
+        self.stem, self.stage2 = stem, stage2
         if stem == "fused":
             from lartpc.models.fused_stem import fused_stem
             self._fused_stem = fused_stem
+        if stage2 == "fused":
+            from lartpc.models.fused_stage2 import fused_stage
+            self._fused_stage2 = fused_stage
         convs, cin = [], 1
         for cout, k, p, _ in STAGES:
             convs.append(nn.Conv2d(cin, cout, k, padding=p))
@@ -158,6 +185,9 @@ class JishNet(nn.Module):
         if k == 0 and self.stem == "fused":
             return self._fused_stem(x, conv.weight, conv.bias, pool, conv.padding[0],
                                     channels_last=self.channels_last)
+        if k == 1 and self.stage2 == "fused":
+            return self._fused_stage2(x, conv.weight, conv.bias, pool, conv.padding[0],
+                                      channels_last=self.channels_last)
         x = conv(x)
         if self.elu_after_pool:
             return F.elu(F.max_pool2d(x, pool), inplace=True)

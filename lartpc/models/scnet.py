@@ -94,6 +94,9 @@ class SCNet(nn.Module):
             raise ConfigError("model.channels_last is a JishNet option (model.name=scnet)")
         if cfg.stem != "auto":
             raise ConfigError(f"model.stem={cfg.stem} is a JishNet option (model.name=scnet)")
+        if cfg.stage2 != "library":  # its default (until a GPU has timed the fused stage)
+            raise ConfigError(f"model.stage2={cfg.stage2} is a JishNet option "
+                              "(model.name=scnet)")
         if amp == "bf16":
             raise ConfigError("train.amp=bf16 with model.name=scnet: spconv has no bfloat16 "
                               "kernels; use train.amp=fp16 (CUDA) or none")

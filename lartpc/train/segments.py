@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 FIXED_ON_RESUME = ("model", "data.downsample", "data.eval_fraction", "data.max_events",
                    "train.batch_per_rank", "train.seed", "train.optimizer")
 # ... except these: the same function computed another way (and absent from older runs)
-FREE_ON_RESUME = ("model.stem",)
+FREE_ON_RESUME = ("model.stem", "model.stage2")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,249 @@
+"""JishNet's second stage (conv C_in->C_out, k x k + bias + ELU + max-pool) as a Triton
+forward kernel with a hybrid backward.
+
+After the fused stem (:mod:`lartpc.models.fused_stem`) the second stage, conv 10->64 5x5
+at 720 x 720 + ELU + pool 5, was the largest part of an H200 training step (6.8 of
+~13 ms, BENCHMARKS.md). The published layers write the 64 x 720 x 720 convolution map
+and read it back for ELU and pool.
+
+**Forward**: an implicit GEMM. The input is first copied, in the products' precision,
+padded by the convolution's padding and channels-last (7 x 10 x 724 x 724 bf16: 73 MB
+per step of 7; saved for the backward instead of the input), so no load needs a mask.
+Each program takes BLOCK pooled outputs (of the flattened image, row, column order) and
+all output channels. For each of the pool's p x p window positions it gathers the
+(BLOCK, C_in k^2) patches (taps ordered (ky, kx, channel): runs of C_in contiguous
+values), multiplies them by the (C_in k^2, C_out) weights with ``tl.dot`` in BLOCK_K
+slices with float32 accumulation, adds the bias and keeps the running maximum and its
+window position. Only ``ELU(max)`` (B x C_out x H/p x W/p) and the position (one byte
+per output) are written; the full-resolution map never is. Half-precision output
+(autocast, or a bf16/fp16 input) runs the products in that precision on the matrix
+units, as autocast's convolution does (which also rounds the bias to bf16; here it is
+added in float32); float32 runs them in IEEE float32 (not TF32, which cuDNN uses for
+float32 convolutions by default).
+
+**Backward** (hybrid): a Triton kernel turns the pooled gradient times ELU'(output) into
+the convolution map's gradient, each window's value at its arg-max and zero elsewhere (a
+1-in-p^2 sparse map, written once, dense), and sums the bias gradient per program (no
+atomics); then torch's ``conv2d_input`` and ``conv2d_weight`` (cuDNN on a GPU) give the
+input and weight gradients from that map. Cost: the map is written once and read twice
+(B x C_out x H x W, 464 MB per step of 7 at 720 x 720 in bf16: about 0.3 ms of an H200's
+bandwidth) and the two library convolutions do dense work, 25 times the nonzero
+products. A fully fused backward would never write the map: the weight gradient as, per
+window position, (taps x BLOCK) patches @ (BLOCK x C_out) gradients masked to the
+windows whose arg-max is there (the forward's gathers again), and the input gradient
+input-stationary, each pixel reading the pooled gradients and arg-maxes of the windows
+its taps reach (or scattered with atomics); that is not done here.
+
+Same function as ``max_pool2d(elu(conv2d(x)))`` and as ``elu(max_pool2d(conv2d(x)))``
+(JishNet's ``elu_after_pool`` ordering): ELU is increasing, so the pool's arg-max is the
+convolution's. The tie rule is the fused stem's: the first window position in row-major
+order wins (strict ``>``), as in torch's max-pool; the two differ only where rounding
+differs (this kernel sums the products in its own order, float32; autocast's convolution
+rounds its output to bf16 before the pool, which makes more ties) or where ELU saturates
+(``elu(x) == -1`` exactly below about -17 in float32; the gradient there is below 1e-7
+either way). A NaN wins its window.
+
+Imports Triton at import time: import this module only where the fused stage was asked
+for (:mod:`lartpc.models.jishnet` does). On CPU tensors it runs under Triton's
+interpreter (``TRITON_INTERPRET=1`` set before this module is imported), which the tests
+use.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from lartpc.models.fused_stem import pooled_block, elu, take_max
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+#: pooled outputs per program, taps per matrix-product slice and warps per program:
+#: chosen so that Triton 3.9's code for sm_90 keeps everything in registers (64:32 with 8
+#: warps: 180 registers, no spills; 64:64 with 4 warps spills ~900 bytes a thread), not
+#: yet timed (``jobs/local/stem_check.py --stage 2`` sweeps them); the interpreter, slow
+#: per operation, is quicker with large blocks
+BLOCK = 256 if _INTERPRET else 64
+BLOCK_K = 256 if _INTERPRET else 32
+NUM_WARPS = 8
+#: half-precision products on the matrix units; off under the interpreter, whose bf16
+#: ``tl.dot`` returns garbage (Triton 3.9: errors of 1e10 on a 16 x 16 product), so there
+#: the same products are formed in float32 from the rounded operands (exact either way)
+NATIVE_HALF_DOT = not _INTERPRET
+
+
+@triton.jit
+def _stage_forward(x_ptr, toff_ptr, w_ptr, b_ptr, y_ptr, arg_ptr, N, HO, WO,
+                   sx_b, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w,
+                   C: tl.constexpr, CP: tl.constexpr, POOL: tl.constexpr, BLOCK: tl.constexpr,
+                   KP: tl.constexpr, BLOCK_K: tl.constexpr, LOWP: tl.constexpr,
+                   NATIVE_HALF_DOT: tl.constexpr):
+    """On the input padded in memory, so that no load needs a mask: past-the-end outputs
+    read the last one's pixels, padding taps (zero weights) pixel 0 of their window."""
+    p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    pm = p < N
+    q = tl.minimum(p, N - 1)
+    b = (q // (HO * WO)).to(tl.int64)
+    i = (q // WO) % HO
+    j = q % WO
+    c = tl.arange(0, CP)
+    cm = c < C
+    bias = tl.load(b_ptr + c, mask=cm, other=0.0)
+    x_img = x_ptr + b * sx_b
+    corner = (i * POOL) * sx_h + (j * POOL) * sx_w  # each window's first pixel, int32
+    best = tl.full((BLOCK, CP), float("-inf"), tl.float32)
+    arg = tl.zeros((BLOCK, CP), tl.int32)
+    for d in range(POOL * POOL):  # window positions in row-major order, torch's tie order
+        pos = corner + (d // POOL) * sx_h + (d % POOL) * sx_w
+        acc = tl.zeros((BLOCK, CP), tl.float32)
+        for k0 in range(0, KP, BLOCK_K):
+            t = k0 + tl.arange(0, BLOCK_K)  # tap = (ky * K + kx) * C_in + channel
+            a = tl.load(x_img[:, None] + (pos[:, None] + tl.load(toff_ptr + t)[None, :]))
+            wt = tl.load(w_ptr + t[:, None] * CP + c[None, :])  # packed, zero-padded
+            if LOWP and NATIVE_HALF_DOT:
+                acc += tl.dot(a.to(wt.dtype), wt)
+            elif LOWP:  # the same products (exact in float32) of the rounded input
+                acc += tl.dot(a.to(wt.dtype).to(tl.float32), wt.to(tl.float32),
+                              input_precision="ieee")
+            else:
+                acc += tl.dot(a.to(tl.float32), wt, input_precision="ieee")
+        best, arg = take_max(acc + bias[None, :], d, best, arg)
+    m2 = pm[:, None] & cm[None, :]
+    y_off = (b * sy_b + i * sy_h + j * sy_w)[:, None] + c[None, :] * sy_c
+    tl.store(y_ptr + y_off, elu(best).to(y_ptr.dtype.element_ty), mask=m2)
+    a_off = (b * C * HO * WO + i * WO + j)[:, None] + c[None, :] * (HO * WO)
+    tl.store(arg_ptr + a_off, arg.to(tl.uint8), mask=m2)
+
+
+@triton.jit
+def _stage_scatter(g_ptr, y_ptr, arg_ptr, d_ptr, part_ptr, N, HO, WO,
+                   sg_b, sg_c, sg_h, sg_w, sy_b, sy_c, sy_h, sy_w, sd_b, sd_c, sd_h, sd_w,
+                   C: tl.constexpr, CP: tl.constexpr, POOL: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """The convolution map's gradient over each window (pooled gradient times ELU' at
+    the arg-max, zero at the other positions) and per-program bias-gradient sums."""
+    pm, b, i, j, c, cm = pooled_block(N, HO, WO, C, CP, BLOCK)
+    m2 = pm[:, None] & cm[None, :]
+    g = tl.load(g_ptr + (b * sg_b + i * sg_h + j * sg_w)[:, None] + c[None, :] * sg_c,
+                mask=m2, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + (b * sy_b + i * sy_h + j * sy_w)[:, None] + c[None, :] * sy_c,
+                mask=m2, other=0.0).to(tl.float32)
+    dm = tl.where(y > 0, g, g * (y + 1.0))  # ELU's derivative from its output, as torch's
+    a = tl.load(arg_ptr + (b * C * HO * WO + i * WO + j)[:, None] + c[None, :] * (HO * WO),
+                mask=m2, other=0).to(tl.int32)
+    tl.store(part_ptr + tl.program_id(0).to(tl.int64) * CP + c, tl.sum(dm, axis=0))
+    base = d_ptr + (b * sd_b + (i * POOL) * sd_h + (j * POOL) * sd_w)[:, None] \
+        + c[None, :] * sd_c
+    for d in range(POOL * POOL):
+        tl.store(base + (d // POOL) * sd_h + (d % POOL) * sd_w,
+                 tl.where(a == d, dm, 0.0).to(d_ptr.dtype.element_ty), mask=m2)
+
+
+def _geometry(x: torch.Tensor, weight: torch.Tensor, pool: int, padding: int):
+    b, cin, h, w = x.shape
+    c, wcin, k, k2 = weight.shape
+    if cin != wcin or k != k2 or pool * pool > 256:
+        raise ValueError(f"fused stage: input {tuple(x.shape)} and weight "
+                         f"{tuple(weight.shape)} need equal channels, a square kernel and a "
+                         f"pool of at most 16 (pool {pool})")
+    hc, wc = h + 2 * padding - k + 1, w + 2 * padding - k + 1  # the convolution's map
+    if hc // pool < 1 or wc // pool < 1:
+        raise ValueError(f"fused stage: input {h}x{w} too small for kernel {k}, pool {pool}")
+    return b, cin, h, w, c, k, hc, wc
+
+
+@functools.lru_cache(maxsize=16)
+def _tap_offsets(device: torch.device, k: int, cin: int, kp: int, sx_c: int, sx_h: int,
+                 sx_w: int) -> torch.Tensor:
+    """(kp,) int32 offsets in a padded image of the taps, ordered (ky, kx, input channel);
+    padding taps 0. Cached per device and layout: no host-to-device copy per step."""
+    ky, kx, ci = torch.meshgrid(torch.arange(k), torch.arange(k), torch.arange(cin),
+                                indexing="ij")
+    toff = torch.zeros(kp, dtype=torch.int32)
+    toff[: cin * k * k] = (ky * sx_h + kx * sx_w + ci * sx_c).flatten()
+    return toff.to(device)
+
+
+class _FusedStage(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, pool: int, padding: int, out_dtype, channels_last):
+        b, cin, h, w, c, k, hc, wc = _geometry(x, weight, pool, padding)
+        ho, wo = hc // pool, wc // pool
+        # the products' precision: the output's when it is half (autocast's convolution
+        # casts input and weight to it), else float32
+        lowp = out_dtype in (torch.bfloat16, torch.float16)
+        cdtype = out_dtype if lowp else torch.float32
+        # the input in the products' precision, padded in memory (channels-last: a
+        # window's taps are then runs of C_in contiguous values); backward's input too
+        xp = torch.empty((b, cin, h + 2 * padding, w + 2 * padding), dtype=cdtype,
+                         device=x.device, memory_format=torch.channels_last).zero_()
+        xp[..., padding: padding + h, padding: padding + w] = x.detach()
+        sx_b, sx_c, sx_h, sx_w = xp.stride()
+        cp = max(16, triton.next_power_of_2(c))  # tl.dot's smallest tile side
+        kp = max(16, triton.next_power_of_2(cin * k * k))
+        block_k = min(BLOCK_K, kp)
+        toff = _tap_offsets(x.device, k, cin, kp, sx_c, sx_h, sx_w)
+        # the weights as (taps, channels), taps in the same order, zero-padded
+        wt = torch.zeros((kp, cp), dtype=cdtype, device=x.device)
+        wt[: cin * k * k, :c] = weight.detach().permute(2, 3, 1, 0).reshape(-1, c)
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        y = torch.empty((b, c, ho, wo), dtype=out_dtype, device=x.device, memory_format=fmt)
+        arg = torch.empty((b, c, ho, wo), dtype=torch.uint8, device=x.device)
+        n, block = b * ho * wo, BLOCK
+        grid = (triton.cdiv(n, block),)
+        _stage_forward[grid](xp, toff, wt, bias.detach().float().contiguous(), y,
+                             arg, n, ho, wo, sx_b, sx_h, sx_w, *y.stride(), C=c, CP=cp,
+                             POOL=pool, BLOCK=block, KP=kp, BLOCK_K=block_k, LOWP=lowp,
+                             NATIVE_HALF_DOT=NATIVE_HALF_DOT, num_warps=NUM_WARPS)
+        ctx.save_for_backward(xp, weight, y, arg)
+        ctx.geom = (pool, hc, wc, cp, block, grid, fmt, (b, cin, h, w), x.dtype, bias.dtype)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        xp, weight, y, arg = ctx.saved_tensors
+        pool, hc, wc, cp, block, grid, fmt, xshape, xdtype, bdtype = ctx.geom
+        b, c, ho, wo = y.shape
+        dconv = torch.empty((b, c, hc, wc), dtype=xp.dtype, device=xp.device,
+                            memory_format=fmt)
+        if hc != ho * pool or wc != wo * pool:
+            dconv.zero_()  # rows and columns past the last full window get no gradient
+        part = torch.empty((grid[0], cp), dtype=torch.float32, device=xp.device)
+        _stage_scatter[grid](gy, y, arg, dconv, part, b * ho * wo, ho, wo, *gy.stride(),
+                             *y.stride(), *dconv.stride(), C=c, CP=cp, POOL=pool,
+                             BLOCK=block, num_warps=NUM_WARPS)
+        gx = gw = None
+        if ctx.needs_input_grad[0]:  # the padded input's gradient, cropped
+            pad = (xp.shape[2] - xshape[2]) // 2
+            gxp = torch.nn.grad.conv2d_input(xp.shape, weight.detach().to(xp.dtype), dconv)
+            gx = gxp[..., pad: pad + xshape[2], pad: pad + xshape[3]].to(xdtype)
+        if ctx.needs_input_grad[1]:
+            gw = torch.nn.grad.conv2d_weight(xp, weight.shape, dconv).to(weight.dtype)
+        gb = part.sum(0)[:c].to(bdtype) if ctx.needs_input_grad[2] else None
+        return gx, gw, gb, None, None, None, None
+
+
+@torch.compiler.disable
+def fused_stage(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, pool: int,
+                padding: int, *, channels_last: bool = False) -> torch.Tensor:
+    """``elu(max_pool2d(conv2d(x, weight, bias, padding=padding), pool))``, forward in one
+    kernel; differentiable in ``x``, ``weight`` and ``bias``.
+
+    Parameters
+    ----------
+    x : (B, C_in, H, W) float32, bfloat16 or float16, any memory format.
+    weight, bias : the convolution's (C_out, C_in, k, k) and (C_out,).
+    pool : max-pool size and stride (floor mode, at most 16); padding : the convolution's.
+    channels_last : write the output in NHWC memory order.
+
+    Returns
+    -------
+    (B, C_out, H', W') in autocast's dtype when autocast is on for ``x``'s device, else in
+    ``x``'s dtype; accumulation is float32 either way.
+    """
+    dev = x.device.type
+    out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+    return _FusedStage.apply(x, weight, bias, pool, padding, out_dtype, channels_last)

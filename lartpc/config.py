@@ -57,6 +57,9 @@ class ModelConfig:
 class DataConfig:
     downsample: int = 1  #: must equal the event store's downsample factor
     eval_fraction: float = 0.1  #: held-out share of the events, chosen by train.seed
+    #: a test share, held out of training and of every evaluation during it (scored once
+    #: afterwards: ``lartpc evaluate RUN --split test``); 0 = none (the study's two splits)
+    test_fraction: float = 0.0
     max_events: int = 0  #: use only the first N events of the store (0 = all)
     loader: str = "auto"  #: auto | blosc | sparse | device-dense (auto: the model's path)
     blosc_codec: str = "lz4"  #: defaults chosen by measurement, see lartpc/data/blosc_cache.py
@@ -292,6 +295,9 @@ def validate(cfg: Config) -> None:
                 raise ConfigError(f"{key} = {d[s][k]!r}: {rule}")
     if not 0.0 < cfg.data.eval_fraction < 1.0:
         raise ConfigError(f"data.eval_fraction = {cfg.data.eval_fraction}: must be in (0, 1)")
+    if not 0.0 <= cfg.data.test_fraction < 1.0 - cfg.data.eval_fraction:
+        raise ConfigError(f"data.test_fraction = {cfg.data.test_fraction}: must be in [0, 1 - "
+                          f"data.eval_fraction) = [0, {1.0 - cfg.data.eval_fraction:g})")
     if cfg.train.eval_every_images and cfg.train.eval_every_steps:
         raise ConfigError(f"train.eval_every_images = {cfg.train.eval_every_images} with "
                           f"train.eval_every_steps = {cfg.train.eval_every_steps}: set at "

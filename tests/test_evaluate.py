@@ -90,6 +90,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
                      str(bad), "CRC-32")
     _one_line_exit_2(_evaluate(TINY, "--regenerate", tmp_path / "ev", "--indices", "0:3"),
                      "--indices")
+    _one_line_exit_2(_evaluate(TINY, "--regenerate", tmp_path / "ev", "--split", "test"),
+                     "--split test", "no test split")
     assert not out.exists() and not (tmp_path / "ev").exists()
 
 

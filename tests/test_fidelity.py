@@ -74,14 +74,16 @@ def test_segments_on_fresh_hosts_add_up_to_the_budget(tmp_path):
     assert set(rule) == set(res["classes"])
     assert all(0 <= c["reference_rule_recall"] <= 1 for c in rule.values())
     assert res["events_seed"] == 0 and res["init_from"] is None and res["augment"] == "none"
-    # the split: the held-out store indices (what lartpc evaluate rescores), no validation
+    # the split: the held-out store indices (what lartpc evaluate rescores); no test split
     split = res["split"]
     assert len(split["held_out_indices"]) == res["eval_events"] == 10
-    assert split["train_events"] == res["train_events"] and split["validation"] is None
+    assert split["train_events"] == res["train_events"] and split["test_events"] == 0
+    assert split["test_indices"] == [] and "test" not in res
     # fine-tuning that run on other events: another seed, its weights as the start,
-    # mirrored training events
+    # mirrored training events, and a test split scored once at the end
     fine, start = tmp_path / "fine", out / "run-scnet-isotropic"
     r = _fidelity(fine, "--seed", "1", "--minutes", "0.6", "--segment-s", "40",
+                  "--test-events", "10",
                   "--set", f"train.init_from={str(start)!r}", "--set", "data.augment=mirror")
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"model weights from {start} (train.init_from)" in r.stderr
@@ -89,6 +91,15 @@ def test_segments_on_fresh_hosts_add_up_to_the_budget(tmp_path):
     assert tuned["events_seed"] == 1 and tuned["init_from"] == str(start)
     assert tuned["augment"] == "mirror"
     assert tuned["learning_curve"][0]["epoch"] == 0 and tuned["segments"] == 1
+    split = tuned["split"]
+    assert split["test_events"] == 10 and tuned["train_events"] == 40
+    assert not set(split["test_indices"]) & set(split["held_out_indices"])
+    test = tuned["test"]
+    assert test["overall"]["events"] == 10 == sum(map(sum, test["confusion"]))
+    assert test["overall"]["accuracy"] == pytest.approx(
+        sum(test["confusion"][i][i] for i in range(5)) / 10)
+    # the events it scored are the test split's, each once
+    assert sorted(test["event_ids"]) == split["test_indices"]
 
 
 @pytest.mark.slow

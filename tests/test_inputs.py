@@ -115,6 +115,8 @@ def test_train_refuses_bad_shard_attribute_without_traceback(train_events_dir, t
     (['train.betas=["a","b"]'], "train.betas = ['a', 'b']"),
     (["train.betas=[0.9,1.5]"], "expected two numbers in [0, 1)"),
     (["train.lr=inf"], "train.lr = inf: must be finite"),
+    (["data.test_fraction=0.9"], "data.test_fraction = 0.9: must be in [0, 1 - "
+                                 "data.eval_fraction) = [0, 0.8)"),
     # 3 events, one per class: round(0.2 * 1) = 0 held out of each class
     (["data.max_events=3"], "3 events (data.max_events=3, store 70) with "
                             "data.eval_fraction=0.2 leave no evaluation event: the split "

@@ -63,6 +63,31 @@ def test_eval_split_is_stratified_and_seeded(labels):
     assert not np.array_equal(held, other[1])
 
 
+def test_three_way_split_keeps_the_validation_events_and_adds_a_test_part(labels):
+    """The test events come out of the training part, stratified and seeded by their own
+    stream; validation is the two-way split's held-out part whatever the test share,
+    and a share of 0 is the two-way split itself."""
+    from lartpc.data.sharding import split_three
+
+    train2, held2 = split_train_eval(len(labels), 0.2, seed=5, labels=labels)
+    train, val, test = split_three(len(labels), 0.2, 0.25, seed=5, labels=labels)
+    assert np.array_equal(val, held2)
+    assert np.array_equal(np.sort(np.concatenate([train, test])), train2)
+    assert not set(train) & set(test) and not set(val) & set(test)
+    for c in np.unique(labels):
+        assert int((labels[test] == c).sum()) == round(0.25 * int((labels == c).sum()))
+    assert np.array_equal(test, split_three(len(labels), 0.2, 0.25, 5, labels)[2])
+    assert not np.array_equal(test, split_three(len(labels), 0.2, 0.25, 6, labels)[2])
+    zero = split_three(len(labels), 0.2, 0.0, seed=5, labels=labels)
+    assert np.array_equal(zero[0], train2) and len(zero[2]) == 0
+    plan = ShardPlan(len(labels), 2, 4, seed=5, eval_fraction=0.2, labels=labels,
+                     test_fraction=0.25)
+    trained = np.concatenate([plan.train_indices(r) for r in range(2)])
+    assert np.array_equal(np.sort(trained), train) and np.array_equal(plan.test, test)
+    with pytest.raises(ConfigError, match="test_fraction"):
+        split_three(len(labels), 0.5, 0.5, seed=5, labels=labels)
+
+
 def test_remainder_rule_splits_last_batch_of_the_short_rank():
     # shards of 15 and 14 with batch 7: both ranks must run 3 steps
     plan = ShardPlan(29, 2, 7, seed=0, eval_fraction=0.0)

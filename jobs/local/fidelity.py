@@ -82,7 +82,6 @@ def results(run: Path, model: str, minutes: float, store: Path) -> dict:
     the events' truth limits (a reference rule, not a bound) and the paper's; the split
     (which store indices were held out: there is no separate validation split, so a
     number used to choose between runs is not a test result)."""
-    from lartpc.analysis.metrics import wilson_interval
     from lartpc.analysis.paper import PAPER
     from lartpc.analysis.runs import CLASSES, load_run
 
@@ -94,14 +93,7 @@ def results(run: Path, model: str, minutes: float, store: Path) -> dict:
     if r.confusion is None:
         raise SystemExit(f"fidelity: {run}: no confusion.csv (no evaluation ran)")
     cm = r.confusion
-    per_class = {}
-    for i, cls in enumerate(CLASSES):
-        n, k = int(cm[i].sum()), int(cm[i, i])
-        per_class[cls] = {"accuracy": k / n if n else None, "events": n,
-                          "wilson95": list(wilson_interval(k, n)) if n else None}
-    n, k = int(cm.sum()), int(cm.trace())
-    overall = {"accuracy": k / n if n else None, "events": n,
-               "wilson95": list(wilson_interval(k, n)) if n else None}
+    per_class, overall = scores(cm).values()
     acc = {**{c: v["accuracy"] for c, v in per_class.items()}, "overall": overall["accuracy"]}
     paper = PAPER[model]
     steps = max((len(df) for df in r.steps.values()), default=0)
@@ -122,6 +114,7 @@ def results(run: Path, model: str, minutes: float, store: Path) -> dict:
         "confusion_percent": [[round(100 * v / max(1, row.sum()), 1) for v in row]
                               for row in cm],
         "per_class": per_class, "overall": overall,
+        "scored_on": "validation: the last evaluation of the training (confusion.csv)",
         "geometry": event_store.attrs.get("source_geometry"),
         "events_seed": event_store.attrs.get("seed"),
         "init_from": cfg.get("train.init_from") or None,
@@ -145,18 +138,53 @@ def results(run: Path, model: str, minutes: float, store: Path) -> dict:
 
 
 def split(cfg: dict, store) -> dict:
-    """The run's train / held-out split of ``store``: how it is drawn and the held-out
-    store indices (``lartpc evaluate`` regenerates and rescores exactly these)."""
-    from lartpc.data.sharding import split_train_eval
+    """The run's train / validation / test split of ``store``: how it is drawn and the
+    held-out store indices of both (``lartpc evaluate --split`` regenerates and rescores
+    exactly these)."""
+    from lartpc.data.sharding import split_three
 
     fraction, seed = float(cfg.get("data.eval_fraction", 0.1)), int(cfg.get("train.seed", 0))
+    test_fraction = float(cfg.get("data.test_fraction") or 0.0)
     n = int(cfg.get("data.max_events") or 0) or len(store)
-    train, held = split_train_eval(n, fraction, seed, store.labels[:n])
-    return {"events": n, "eval_fraction": fraction, "split_seed": seed,
-            "train_events": len(train), "validation": None,
-            "held_out_indices": held.tolist(),
-            "note": "no validation split: the held-out events are the only ones scored, "
-                    "so a number used to choose between runs is not a test result"}
+    train, validation, test = split_three(n, fraction, test_fraction, seed, store.labels[:n])
+    note = ("validation: scored after every evaluation of the training and used for every "
+            "choice (run, learning rate, when to stop); test: scored once, after training"
+            if len(test) else
+            "no test split: the held-out events are the only ones scored, so a number used "
+            "to choose between runs is not a test result")
+    return {"events": n, "eval_fraction": fraction, "test_fraction": test_fraction,
+            "split_seed": seed, "train_events": len(train),
+            "validation_events": len(validation), "test_events": len(test),
+            "held_out_indices": validation.tolist(), "test_indices": test.tolist(),
+            "note": note}
+
+
+def scores(cm) -> dict:
+    """Accuracy per class and overall, with 95 % Wilson intervals, of a confusion matrix
+    (rows true, over the study's classes)."""
+    from lartpc.analysis.metrics import wilson_interval
+    from lartpc.analysis.runs import CLASSES
+
+    def one(k: int, n: int) -> dict:
+        return {"accuracy": k / n if n else None, "events": n,
+                "wilson95": list(wilson_interval(k, n)) if n else None}
+
+    return {"per_class": {c: one(int(cm[i, i]), int(cm[i].sum())) for i, c in enumerate(CLASSES)},
+            "overall": one(int(cm.trace()), int(cm.sum()))}
+
+
+def test_scores(run: Path, store: Path, workers: int) -> dict:
+    """The run's test events scored once, by its final weights (on the CPU)."""
+    from lartpc.data.store import EventStore
+    from lartpc.train import evaluate, weights
+
+    preds = evaluate.predict(weights.load(run), EventStore(store), split="test",
+                             threads=workers)
+    cm = preds.confusion()
+    return {"confusion": cm.tolist(), **scores(cm),
+            "scored_by": "the final weights, once, after training (lartpc evaluate RUN "
+                         "--split test)",
+            "event_ids": preds.event_ids.tolist(), "predicted": preds.predicted.tolist()}
 
 
 def learning_curve(r) -> list[dict]:
@@ -202,7 +230,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="train at most this long in this call (default: the rest)")
     ap.add_argument("--events", type=int, default=16500,
                     help="events to simulate (default 15,000 training + 1,500 held out)")
-    ap.add_argument("--eval-events", type=int, default=1500)
+    ap.add_argument("--eval-events", type=int, default=1500,
+                    help="validation events: evaluated during training, used for choices")
+    ap.add_argument("--test-events", type=int, default=0,
+                    help="test events: held out of training and of every evaluation, "
+                         "scored once at the end (default 0: no test split)")
     ap.add_argument("--seed", type=int, default=SEED,
                     help="the events' seed (another seed: other events, e.g. to fine-tune "
                          "a run with --set train.init_from=RUN on events it has not seen)")
@@ -223,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--segment-s {args.segment_s:g}: must be positive")
     if not 0 < args.eval_events < args.events:
         ap.error(f"--eval-events must be between 1 and --events - 1, got {args.eval_events}")
+    if not 0 <= args.test_events < args.events - args.eval_events:
+        ap.error(f"--test-events must be between 0 and --events - --eval-events - 1, got "
+                 f"{args.test_events}")
     if args.ranks is None:
         args.ranks = default_ranks(args.device)
     if args.ranks < 1 or args.batch_per_rank < 1:
@@ -247,14 +282,20 @@ def main(argv: list[str] | None = None) -> int:
             _say(f"{left / 60:.1f} of {args.minutes:g} training minutes left: call again")
             return EXIT_MORE
     res = results(run, args.model, args.minutes, store)
+    if args.test_events:
+        _say(f"scoring the {res['split']['test_events']} test events once")
+        res["test"] = test_scores(run, store, args.workers)
     text = json.dumps(res, indent=2)
     atomic_write(args.out / f"fidelity-{name}.json", text)
     if args.results is not None:
         args.results.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(args.results, text)
     met = ", ".join(f"{c} {res['goals'][c]['met'] and 'met' or 'missed'}" for c in GOALS)
+    test = (f", test {res['test']['overall']['accuracy']:.3f} on "
+            f"{res['test']['overall']['events']}" if "test" in res else "")
     _say(f"{name}: overall accuracy {res['overall']['accuracy']:.3f} on "
-         f"{res['overall']['events']} held-out events ({met}); {args.out}/fidelity-{name}.json")
+         f"{res['overall']['events']} validation events{test} ({met}); "
+         f"{args.out}/fidelity-{name}.json")
     return 0
 
 
@@ -288,6 +329,7 @@ def train_sets(args: argparse.Namespace, seconds: float) -> list[str]:
     """``--set`` overrides of one segment (the user's own ``--set`` last, so they win)."""
     return [f"train.time_limit_s={seconds:.0f}", "train.epochs=100000",
             f"data.eval_fraction={args.eval_events / args.events!r}",
+            f"data.test_fraction={args.test_events / args.events!r}",
             f"data.downsample={args.downsample}", f"train.device={args.device}",
             "dist.backend=" + ("none" if args.ranks == 1 else "torch"),
             f"train.batch_per_rank={args.batch_per_rank}",

@@ -3,7 +3,9 @@ matrix as JSON.
 
 RUN is a run folder (its ``weights.pt``, else its ``checkpoint.pt``) or either file.
 ``--store`` scores events of a store on disk (by default the run's held-out events of
-its own store); ``--regenerate DIR`` makes the run's held-out events alone again (from
+its own store: ``--split validation``, the events it was evaluated on while it trained,
+or ``--split test``, those a run with ``data.test_fraction`` never saw nor scored);
+``--regenerate DIR`` makes the run's held-out events of that split alone again (from
 its record of how its events were made: seed, count, geometry; each event depends on
 its seed and index only) and scores them, so a quoted number is reproduced without the
 training events. With the held-out events of a run folder that has a
@@ -27,8 +29,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                      "events of it, which must be the run's own store)")
     src.add_argument("--regenerate", metavar="DIR",
                      help="generate the run's held-out events alone into DIR, then score them")
+    p.add_argument("--split", default="validation", choices=("validation", "test"),
+                   help="which held-out events: validation (scored during training; the "
+                        "default) or test (data.test_fraction: touched only here)")
     p.add_argument("--indices", default="held-out",
-                   help="with --store: 'held-out' (default), 'all', A:B (store indices A to "
+                   help="with --store: 'held-out' (default: the --split events), 'all', A:B (store indices A to "
                         "B-1) or i,j,k")
     p.add_argument("--orient", default=None, choices=choices("data.orient"),
                    help="start-finding stage instead of the run's data.orient")
@@ -59,13 +64,13 @@ def parse_indices(text: str, n: int):
     return idx
 
 
-def result(network: dict, preds, run: Path, held_out: bool) -> dict:
+def result(network: dict, preds, run: Path, held_out: bool, split: str = "validation") -> dict:
     """The JSON of one evaluation (see the module docstring)."""
     classes = preds.classes
     conf = preds.confusion()
     n, k = int(conf.sum()), int(conf.trace())
     recorded = None
-    if held_out and run.is_dir() and (run / "confusion.csv").is_file():
+    if held_out and split == "validation" and run.is_dir() and (run / "confusion.csv").is_file():
         from lartpc.analysis.csvread import read_confusion
 
         recorded = read_confusion(run / "confusion.csv", classes).tolist()
@@ -75,7 +80,7 @@ def result(network: dict, preds, run: Path, held_out: bool) -> dict:
         "confusion": conf.tolist(),
         "per_class": {c: (int(conf[i, i]) / int(conf[i].sum()) if conf[i].sum() else None)
                       for i, c in enumerate(classes)},
-        "held_out": held_out,
+        "held_out": held_out, **({"split": split} if held_out else {}),
         **({"matches_run_confusion": recorded == conf.tolist()} if recorded else {}),
         "event_ids": preds.event_ids.tolist(), "predicted": preds.predicted.tolist(),
     }
@@ -92,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
                           "events)")
     network = weights.load(args.run)
     if args.regenerate:
-        evaluate.regenerate_held_out(network, args.regenerate, args.workers)
+        evaluate.regenerate_held_out(network, args.regenerate, args.workers, args.split)
         store = EventStore(args.regenerate)
         positions = list(range(len(store)))
         held_out = True
@@ -101,8 +106,8 @@ def run(args: argparse.Namespace) -> int:
         positions = parse_indices(args.indices, len(store))
         held_out = positions is None
     preds = evaluate.predict(network, store, positions, orient=args.orient,
-                             threads=args.threads)
-    res = result(network, preds, Path(args.run), held_out)
+                             threads=args.threads, split=args.split)
+    res = result(network, preds, Path(args.run), held_out, args.split)
     text = json.dumps(res, indent=1) + "\n"
     if args.json:
         from lartpc.fsutil import atomic_write

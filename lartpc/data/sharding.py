@@ -31,6 +31,7 @@ import numpy as np
 from lartpc.errors import ConfigError, LartpcError
 
 _SPLIT_STREAM = 0x5EED_E7A1  # keeps the split independent of the epoch streams
+_TEST_STREAM = 0x7E57_5EED  # draws the test events, independent of the validation draw
 
 
 def split_train_eval(n_events: int, eval_fraction: float, seed: int,
@@ -56,6 +57,35 @@ def split_train_eval(n_events: int, eval_fraction: float, seed: int,
     if held:
         is_eval[np.concatenate(held)] = True
     return np.flatnonzero(~is_eval), np.flatnonzero(is_eval)
+
+
+def split_three(n_events: int, eval_fraction: float, test_fraction: float, seed: int,
+                labels: np.ndarray | None = None
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sorted (train, validation, test) store indices.
+
+    Validation is exactly :func:`split_train_eval`'s held-out part (the events a run
+    evaluates during training, and chooses by), so ``test_fraction = 0`` is the
+    two-way split of every run before it existed. The test events are then drawn from
+    the rest, ``round(test_fraction * n_c)`` per class, from their own random stream:
+    the training never reads them and no evaluation during training scores them.
+    """
+    if not 0.0 <= test_fraction < 1.0 or eval_fraction + test_fraction >= 1.0:
+        raise ConfigError(f"test_fraction={test_fraction} with eval_fraction={eval_fraction}:"
+                          " each in [0, 1) and together below 1")
+    train, validation = split_train_eval(n_events, eval_fraction, seed, labels)
+    if test_fraction == 0.0:
+        return train, validation, np.zeros(0, np.int64)
+    rng = np.random.default_rng([seed, _TEST_STREAM])
+    if labels is None:
+        groups = [(train, n_events)]
+    else:
+        labels = np.asarray(labels)
+        groups = [(train[labels[train] == c], int((labels == c).sum()))
+                  for c in np.unique(labels)]
+    test = [rng.permutation(g)[: int(round(test_fraction * n))] for g, n in groups]
+    test = np.sort(np.concatenate(test)).astype(np.int64)
+    return np.setdiff1d(train, test), validation, test
 
 
 def contiguous_shard(indices: np.ndarray, rank: int, world_size: int) -> np.ndarray:
@@ -108,17 +138,21 @@ class ShardPlan:
     world_size : number of ranks.
     batch_per_rank : events per rank per step.
     seed : drives the split and the per-epoch shuffles.
-    eval_fraction : held-out fraction.
+    eval_fraction : held-out fraction, evaluated during training (the validation split).
     labels : class per event (stratifies the split).
+    test_fraction : a third split, never trained on nor evaluated during training
+        (:func:`split_three`; 0: none, the study's two-way split).
     """
 
     def __init__(self, n_events: int, world_size: int = 1, batch_per_rank: int = 7, seed: int = 0,
-                 eval_fraction: float = 0.1, labels: np.ndarray | None = None):
+                 eval_fraction: float = 0.1, labels: np.ndarray | None = None,
+                 test_fraction: float = 0.0):
         self.n_events, self.world_size, self.batch_per_rank = n_events, world_size, batch_per_rank
         self.seed = seed
         if world_size < 1:
             raise ConfigError(f"world_size={world_size}: must be >= 1")
-        self.train, self.eval = split_train_eval(n_events, eval_fraction, seed, labels)
+        self.train, self.eval, self.test = split_three(n_events, eval_fraction, test_fraction,
+                                                       seed, labels)
         n_train = len(self.train)
         if n_train < world_size:
             raise LartpcError(

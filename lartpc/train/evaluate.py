@@ -77,15 +77,32 @@ class Predictions:
         return conf
 
 
-def held_out(cfg, labels: np.ndarray) -> np.ndarray:
-    """The store indices a run of config ``cfg`` (a :class:`lartpc.config.Config`)
-    held out of a store whose events have ``labels``: the events its ``eval.csv`` and
-    ``confusion.csv`` were measured on."""
-    from lartpc.data.sharding import split_train_eval
+SPLITS = ("validation", "test")  #: the held-out parts of a run's events
 
+
+def held_out(cfg, labels: np.ndarray, split: str = "validation") -> np.ndarray:
+    """The store indices a run of config ``cfg`` (a :class:`lartpc.config.Config`)
+    held out of a store whose events have ``labels``: its ``validation`` events (those
+    its ``eval.csv`` and ``confusion.csv`` were measured on) or its ``test`` events
+    (``data.test_fraction``: never trained on nor scored during training).
+
+    Raises
+    ------
+    LartpcError
+        For the test split of a run that has none.
+    """
+    from lartpc.data.sharding import split_three
+    from lartpc.errors import LartpcError
+
+    if split not in SPLITS:
+        raise LartpcError(f"--split {split!r}: one of {', '.join(SPLITS)}")
+    if split == "test" and not cfg.data.test_fraction:
+        raise LartpcError("--split test: the run has no test split (data.test_fraction = 0: "
+                          "its held-out events are its validation events)")
     n = min(len(labels), cfg.data.max_events) if cfg.data.max_events else len(labels)
-    return split_train_eval(n, cfg.data.eval_fraction, cfg.train.seed,
-                            np.asarray(labels[:n]))[1]
+    parts = split_three(n, cfg.data.eval_fraction, cfg.data.test_fraction, cfg.train.seed,
+                        np.asarray(labels[:n]))
+    return parts[1] if split == "validation" else parts[2]
 
 
 def generated_labels(n_events: int) -> np.ndarray:
@@ -94,8 +111,9 @@ def generated_labels(n_events: int) -> np.ndarray:
     return np.arange(n_events) % NUM_CLASSES
 
 
-def regenerate_held_out(network: dict, out, workers: int = 1) -> np.ndarray:
-    """Generate the held-out events of ``network`` (see
+def regenerate_held_out(network: dict, out, workers: int = 1,
+                        split: str = "validation") -> np.ndarray:
+    """Generate the held-out events (its ``split``: :func:`held_out`) of ``network`` (see
     :func:`lartpc.train.weights.load`) alone into a store at ``out``, from its record of
     how its events were made (``events``: seed, count, geometry, downsample); returns
     their indices in the full dataset.
@@ -115,7 +133,7 @@ def regenerate_held_out(network: dict, out, workers: int = 1) -> np.ndarray:
         raise LartpcError(f"{network.get('path')}: does not record how its events were made "
                           f"({', '.join(missing)} missing); give the run's store")
     cfg = config_from_dict(network["config"], str(network.get("path")))
-    indices = held_out(cfg, generated_labels(int(ev["events"])))
+    indices = held_out(cfg, generated_labels(int(ev["events"])), split)
     write_events(out, indices, seed=int(ev["seed"]), source_geometry=str(ev["geometry"]),
                  downsample=int(ev["downsample"]), workers=workers, overwrite=True)
     return indices
@@ -123,12 +141,14 @@ def regenerate_held_out(network: dict, out, workers: int = 1) -> np.ndarray:
 
 @torch.no_grad()
 def predict(network: dict, store, positions: np.ndarray | None = None, *,
-            orient: str | None = None, threads: int = 1) -> Predictions:
+            orient: str | None = None, threads: int = 1,
+            split: str = "validation") -> Predictions:
     """Classify events of ``store`` (an EventStore) with ``network`` (see
     :func:`lartpc.train.weights.load`) on the CPU, each once.
 
-    ``positions`` are store indices (None: the run's held-out events, the store being
-    the one it was trained on, which is checked when the network records it); ``orient``
+    ``positions`` are store indices (None: the run's held-out events of ``split``, the
+    store being the one it was trained on, which is checked when the network records
+    it); ``orient``
     replaces the run's ``data.orient`` (None: keep it).
 
     Raises
@@ -151,7 +171,7 @@ def predict(network: dict, store, positions: np.ndarray | None = None, *,
         if trained_on and store_identity(store, cfg.data.max_events) != trained_on:
             raise LartpcError(f"{store.paths[0].parent}: not the events {where} was trained "
                               "on (their count and labels differ); give the run's own store")
-        positions = held_out(cfg, store.labels)
+        positions = held_out(cfg, store.labels, split)
     positions = np.asarray(positions, np.int64)
     if len(positions) == 0 or positions.min() < 0 or positions.max() >= len(store):
         raise LartpcError(f"--indices: store indices 0..{len(store) - 1}, one or more")

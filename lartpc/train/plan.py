@@ -27,7 +27,7 @@ def plan_run(cfg: Config, store: EventStore, world_size: int) -> ShardPlan:
     """
     n = min(len(store), cfg.data.max_events) if cfg.data.max_events else len(store)
     plan = ShardPlan(n, world_size, cfg.train.batch_per_rank, cfg.train.seed,
-                     cfg.data.eval_fraction, store.labels[:n])
+                     cfg.data.eval_fraction, store.labels[:n], cfg.data.test_fraction)
     if len(plan.eval) == 0:
         counts = np.bincount(np.asarray(store.labels[:n]), minlength=1)
         per_class = ", ".join(str(int(c)) for c in counts if c)

@@ -177,7 +177,8 @@ def _fit(trainer: Trainer, folder: RunFolder) -> str:
     cfg, world, plan = trainer.cfg, trainer.world, trainer.plan
     if world.is_root:
         folder.update(steps_per_epoch=plan.steps_per_epoch, train_events=len(plan.train),
-                      eval_events=len(plan.eval), loader=trainer.train_loader.mode)
+                      eval_events=len(plan.eval), test_events=len(plan.test),
+                      loader=trainer.train_loader.mode)
     sinks = open_sinks(trainer.segment, trainer.state.global_step)
     ckpt = Checkpointer(world, trainer.run, cfg.train.checkpoint_every_steps,
                         cfg.train.checkpoint_every_s)

@@ -33,10 +33,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 # Changing these on resume would change what the run means.
-FIXED_ON_RESUME = ("model", "data.downsample", "data.eval_fraction", "data.max_events",
+FIXED_ON_RESUME = ("model", "data.downsample", "data.eval_fraction", "data.test_fraction",
+                   "data.max_events",
                    "train.batch_per_rank", "train.seed", "train.optimizer")
 # ... except these: the same function computed another way (and absent from older runs)
 FREE_ON_RESUME = ("model.stem", "model.stage2")
+# ... and these read as their value in checkpoints from before they existed
+ABSENT_MEANS = {"data.test_fraction": 0.0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +80,7 @@ def load_resume(cfg: Config, store: EventStore, out: Path, world_size: int) -> d
             log.warning("%s: run.json but no checkpoint.pt: restarting the run from step 0",
                         out)
         return None
-    saved, now = flat(resume["config"]), flat(cfg.to_dict())
+    saved, now = {**ABSENT_MEANS, **flat(resume["config"])}, flat(cfg.to_dict())
     for key in FIXED_ON_RESUME:
         a = {k: v for k, v in saved.items() if k == key or k.startswith(key + ".")}
         b = {k: v for k, v in now.items() if k == key or k.startswith(key + ".")}

@@ -20,28 +20,14 @@ import subprocess
 import sys
 import textwrap
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from triton_cpu import DEVICE, event_images  # first: sets TRITON_INTERPRET on CPU
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-
-from lartpc.errors import ConfigError  # noqa: E402
-from lartpc.geometry import Geometry  # noqa: E402
-from lartpc.models import build  # noqa: E402
-from lartpc.models.jishnet import stage2_choice  # noqa: E402
-from lartpc.sim import simulate_event  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _events(n: int, downsample: int, seed: int = 7) -> torch.Tensor:
-    """(n, 1, H, W) float32 images of generated events (mostly empty, as real ones)."""
-    g = Geometry(downsample=downsample)
-    dense = np.stack([simulate_event(i, seed, g).dense(g.shape) for i in range(n)])
-    return torch.from_numpy(dense)[:, None].to(DEVICE)
+from lartpc.errors import ConfigError
+from lartpc.models import build
+from lartpc.models.jishnet import stage2_choice
 
 
 def _stem_output(n: int, downsample: int, seed: int = 7) -> torch.Tensor:
@@ -50,7 +36,7 @@ def _stem_output(n: int, downsample: int, seed: int = 7) -> torch.Tensor:
     torch.manual_seed(seed)
     conv = torch.nn.Conv2d(1, 10, 5, padding=2).to(DEVICE)
     with torch.no_grad():
-        return F.max_pool2d(F.elu(conv(_events(n, downsample, seed))), 5)
+        return F.max_pool2d(F.elu(conv(event_images(n, downsample, seed))), 5)
 
 
 def _compare(x, dtype=torch.float32, autocast=False, channels_last=False, seed=0):
@@ -160,7 +146,7 @@ def test_training_steps_end_equal():
     test: Adam's first steps move a weight by about lr times the sign of its gradient, so
     float32 rounding of a near-zero gradient becomes a step; seen: one of the second
     stage's 16,000 weights 1.1e-6 apart)."""
-    x = _events(1, 12, seed=11)
+    x = event_images(1, 12, seed=11)
     labels = torch.tensor([3], device=DEVICE)
     params, grads = {}, {}
     for fused in ("library", "fused"):

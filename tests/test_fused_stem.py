@@ -9,30 +9,16 @@ Triton is in the ``test`` extra, so CI runs these; they fail, not skip, without 
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from triton_cpu import DEVICE, event_images  # first: sets TRITON_INTERPRET on CPU
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-
-from lartpc.errors import ConfigError  # noqa: E402
-from lartpc.geometry import Geometry  # noqa: E402
-from lartpc.models import build  # noqa: E402
-from lartpc.models.jishnet import stem_choice  # noqa: E402
-from lartpc.sim import simulate_event  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _events(n: int, downsample: int, seed: int = 7) -> torch.Tensor:
-    """(n, 1, H, W) float32 images of generated events (mostly empty, as real ones)."""
-    g = Geometry(downsample=downsample)
-    dense = np.stack([simulate_event(i, seed, g).dense(g.shape) for i in range(n)])
-    return torch.from_numpy(dense)[:, None].to(DEVICE)
+from lartpc.errors import ConfigError
+from lartpc.models import build
+from lartpc.models.jishnet import stem_choice
 
 
 def _crop(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
@@ -76,7 +62,7 @@ def _compare(x, dtype=torch.float32, seed=0):
 def test_same_function_as_published_layers_float32():
     """Forward, weight and bias gradients equal the published layers to float32
     rounding, on 360 x 360 events (batch 2) and on an odd-sized crop (batch 1)."""
-    x = _events(2, 10)
+    x = event_images(2, 10)
     assert (x == 0).float().mean() > 0.5 and x.abs().max() > 0  # empty regions: ties
     # odd sizes: the pool drops a remainder
     for image in (x, _crop(x[:1], 37, 53)):
@@ -91,7 +77,7 @@ def test_matrix_product_variant(monkeypatch, dtype):
     import lartpc.models.fused_stem as fs
 
     monkeypatch.setattr(fs, "DOT", True)
-    out, gw, gb = _compare(_events(1, 12, seed=9), dtype)
+    out, gw, gb = _compare(event_images(1, 12, seed=9), dtype)
     limit = 1e-5 if dtype == torch.float32 else 8e-3
     assert out < limit and gw < limit and gb < limit, (out, gw, gb)
 
@@ -99,7 +85,7 @@ def test_matrix_product_variant(monkeypatch, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_inputs_accumulate_in_float32(dtype):
     """bf16/fp16 input (as under autocast): the error is the output's rounding."""
-    x = _events(1, 10, seed=3)
+    x = event_images(1, 10, seed=3)
     x = x / x.abs().max() * 8  # keep fp16 well inside its range
     out, gw, gb = _compare(x, dtype)
     assert out < 8e-3 and gw < 8e-3 and gb < 8e-3, (out, gw, gb)
@@ -112,7 +98,7 @@ def test_ties_go_to_the_first_window_position(monkeypatch):
     import lartpc.models.fused_stem as fs
 
     monkeypatch.setattr(fs, "BLOCK", 64)
-    x = _crop(_events(1, 18, seed=5), 60, 60)
+    x = _crop(event_images(1, 18, seed=5), 60, 60)
     x[..., 20:45, 20:45] = float(x.abs().max())  # a flat, bright square
     out, gw, gb = _compare(x)
     assert out < 1e-6 and gw < 1e-5 and gb < 1e-5, (out, gw, gb)
@@ -123,7 +109,7 @@ def test_nan_wins_its_window():
     the rest equals the published layers."""
     from lartpc.models.fused_stem import fused_stem
 
-    x = _crop(_events(1, 18, seed=6), 40, 40)
+    x = _crop(event_images(1, 18, seed=6), 40, 40)
     x[0, 0, 12, 12] = float("nan")  # reaches conv rows/cols 10..14: pooled (2, 2)
     conv = torch.nn.Conv2d(1, 10, 5, padding=2).to(DEVICE)
     with torch.no_grad():
@@ -138,7 +124,7 @@ def test_nan_wins_its_window():
 def test_input_gradient_refused():
     from lartpc.models.fused_stem import fused_stem
 
-    x = _crop(_events(1, 18), 40, 40).requires_grad_(True)
+    x = _crop(event_images(1, 18), 40, 40).requires_grad_(True)
     conv = torch.nn.Conv2d(1, 10, 5, padding=2).to(DEVICE)
     with pytest.raises(ValueError, match="no gradient"):
         fused_stem(x, conv.weight, conv.bias, 5, 2)
@@ -151,7 +137,7 @@ def test_training_steps_end_equal():
     them). Adam's first steps move every weight by about lr times the sign of its
     gradient, so a gradient near zero turns float32 rounding into a step: that, not the
     stem (whose gradients agree to 1e-7, above), sets the looser tolerance."""
-    x = _events(2, 12, seed=11)
+    x = event_images(2, 12, seed=11)
     labels = torch.tensor([1, 3], device=DEVICE)
     params = {}
     for stem in ("library", "fused"):

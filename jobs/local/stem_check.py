@@ -50,6 +50,11 @@ def _events(size: int, batch: int, seed: int):
     return torch.from_numpy(dense), labels
 
 
+def relative_error(a, r) -> float:
+    """|a - r| / |r| (Frobenius norms; ``r`` the float64 reference)."""
+    return float((a.detach().double() - r.detach()).norm() / r.detach().norm())
+
+
 def accuracy(x, conv, pool: int, dtype, autocast: bool = False) -> dict:
     """Fused stem (as configured now) against the published layers in float64, input
     cast to ``dtype``, optionally under bf16 autocast (output in bf16, as in training)."""
@@ -73,15 +78,27 @@ def accuracy(x, conv, pool: int, dtype, autocast: bool = False) -> dict:
     (ref * g.double()).sum().backward()
     _, where_fused = F.max_pool2d(conv64.detach(), pool, return_indices=True)
 
-    def rel(a, r):
-        return float((a.detach().double() - r.detach()).norm() / r.detach().norm())
-
     return {"dtype": str(dtype).replace("torch.", ""), "autocast_bf16": autocast,
             "block": fs.BLOCK, "num_warps": fs.NUM_WARPS, "dot": fs.DOT,
-            "output_rel": rel(y, ref), "output_max_abs": float((y.double() - ref).abs().max()),
-            "weight_grad_rel": rel(w.grad, w64.grad), "bias_grad_rel": rel(b.grad, b64.grad),
+            "output_rel": relative_error(y, ref),
+            "output_max_abs": float((y.double() - ref).abs().max()),
+            "weight_grad_rel": relative_error(w.grad, w64.grad),
+            "bias_grad_rel": relative_error(b.grad, b64.grad),
             # windows where ELU's saturation or rounding moves torch's arg-max
             "argmax_differs_fraction": float((where != where_fused).double().mean())}
+
+
+def training_step(model, xc, labels, loss_fn):
+    """One training step's forward and backward under bf16 autocast, to be timed."""
+    import torch
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        with torch.autocast(xc.device.type, dtype=torch.bfloat16):
+            loss = loss_fn(model.forward_tensor(xc), labels)
+        loss.backward()
+
+    return step
 
 
 def timings(x, labels, size: int, configs: list[tuple[int, int, bool]],
@@ -120,12 +137,7 @@ def timings(x, labels, size: int, configs: list[tuple[int, int, bool]],
                 out = model.stage(0, xc)
             out.backward(grad)
 
-        def step(model=model, xc=xc):
-            model.zero_grad(set_to_none=True)
-            with ac():
-                loss = loss_fn(model.forward_tensor(xc), labels)
-            loss.backward()
-
+        step = training_step(model, xc, labels, loss_fn)
         step_ms = median_ms(step, repeats, sync)
         rows.append({"stem": stem, "block": block or None, "num_warps": warps or None,
                      "dot": dot,
@@ -189,15 +201,13 @@ def stage2_accuracy(x, conv, pool: int, dtype, autocast: bool = False) -> dict:
     (ref * g.double()).sum().backward()
     _, where_fused = F.max_pool2d(conv64.detach(), pool, return_indices=True)
 
-    def rel(a, r):
-        return float((a.detach().double() - r.detach()).norm() / r.detach().norm())
-
     return {"dtype": str(dtype).replace("torch.", ""), "autocast_bf16": autocast,
             "block": fs2.BLOCK, "num_warps": fs2.NUM_WARPS, "block_k": fs2.BLOCK_K,
-            "output_rel": rel(y, ref),
+            "output_rel": relative_error(y, ref),
             "output_max_abs": float((y.detach().double() - ref.detach()).abs().max()),
-            "input_grad_rel": rel(xin.grad, x64.grad),
-            "weight_grad_rel": rel(w.grad, w64.grad), "bias_grad_rel": rel(b.grad, b64.grad),
+            "input_grad_rel": relative_error(xin.grad, x64.grad),
+            "weight_grad_rel": relative_error(w.grad, w64.grad),
+            "bias_grad_rel": relative_error(b.grad, b64.grad),
             "argmax_differs_fraction": float((where != where_fused).double().mean())}
 
 
@@ -242,12 +252,7 @@ def stage2_timings(x, labels, size: int, configs: list[tuple[int, int, int]],
                 out = model.stage(1, x2)
             out.backward(grad)
 
-        def step(model=model, xc=xc):
-            model.zero_grad(set_to_none=True)
-            with ac():
-                loss = loss_fn(model.forward_tensor(xc), labels)
-            loss.backward()
-
+        step = training_step(model, xc, labels, loss_fn)
         step_ms = median_ms(step, repeats, sync)
         rows.append({"stem": "fused", "stage2": stage2, "block": block or None,
                      "num_warps": warps or None, "block_k": block_k or None,

@@ -33,8 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="which held-out events: validation (scored during training; the "
                         "default) or test (data.test_fraction: touched only here)")
     p.add_argument("--indices", default="held-out",
-                   help="with --store: 'held-out' (default: the --split events), 'all', A:B (store indices A to "
-                        "B-1) or i,j,k")
+                   help="with --store: 'held-out' (default: the --split events), 'all', "
+                        "A:B (store indices A to B-1) or i,j,k")
     p.add_argument("--orient", default=None, choices=choices("data.orient"),
                    help="start-finding stage instead of the run's data.orient")
     p.add_argument("--threads", type=int, default=1, help="CPU threads (SCNet: 1 is fastest)")

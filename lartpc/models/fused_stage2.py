@@ -58,7 +58,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lartpc.models.fused_stem import pooled_block, elu, take_max
+from lartpc.models.fused_stem import pooled_block, store_pooled, take_max
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 #: pooled outputs per program, taps per matrix-product slice and warps per program:
@@ -111,11 +111,8 @@ def _stage_forward(x_ptr, toff_ptr, w_ptr, b_ptr, y_ptr, arg_ptr, N, HO, WO,
             else:
                 acc += tl.dot(a.to(tl.float32), wt, input_precision="ieee")
         best, arg = take_max(acc + bias[None, :], d, best, arg)
-    m2 = pm[:, None] & cm[None, :]
-    y_off = (b * sy_b + i * sy_h + j * sy_w)[:, None] + c[None, :] * sy_c
-    tl.store(y_ptr + y_off, elu(best).to(y_ptr.dtype.element_ty), mask=m2)
-    a_off = (b * C * HO * WO + i * WO + j)[:, None] + c[None, :] * (HO * WO)
-    tl.store(arg_ptr + a_off, arg.to(tl.uint8), mask=m2)
+    store_pooled(y_ptr, arg_ptr, best, arg, pm, cm, b, i, j, c, C, HO, WO,
+                 sy_b, sy_c, sy_h, sy_w)
 
 
 @triton.jit

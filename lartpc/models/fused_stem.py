@@ -87,6 +87,18 @@ def take_max(v, d, best, arg):
 
 
 @triton.jit
+def store_pooled(y_ptr, arg_ptr, best, arg, pm, cm, b, i, j, c, C, HO, WO,
+                 sy_b, sy_c, sy_h, sy_w):
+    """Write the pooled outputs, ELU of each window's maximum, and their window
+    positions (uint8, (N, C, HO, WO) contiguous)."""
+    m2 = pm[:, None] & cm[None, :]
+    y_off = (b * sy_b + i * sy_h + j * sy_w)[:, None] + c[None, :] * sy_c
+    tl.store(y_ptr + y_off, elu(best).to(y_ptr.dtype.element_ty), mask=m2)
+    a_off = (b * C * HO * WO + i * WO + j)[:, None] + c[None, :] * (HO * WO)
+    tl.store(arg_ptr + a_off, arg.to(tl.uint8), mask=m2)
+
+
+@triton.jit
 def _stem_forward(x_ptr, w_ptr, b_ptr, y_ptr, arg_ptr, N, H, W, HO, WO,
                   sy_b, sy_c, sy_h, sy_w,
                   C: tl.constexpr, CP: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr,
@@ -124,11 +136,8 @@ def _stem_forward(x_ptr, w_ptr, b_ptr, y_ptr, arg_ptr, N, H, W, HO, WO,
             v = _window(x_img, w_ptr, bias, top + d // POOL, left + d % POOL, pm, c, cm, H, W,
                         CP, K, BLOCK)
             best, arg = take_max(v, d, best, arg)
-    m2 = pm[:, None] & cm[None, :]
-    y_off = (b * sy_b + i * sy_h + j * sy_w)[:, None] + c[None, :] * sy_c
-    tl.store(y_ptr + y_off, elu(best).to(y_ptr.dtype.element_ty), mask=m2)
-    a_off = (b * C * HO * WO + i * WO + j)[:, None] + c[None, :] * (HO * WO)
-    tl.store(arg_ptr + a_off, arg.to(tl.uint8), mask=m2)
+    store_pooled(y_ptr, arg_ptr, best, arg, pm, cm, b, i, j, c, C, HO, WO,
+                 sy_b, sy_c, sy_h, sy_w)
 
 
 @triton.jit

@@ -189,6 +189,14 @@ def test_figure_of_the_committed_results(tmp_path, model):
     # hid the 4.8 h on beam events before it)
     headline = load(ROOT / "docs/results/fidelity-scnet-isotropic-orient-start.json")
     assert ", 9.4 h in all (0.8 h last stage)" in label(headline)
+    # a run with a test split is drawn from its test events, and says so
+    three = load(ROOT / "docs/results/fidelity-scnet-isotropic-three-splits.json")
+    raw = json.loads((ROOT / "docs/results/fidelity-scnet-isotropic-three-splits.json")
+                     .read_text())
+    assert three["overall"] == raw["test"]["overall"] != raw["overall"]
+    assert three["confusion"] == raw["test"]["confusion"]
+    assert sum(three["confusion_percent"][1]) == pytest.approx(100, abs=0.3)
+    assert label(three).endswith("oriented (test split)")
 
 
 def test_figure_refuses_what_is_not_a_results_file(tmp_path):

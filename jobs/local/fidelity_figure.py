@@ -9,7 +9,7 @@ truth, not a bound) and the paper::
 
 Each file is a results JSON of ``python -m lartpc.jobs.local.fidelity`` (an interim
 one too); the runs must be of one model, whose Table 1 row the figure shows. A run
-with a test split is shown by its test numbers, and its legend says so.
+with a test split is shown by its test numbers, and its legend says so (``(test events)``).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def label(res: dict) -> str:
         + ([f"{res['augment']} augmentation"] if res.get("augment", "none") != "none" else [])
     return ", ".join([geometry(res), "CPU", trained, *extra]) \
         + (" (interim)" if res.get("interim") else "") \
-        + (" (test split)" if res.get("split_shown") == "test" else "")
+        + (" (test events)" if res.get("split_shown") == "test" else "")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -93,7 +93,7 @@ def _model_options(args) -> dict:
     cfg = ModelConfig(name=args.model, channels_last=args.channels_last,
                       elu_after_pool=args.elu_after_pool, algo=args.algo or "auto",
                       stem=(args.stem or "library") if args.model == "jishnet" else "auto",
-                      stage2=(args.stage2 or "library") if args.model == "jishnet" else "auto")
+                      stage2=args.stage2 or "library")  # the config's default for either model
     # the model's own checks, as in training (SCNet's --half is its fp16 trunk)
     amp = "fp16" if args.half else "none"
     return model_class(args.model).options(cfg, amp, args.device)

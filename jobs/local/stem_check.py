@@ -101,6 +101,31 @@ def training_step(model, xc, labels, loss_fn):
     return step
 
 
+def stage_timers(model, k: int, xin):
+    """Stage ``k`` of ``model`` on ``xin`` under bf16 autocast, to be timed: its forward
+    alone, and forward + backward of a fixed random gradient (into ``xin`` too when it
+    requires one)."""
+    import torch
+
+    def autocast():
+        return torch.autocast(xin.device.type, dtype=torch.bfloat16)
+
+    def fwd():
+        with torch.no_grad(), autocast():
+            return model.stage(k, xin)
+
+    grad = torch.randn_like(fwd())
+
+    def fb():
+        model.zero_grad(set_to_none=True)
+        xin.grad = None
+        with autocast():
+            out = model.stage(k, xin)
+        out.backward(grad)
+
+    return fwd, fb
+
+
 def timings(x, labels, size: int, configs: list[tuple[int, int, bool]],
             repeats: int, device) -> list[dict]:
     import torch
@@ -120,23 +145,7 @@ def timings(x, labels, size: int, configs: list[tuple[int, int, bool]],
         model = build("jishnet", image_size=(size, size), channels_last=True,
                       elu_after_pool=True, stem=stem).to(device)
         xc = x.contiguous(memory_format=torch.channels_last)
-        grad = None
-
-        def ac():
-            return torch.autocast(device.type, dtype=torch.bfloat16)
-
-        def stem_fwd(model=model, xc=xc):
-            with torch.no_grad(), ac():
-                return model.stage(0, xc)
-
-        grad = torch.randn_like(stem_fwd())
-
-        def stem_fb(model=model, xc=xc, grad=grad):
-            model.zero_grad(set_to_none=True)
-            with ac():
-                out = model.stage(0, xc)
-            out.backward(grad)
-
+        stem_fwd, stem_fb = stage_timers(model, 0, xc)
         step = training_step(model, xc, labels, loss_fn)
         step_ms = median_ms(step, repeats, sync)
         rows.append({"stem": stem, "block": block or None, "num_warps": warps or None,
@@ -233,25 +242,9 @@ def stage2_timings(x, labels, size: int, configs: list[tuple[int, int, int]],
                       elu_after_pool=True, stem="fused", stage2=stage2).to(device)
         xc = x.contiguous(memory_format=torch.channels_last)
 
-        def ac():
-            return torch.autocast(device.type, dtype=torch.bfloat16)
-
-        with torch.no_grad(), ac():
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
             x2 = model.stage(0, xc).detach().requires_grad_(True)  # the stage's input
-
-        def fwd(model=model, x2=x2):
-            with torch.no_grad(), ac():
-                return model.stage(1, x2)
-
-        grad = torch.randn_like(fwd())
-
-        def fb(model=model, x2=x2, grad=grad):
-            model.zero_grad(set_to_none=True)
-            x2.grad = None
-            with ac():
-                out = model.stage(1, x2)
-            out.backward(grad)
-
+        fwd, fb = stage_timers(model, 1, x2)
         step = training_step(model, xc, labels, loss_fn)
         step_ms = median_ms(step, repeats, sync)
         rows.append({"stem": "fused", "stage2": stage2, "block": block or None,

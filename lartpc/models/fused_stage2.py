@@ -58,7 +58,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lartpc.models.fused_stem import pooled_block, store_pooled, take_max
+from lartpc.models.fused_stem import pooled_block, pooled_gradient, store_pooled, take_max
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 #: pooled outputs per program, taps per matrix-product slice and warps per program:
@@ -123,14 +123,8 @@ def _stage_scatter(g_ptr, y_ptr, arg_ptr, d_ptr, part_ptr, N, HO, WO,
     """The convolution map's gradient over each window (pooled gradient times ELU' at
     the arg-max, zero at the other positions) and per-program bias-gradient sums."""
     pm, b, i, j, c, cm = pooled_block(N, HO, WO, C, CP, BLOCK)
-    m2 = pm[:, None] & cm[None, :]
-    g = tl.load(g_ptr + (b * sg_b + i * sg_h + j * sg_w)[:, None] + c[None, :] * sg_c,
-                mask=m2, other=0.0).to(tl.float32)
-    y = tl.load(y_ptr + (b * sy_b + i * sy_h + j * sy_w)[:, None] + c[None, :] * sy_c,
-                mask=m2, other=0.0).to(tl.float32)
-    dm = tl.where(y > 0, g, g * (y + 1.0))  # ELU's derivative from its output, as torch's
-    a = tl.load(arg_ptr + (b * C * HO * WO + i * WO + j)[:, None] + c[None, :] * (HO * WO),
-                mask=m2, other=0).to(tl.int32)
+    m2, dm, a = pooled_gradient(g_ptr, y_ptr, arg_ptr, pm, cm, b, i, j, c, C, HO, WO,
+                                sg_b, sg_c, sg_h, sg_w, sy_b, sy_c, sy_h, sy_w)
     tl.store(part_ptr + tl.program_id(0).to(tl.int64) * CP + c, tl.sum(dm, axis=0))
     base = d_ptr + (b * sd_b + (i * POOL) * sd_h + (j * POOL) * sd_w)[:, None] \
         + c[None, :] * sd_c

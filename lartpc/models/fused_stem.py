@@ -99,6 +99,23 @@ def store_pooled(y_ptr, arg_ptr, best, arg, pm, cm, b, i, j, c, C, HO, WO,
 
 
 @triton.jit
+def pooled_gradient(g_ptr, y_ptr, arg_ptr, pm, cm, b, i, j, c, C, HO, WO,
+                    sg_b, sg_c, sg_h, sg_w, sy_b, sy_c, sy_h, sy_w):
+    """What a backward needs of each pooled output: the mask, the gradient at its
+    window's arg-max before ELU (float32) and that arg-max's window position (int32)."""
+    m2 = pm[:, None] & cm[None, :]
+    g = tl.load(g_ptr + (b * sg_b + i * sg_h + j * sg_w)[:, None] + c[None, :] * sg_c,
+                mask=m2, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + (b * sy_b + i * sy_h + j * sy_w)[:, None] + c[None, :] * sy_c,
+                mask=m2, other=0.0).to(tl.float32)
+    # ELU's derivative from its output, as torch's in-place ELU computes it
+    dm = tl.where(y > 0, g, g * (y + 1.0))
+    a = tl.load(arg_ptr + (b * C * HO * WO + i * WO + j)[:, None] + c[None, :] * (HO * WO),
+                mask=m2, other=0).to(tl.int32)
+    return m2, dm, a
+
+
+@triton.jit
 def _stem_forward(x_ptr, w_ptr, b_ptr, y_ptr, arg_ptr, N, H, W, HO, WO,
                   sy_b, sy_c, sy_h, sy_w,
                   C: tl.constexpr, CP: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr,
@@ -146,15 +163,8 @@ def _stem_backward(x_ptr, g_ptr, y_ptr, arg_ptr, part_ptr, N, H, W, HO, WO,
                    C: tl.constexpr, CP: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr,
                    POOL: tl.constexpr, BLOCK: tl.constexpr):
     pm, b, i, j, c, cm = pooled_block(N, HO, WO, C, CP, BLOCK)
-    m2 = pm[:, None] & cm[None, :]
-    g = tl.load(g_ptr + (b * sg_b + i * sg_h + j * sg_w)[:, None] + c[None, :] * sg_c,
-                mask=m2, other=0.0).to(tl.float32)
-    y = tl.load(y_ptr + (b * sy_b + i * sy_h + j * sy_w)[:, None] + c[None, :] * sy_c,
-                mask=m2, other=0.0).to(tl.float32)
-    # ELU's derivative from its output, as torch's in-place ELU computes it
-    dm = tl.where(y > 0, g, g * (y + 1.0))
-    a = tl.load(arg_ptr + (b * C * HO * WO + i * WO + j)[:, None] + c[None, :] * (HO * WO),
-                mask=m2, other=0).to(tl.int32)
+    m2, dm, a = pooled_gradient(g_ptr, y_ptr, arg_ptr, pm, cm, b, i, j, c, C, HO, WO,
+                                sg_b, sg_c, sg_h, sg_w, sy_b, sy_c, sy_h, sy_w)
     r0 = (i * POOL - PAD)[:, None] + a // POOL
     s0 = (j * POOL - PAD)[:, None] + a % POOL
     x_img = x_ptr + (b * H * W)[:, None]

@@ -20,7 +20,7 @@ from lartpc import MAX_SEED
 from lartpc.data import AUGMENTS, BLOSC_SHUFFLES, LOADERS, ORIENTS, RULEBOOKS
 from lartpc.dist import BACKENDS, COMPRESSIONS
 from lartpc.errors import ConfigError
-from lartpc.models import ALGOS, HEADS, LOSSES, MODELS, STAGE2S, STEMS
+from lartpc.models import ALGOS, HEADS, LOSSES, MODELS, SPARSE, STAGE2S, STEMS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -39,6 +39,10 @@ class ModelConfig:
     #: SCNet: spconv algorithm, auto (spconv's choice: implicit GEMM on CUDA builds,
     #: native on CPU builds) | native | implicit_gemm | split_implicit_gemm
     algo: str = "auto"
+    #: SCNet: who runs the sparse layers: spconv (the library) | torch (the same layers
+    #: as gathers and matrix products on index tables built from the coordinates,
+    #: lartpc/models/sparse_torch.py: no spconv rulebooks, no host syncs in the step)
+    sparse: str = "spconv"
     #: the classifier head: flatten (the study: the last map flattened into a dense
     #: layer) | max (each channel's maximum over the map: position-free, a diagnostic)
     head: str = "flatten"
@@ -161,6 +165,7 @@ CHOICES = {
     "model.name": tuple(MODELS),
     "model.loss": LOSSES,
     "model.algo": ALGOS,
+    "model.sparse": SPARSE,
     "model.head": HEADS,
     "model.stem": STEMS,
     "model.stage2": STAGE2S,

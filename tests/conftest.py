@@ -51,3 +51,15 @@ def train_events_dir(tmp_path_factory):
 
 # Same setting as the `lartpc` command (see lartpc/cli.py), for in-process torch use.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+@pytest.fixture(scope="module")
+def world():
+    """A one-process world on the CPU (no launcher), torch on one thread: the trainings
+    in the loop's tests."""
+    import torch
+
+    from lartpc import dist
+
+    torch.set_num_threads(1)
+    return dist.init("none", "cpu")

@@ -7,11 +7,9 @@ from __future__ import annotations
 import signal
 
 import pytest
-import torch
 from test_train_loop import _trainer
 from train_helpers import rows
 
-from lartpc import dist
 from lartpc.config import load_config
 from lartpc.data.sharding import ShardPlan
 from lartpc.errors import ConfigError
@@ -23,12 +21,6 @@ from lartpc.train.sinks import open_sinks
 from lartpc.train.trainer import Trainer
 
 EVERY = 20  #: images: not a multiple of the 7 images of a step, nor of an epoch's
-
-
-@pytest.fixture(scope="module")
-def world():
-    torch.set_num_threads(1)
-    return dist.init("none", "cpu")
 
 
 def _fit(world, cfg, t, out) -> str:

@@ -29,7 +29,8 @@ def test_cuda_plan_measures_every_issue_target():
     assert last[last.index("--amp") + 1] == "bf16" and "--size" in last
     assert steps["model-scnet-implicit-gemm-fp16"][-3:] == ["--algo", "implicit_gemm",
                                                             "--half"]
-    for name in ("train-jishnet-blosc", "train-jishnet-device-dense", "train-scnet-sparse"):
+    for name in ("train-jishnet-blosc", "train-jishnet-device-dense", "train-scnet-sparse",
+                 "train-scnet-sparse-torch"):
         argv = steps[name]
         assert argv[argv.index("--device") + 1] == "cuda"
         assert argv[argv.index("--downsample") + 1] == "1"
@@ -40,6 +41,10 @@ def test_cuda_plan_measures_every_issue_target():
     assert "model.algo=implicit_gemm" in steps["train-scnet-sparse"]
     assert "train.amp=fp16" not in steps["train-scnet-sparse"]
     assert "train.amp=fp16" not in steps["minibatch-scnet"]
+    # SCNet's layers in torch operations, their tables built in the loader's thread
+    torch_train = steps["train-scnet-sparse-torch"]
+    assert "model.sparse=torch" in torch_train and "data.rulebooks=loader" in torch_train
+    assert steps["model-scnet-torch"][-2:] == ["--sparse", "torch"]
     scan = steps["minibatch-scnet"]
     assert scan[scan.index("--batch-per-rank") + 1] == "7,14,28,56,112,256"
 
@@ -68,9 +73,11 @@ def test_quick_cpu_run_measures_every_step(tmp_path):
     assert compiled["achieved_tflops"] > 0 and compiled["fraction_of_peak"] is None
     stages = json.loads((out / "stages-jishnet-library.json").read_text())["stages"]
     assert len(stages) == 5 and all(s["forward_backward_ms"] > 0 for s in stages)
-    for name in ("train-jishnet-blosc", "train-jishnet-device-dense", "train-scnet-sparse"):
+    for name in ("train-jishnet-blosc", "train-jishnet-device-dense", "train-scnet-sparse",
+                 "train-scnet-sparse-torch"):
         point = json.loads((out / f"{name}.json").read_text())["points"][0]
         assert point["steps"] > 1 and 0 <= point["data_wait_fraction"] < 1
+    assert point["sparse"] == "torch" and point["rulebooks"] == "loader"
     assert {p["loader"] for n in ("blosc", "device-dense") for p in json.loads(
         (out / f"train-jishnet-{n}.json").read_text())["points"]} == {"blosc", "device-dense"}
     assert (out / "minibatch" / "minibatch.png").exists()

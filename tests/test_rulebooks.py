@@ -15,7 +15,6 @@ from test_eval_cadence import SignalAt
 from test_step_overlap import VALUES, _build, _fit, _same
 from train_helpers import rows
 
-from lartpc import dist
 from lartpc.config import load_config
 from lartpc.data.loaders import build_loader
 from lartpc.data.store import EventStore
@@ -30,12 +29,6 @@ from lartpc.train.sinks import open_sinks
 pytestmark = pytest.mark.sparse
 
 ON = "data.rulebooks=loader"
-
-
-@pytest.fixture(scope="module")
-def world():
-    torch.set_num_threads(1)
-    return dist.init("none", "cpu")
 
 
 @pytest.fixture(scope="module")

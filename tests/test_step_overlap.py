@@ -11,7 +11,6 @@ import pytest
 import torch
 from train_helpers import rows
 
-from lartpc import dist
 from lartpc.config import load_config
 from lartpc.data.store import EventStore
 from lartpc.train.checkpoint import Checkpointer
@@ -26,12 +25,6 @@ SETS = ["data.downsample=9", "data.eval_fraction=0.2", "train.epochs=2",
 #: the rank log's columns that hold results (time and durations differ run to run)
 VALUES = ("epoch", "rank", "batchno", "data_size", "local_loss", "global_loss", "local_acc",
           "global_acc")
-
-
-@pytest.fixture(scope="module")
-def world():
-    torch.set_num_threads(1)
-    return dist.init("none", "cpu")
 
 
 def _build(world, data, out, preset, sets, resume=None):

@@ -10,7 +10,6 @@ import pytest
 import torch
 from train_helpers import rows
 
-from lartpc import dist
 from lartpc.config import load_config
 from lartpc.data.store import EventStore
 from lartpc.train import checkpoint
@@ -41,12 +40,6 @@ class Recorder(Sink):
 
     def flush(self):
         self.flushes += 1
-
-
-@pytest.fixture(scope="module")
-def world():
-    torch.set_num_threads(1)
-    return dist.init("none", "cpu")
 
 
 def _trainer(world, data, out, *sets, resume=None):

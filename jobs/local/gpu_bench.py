@@ -63,6 +63,7 @@ SCNET_VARIANTS = (  # (name, flags, needs CUDA)
     ("default", [], False),
     ("implicit-gemm", ["--algo", "implicit_gemm"], True),
     ("implicit-gemm-fp16", ["--algo", "implicit_gemm", "--half"], True),
+    ("torch", ["--sparse", "torch"], False),  # lartpc/models/sparse_torch.py
 )
 
 
@@ -120,11 +121,16 @@ def plan(args) -> list[tuple[str, list[str] | None, str]]:
     train = ["bench", "train", "--ranks", "1", "--backend", "none", *dev, "--downsample",
              downsample, "--events", str(args.events), "--seconds", str(args.train_seconds),
              *bound]
-    for model, loader, fast in (("jishnet", "blosc", fast_jish),
-                                ("jishnet", "device-dense", fast_jish),
-                                ("scnet", "sparse", fast_scnet)):
-        steps.append((f"train-{model}-{loader}",
-                      [*train, "--model", model, "--loader", loader, *fast], ""))
+    # SCNet's layers in torch operations, their index tables built in the loader's
+    # thread: a step without rulebooks or host synchronisations (issue 36)
+    torch_scnet = ["--set", "model.sparse=torch", "--set", "data.rulebooks=loader"]
+    for name, model, loader, fast in (("jishnet-blosc", "jishnet", "blosc", fast_jish),
+                                      ("jishnet-device-dense", "jishnet", "device-dense",
+                                       fast_jish),
+                                      ("scnet-sparse", "scnet", "sparse", fast_scnet),
+                                      ("scnet-sparse-torch", "scnet", "sparse", torch_scnet)):
+        steps.append((f"train-{name}", [*train, "--model", model, "--loader", loader, *fast],
+                      ""))
     steps.append(("minibatch-scnet",
                   ["bench", "minibatch", "--model", "scnet", *dev, "--downsample", downsample,
                    "--events", str(args.events), "--batch-per-rank", args.batches, "--seeds",

@@ -72,13 +72,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        choices=choices("model.algo", without=("auto",)),
                        help="SCNet: spconv algorithm (default: spconv's choice)")
     speed.add_argument("--half", action="store_true", help="SCNet: float16 trunk (CUDA)")
+    speed.add_argument("--sparse", default=None, choices=choices("model.sparse"),
+                       help="SCNet: sparse layers by spconv (the default) or in torch "
+                            "operations (their index tables built in the timed step)")
 
 
 def _model_options(args) -> dict:
     """The model's speed options; an option meant for the other model is an error."""
     from lartpc.errors import LartpcError
 
-    foreign = ({"--algo": args.algo, "--half": args.half} if args.model == "jishnet" else
+    foreign = ({"--algo": args.algo, "--half": args.half, "--sparse": args.sparse}
+               if args.model == "jishnet" else
                {"--amp": args.amp != "none", "--channels-last": args.channels_last,
                 "--elu-after-pool": args.elu_after_pool, "--compile": args.compile,
                 "--stem": args.stem is not None, "--stage2": args.stage2 is not None,
@@ -93,7 +97,8 @@ def _model_options(args) -> dict:
     cfg = ModelConfig(name=args.model, channels_last=args.channels_last,
                       elu_after_pool=args.elu_after_pool, algo=args.algo or "auto",
                       stem=(args.stem or "library") if args.model == "jishnet" else "auto",
-                      stage2=args.stage2 or "library")  # the config's default for either model
+                      stage2=args.stage2 or "library",  # the config's default for either model
+                      sparse=args.sparse or "spconv")
     # the model's own checks, as in training (SCNet's --half is its fp16 trunk)
     amp = "fp16" if args.half else "none"
     return model_class(args.model).options(cfg, amp, args.device)

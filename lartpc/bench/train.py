@@ -116,6 +116,7 @@ def measure_run(out: Path, threshold: float = 1.2) -> dict:
         "data_wait_fraction": float(steps["data_s"].sum() / step_s.sum()),
         "loader": run.meta.get("loader"),
         "rulebooks": run.meta.get("config", {}).get("data", {}).get("rulebooks", "forward"),
+        "sparse": run.meta.get("config", {}).get("model", {}).get("sparse", "spconv"),
         "ttl_threshold": threshold, "ttl_s": m.ttl_s, "ttl_censored": m.ttl_censored,
         "ttl_lower_bound_s": m.ttl_lower_bound_s, "final_loss_smoothed": m.final_loss_smoothed,
         "smooth_window": m.smooth_window, "accuracy": m.accuracy, "n_eval": m.n_eval,

@@ -22,6 +22,7 @@ HEADS = ("flatten", "max")  #: lartpc/models/head.py
 STEMS = ("auto", "fused", "library")  #: JishNet's first stage (lartpc/models/jishnet.py)
 STAGE2S = ("auto", "fused", "library")  #: JishNet's second stage (same file)
 ALGOS = ("auto", "native", "implicit_gemm", "split_implicit_gemm")  #: spconv (SCNet)
+SPARSE = ("spconv", "torch")  #: who runs SCNet's sparse layers (lartpc/models/scnet.py)
 
 
 def image_hw(image_size: int | tuple[int, int] | list[int]) -> tuple[int, int]:

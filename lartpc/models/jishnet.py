@@ -126,6 +126,8 @@ class JishNet(nn.Module):
         whole model, not an option of its own.)"""
         if cfg.algo != "auto":
             raise ConfigError(f"model.algo={cfg.algo!r} is an SCNet option (model.name=jishnet)")
+        if cfg.sparse != "spconv":
+            raise ConfigError(f"model.sparse={cfg.sparse} is an SCNet option (model.name=jishnet)")
         return {"channels_last": cfg.channels_last, "elu_after_pool": cfg.elu_after_pool,
                 "head": cfg.head, "stem": stem_choice(cfg.stem, device_type),
                 "stage2": stage2_choice(cfg.stage2, device_type)}

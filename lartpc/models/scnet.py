@@ -23,6 +23,7 @@ from torch import nn
 
 from lartpc import NUM_CLASSES
 from lartpc.errors import ConfigError
+from lartpc.models import SPARSE, sparse_torch
 from lartpc.models.head import Head
 from lartpc.models.rulebooks import Layer, Rulebooks, max_pool, prebuild
 from lartpc.models.sparse_compat import import_spconv
@@ -81,6 +82,10 @@ class SCNet(nn.Module):
         stays float32.
     head : the classifier head's pooling, ``flatten`` (the study) or ``max``
         (:class:`~lartpc.models.head.Head`).
+    sparse : ``spconv`` (the library) or ``torch``
+        (:mod:`~lartpc.models.sparse_torch`: the same layers in torch operations). The
+        parameters are spconv's modules' either way, so weights, initialisation and
+        checkpoints are the same.
     """
 
     input_kind = "sparse"
@@ -103,12 +108,20 @@ class SCNet(nn.Module):
         if amp == "fp16" and device_type != "cuda":
             raise ConfigError("train.amp=fp16 with model.name=scnet needs CUDA (spconv's CPU "
                               "kernels are float32 only); use train.amp=none on CPU")
+        if cfg.sparse == "torch" and cfg.algo != "auto":
+            raise ConfigError(f"model.algo={cfg.algo} chooses spconv's algorithm; "
+                              "model.sparse=torch runs no spconv kernels (leave algo=auto)")
         return {"algo": None if cfg.algo == "auto" else cfg.algo, "half": amp == "fp16",
-                "head": cfg.head}
+                "head": cfg.head, "sparse": cfg.sparse}
 
     def __init__(self, image_size: tuple[int, int], *, algo: str | None = None,
-                 half: bool = False, head: str = "flatten", num_classes: int = NUM_CLASSES):
+                 half: bool = False, head: str = "flatten", num_classes: int = NUM_CLASSES,
+                 sparse: str = "spconv"):
         super().__init__()
+        if sparse not in SPARSE:
+            raise ConfigError(f"SCNet option sparse={sparse!r}: expected one of "
+                              f"{', '.join(SPARSE)}")
+        self.sparse = sparse
         spconv = import_spconv()
         self.image_size = (int(image_size[0]), int(image_size[1]))
         self.out_hw = trunk_shape(self.image_size)
@@ -153,6 +166,9 @@ class SCNet(nn.Module):
         """``f(coords, batch_size)``: this network's rulebooks for a batch
         (:func:`~lartpc.models.rulebooks.prebuild`), for forwards in training mode or
         not; what the sparse loader calls with ``data.rulebooks = loader``."""
+        if self.sparse == "torch":
+            return partial(sparse_torch.build_maps, spatial_shape=self.image_size,
+                           kernel=KERNEL, pools=POOLS, training=training)
         return partial(prebuild, spatial_shape=list(self.image_size),
                        layers=self.rulebook_layers(), training=training)
 
@@ -166,6 +182,8 @@ class SCNet(nn.Module):
         if self.half and not features.is_cuda:
             raise ConfigError("SCNet option half=True needs CUDA tensors (spconv's CPU "
                               "kernels are float32 only)")
+        if self.sparse == "torch":
+            return self._trunk_torch(coords, features, batch_size, rulebooks)
         spconv = import_spconv()
         coords = coords.to(torch.int32)
         rb = rulebooks if rulebooks is not None and rulebooks.fits(
@@ -180,6 +198,21 @@ class SCNet(nn.Module):
                 if x.features.shape[0] == 0:
                     return self._no_sites(batch_size, features)
         return x.dense().float()
+
+    def _trunk_torch(self, coords, features, batch_size, maps):
+        """The trunk in torch operations on the batch's index tables (``maps``: built
+        ahead for these ``coords``, or here)."""
+        if maps is None or not isinstance(maps, sparse_torch.SiteMaps) or not maps.fits(
+                coords, batch_size, self.image_size, self.training):
+            maps = self.rulebook_builder(training=self.training)(coords, batch_size)
+        x = features[maps.order]
+        with torch.autocast("cuda", dtype=torch.float16, enabled=self.half):
+            for conv, level in zip(self.convs, maps.levels, strict=False):
+                x = F.elu(sparse_torch.subm_conv(x, level.neighbours, conv.weight))
+                x = sparse_torch.max_pool(x, level.slots, level.n_out)
+            if len(maps.levels) < len(self.convs) or x.shape[0] == 0:
+                return self._no_sites(batch_size, features)
+        return sparse_torch.to_dense(x, maps.dense_index, batch_size, maps.out_shape).float()
 
     def _no_sites(self, batch_size: int, features: torch.Tensor) -> torch.Tensor:
         """The trunk's output for a minibatch with no sites: none in the input, or pooling

@@ -1,0 +1,224 @@
+"""SCNet's sparse layers in plain torch operations (``model.sparse = torch``).
+
+The same function as spconv's submanifold convolution and sparse max-pool as SCNet uses
+them (odd kernel, no bias; pool kernel = stride, no padding), written as a few dense
+torch operations on index tables built from the coordinates alone (issue 36):
+
+- a **site table** per level: the active sites as sorted int64 keys
+  ``(b * H + y) * W + x``;
+- a submanifold convolution's **neighbour table** (P, k*k): for each site and kernel
+  offset, the row of the active neighbour, or P (a zero row) where there is none. The
+  convolution is then one gather and one matrix product:
+  ``features[neighbours] (P, k*k*C) @ weight (k*k*C, C')``;
+- a max-pool's **slot** of every input site: its output site's row, or ``n_out`` (a
+  row dropped afterwards) for sites in the rows and columns an unpadded pool leaves
+  out. The pool is one ``scatter_reduce(amax)`` into zeros: spconv's output is
+  ``max(0, max over the window's active sites)``, and so is an ``amax`` that includes
+  the zeros it starts from.
+
+:func:`build_maps` makes every level's tables in one pass (sorts, ``searchsorted``,
+``cumsum``; one read-back of each pool's output count). It is a pure function of the
+batch's coordinates, so the sparse loader can build it in its prefetch thread
+(``data.rulebooks = loader``); torch's operations release the GIL, unlike spconv's pair
+builders. The step itself is then four times gather, product, ELU and scatter: no
+rulebook, no host synchronisation, ~30 operations in the forward.
+
+The pool's backward is spconv's: every input equal to its output gets the output's
+whole gradient (tied sites each get all of it; an input of exactly 0 in a window whose
+maximum is 0 gets it too). ``tests/test_sparse_torch.py`` checks outputs and gradients
+against spconv.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Level:
+    """One resolution's tables: its sites (sorted keys), the convolution's neighbour
+    table and the pool's slot of each site, with the pool's output count."""
+
+    keys: torch.Tensor  #: int64 (P,), sorted
+    shape: tuple[int, int]  #: (H, W) of this level
+    neighbours: torch.Tensor  #: int64 (P, k*k); P = no neighbour (the zero row)
+    slots: torch.Tensor  #: int64 (P,): the output row; n_out = dropped
+    n_out: int  #: active sites after the pool
+
+
+@dataclass
+class SiteMaps:
+    """Every table of one batch (see the module docstring). ``order`` sorts the input
+    rows into key order; ``dense_index`` puts the last level's sites into the flat
+    (B * h * w) dense map."""
+
+    indices: torch.Tensor  #: the coordinate tensor they were built for
+    batch_size: int
+    spatial_shape: tuple[int, int]
+    order: torch.Tensor
+    levels: list[Level]
+    dense_index: torch.Tensor
+    out_shape: tuple[int, int]
+    training: bool = True  #: unused: the tables are the same for either mode
+
+    def fits(self, indices: torch.Tensor, batch_size: int, spatial_shape, training: bool) -> bool:
+        """Built for this very coordinate tensor (identity), batch size and shape."""
+        return (indices is self.indices and batch_size == self.batch_size
+                and tuple(spatial_shape) == tuple(self.spatial_shape))
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor held (to mark them used on another CUDA stream)."""
+        out = [self.indices, self.order, self.dense_index]
+        for level in self.levels:
+            out += [level.keys, level.neighbours, level.slots]
+        return out
+
+
+def site_keys(coords: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """int64 keys ``(b * H + y) * W + x`` of int (P, 3) coordinates (b, y, x)."""
+    c = coords.long()
+    return (c[:, 0] * shape[0] + c[:, 1]) * shape[1] + c[:, 2]
+
+
+def neighbour_table(keys: torch.Tensor, shape: tuple[int, int], kernel: int) -> torch.Tensor:
+    """For sorted ``keys``: the row of each site's neighbour at every offset of a
+    ``kernel`` x ``kernel`` window (offsets row-major, as spconv's weight (C', k, k, C)),
+    or ``len(keys)`` where that neighbour is not active or outside the image.
+
+    One binary search per window row, not per offset: the active sites of a window row
+    are consecutive in ``keys``, so the ``kernel`` keys from the first one at or after
+    the row's left end are the only candidates, and each lands at its own offset."""
+    h, w = shape
+    n, r = len(keys), kernel // 2
+    d = torch.arange(-r, r + 1, device=keys.device)
+    y, x = (keys // w) % h, keys % w
+    centre = keys[:, None] + d * w  # (P, k): the site's column in each window row
+    first = torch.searchsorted(keys, centre - r)
+    rows = first[:, :, None] + torch.arange(kernel, device=keys.device)  # (P, k, k)
+    found = keys[rows.clamp(max=max(n - 1, 0))]
+    dx = found - centre[:, :, None]  # the candidate's column offset, where in this row
+    row_inside = ((y[:, None] + d >= 0) & (y[:, None] + d < h))[:, :, None]
+    nx = x[:, None, None] + dx
+    ok = (dx.abs() <= r) & (rows < n) & (nx >= 0) & (nx < w) & row_inside
+    column = torch.where(ok, (d[:, None] + r) * kernel + dx + r, kernel * kernel)
+    table = torch.full((n, kernel * kernel + 1), n, dtype=torch.long, device=keys.device)
+    table.scatter_(1, column.reshape(n, -1), torch.where(ok, rows, n).reshape(n, -1))
+    return table[:, :-1]
+
+
+def pool_slots(keys: torch.Tensor, shape: tuple[int, int], size: int):
+    """A max-pool of kernel = stride = ``size`` without padding: (each site's output
+    row, the output sites' sorted keys, the output shape). Sites in the last rows or
+    columns that do not fill a window (spconv's floor) get row ``len(out_keys)``."""
+    h, w = shape
+    oh, ow = (h - size) // size + 1, (w - size) // size + 1
+    b, y, x = keys // (h * w), (keys // w) % h, keys % w
+    oy, ox = y // size, x // size
+    kept = (oy < oh) & (ox < ow)
+    okey = (b * oh + oy) * ow + ox
+    big = torch.iinfo(torch.int64).max  # sorts after every kept site
+    sorted_keys, order = torch.sort(torch.where(kept, okey, big))
+    new = torch.ones_like(sorted_keys, dtype=torch.bool)
+    new[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    row_sorted = torch.cumsum(new, 0) - 1
+    n_out = int((new & (sorted_keys != big)).sum())  # the one read-back of the pool
+    slots = torch.empty_like(row_sorted)
+    slots[order] = row_sorted.clamp(max=n_out)
+    return slots, sorted_keys[new][:n_out], (oh, ow)
+
+
+def build_maps(coords: torch.Tensor, batch_size: int, spatial_shape, kernel: int,
+               pools, training: bool = True) -> SiteMaps | None:
+    """Every level's tables for int (P, 3) ``coords`` (b, y, x) of a batch (a pure
+    function of them; ``training`` is recorded only), on their device; None for no
+    sites. A pool that leaves no site ends the levels (the model stops there too)."""
+    if coords.shape[0] == 0:
+        return None
+    shape = (int(spatial_shape[0]), int(spatial_shape[1]))
+    keys, order = torch.sort(site_keys(coords, shape))
+    levels = []
+    for size in pools:
+        slots, out_keys, out_shape = pool_slots(keys, shape, size)
+        levels.append(Level(keys, shape, neighbour_table(keys, shape, kernel), slots,
+                            len(out_keys)))
+        keys, shape = out_keys, out_shape
+        if len(keys) == 0:
+            break
+    return SiteMaps(coords, int(batch_size), tuple(spatial_shape), order, levels, keys,
+                    shape, training)
+
+
+class _SubmConv(torch.autograd.Function):
+    """Forward: one gather of the input rows (P, k*k*C) and one matrix product; the
+    gathered rows are kept for the weight gradient. The input gradient scatters
+    nothing: a submanifold neighbourhood is symmetric (j is i's neighbour at offset o
+    exactly when i is j's at the mirrored offset k*k-1-o), so it is the output gradient
+    times the weight, (P, k*k, C), gathered back through the mirrored table and summed
+    over the offsets: no atomic adds, the same result on every run."""
+
+    @staticmethod
+    def forward(ctx, features, neighbours, weight):
+        n, kk, c = len(features), neighbours.shape[1], features.shape[1]
+        rows = torch.cat([features, features.new_zeros(1, c)])
+        cols = rows[neighbours].reshape(n, kk * c)
+        w = weight.reshape(weight.shape[0], kk * c).to(cols.dtype)  # (C', k*k*C)
+        ctx.save_for_backward(cols, neighbours, w)
+        ctx.weight_dtype, ctx.saved_shape = weight.dtype, weight.shape[1:]
+        return cols @ w.t()
+
+    @staticmethod
+    def backward(ctx, grad):
+        cols, neighbours, w = ctx.saved_tensors
+        n, kk = neighbours.shape
+        c = cols.shape[1] // kk
+        grad = grad.to(cols.dtype)
+        grad_features = grad_weight = None
+        if ctx.needs_input_grad[0]:
+            z = torch.cat([(grad @ w).reshape(n * kk, c), grad.new_zeros(kk, c)])
+            mirrored = neighbours.flip(1) * kk + torch.arange(kk, device=grad.device)
+            grad_features = z[mirrored].sum(1)  # row n*kk + o of z is zero
+        if ctx.needs_input_grad[2]:
+            grad_weight = (grad.t() @ cols).reshape(-1, *ctx.saved_shape).to(ctx.weight_dtype)
+        return grad_features, None, grad_weight
+
+
+def subm_conv(features: torch.Tensor, neighbours: torch.Tensor,
+              weight: torch.Tensor) -> torch.Tensor:
+    """Submanifold convolution (no bias) of (P, C) ``features`` with spconv's weight
+    layout (C', k, k, C)."""
+    return _SubmConv.apply(features, neighbours, weight)
+
+
+class _MaxPool(torch.autograd.Function):
+    """Forward: ``amax`` of each slot's inputs and zero. Backward as spconv's: every
+    input equal to its output gets the output's whole gradient (ties included)."""
+
+    @staticmethod
+    def forward(ctx, features, slots, n_out):
+        out = features.new_zeros(n_out + 1, features.shape[1])
+        out = out.scatter_reduce(0, slots[:, None].expand_as(features), features, "amax",
+                                 include_self=True)
+        ctx.save_for_backward(features, slots, out)
+        return out[:n_out]
+
+    @staticmethod
+    def backward(ctx, grad):
+        features, slots, out = ctx.saved_tensors
+        grad = torch.cat([grad, grad.new_zeros(1, grad.shape[1])])  # dropped sites: none
+        return grad[slots] * (features == out[slots]), None, None
+
+
+def max_pool(features: torch.Tensor, slots: torch.Tensor, n_out: int) -> torch.Tensor:
+    """Sparse max-pool: ``max(0, max of each output site's inputs)`` (n_out, C)."""
+    return _MaxPool.apply(features, slots, n_out)
+
+
+def to_dense(features: torch.Tensor, keys: torch.Tensor, batch_size: int,
+             shape: tuple[int, int]) -> torch.Tensor:
+    """(B, C, h, w) map with the sites of sorted ``keys`` filled, zeros elsewhere
+    (spconv's ``.dense()``)."""
+    flat = features.new_zeros(batch_size * shape[0] * shape[1], features.shape[1])
+    flat = flat.index_copy(0, keys, features)
+    return flat.reshape(batch_size, shape[0], shape[1], -1).permute(0, 3, 1, 2)

@@ -1,0 +1,208 @@
+"""SCNet's sparse layers in torch operations (``model.sparse = torch``, issue 36) compute
+spconv's function: forward and gradients against spconv on generated events (rows and
+columns a pool leaves out included), spconv's tie rule in the pool's backward, the
+index tables built in the loader's thread, a training against spconv's, and the
+option's refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_step_overlap import _fit, _same
+
+from lartpc.config import load_config
+from lartpc.data.loaders import build_loader
+from lartpc.data.store import EventStore
+from lartpc.errors import ConfigError
+from lartpc.models import build, sparse_torch
+from lartpc.models.scnet import SCNet
+
+pytestmark = pytest.mark.sparse
+
+TORCH = "model.sparse=torch"
+
+
+def _pair(shape, seed=0):
+    """The same parameters in an spconv SCNet and a torch one."""
+    torch.manual_seed(seed)
+    a = SCNet(shape)
+    b = SCNet(shape, sparse="torch")
+    b.load_state_dict(a.state_dict())
+    return a, b
+
+
+def _batches(data, n=3, model=None):
+    store = EventStore(data)
+    loader = build_loader(store, "sparse", np.arange(len(store)), 7, seed=1,
+                          rulebooks=None if model is None else
+                          model.rulebook_builder(training=True))
+    it = iter(loader)
+    out = [next(it) for _ in range(n)]
+    it.close()
+    return out
+
+
+def _forward_backward(model, coords, features, batch_size, labels, maps=None):
+    model.zero_grad()
+    feats = features.clone().requires_grad_()
+    out = model.forward_sparse(coords, feats, batch_size, maps)
+    torch.nn.functional.cross_entropy(out, labels).backward()
+    return [out.detach(), feats.grad, *(p.grad.clone() for p in model.parameters())]
+
+
+def _close(got, want, rtol=1e-5):
+    for g, w in zip(got, want, strict=True):
+        scale = w.abs().max()
+        assert scale > 0
+        assert (g - w).abs().max() <= rtol * scale, ((g - w).abs().max(), scale)
+
+
+def test_forward_and_gradients_equal_spconvs(train_events_dir):
+    shape = tuple(EventStore(train_events_dir).geometry.shape)
+    a, b = _pair(shape)
+    for batch in _batches(train_events_dir):
+        args = (batch.coords, batch.features, batch.data_size, batch.labels)
+        _close(_forward_backward(b, *args), _forward_backward(a, *args))
+
+
+def test_sites_a_pool_leaves_out_are_dropped_as_spconvs(train_events_dir):
+    """406 x 402: the first pool leaves out row 405 and columns 400-401, the second the
+    rows of the first's row 80; the events are moved down and right so that sites fall
+    in them."""
+    a, b = _pair((406, 402), seed=3)
+    batch = _batches(train_events_dir, n=1)[0]
+    coords = batch.coords.clone()
+    coords[:, 1] += 405 - coords[:, 1].max()
+    coords[:, 2] += 401 - coords[:, 2].max()
+    assert (coords[:, 1] == 405).any() and (coords[:, 2] >= 400).any()
+    args = (coords, batch.features, batch.data_size, batch.labels)
+    _close(_forward_backward(b, *args), _forward_backward(a, *args))
+    maps = b.rulebook_builder(training=True)(coords, batch.data_size)
+    assert (maps.levels[0].slots == maps.levels[0].n_out).any()  # dropped sites
+    assert [lv.shape for lv in maps.levels] == [(406, 402), (81, 80), (16, 16), (4, 4)]
+
+
+def test_pool_ties_and_zeros_follow_spconvs_gradient_rule():
+    """spconv's max-pool gives every input equal to its output the output's whole
+    gradient: both of two tied maxima, and an exact 0 in a window whose maximum is 0;
+    negative inputs of a window starting from zero get none."""
+    import spconv.pytorch as sp
+
+    coords = torch.tensor([[0, 0, 0], [0, 0, 1], [0, 1, 0], [0, 1, 1], [0, 2, 2], [0, 3, 3]],
+                          dtype=torch.int32)
+    values = torch.tensor([[2.0], [2.0], [0.0], [-1.0], [0.0], [-3.0]])
+    f1, f2 = values.clone().requires_grad_(), values.clone().requires_grad_()
+    want = sp.SparseMaxPool2d(2, stride=2)(sp.SparseConvTensor(f1, coords, [4, 4], 1))
+    (want.features * torch.tensor([[3.0], [5.0]])).sum().backward()
+    maps = sparse_torch.build_maps(coords, 1, (4, 4), 1, (2,))
+    got = sparse_torch.max_pool(f2[maps.order], maps.levels[0].slots, maps.levels[0].n_out)
+    (got * torch.tensor([[3.0], [5.0]])).sum().backward()
+    assert torch.equal(got, want.features)
+    assert torch.equal(f1.grad, f2.grad) and f1.grad.ravel().tolist() == [3, 3, 0, 0, 5, 0]
+
+
+def test_neighbour_table_against_a_dense_search():
+    """Every offset of every site, against a plain search over a dense index image,
+    with sites on the image's borders and in two images of the batch."""
+    rng = np.random.default_rng(5)
+    h, w = 23, 17
+    occupied = rng.random((2, h, w)) < 0.3
+    b, y, x = np.nonzero(occupied)
+    coords = torch.from_numpy(np.stack([b, y, x], 1)).int()
+    keys, _ = torch.sort(sparse_torch.site_keys(coords, (h, w)))
+    table = sparse_torch.neighbour_table(keys, (h, w), 5)
+    index = -np.ones((2, h, w), int)
+    kb, ky, kx = (keys // (h * w)).numpy(), ((keys // w) % h).numpy(), (keys % w).numpy()
+    index[kb, ky, kx] = np.arange(len(keys))
+    want = np.full((len(keys), 25), len(keys))
+    for i in range(len(keys)):
+        for o, (dy, dx) in enumerate((dy, dx) for dy in range(-2, 3) for dx in range(-2, 3)):
+            yy, xx = ky[i] + dy, kx[i] + dx
+            if 0 <= yy < h and 0 <= xx < w and index[kb[i], yy, xx] >= 0:
+                want[i, o] = index[kb[i], yy, xx]
+    assert np.array_equal(table.numpy(), want)
+    assert (want < len(keys)).sum() > len(keys)  # neighbours found, not just the centres
+
+
+def test_tables_built_in_the_loaders_thread_give_the_same_result(train_events_dir):
+    shape = tuple(EventStore(train_events_dir).geometry.shape)
+    _, b = _pair(shape)
+    for batch in _batches(train_events_dir, model=b):
+        assert isinstance(batch.rulebooks, sparse_torch.SiteMaps)
+        assert batch.rulebooks.indices is batch.coords
+        args = (batch.coords, batch.features, batch.data_size, batch.labels)
+        got = _forward_backward(b, *args, maps=batch.rulebooks)
+        assert all(torch.equal(x, y) for x, y in zip(got, _forward_backward(b, *args),
+                                                     strict=True))
+
+
+def test_no_sites_give_zero_logits_from_the_head_alone():
+    _, b = _pair((400, 400))
+    coords = torch.zeros((0, 3), dtype=torch.int32)
+    out = b.forward_sparse(coords, torch.zeros((0, 1)), 2)
+    assert out.shape == (2, 5)
+    # one site in the last row, which the first pool leaves out of a 403-row image
+    _, c = _pair((403, 400))
+    one = torch.tensor([[0, 402, 7]], dtype=torch.int32)
+    out = c.forward_sparse(one, torch.ones((1, 1)), 1)
+    out.sum().backward()
+    assert out.shape == (1, 5)
+    assert all(p.grad is not None for p in c.parameters())
+
+
+def test_training_with_torch_layers_follows_spconvs(world, train_events_dir, tmp_path):
+    """Two epochs: the rank logs' losses and the final parameters agree with spconv's to
+    rounding (the sums run in another order); with the tables built in the loader's
+    thread the training is bit-identical to the one building them in the forward."""
+    spconv = _fit(world, train_events_dir, tmp_path / "spconv")
+    torch_fwd = _fit(world, train_events_dir, tmp_path / "torch", "tiny-scnet", TORCH)
+    torch_loader = _fit(world, train_events_dir, tmp_path / "loader", "tiny-scnet", TORCH,
+                        "data.rulebooks=loader")
+    _same(torch_fwd, torch_loader)
+    (pa, la), (pb, lb) = spconv, torch_fwd
+    assert len(la) == len(lb) > 0
+    for ra, rb in zip(la, lb, strict=True):
+        assert ra["batchno"] == rb["batchno"]
+        assert abs(float(ra["local_loss"]) - float(rb["local_loss"])) < 1e-4
+    for x, y in zip(pa, pb, strict=True):
+        assert (x - y).abs().max() <= 1e-3 * x.abs().max()
+
+
+def test_the_option_refuses_what_it_cannot_serve():
+    for name, sets, match in [
+            ("tiny-jishnet", [TORCH], "model.sparse=torch is an SCNet option"),
+            ("tiny-scnet", [TORCH, "model.algo=native"], "model.sparse=torch runs no spconv"),
+    ]:
+        cfg = load_config(name, sets)
+        cls = type(build(cfg.model.name, image_size=(400, 400)))
+        with pytest.raises(ConfigError, match=match):
+            cls.options(cfg.model, "none", "cpu")
+    with pytest.raises(ConfigError, match="model.sparse"):
+        load_config("tiny-scnet", ["model.sparse=cuda"])
+    with pytest.raises(ConfigError, match="sparse='cuda'"):
+        SCNet((400, 400), sparse="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_step_on_prebuilt_tables_never_synchronises(train_events_dir):
+    """With the tables built ahead (the loader's thread), forward and backward queue
+    their kernels without waiting for the device once; the result equals spconv's to
+    rounding."""
+    store = EventStore(train_events_dir)
+    torch.manual_seed(0)
+    a = build("scnet", image_size=store.geometry.shape).cuda()
+    b = build("scnet", image_size=store.geometry.shape, sparse="torch").cuda()
+    b.load_state_dict(a.state_dict())
+    loader = build_loader(store, "sparse", np.arange(len(store)), 7, device="cuda", seed=1,
+                          rulebooks=b.rulebook_builder(training=True))
+    for batch in loader:
+        args = (batch.coords, batch.features, batch.data_size, batch.labels)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = _forward_backward(b, *args, maps=batch.rulebooks)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        _close(got, _forward_backward(a, *args), rtol=1e-4)

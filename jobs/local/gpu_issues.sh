@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The GPU measurements issues 35 and 36 still need, in one call, most important first.
+#
+#   bash jobs/local/gpu_issues.sh OUT            # on one H100/H200
+#   DEVICE=cpu bash jobs/local/gpu_issues.sh OUT # smoke run at 450 x 450 (this script's check)
+#
+# Needs gpu-bundle/ beside the tree on the GPU host (`make gpu-bundle` where the package
+# index is reachable). Every part writes into OUT as soon as it ends, so a run cut short
+# keeps what finished; a failing part is noted in OUT/parts.txt and the rest still run.
+# Expected on an H200: ~8 minutes (BENCHMARKS.md, "Prepared GPU command" of issue 36).
+set -u
+OUT=${1:?usage: gpu_issues.sh OUT}
+DEVICE=${DEVICE:-cuda}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+cd "$(dirname "$0")/../.." || exit 1  # the tree's root
+G=$OUT/gpu-bench
+if [ "$DEVICE" = cuda ]; then
+    bash gpu-bundle/install.sh --require-cuda > "$OUT/install.txt" 2>&1 || {
+        echo "install failed: see $OUT/install.txt"; exit 1; }
+    export PYTHONPATH=$PWD:$PWD/gpu-bundle/site
+    COMMON=(--train-seconds 40); SCAN=(--scan-seeds 0 --scan-seconds 30)
+else  # gpu_bench's smoke run (450 x 450, trainings of 2 epochs) of the CUDA-free parts
+    COMMON=(--quick); SCAN=()
+fi
+PY=${PYTHON:-python3}
+part() {  # part NAME COMMAND...: run one part, log it, keep going on failure
+    local name=$1; shift
+    local t0=$SECONDS rc
+    "$@" > "$OUT/$name.out" 2> "$OUT/$name.err"; rc=$?
+    echo "$name: exit $rc, $((SECONDS - t0)) s" | tee -a "$OUT/parts.txt"
+}
+bench() {  # bench ONLY [FLAGS]: gpu_bench steps into $G, results copied into OUT
+    local only=$1; shift
+    part "gpu-bench-${only%%,*}" "$PY" -m lartpc.jobs.local.gpu_bench --out "$G" \
+        --device "$DEVICE" "${COMMON[@]}" --only "$only" --results "$OUT/results.json" "$@"
+    cp "$G"/*.json "$G"/summary.md "$OUT/" 2>/dev/null
+}
+
+"$PY" -m lartpc env > "$OUT/env.txt" 2>&1
+# 1. issue 36: SCNet's training, spconv (the issue's command) against its layers in torch
+#    operations with their tables built in the loader's thread
+bench 'train-scnet-sparse,train-scnet-sparse-torch'
+# 2. the CUDA tests of both ways of building ahead (equality, and no synchronisation)
+part gpu-tests "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_sparse_torch.py \
+    tests/test_rulebooks.py tests/test_fused_stage2.py tests/test_fused_stem.py
+# 3. issue 35: the fused second stage, accuracy and timing (stem_check --stage 2)
+if [ "$DEVICE" = cuda ]; then
+    part stage2-check "$PY" -m lartpc.jobs.local.stem_check --out "$OUT/stage2-check" \
+        --stage 2
+    # 4. JishNet with both stages fused, stage by stage, and its peak memory
+    part model-jishnet-fused-stages "$PY" -m lartpc bench model --model jishnet \
+        --device cuda --batch-per-rank 7 --elu-after-pool --cudnn-benchmark --amp bf16 \
+        --channels-last --stem fused --stage2 fused --stages
+fi
+# 5. SCNet's bare forward+backward both ways (tables built in the timed step)
+bench 'model-scnet-default,model-scnet-implicit-gemm,model-scnet-torch'
+# 6. the minibatch scan (spconv, implicit GEMM), last: the longest part
+bench minibatch-scnet "${SCAN[@]}"
+cp -r "$G/minibatch" "$OUT/" 2>/dev/null
+echo "done: $OUT" | tee -a "$OUT/parts.txt"

@@ -135,6 +135,12 @@ class SCNet(nn.Module):
             pools.append(spconv.SparseMaxPool2d(pool, stride=pool, algo=conv_algo))
             cin = cout
         self.convs, self.pools = nn.ModuleList(convs), nn.ModuleList(pools)
+        for conv in convs:  # the torch layers read spconv's weights as (C', k, k, C)
+            want = (conv.out_channels, KERNEL, KERNEL, conv.in_channels)
+            if sparse == "torch" and tuple(conv.weight.shape) != want:
+                raise ConfigError(f"model.sparse=torch: this spconv stores {conv} weights as "
+                                  f"{tuple(conv.weight.shape)}, not (C', k, k, C) = {want}; "
+                                  "use model.sparse=spconv")
         self.head = Head(cin, self.out_hw, head, num_classes=num_classes)
 
     def forward(self, batch) -> torch.Tensor:

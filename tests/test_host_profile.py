@@ -31,3 +31,18 @@ def test_each_stack_goes_to_the_first_part_that_matches():
     # 60 samples at 100 Hz over 10 steps: 60 ms per step; 60 of 200 samples
     assert "| backward | 60.00 | 30.0 % |" in table
     assert "| set_lr | 0.00 | 0.0 % |" in table
+
+
+def test_aten_calls_are_counted_per_step_and_views_do_not_compute():
+    import torch
+    from lartpc.jobs.local.host_profile import main_thread_work
+
+    x = torch.randn(8, 8)
+    with torch.profiler.profile() as prof:
+        for _ in range(2):  # two "steps": a product, a view, an allocation, an addition
+            y = torch.matmul(x, x).view(-1)
+            torch.empty(3)
+            y.add_(1)
+    calls, work = main_thread_work(prof.events(), steps=2)
+    assert work == 2  # matmul (which calls mm: counted once) and add_
+    assert calls == 4  # and the view and the allocation

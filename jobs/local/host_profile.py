@@ -12,7 +12,8 @@ sinks, loader, epoch-end evaluation and checkpoint) and gives each in millisecon
 training step (the run folder's rank-000.csv counts the steps). Native code is
 charged to the Python frame that called it. ``ops`` runs ``--steps`` trainer steps
 under torch.profiler after as many untimed ones and prints the ops by self time, then
-the allocations, fills, copies and scalar read-backs per step.
+the allocations, fills, copies and scalar read-backs per step, and the main thread's
+aten calls per step (on a GPU each computing one is about one kernel launch).
 """
 
 from __future__ import annotations
@@ -73,6 +74,29 @@ def _steps_of(run: Path) -> int:
     return max(0, len(text.splitlines()) - 1)
 
 
+#: aten ops that compute nothing: views, metadata, allocations (counted apart above)
+NO_WORK = frozenset(f"aten::{n}" for n in (
+    "empty", "empty_strided", "as_strided", "view", "_reshape_alias", "reshape", "detach",
+    "lift_fresh", "resolve_conj", "resolve_neg", "_unsafe_view", "alias", "t", "transpose",
+    "expand", "permute", "slice", "select", "unsqueeze", "squeeze", "flatten", "result_type",
+    "is_nonzero", "set_", "_local_scalar_dense", "to", "contiguous", "numpy_T"))
+
+
+def main_thread_work(events, steps: int) -> tuple[float, float]:
+    """(aten calls per step, those that compute) in the main thread (the profiler records
+    the thread that started it, not the loader's). A call is an outermost aten op (not
+    called by another); it computes when it or an op it calls is not a view, an
+    allocation or a read-back (``NO_WORK``): on a GPU about one kernel launch each (a
+    composite such as cross-entropy a few)."""
+    def computes(e) -> bool:
+        return e.name not in NO_WORK or any(computes(c) for c in e.cpu_children
+                                            if c.name.startswith("aten::"))
+
+    calls = [e for e in events if e.name.startswith("aten::")
+             and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))]
+    return len(calls) / steps, sum(map(computes, calls)) / steps
+
+
 def ops(data: Path, sets: list[str], steps: int, config: str) -> str:
     """torch.profiler's table over ``steps`` trainer steps after as many warm-up steps,
     and the per-step counts of allocations, fills, copies and read-backs."""
@@ -123,6 +147,9 @@ def ops(data: Path, sets: list[str], steps: int, config: str) -> str:
         if e is not None:
             lines.append(f"  {name}: {e.count / steps:.1f} calls, self CPU "
                          f"{e.self_cpu_time_total / steps / 1e3:.3f} ms")
+    calls, work = main_thread_work(prof.events(), steps)
+    lines.append(f"  main thread: {calls:.1f} aten calls, {work:.1f} of them computing "
+                 "(not only views, allocations or read-backs)")
     return "\n".join(lines)
 
 

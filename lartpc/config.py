@@ -77,8 +77,9 @@ class DataConfig:
     #: its image lies at the low-wire, early end, once when it is read; full resolution
     #: only (lartpc/data/orient.py)
     orient: str = "none"
-    #: forward | loader: SCNet's spconv rulebooks built in each layer's forward, or for
-    #: the next batch in the sparse loader's prefetch thread (lartpc/models/rulebooks.py)
+    #: forward | loader: SCNet's spconv rulebooks (model.sparse=torch: its index tables)
+    #: built in the forward, or for the next batch in the sparse loader's prefetch thread
+    #: (lartpc/models/rulebooks.py, lartpc/models/sparse_torch.py)
     rulebooks: str = "forward"
 
 

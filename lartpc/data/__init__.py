@@ -14,8 +14,9 @@ LOADERS = ("blosc", "sparse", "device-dense")
 AUGMENTS = ("none", "mirror")
 ORIENTS = ("none", "start")
 BLOSC_SHUFFLES = ("noshuffle", "shuffle", "bitshuffle")
-#: forward (spconv builds them in each layer's forward) | loader (the sparse loader's
-#: prefetch thread builds them for the next batch: lartpc/models/rulebooks.py)
+#: forward (the model builds them: spconv in each layer's forward, or the torch layers'
+#: index tables) | loader (the sparse loader's prefetch thread builds them for the next
+#: batch: lartpc/models/rulebooks.py, lartpc/models/sparse_torch.py)
 RULEBOOKS = ("forward", "loader")
 
 __all__ = ["AUGMENTS", "BLOSC_SHUFFLES", "LOADERS", "ORIENTS", "RULEBOOKS", "Event",

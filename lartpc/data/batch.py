@@ -26,8 +26,9 @@ class Batch:
     features : float32 (P, 1) charge at ``coords`` or None.
     event_ids : int64 (B,) store indices of the events (for bookkeeping and tests).
     truth : per-event truth arrays, each of leading length B.
-    rulebooks : spconv rulebooks built ahead for ``coords`` (``data.rulebooks = loader``:
-        :mod:`lartpc.models.rulebooks`), or None: the model builds them.
+    rulebooks : spconv rulebooks (:mod:`lartpc.models.rulebooks`) or the torch layers'
+        index tables (:mod:`lartpc.models.sparse_torch`) built ahead for ``coords``
+        (``data.rulebooks = loader``), or None: the model builds them.
     """
 
     labels: torch.Tensor

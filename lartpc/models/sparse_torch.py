@@ -134,6 +134,8 @@ def build_maps(coords: torch.Tensor, batch_size: int, spatial_shape, kernel: int
     """Every level's tables for int (P, 3) ``coords`` (b, y, x) of a batch (a pure
     function of them; ``training`` is recorded only), on their device; None for no
     sites. A pool that leaves no site ends the levels (the model stops there too)."""
+    if kernel % 2 == 0:
+        raise ValueError(f"kernel={kernel}: a submanifold convolution needs an odd kernel")
     if coords.shape[0] == 0:
         return None
     shape = (int(spatial_shape[0]), int(spatial_shape[1]))

@@ -17,6 +17,7 @@ from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError
 from lartpc.models import build, sparse_torch
 from lartpc.models.scnet import SCNet
+from lartpc.models.sparse_compat import import_spconv
 
 pytestmark = pytest.mark.sparse
 
@@ -87,8 +88,7 @@ def test_pool_ties_and_zeros_follow_spconvs_gradient_rule():
     """spconv's max-pool gives every input equal to its output the output's whole
     gradient: both of two tied maxima, and an exact 0 in a window whose maximum is 0;
     negative inputs of a window starting from zero get none."""
-    import spconv.pytorch as sp
-
+    sp = import_spconv()
     coords = torch.tensor([[0, 0, 0], [0, 0, 1], [0, 1, 0], [0, 1, 1], [0, 2, 2], [0, 3, 3]],
                           dtype=torch.int32)
     values = torch.tensor([[2.0], [2.0], [0.0], [-1.0], [0.0], [-3.0]])

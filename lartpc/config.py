@@ -79,8 +79,10 @@ class DataConfig:
     orient: str = "none"
     #: forward | loader: SCNet's spconv rulebooks (model.sparse=torch: its index tables)
     #: built in the forward, or for the next batch in the sparse loader's prefetch thread
-    #: (lartpc/models/rulebooks.py, lartpc/models/sparse_torch.py)
-    rulebooks: str = "forward"
+    #: (lartpc/models/rulebooks.py, lartpc/models/sparse_torch.py); auto: loader for the
+    #: torch layers (torch releases the GIL there) on the sparse loader without
+    #: augmentation, forward otherwise (spconv's builders hold the GIL: no gain on a CPU)
+    rulebooks: str = "auto"
 
 
 @dataclass(kw_only=True, slots=True)

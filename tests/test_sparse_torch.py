@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_step_overlap import _fit, _same
+from test_step_overlap import _build, _fit, _same
 
 from lartpc.config import load_config
 from lartpc.data.loaders import build_loader
@@ -18,6 +18,7 @@ from lartpc.errors import ConfigError
 from lartpc.models import build, sparse_torch
 from lartpc.models.scnet import SCNet
 from lartpc.models.sparse_compat import import_spconv
+from lartpc.train.parts import rulebooks_choice
 
 pytestmark = pytest.mark.sparse
 
@@ -156,9 +157,12 @@ def test_training_with_torch_layers_follows_spconvs(world, train_events_dir, tmp
     rounding (the sums run in another order); with the tables built in the loader's
     thread the training is bit-identical to the one building them in the forward."""
     spconv = _fit(world, train_events_dir, tmp_path / "spconv")
-    torch_fwd = _fit(world, train_events_dir, tmp_path / "torch", "tiny-scnet", TORCH)
-    torch_loader = _fit(world, train_events_dir, tmp_path / "loader", "tiny-scnet", TORCH,
-                        "data.rulebooks=loader")
+    torch_fwd = _fit(world, train_events_dir, tmp_path / "torch", "tiny-scnet", TORCH,
+                     "data.rulebooks=forward")
+    torch_loader = _fit(world, train_events_dir, tmp_path / "loader", "tiny-scnet", TORCH)
+    t = _build(world, train_events_dir, tmp_path / "auto", "tiny-scnet", (TORCH,))
+    assert t.train_loader._rulebooks is not None  # auto: built in the loader's thread
+    t.close()
     _same(torch_fwd, torch_loader)
     (pa, la), (pb, lb) = spconv, torch_fwd
     assert len(la) == len(lb) > 0
@@ -167,6 +171,18 @@ def test_training_with_torch_layers_follows_spconvs(world, train_events_dir, tmp
         assert abs(float(ra["local_loss"]) - float(rb["local_loss"])) < 1e-4
     for x, y in zip(pa, pb, strict=True):
         assert (x - y).abs().max() <= 1e-3 * x.abs().max()
+
+
+@pytest.mark.parametrize("sets,mode,want", [
+    ([TORCH], "sparse", "loader"),
+    ([TORCH, "data.augment=mirror"], "sparse", "forward"),  # coordinates change after it
+    ([TORCH, "data.rulebooks=forward"], "sparse", "forward"),
+    ([], "sparse", "forward"),  # spconv's builders hold the GIL: no gain in a thread
+    (["data.rulebooks=loader"], "sparse", "loader"),
+])
+def test_auto_builds_in_the_loader_for_the_torch_layers_only(sets, mode, want):
+    assert rulebooks_choice(load_config("tiny-scnet", sets), mode) == want
+    assert rulebooks_choice(load_config("tiny-jishnet"), "blosc") == "forward"
 
 
 def test_the_option_refuses_what_it_cannot_serve():

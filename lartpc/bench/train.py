@@ -115,7 +115,8 @@ def measure_run(out: Path, threshold: float = 1.2) -> dict:
         # share of the step spent waiting for the next batch (the issue's <= 5 %)
         "data_wait_fraction": float(steps["data_s"].sum() / step_s.sum()),
         "loader": run.meta.get("loader"),
-        "rulebooks": run.meta.get("config", {}).get("data", {}).get("rulebooks", "forward"),
+        "rulebooks": run.meta.get("rulebooks", run.meta.get("config", {}).get("data", {})
+                                  .get("rulebooks", "forward")),  # as resolved (auto)
         "sparse": run.meta.get("config", {}).get("model", {}).get("sparse", "spconv"),
         "ttl_threshold": threshold, "ttl_s": m.ttl_s, "ttl_censored": m.ttl_censored,
         "ttl_lower_bound_s": m.ttl_lower_bound_s, "final_loss_smoothed": m.final_loss_smoothed,

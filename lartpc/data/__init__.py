@@ -16,8 +16,9 @@ ORIENTS = ("none", "start")
 BLOSC_SHUFFLES = ("noshuffle", "shuffle", "bitshuffle")
 #: forward (the model builds them: spconv in each layer's forward, or the torch layers'
 #: index tables) | loader (the sparse loader's prefetch thread builds them for the next
-#: batch: lartpc/models/rulebooks.py, lartpc/models/sparse_torch.py)
-RULEBOOKS = ("forward", "loader")
+#: batch: lartpc/models/rulebooks.py, lartpc/models/sparse_torch.py) | auto (loader for
+#: SCNet's torch layers where it can serve them, forward otherwise: train/parts.py)
+RULEBOOKS = ("auto", "forward", "loader")
 
 __all__ = ["AUGMENTS", "BLOSC_SHUFFLES", "LOADERS", "ORIENTS", "RULEBOOKS", "Event",
            "EventStore", "EventStoreError", "write_shard"]

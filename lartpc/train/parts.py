@@ -47,11 +47,23 @@ def loader_mode(cfg: Config, model: torch.nn.Module) -> str:
     return "sparse" if model.input_kind == "sparse" else "blosc"
 
 
+def rulebooks_choice(cfg: Config, mode: str) -> str:
+    """``forward`` or ``loader`` for ``data.rulebooks`` with loader ``mode``: ``auto`` is
+    the loader's thread for SCNet's torch layers (``model.sparse = torch``: their index
+    tables, built with the GIL released) on the sparse loader without augmentation, and
+    the forward otherwise (spconv's rulebook builders hold the GIL; BENCHMARKS.md)."""
+    if cfg.data.rulebooks != "auto":
+        return cfg.data.rulebooks
+    serves = (cfg.model.name == "scnet" and cfg.model.sparse == "torch" and mode == "sparse"
+              and cfg.data.augment == "none")
+    return "loader" if serves else "forward"
+
+
 def rulebook_builder(cfg: Config, model: torch.nn.Module | None, mode: str, *, train: bool):
-    """What the sparse loader calls to build each batch's rulebooks (``data.rulebooks =
-    loader``), for forwards in training mode or not; None where the model builds them
-    (``forward``, or no model given)."""
-    if cfg.data.rulebooks == "forward" or model is None:
+    """What the sparse loader calls to build each batch's rulebooks (``data.rulebooks``
+    resolving to ``loader``), for forwards in training mode or not; None where the model
+    builds them (``forward``, or no model given)."""
+    if rulebooks_choice(cfg, mode) == "forward" or model is None:
         return None
     if mode != "sparse" or not hasattr(model, "rulebook_builder"):
         raise ConfigError(f"data.rulebooks=loader builds spconv rulebooks in the sparse "

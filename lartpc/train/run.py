@@ -17,7 +17,7 @@ from lartpc.runfolder import provenance
 from lartpc.runfolder.folder import RunFolder
 from lartpc.runfolder.schema import RunFolderError, Status
 from lartpc.train import segments, tblog
-from lartpc.train.parts import model_options
+from lartpc.train.parts import model_options, rulebooks_choice
 from lartpc.train.plan import check_store_fits, plan_run
 from lartpc.train.segments import Segment
 from lartpc.train.signals import StopRequests
@@ -178,7 +178,8 @@ def _fit(trainer: Trainer, folder: RunFolder) -> str:
     if world.is_root:
         folder.update(steps_per_epoch=plan.steps_per_epoch, train_events=len(plan.train),
                       eval_events=len(plan.eval), test_events=len(plan.test),
-                      loader=trainer.train_loader.mode)
+                      loader=trainer.train_loader.mode,
+                      rulebooks=rulebooks_choice(cfg, trainer.train_loader.mode))
     sinks = open_sinks(trainer.segment, trainer.state.global_step)
     ckpt = Checkpointer(world, trainer.run, cfg.train.checkpoint_every_steps,
                         cfg.train.checkpoint_every_s)

@@ -6,6 +6,8 @@ option's refusals."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -152,14 +154,26 @@ def test_no_sites_give_zero_logits_from_the_head_alone():
     assert all(p.grad is not None for p in c.parameters())
 
 
-def test_training_with_torch_layers_follows_spconvs(world, train_events_dir, tmp_path):
+def test_training_with_torch_layers_follows_spconvs(world, train_events_dir, tmp_path,
+                                                    monkeypatch):
     """Two epochs: the rank logs' losses and the final parameters agree with spconv's to
     rounding (the sums run in another order); with the tables built in the loader's
-    thread the training is bit-identical to the one building them in the forward."""
+    thread (``auto``) the training is bit-identical to the one building them in the
+    forward, and the forward built none."""
+    threads, real = [], sparse_torch.build_maps
+
+    def spied(*args, **kw):
+        threads.append(threading.current_thread())
+        return real(*args, **kw)
+
+    monkeypatch.setattr(sparse_torch, "build_maps", spied)
     spconv = _fit(world, train_events_dir, tmp_path / "spconv")
     torch_fwd = _fit(world, train_events_dir, tmp_path / "torch", "tiny-scnet", TORCH,
                      "data.rulebooks=forward")
+    assert threads and set(threads) == {threading.main_thread()}
+    threads.clear()
     torch_loader = _fit(world, train_events_dir, tmp_path / "loader", "tiny-scnet", TORCH)
+    assert len(threads) > 2 * 8 and threading.main_thread() not in threads
     t = _build(world, train_events_dir, tmp_path / "auto", "tiny-scnet", (TORCH,))
     assert t.train_loader._rulebooks is not None  # auto: built in the loader's thread
     t.close()

@@ -217,9 +217,10 @@ def test_the_option_refuses_what_it_cannot_serve():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_step_on_prebuilt_tables_never_synchronises(train_events_dir):
-    """With the tables built ahead (the loader's thread), forward and backward queue
-    their kernels without waiting for the device once; the result equals spconv's to
-    rounding."""
+    """With the tables built ahead (the loader's thread), the training step's forward
+    and backward (the input features need no gradient, as in training) queue their
+    kernels without waiting for the device once; outputs and gradients equal spconv's
+    to rounding."""
     store = EventStore(train_events_dir)
     torch.manual_seed(0)
     a = build("scnet", image_size=store.geometry.shape).cuda()
@@ -229,10 +230,14 @@ def test_cuda_step_on_prebuilt_tables_never_synchronises(train_events_dir):
                           rulebooks=b.rulebook_builder(training=True))
     for batch in loader:
         args = (batch.coords, batch.features, batch.data_size, batch.labels)
+        b.zero_grad()
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            got = _forward_backward(b, *args, maps=batch.rulebooks)
+            out = b.forward_sparse(*args[:3], batch.rulebooks)
+            torch.nn.functional.cross_entropy(out, batch.labels).backward()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        _close(got, _forward_backward(a, *args), rtol=1e-4)
+        got = [out.detach(), *(p.grad.clone() for p in b.parameters())]
+        want = _forward_backward(a, *args)
+        _close(got, [want[0], *want[2:]], rtol=1e-4)  # want[1]: the features' gradient

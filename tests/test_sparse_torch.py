@@ -140,6 +140,23 @@ def test_tables_built_in_the_loaders_thread_give_the_same_result(train_events_di
                                                      strict=True))
 
 
+def test_tables_padded_to_fixed_sizes_give_the_same_result(train_events_dir):
+    """Padded to static capacities (what a captured CUDA graph needs): the same logits
+    and gradients; capacities smaller than a level are refused."""
+    shape = tuple(EventStore(train_events_dir).geometry.shape)
+    _, b = _pair(shape)
+    for batch in _batches(train_events_dir, n=2):
+        maps = b.rulebook_builder(training=True)(batch.coords, batch.data_size)
+        have = sparse_torch.sizes(maps)
+        padded = sparse_torch.pad_maps(maps, [n + 37 for n in have])
+        assert sparse_torch.sizes(padded) == tuple(n + 37 for n in have)
+        args = (batch.coords, batch.features, batch.data_size, batch.labels)
+        _close(_forward_backward(b, *args, maps=padded),
+               _forward_backward(b, *args, maps=maps), rtol=1e-6)
+        with pytest.raises(ValueError, match="do not hold"):
+            sparse_torch.pad_maps(maps, [have[0] - 1, *have[1:]])
+
+
 def test_no_sites_give_zero_logits_from_the_head_alone():
     _, b = _pair((400, 400))
     coords = torch.zeros((0, 3), dtype=torch.int32)
@@ -241,3 +258,13 @@ def test_cuda_step_on_prebuilt_tables_never_synchronises(train_events_dir):
         got = [out.detach(), *(p.grad.clone() for p in b.parameters())]
         want = _forward_backward(a, *args)
         _close(got, [want[0], *want[2:]], rtol=1e-4)  # want[1]: the features' gradient
+
+
+def test_bench_model_cuda_graph_refusals(capsys):
+    from lartpc.cli import main
+
+    for argv in (["--model", "scnet", "--sparse", "torch"],  # on the CPU
+                 ["--model", "scnet", "--device", "cuda"],  # spconv's layers
+                 ["--model", "jishnet"]):
+        assert main(["bench", "model", "--size", "400", "--cuda-graph", *argv]) == 2
+        assert "--cuda-graph" in capsys.readouterr().err

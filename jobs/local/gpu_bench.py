@@ -64,6 +64,7 @@ SCNET_VARIANTS = (  # (name, flags, needs CUDA)
     ("implicit-gemm", ["--algo", "implicit_gemm"], True),
     ("implicit-gemm-fp16", ["--algo", "implicit_gemm", "--half"], True),
     ("torch", ["--sparse", "torch"], False),  # lartpc/models/sparse_torch.py
+    ("torch-graph", ["--sparse", "torch", "--cuda-graph"], True),  # lartpc/bench/graphed.py
 )
 
 
@@ -106,8 +107,9 @@ def plan(args) -> list[tuple[str, list[str] | None, str]]:
     for name, extra, needs_cuda in SCNET_VARIANTS:
         argv = ["bench", "model", "--model", "scnet", *size, *dev, *reps, *extra]
         skip = needs_cuda and args.device != "cuda"
-        steps.append((f"model-scnet-{name}", None if skip else argv,
-                      "spconv's CPU build has no implicit GEMM or float16" if skip else ""))
+        why = "a CUDA graph needs CUDA" if "--cuda-graph" in extra else \
+            "spconv's CPU build has no implicit GEMM or float16"
+        steps.append((f"model-scnet-{name}", None if skip else argv, why if skip else ""))
     downsample = str(3600 // args.size)
     fast_jish = ["--set", "train.amp=bf16", "--set", "model.channels_last=true"] \
         if args.device == "cuda" else []

@@ -55,8 +55,9 @@ if [ "$DEVICE" = cuda ]; then
         --device cuda --batch-per-rank 7 --elu-after-pool --cudnn-benchmark --amp bf16 \
         --channels-last --stem fused --stage2 fused --stages
 fi
-# 5. SCNet's bare forward+backward both ways (tables built in the timed step)
-bench 'model-scnet-default,model-scnet-implicit-gemm,model-scnet-torch'
+# 5. SCNet's bare forward+backward both ways (tables built in the timed step), and the
+#    torch layers' whole step (Adam included) as one CUDA graph against eager
+bench 'model-scnet-default,model-scnet-implicit-gemm,model-scnet-torch,model-scnet-torch-graph'
 # 6. with SCAN_TOO=1: the minibatch scan (spconv, implicit GEMM; ~5 min on a GPU)
 if [ "${SCAN_TOO:-0}" = 1 ]; then
     bench minibatch-scnet "${SCAN[@]}"

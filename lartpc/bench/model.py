@@ -72,6 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        choices=choices("model.algo", without=("auto",)),
                        help="SCNet: spconv algorithm (default: spconv's choice)")
     speed.add_argument("--half", action="store_true", help="SCNet: float16 trunk (CUDA)")
+    speed.add_argument("--cuda-graph", action="store_true",
+                       help="SCNet with --sparse torch on CUDA: also time its training step "
+                            "(Adam included) captured as one CUDA graph against the same "
+                            "step run eagerly, into the JSON's 'graphed'")
     speed.add_argument("--sparse", default=None, choices=choices("model.sparse"),
                        help="SCNet: sparse layers by spconv (the default) or in torch "
                             "operations (their index tables built in the timed step)")
@@ -218,6 +222,10 @@ def run(args) -> int:
         # torch crashes creating that many threads
         raise LartpcError(f"--threads = {args.threads}: must be in 0..{MAX_THREADS} (0: "
                           "torch's default)")
+    if args.cuda_graph and (args.model != "scnet" or args.sparse != "torch"
+                            or args.device != "cuda"):
+        raise LartpcError("--cuda-graph: captures SCNet's torch layers (--model scnet "
+                          "--sparse torch) on --device cuda")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise LartpcError("--device cuda: torch sees no CUDA device")
     if args.max_batch and args.device != "cuda":
@@ -307,5 +315,9 @@ def run(args) -> int:
     if args.max_batch:
         # the model as built: torch.compile would recompile for every size tried
         result.update(_max_batch(plain, batch, loss_fn, autocast, args.batch_per_rank))
+    if args.cuda_graph:
+        from lartpc.bench.graphed import measure
+
+        result["graphed"] = measure(plain, batch, loss_fn, max(args.repeats, 20), args.warmup)
     print(json.dumps(result), file=sys.stdout, flush=True)
     return 0

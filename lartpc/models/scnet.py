@@ -211,7 +211,9 @@ class SCNet(nn.Module):
         if maps is None or not isinstance(maps, sparse_torch.SiteMaps) or not maps.fits(
                 coords, batch_size, self.image_size, self.training):
             maps = self.rulebook_builder(training=self.training)(coords, batch_size)
-        x = features[maps.order]
+        rows = features if len(maps.order) == len(features) else torch.cat(  # padded maps
+            [features, features.new_zeros(1, features.shape[1])])
+        x = rows[maps.order]
         with torch.autocast("cuda", dtype=torch.float16, enabled=self.half):
             for conv, level in zip(self.convs, maps.levels, strict=False):
                 x = F.elu(sparse_torch.subm_conv(x, level.neighbours, conv.weight))

@@ -219,8 +219,44 @@ def max_pool(features: torch.Tensor, slots: torch.Tensor, n_out: int) -> torch.T
 
 def to_dense(features: torch.Tensor, keys: torch.Tensor, batch_size: int,
              shape: tuple[int, int]) -> torch.Tensor:
-    """(B, C, h, w) map with the sites of sorted ``keys`` filled, zeros elsewhere
-    (spconv's ``.dense()``)."""
-    flat = features.new_zeros(batch_size * shape[0] * shape[1], features.shape[1])
-    flat = flat.index_copy(0, keys, features)
-    return flat.reshape(batch_size, shape[0], shape[1], -1).permute(0, 3, 1, 2)
+    """(B, C, h, w) map with the sites of ``keys`` filled, zeros elsewhere (spconv's
+    ``.dense()``); a key B * h * w (a padding row, :func:`pad_maps`) is dropped."""
+    n = batch_size * shape[0] * shape[1]
+    flat = features.new_zeros(n + 1, features.shape[1]).index_copy(0, keys, features)
+    return flat[:n].reshape(batch_size, shape[0], shape[1], -1).permute(0, 3, 1, 2)
+
+
+def sizes(maps: SiteMaps) -> tuple[int, ...]:
+    """The rows of each level's tables and of the last pool's output."""
+    return (*(len(level.keys) for level in maps.levels), maps.levels[-1].n_out)
+
+
+def pad_maps(maps: SiteMaps, capacities) -> SiteMaps:
+    """The same tables with every level padded to ``capacities`` rows (one per entry of
+    :func:`sizes`, each at least as large): static shapes, what a captured CUDA graph
+    needs. A padding row reads only the zero row, its pool slot is the dropped row, and
+    the padding rows of a pool's output are zeros that no real site reads, so the
+    network's output and gradients are those of the unpadded tables."""
+    have = sizes(maps)
+    if len(capacities) != len(have) or any(c < h for c, h in zip(capacities, have,
+                                                                   strict=True)):
+        raise ValueError(f"capacities {tuple(capacities)} do not hold the sizes {have}")
+    n_in = len(maps.order)
+
+    def fill(t: torch.Tensor, rows: int, value: int) -> torch.Tensor:
+        extra = t.new_full((rows - len(t), *t.shape[1:]), value)
+        return torch.cat([t, extra])
+
+    levels = []
+    for level, rows, out in zip(maps.levels, capacities, capacities[1:], strict=False):
+        n = len(level.keys)
+        nb = torch.where(level.neighbours == n, rows, level.neighbours)  # the zero row
+        slots = torch.where(level.slots == level.n_out, out, level.slots)  # dropped
+        keys = fill(level.keys, rows, torch.iinfo(torch.int64).max)  # stays sorted
+        levels.append(Level(keys, level.shape, fill(nb, rows, rows), fill(slots, rows, out),
+                            out))
+    h, w = maps.out_shape
+    return SiteMaps(maps.indices, maps.batch_size, maps.spatial_shape,
+                    fill(maps.order, capacities[0], n_in), levels,
+                    fill(maps.dense_index, capacities[-1], maps.batch_size * h * w),
+                    maps.out_shape, maps.training)

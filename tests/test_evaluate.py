@@ -50,6 +50,21 @@ def test_tiny_run_rescored_from_weights_reproduces_its_confusion(tmp_path):
     assert (np.asarray(res["event_ids"]) % len(CLASSES) == np.asarray(store.labels)).all()
 
 
+def test_torch_layers_rescore_the_tiny_run_to_the_same_predictions(tmp_path):
+    """``--sparse torch``: SCNet's layers in torch operations (tables built in the
+    loader's thread) give every one of the 60 held-out events spconv's prediction."""
+    out = tmp_path / "eval.json"
+    r = _evaluate(TINY, "--regenerate", tmp_path / "events", "--sparse", "torch",
+                  "--json", out)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["matches_run_confusion"] is True and res["events"] == 60
+    again = tmp_path / "spconv.json"
+    r = _evaluate(TINY, "--store", tmp_path / "events", "--indices", "all", "--json", again)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(again.read_text())["predicted"] == res["predicted"]
+
+
 def test_events_made_by_index_are_the_full_stores_events(tmp_path):
     from lartpc.sim import write_dataset
     from lartpc.sim.subset import write_events

@@ -37,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "A:B (store indices A to B-1) or i,j,k")
     p.add_argument("--orient", default=None, choices=choices("data.orient"),
                    help="start-finding stage instead of the run's data.orient")
+    p.add_argument("--sparse", default=None, choices=choices("model.sparse"),
+                   help="SCNet's layers by spconv or in torch operations (the same function "
+                        "to rounding; ~2x faster on a CPU) instead of the run's model.sparse")
     p.add_argument("--threads", type=int, default=1, help="CPU threads (SCNet: 1 is fastest)")
     p.add_argument("--workers", type=int, default=1,
                    help="processes generating events (--regenerate)")
@@ -106,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         positions = parse_indices(args.indices, len(store))
         held_out = positions is None
     preds = evaluate.predict(network, store, positions, orient=args.orient,
-                             threads=args.threads, split=args.split)
+                             threads=args.threads, split=args.split, sparse=args.sparse)
     res = result(network, preds, Path(args.run), held_out, args.split)
     text = json.dumps(res, indent=1) + "\n"
     if args.json:

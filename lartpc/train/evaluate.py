@@ -142,14 +142,14 @@ def regenerate_held_out(network: dict, out, workers: int = 1,
 @torch.no_grad()
 def predict(network: dict, store, positions: np.ndarray | None = None, *,
             orient: str | None = None, threads: int = 1,
-            split: str = "validation") -> Predictions:
+            split: str = "validation", sparse: str | None = None) -> Predictions:
     """Classify events of ``store`` (an EventStore) with ``network`` (see
     :func:`lartpc.train.weights.load`) on the CPU, each once.
 
     ``positions`` are store indices (None: the run's held-out events of ``split``, the
     store being the one it was trained on, which is checked when the network records
-    it); ``orient``
-    replaces the run's ``data.orient`` (None: keep it).
+    it); ``orient`` replaces the run's ``data.orient`` and ``sparse`` its
+    ``model.sparse`` (None: keep them).
 
     Raises
     ------
@@ -166,6 +166,8 @@ def predict(network: dict, store, positions: np.ndarray | None = None, *,
     cfg = config_from_dict(network["config"], where)
     if orient is not None:
         cfg.data.orient = orient
+    if sparse is not None:
+        cfg.model.sparse = sparse
     if positions is None:
         trained_on = network.get("store")
         if trained_on and store_identity(store, cfg.data.max_events) != trained_on:
@@ -186,7 +188,9 @@ def predict(network: dict, store, positions: np.ndarray | None = None, *,
         raise LartpcError(f"{where}: its weights do not fit these events' model ({first}); "
                           "same data.downsample needed") from None
     model.eval()
-    loader = make_loader(cfg, store, loader_mode(cfg, model), positions, device, train=False)
+    # the model given: the torch layers' tables are built in the loader's thread
+    loader = make_loader(cfg, store, loader_mode(cfg, model), positions, device, train=False,
+                         model=model)
     pos, preds, dirs = [], [], []
     for batch in loader:
         preds.append(model(batch).float().argmax(1).numpy())

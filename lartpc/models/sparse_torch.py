@@ -7,7 +7,9 @@ torch operations on index tables built from the coordinates alone (issue 36):
 - a **site table** per level: the active sites as sorted int64 keys
   ``(b * H + y) * W + x``;
 - a submanifold convolution's **neighbour table** (P, k*k): for each site and kernel
-  offset, the row of the active neighbour, or P (a zero row) where there is none. The
+  offset, the row of the active neighbour, or -1 where there is none (read from an
+  index image, one image of the batch at a time; -1 indexes a zero row appended last to
+  the features, as negative indices do in torch's indexing). The
   convolution is then one gather and one matrix product:
   ``features[neighbours] (P, k*k*C) @ weight (k*k*C, C')``;
 - a max-pool's **slot** of every input site: its output site's row, or ``n_out`` (a
@@ -16,8 +18,8 @@ torch operations on index tables built from the coordinates alone (issue 36):
   ``max(0, max over the window's active sites)``, and so is an ``amax`` that includes
   the zeros it starts from.
 
-:func:`build_maps` makes every level's tables in one pass (sorts, ``searchsorted``,
-``cumsum``; one read-back of each pool's output count). It is a pure function of the
+:func:`build_maps` makes every level's tables in one pass (sorts, gathers from an index
+image, ``cumsum``; a few read-backs of counts). It is a pure function of the
 batch's coordinates, so the sparse loader can build it in its prefetch thread
 (``data.rulebooks = loader``); torch's operations release the GIL, unlike spconv's pair
 builders. The step itself is then four times gather, product, ELU and scatter: no
@@ -31,6 +33,7 @@ against spconv.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -43,7 +46,7 @@ class Level:
 
     keys: torch.Tensor  #: int64 (P,), sorted
     shape: tuple[int, int]  #: (H, W) of this level
-    neighbours: torch.Tensor  #: int64 (P, k*k); P = no neighbour (the zero row)
+    neighbours: torch.Tensor  #: int32 (P, k*k); -1 = no neighbour (the zero row, last)
     slots: torch.Tensor  #: int64 (P,): the output row; n_out = dropped
     n_out: int  #: active sites after the pool
 
@@ -82,30 +85,47 @@ def site_keys(coords: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
     return (c[:, 0] * shape[0] + c[:, 1]) * shape[1] + c[:, 2]
 
 
+_grids = threading.local()  # per thread: each loader thread builds with its own
+
+
+def _grid(cells: int, device: torch.device) -> torch.Tensor:
+    """This thread's int32 index image of ``cells`` cells on ``device``, all -1; kept
+    between calls (a fresh 52 MB image at 3600 x 3600 cost more than the lookups)."""
+    cache = _grids.__dict__.setdefault("by_size", {})
+    key = (cells, str(device))
+    if key not in cache:
+        cache[key] = torch.full((cells,), -1, dtype=torch.int32, device=device)
+    return cache[key]
+
+
 def neighbour_table(keys: torch.Tensor, shape: tuple[int, int], kernel: int) -> torch.Tensor:
     """For sorted ``keys``: the row of each site's neighbour at every offset of a
     ``kernel`` x ``kernel`` window (offsets row-major, as spconv's weight (C', k, k, C)),
-    or ``len(keys)`` where that neighbour is not active or outside the image.
+    or -1 where that neighbour is not active or outside the image; int32.
 
-    One binary search per window row, not per offset: the active sites of a window row
-    are consecutive in ``keys``, so the ``kernel`` keys from the first one at or after
-    the row's left end are the only candidates, and each lands at its own offset."""
+    One image at a time: its sites' rows are written into an index image with a border
+    of k // 2 (so no offset leaves it), the k*k neighbours of every site read back with
+    one gather, and the written cells set back to -1."""
     h, w = shape
     n, r = len(keys), kernel // 2
+    wp = w + 2 * r
+    grid = _grid((h + 2 * r) * wp, keys.device)
     d = torch.arange(-r, r + 1, device=keys.device)
-    y, x = (keys // w) % h, keys % w
-    centre = keys[:, None] + d * w  # (P, k): the site's column in each window row
-    first = torch.searchsorted(keys, centre - r)
-    rows = first[:, :, None] + torch.arange(kernel, device=keys.device)  # (P, k, k)
-    found = keys[rows.clamp(max=max(n - 1, 0))]
-    dx = found - centre[:, :, None]  # the candidate's column offset, where in this row
-    row_inside = ((y[:, None] + d >= 0) & (y[:, None] + d < h))[:, :, None]
-    nx = x[:, None, None] + dx
-    ok = (dx.abs() <= r) & (rows < n) & (nx >= 0) & (nx < w) & row_inside
-    column = torch.where(ok, (d[:, None] + r) * kernel + dx + r, kernel * kernel)
-    table = torch.full((n, kernel * kernel + 1), n, dtype=torch.long, device=keys.device)
-    table.scatter_(1, column.reshape(n, -1), torch.where(ok, rows, n).reshape(n, -1))
-    return table[:, :-1]
+    offsets = (d[:, None] * wp + d).reshape(-1)  # row-major (dy, dx)
+    image, rest = keys // (h * w), keys % (h * w)
+    cell = (rest // w + r) * wp + rest % w + r
+    rows = torch.arange(n, dtype=torch.int32, device=keys.device)
+    table = torch.empty((n, kernel * kernel), dtype=torch.int32, device=keys.device)
+    starts = torch.searchsorted(image, torch.arange(int(image[-1]) + 2 if n else 1,
+                                                    device=keys.device)).tolist()
+    for lo, hi in zip(starts, starts[1:], strict=False):
+        if lo < hi:
+            c = cell[lo:hi]
+            grid[c] = rows[lo:hi]
+            torch.index_select(grid, 0, (c[:, None] + offsets).reshape(-1),
+                               out=table[lo:hi].view(-1))
+            grid[c] = -1
+    return table
 
 
 def pool_slots(keys: torch.Tensor, shape: tuple[int, int], size: int):
@@ -139,7 +159,11 @@ def build_maps(coords: torch.Tensor, batch_size: int, spatial_shape, kernel: int
     if coords.shape[0] == 0:
         return None
     shape = (int(spatial_shape[0]), int(spatial_shape[1]))
-    keys, order = torch.sort(site_keys(coords, shape))
+    keys = site_keys(coords, shape)
+    if bool((keys[1:] > keys[:-1]).all()):  # the loaders' order already (one read-back)
+        order = torch.arange(len(keys), device=keys.device)
+    else:
+        keys, order = torch.sort(keys)
     levels = []
     for size in pools:
         slots, out_keys, out_shape = pool_slots(keys, shape, size)
@@ -180,7 +204,7 @@ class _SubmConv(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             z = torch.cat([(grad @ w).reshape(n * kk, c), grad.new_zeros(kk, c)])
             mirrored = neighbours.flip(1) * kk + torch.arange(kk, device=grad.device)
-            grad_features = z[mirrored].sum(1)  # row n*kk + o of z is zero
+            grad_features = z[mirrored].sum(1)  # -1 * kk + o: row n*kk + o of z, zero
         if ctx.needs_input_grad[2]:
             grad_weight = (grad.t() @ cols).reshape(-1, *ctx.saved_shape).to(ctx.weight_dtype)
         return grad_features, None, grad_weight
@@ -234,7 +258,7 @@ def sizes(maps: SiteMaps) -> tuple[int, ...]:
 def pad_maps(maps: SiteMaps, capacities) -> SiteMaps:
     """The same tables with every level padded to ``capacities`` rows (one per entry of
     :func:`sizes`, each at least as large): static shapes, what a captured CUDA graph
-    needs. A padding row reads only the zero row, its pool slot is the dropped row, and
+    needs. A padding row reads only the zero row (-1), its pool slot is the dropped row, and
     the padding rows of a pool's output are zeros that no real site reads, so the
     network's output and gradients are those of the unpadded tables."""
     have = sizes(maps)
@@ -249,12 +273,10 @@ def pad_maps(maps: SiteMaps, capacities) -> SiteMaps:
 
     levels = []
     for level, rows, out in zip(maps.levels, capacities, capacities[1:], strict=False):
-        n = len(level.keys)
-        nb = torch.where(level.neighbours == n, rows, level.neighbours)  # the zero row
         slots = torch.where(level.slots == level.n_out, out, level.slots)  # dropped
         keys = fill(level.keys, rows, torch.iinfo(torch.int64).max)  # stays sorted
-        levels.append(Level(keys, level.shape, fill(nb, rows, rows), fill(slots, rows, out),
-                            out))
+        levels.append(Level(keys, level.shape, fill(level.neighbours, rows, -1),
+                            fill(slots, rows, out), out))
     h, w = maps.out_shape
     return SiteMaps(maps.indices, maps.batch_size, maps.spatial_shape,
                     fill(maps.order, capacities[0], n_in), levels,

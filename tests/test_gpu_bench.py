@@ -113,7 +113,9 @@ def test_steps_run_in_parts_into_one_folder_and_none_runs_twice(tmp_path):
     r = _gpu_bench("--out", str(out), "--device", "cpu", "--quick", "--only",
                    "model-scnet-*")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert sorted(f.name for f in out.glob("model-*.json")) == ["model-scnet-default.json"]
+    # the CPU runs spconv's default and the torch layers; the rest need CUDA
+    assert sorted(f.name for f in out.glob("model-*.json")) == ["model-scnet-default.json",
+                                                                "model-scnet-torch.json"]
     first = (out / "model-scnet-default.json").read_text()
     r = _gpu_bench("--out", str(out), "--device", "cpu", "--quick", "--only",
                    "model-scnet-default,model-jishnet-published", "--results",
@@ -121,7 +123,8 @@ def test_steps_run_in_parts_into_one_folder_and_none_runs_twice(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((tmp_path / "docs" / "gpu.json").read_text())
     assert [m["name"] for m in res["measurements"]] == ["model-jishnet-published",
-                                                       "model-scnet-default"]
+                                                       "model-scnet-default",
+                                                       "model-scnet-torch"]
     assert "model-scnet-default: kept" in r.stderr
     assert (out / "model-scnet-default.json").read_text() == first
     summary = (out / "summary.md").read_text()

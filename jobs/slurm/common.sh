@@ -71,7 +71,9 @@ lartpc_remaining_s() {
     fi
     if [[ -z $left && -n ${LARTPC_TIME:-} ]]; then
         left=$(lartpc_seconds "$LARTPC_TIME")
-        [[ -n $left ]] && left=$(( left - SECONDS ))
+        # the time this script has run already; not in a dry run (the preview of a job
+        # that has not started: the same line however long the preview took)
+        [[ -n $left && ${LARTPC_DRY_RUN:-0} != 1 ]] && left=$(( left - SECONDS ))
     fi
     echo "$left"
 }

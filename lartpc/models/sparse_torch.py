@@ -21,7 +21,7 @@ torch operations on index tables built from the coordinates alone (issue 36):
 :func:`build_maps` makes every level's tables in one pass (sorts, gathers from an index
 image, ``cumsum``; a few read-backs of counts). It is a pure function of the
 batch's coordinates, so the sparse loader can build it in its prefetch thread
-(``data.rulebooks = loader``); torch's operations release the GIL, unlike spconv's pair
+(``data.rulebooks = loader``, or ``auto``); torch's operations release the GIL, unlike spconv's pair
 builders. The step itself is then four times gather, product, ELU and scatter: no
 rulebook, no host synchronisation, ~30 operations in the forward.
 

@@ -98,6 +98,12 @@ def _grid(cells: int, device: torch.device) -> torch.Tensor:
     return cache[key]
 
 
+def split_keys(keys: torch.Tensor, shape: tuple[int, int]):
+    """(b, y, x) of keys made by :func:`site_keys` for an image of ``shape``."""
+    h, w = shape
+    return keys // (h * w), (keys // w) % h, keys % w
+
+
 def neighbour_table(keys: torch.Tensor, shape: tuple[int, int], kernel: int) -> torch.Tensor:
     """For sorted ``keys``: the row of each site's neighbour at every offset of a
     ``kernel`` x ``kernel`` window (offsets row-major, as spconv's weight (C', k, k, C)),
@@ -112,8 +118,8 @@ def neighbour_table(keys: torch.Tensor, shape: tuple[int, int], kernel: int) -> 
     grid = _grid((h + 2 * r) * wp, keys.device)
     d = torch.arange(-r, r + 1, device=keys.device)
     offsets = (d[:, None] * wp + d).reshape(-1)  # row-major (dy, dx)
-    image, rest = keys // (h * w), keys % (h * w)
-    cell = (rest // w + r) * wp + rest % w + r
+    image, y, x = split_keys(keys, shape)
+    cell = (y + r) * wp + x + r
     rows = torch.arange(n, dtype=torch.int32, device=keys.device)
     table = torch.empty((n, kernel * kernel), dtype=torch.int32, device=keys.device)
     starts = torch.searchsorted(image, torch.arange(int(image[-1]) + 2 if n else 1,
@@ -134,7 +140,7 @@ def pool_slots(keys: torch.Tensor, shape: tuple[int, int], size: int):
     columns that do not fill a window (spconv's floor) get row ``len(out_keys)``."""
     h, w = shape
     oh, ow = (h - size) // size + 1, (w - size) // size + 1
-    b, y, x = keys // (h * w), (keys // w) % h, keys % w
+    b, y, x = split_keys(keys, shape)
     oy, ox = y // size, x // size
     kept = (oy < oh) & (ox < ow)
     okey = (b * oh + oy) * ow + ox
@@ -143,7 +149,7 @@ def pool_slots(keys: torch.Tensor, shape: tuple[int, int], size: int):
     new = torch.ones_like(sorted_keys, dtype=torch.bool)
     new[1:] = sorted_keys[1:] != sorted_keys[:-1]
     row_sorted = torch.cumsum(new, 0) - 1
-    n_out = int((new & (sorted_keys != big)).sum())  # the one read-back of the pool
+    n_out = int((new & (sorted_keys != big)).sum())  # read back, as the output keys are
     slots = torch.empty_like(row_sorted)
     slots[order] = row_sorted.clamp(max=n_out)
     return slots, sorted_keys[new][:n_out], (oh, ow)

@@ -213,7 +213,7 @@ class SCNet(nn.Module):
             maps = self.rulebook_builder(training=self.training)(coords, batch_size)
         rows = features if len(maps.order) == len(features) else torch.cat(  # padded maps
             [features, features.new_zeros(1, features.shape[1])])
-        x = rows[maps.order]
+        x = torch.index_select(rows, 0, maps.order)
         with torch.autocast("cuda", dtype=torch.float16, enabled=self.half):
             for conv, level in zip(self.convs, maps.levels, strict=False):
                 x = F.elu(sparse_torch.subm_conv(x, level.neighbours, conv.weight))

@@ -98,6 +98,12 @@ def test_summary_gives_a_median_ttl_only_when_every_seed_got_there():
                       "seconds_per_run": 120, "base_batch": 7, "lr_scaling": "sqrt",
                       "threshold": 1.2, "rows": rows})
     assert "| 7 |" in table and "1/2 reached" in table and "> 118 (censored)" in table
+    # a scan's --set options head its table: two scans side by side stay told apart
+    head = markdown({"model": "scnet", "device": "cpu", "image_size": 900,
+                     "seconds_per_run": 120, "base_batch": 7, "lr_scaling": "sqrt",
+                     "threshold": 1.2, "rows": rows,
+                     "overrides": ["model.sparse=torch"]}).splitlines()[0]
+    assert head.endswith("TTL threshold 1.2), model.sparse=torch")
 
 
 def test_learning_rate_scaling_rules():

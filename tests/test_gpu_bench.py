@@ -45,8 +45,12 @@ def test_cuda_plan_measures_every_issue_target():
     torch_train = steps["train-scnet-sparse-torch"]
     assert "model.sparse=torch" in torch_train and "data.rulebooks=loader" in torch_train
     assert steps["model-scnet-torch"][-2:] == ["--sparse", "torch"]
-    scan = steps["minibatch-scnet"]
-    assert scan[scan.index("--batch-per-rank") + 1] == "7,14,28,56,112,256"
+    for name in ("minibatch-scnet", "minibatch-scnet-torch"):
+        scan = steps[name]
+        assert scan[scan.index("--batch-per-rank") + 1] == "7,14,28,56,112,256"
+    assert "model.sparse=torch" in steps["minibatch-scnet-torch"]
+    assert "model.algo=implicit_gemm" not in steps["minibatch-scnet-torch"]
+    assert steps["minibatch-scnet-torch"].count("--out") == 1
 
 
 def test_cpu_plan_skips_only_what_spconv_cpu_cannot_run():
@@ -80,7 +84,8 @@ def test_quick_cpu_run_measures_every_step(tmp_path):
     assert point["sparse"] == "torch" and point["rulebooks"] == "loader"
     assert {p["loader"] for n in ("blosc", "device-dense") for p in json.loads(
         (out / f"train-jishnet-{n}.json").read_text())["points"]} == {"blosc", "device-dense"}
-    assert (out / "minibatch" / "minibatch.png").exists()
+    for folder in ("minibatch", "minibatch-torch"):
+        assert (out / folder / "minibatch.png").exists()
     summary = (out / "summary.md").read_text()
     assert "skipped: spconv's CPU build" in summary and "failed" not in summary
     # the file to commit under docs/results/: one object per measurement
@@ -94,6 +99,9 @@ def test_quick_cpu_run_measures_every_step(tmp_path):
     assert names.count("minibatch-scnet") == 2  # one per minibatch of --quick's 4,8
     assert sorted(m["options"]["train.batch_per_rank"] for m in ms
                   if m["name"] == "minibatch-scnet") == [4, 8]
+    scan_torch = [m for m in ms if m["name"] == "minibatch-scnet-torch"]
+    assert sorted(m["options"]["train.batch_per_rank"] for m in scan_torch) == [4, 8]
+    assert all(m["options"]["model.sparse"] == "torch" for m in scan_torch)
     dense = next(m for m in ms if m["name"] == "train-jishnet-device-dense")
     assert dense["options"]["data.loader"] == "device-dense"
     assert 0 <= dense["data_wait_fraction"] < 1

@@ -26,7 +26,9 @@ Runs, each as its own ``lartpc bench`` process, writing its JSON into ``--out``:
 3. ``train-*``: one-GPU trainings through the real loaders (JishNet from Blosc and from
    device-dense, SCNet sparse) with the fastest options: images/s and the share of each
    step spent waiting for data. One plain process each: Horovod need not be built.
-4. ``minibatch-scnet``: SCNet throughput and time-to-loss for minibatch 7 ... 256.
+4. ``minibatch-scnet``: SCNet throughput and time-to-loss for minibatch 7 ... 256;
+   ``minibatch-scnet-torch`` the same with SCNet's layers in torch operations
+   (``model.sparse=torch``, tables built in the loader's thread).
 
 ``summary.md`` collects the headline numbers and ``results.json`` every measurement as
 one object (``name``, ``model``, ``device_name``, ``images_per_s``, ``options``, and the
@@ -133,11 +135,13 @@ def plan(args) -> list[tuple[str, list[str] | None, str]]:
                                       ("scnet-sparse-torch", "scnet", "sparse", torch_scnet)):
         steps.append((f"train-{name}", [*train, "--model", model, "--loader", loader, *fast],
                       ""))
-    steps.append(("minibatch-scnet",
-                  ["bench", "minibatch", "--model", "scnet", *dev, "--downsample", downsample,
-                   "--events", str(args.events), "--batch-per-rank", args.batches, "--seeds",
-                   args.scan_seeds, "--seconds", str(args.scan_seconds),
-                   "--out", str(args.out / "minibatch"), *fast_scnet, *bound], ""))
+    scan = ["bench", "minibatch", "--model", "scnet", *dev, "--downsample", downsample,
+            "--events", str(args.events), "--batch-per-rank", args.batches, "--seeds",
+            args.scan_seeds, "--seconds", str(args.scan_seconds), *bound]
+    steps.append(("minibatch-scnet", [*scan, "--out", str(args.out / "minibatch"),
+                                      *fast_scnet], ""))
+    steps.append(("minibatch-scnet-torch", [*scan, "--out", str(args.out / "minibatch-torch"),
+                                            *torch_scnet], ""))
     return steps
 
 
@@ -180,8 +184,9 @@ def summary(results: list[dict], skipped: list[tuple[str, str]]) -> str:
                  f"{100 * r['fraction_of_peak']:.1f} %" if r.get("fraction_of_peak") else "–",
                  f"{100 * wait:.1f} %" if wait is not None else "–",
                  r.get("device_name", r.get("device", ""))]
-        if r["name"] == "minibatch-scnet":
-            cells = ["see minibatch/minibatch.md", "–", "–", "–", ""]
+        if r["name"].startswith("minibatch-scnet"):
+            folder = "minibatch-torch" if r["name"].endswith("-torch") else "minibatch"
+            cells = [f"see {folder}/minibatch.md", "–", "–", "–", ""]
         lines.append(f"| {r['name']} | " + " | ".join(cells) + " |")
     lines += [f"| {name} | – | – | – | – | skipped: {why} |" for name, why in skipped]
     return "\n".join(lines) + "\n"

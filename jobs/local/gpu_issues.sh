@@ -3,7 +3,7 @@
 #
 #   bash jobs/local/gpu_issues.sh OUT            # on one H100/H200
 #   DEVICE=cpu bash jobs/local/gpu_issues.sh OUT # smoke run at 450 x 450 (this script's check)
-#   SCAN_TOO=1 bash jobs/local/gpu_issues.sh OUT # and the minibatch scan (~5 min more)
+#   SCAN_TOO=1 bash jobs/local/gpu_issues.sh OUT # and the minibatch scans (~10 min more)
 #
 # Needs gpu-bundle/ beside the tree on the GPU host (`make gpu-bundle` where the package
 # index is reachable). Every part writes into OUT as soon as it ends, so a run cut short
@@ -58,9 +58,10 @@ fi
 # 5. SCNet's bare forward+backward both ways (tables built in the timed step), and the
 #    torch layers' whole step (Adam included) as one CUDA graph against eager
 bench 'model-scnet-default,model-scnet-implicit-gemm,model-scnet-torch,model-scnet-torch-graph'
-# 6. with SCAN_TOO=1: the minibatch scan (spconv, implicit GEMM; ~5 min on a GPU)
+# 6. with SCAN_TOO=1: the minibatch scan, spconv (implicit GEMM) then the torch layers
+#    (~5 min each on a GPU)
 if [ "${SCAN_TOO:-0}" = 1 ]; then
-    bench minibatch-scnet "${SCAN[@]}"
-    cp -r "$G/minibatch" "$OUT/" 2>/dev/null
+    bench 'minibatch-scnet,minibatch-scnet-torch' "${SCAN[@]}"
+    cp -r "$G/minibatch" "$G/minibatch-torch" "$OUT/" 2>/dev/null
 fi
 echo "done: $OUT" | tee -a "$OUT/parts.txt"

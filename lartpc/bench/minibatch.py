@@ -106,7 +106,8 @@ def markdown(result: dict) -> str:
             f"({result['image_size']}x{result['image_size']}, {result['seconds_per_run']:g} s "
             f"per run, lr x (B/{result['base_batch']})^"
             f"{ {'none': 0, 'linear': 1, 'sqrt': 0.5}[result['lr_scaling']]}, "
-            f"TTL threshold {result['threshold']:g})\n\n")
+            f"TTL threshold {result['threshold']:g})"
+            + "".join(f", {o}" for o in result.get("overrides", [])) + "\n\n")
     lines = ["| minibatch | lr | images/s | step ms | loop overhead | data wait | TTL s | "
              "final loss | accuracy |", "|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
@@ -174,8 +175,8 @@ def _scan(args: argparse.Namespace) -> dict:
             "model": args.model, "config": config, "device": args.device,
             "image_size": 3600 // args.downsample, "seconds_per_run": args.seconds,
             "base_batch": args.base_batch, "base_lr": base_lr, "lr_scaling": args.lr_scaling,
-            "threshold": args.threshold, "seeds": seeds, "note": NOTE,
-            "rows": summarise(points), "points": points,
+            "threshold": args.threshold, "seeds": seeds, "overrides": list(args.overrides),
+            "note": NOTE, "rows": summarise(points), "points": points,
         }
         if args.out is not None:
             _write_outputs(result, args.out, work)

@@ -216,7 +216,8 @@ class SCNet(nn.Module):
         x = torch.index_select(rows, 0, maps.order)
         with torch.autocast("cuda", dtype=torch.float16, enabled=self.half):
             for conv, level in zip(self.convs, maps.levels, strict=False):
-                x = F.elu(sparse_torch.subm_conv(x, level.neighbours, conv.weight))
+                x = F.elu(sparse_torch.subm_conv(x, level.neighbours, conv.weight,
+                                                 level.mirrored))
                 x = sparse_torch.max_pool(x, level.slots, level.n_out)
             if len(maps.levels) < len(self.convs) or x.shape[0] == 0:
                 return self._no_sites(batch_size, features)

@@ -49,6 +49,9 @@ class Level:
     neighbours: torch.Tensor  #: int32 (P, k*k); P = no neighbour (the zero row, last)
     slots: torch.Tensor  #: int64 (P,): the output row; n_out = dropped
     n_out: int  #: active sites after the pool
+    #: int32 (P * k*k,): the input gradient's gather (:func:`mirror`); None on the first
+    #: level, whose input (the event's charge) needs no gradient
+    mirrored: torch.Tensor | None = None
 
 
 @dataclass
@@ -76,6 +79,7 @@ class SiteMaps:
         out = [self.indices, self.order, self.dense_index]
         for level in self.levels:
             out += [level.keys, level.neighbours, level.slots]
+            out += [] if level.mirrored is None else [level.mirrored]
         return out
 
 
@@ -174,8 +178,9 @@ def build_maps(coords: torch.Tensor, batch_size: int, spatial_shape, kernel: int
     levels = []
     for size in pools:
         slots, out_keys, out_shape = pool_slots(keys, shape, size)
-        levels.append(Level(keys, shape, neighbour_table(keys, shape, kernel), slots,
-                            len(out_keys)))
+        table = neighbour_table(keys, shape, kernel)
+        levels.append(Level(keys, shape, table, slots, len(out_keys),
+                            mirror(table) if levels else None))
         keys, shape = out_keys, out_shape
         if len(keys) == 0:
             break
@@ -192,38 +197,48 @@ class _SubmConv(torch.autograd.Function):
     over the offsets: no atomic adds, the same result on every run."""
 
     @staticmethod
-    def forward(ctx, features, neighbours, weight):
+    def forward(ctx, features, neighbours, weight, mirrored):
         n, kk, c = len(features), neighbours.shape[1], features.shape[1]
         rows = torch.cat([features, features.new_zeros(1, c)])
         cols = torch.index_select(rows, 0, neighbours.reshape(-1)).reshape(n, kk * c)
         w = weight.reshape(weight.shape[0], kk * c).to(cols.dtype)  # (C', k*k*C)
-        ctx.save_for_backward(cols, neighbours, w)
+        ctx.save_for_backward(cols, neighbours, w, mirrored)
         ctx.weight_dtype, ctx.saved_shape = weight.dtype, weight.shape[1:]
         return cols @ w.t()
 
     @staticmethod
     def backward(ctx, grad):
-        cols, neighbours, w = ctx.saved_tensors
+        cols, neighbours, w, mirrored = ctx.saved_tensors
         n, kk = neighbours.shape
         c = cols.shape[1] // kk
         grad = grad.to(cols.dtype)
         grad_features = grad_weight = None
         if ctx.needs_input_grad[0]:
             z = torch.cat([(grad @ w).reshape(n * kk, c), grad.new_zeros(kk, c)])
-            mirrored = neighbours.flip(1) * kk + torch.arange(kk, device=grad.device)
-            # no neighbour: n * kk + o, a zero row of z
-            grad_features = torch.index_select(z, 0, mirrored.reshape(-1)).reshape(
-                n, kk, c).sum(1)
+            mirrored = mirror(neighbours) if mirrored is None else mirrored
+            grad_features = torch.index_select(z, 0, mirrored).reshape(n, kk, c).sum(1)
         if ctx.needs_input_grad[2]:
             grad_weight = (grad.t() @ cols).reshape(-1, *ctx.saved_shape).to(ctx.weight_dtype)
-        return grad_features, None, grad_weight
+        return grad_features, None, grad_weight, None
 
 
-def subm_conv(features: torch.Tensor, neighbours: torch.Tensor,
-              weight: torch.Tensor) -> torch.Tensor:
+def mirror(neighbours: torch.Tensor) -> torch.Tensor:
+    """The rows of ``z`` = (output gradient @ weight) viewed as (P * k*k, C) plus k*k zero
+    rows that each (site, offset) of the input gradient sums: its neighbour at the
+    mirrored offset ``k*k-1-o``, row ``neighbour * k*k + o``. No neighbour (row P)
+    reads ``P * k*k + o``, a zero row. Flat int32 (P * k*k,); a pure function of the
+    table, so built with it (in the loader's thread), not in the backward."""
+    kk = neighbours.shape[1]
+    offsets = torch.arange(kk, dtype=neighbours.dtype, device=neighbours.device)
+    return (neighbours.flip(1) * kk + offsets).reshape(-1)
+
+
+def subm_conv(features: torch.Tensor, neighbours: torch.Tensor, weight: torch.Tensor,
+              mirrored: torch.Tensor | None = None) -> torch.Tensor:
     """Submanifold convolution (no bias) of (P, C) ``features`` with spconv's weight
-    layout (C', k, k, C)."""
-    return _SubmConv.apply(features, neighbours, weight)
+    layout (C', k, k, C); ``mirrored`` (:func:`mirror` of ``neighbours``) is made in the
+    backward when not given."""
+    return _SubmConv.apply(features, neighbours, weight, mirrored)
 
 
 class _MaxPool(torch.autograd.Function):
@@ -287,8 +302,9 @@ def pad_maps(maps: SiteMaps, capacities) -> SiteMaps:
         slots = torch.where(level.slots == level.n_out, out, level.slots)  # dropped
         keys = fill(level.keys, rows, torch.iinfo(torch.int64).max)  # stays sorted
         none = torch.where(level.neighbours == len(level.keys), rows, level.neighbours)
-        levels.append(Level(keys, level.shape, fill(none, rows, rows),
-                            fill(slots, rows, out), out))
+        table = fill(none, rows, rows)
+        levels.append(Level(keys, level.shape, table, fill(slots, rows, out), out,
+                            None if level.mirrored is None else mirror(table)))
     h, w = maps.out_shape
     return SiteMaps(maps.indices, maps.batch_size, maps.spatial_shape,
                     fill(maps.order, capacities[0], n_in), levels,

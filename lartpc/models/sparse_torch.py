@@ -214,7 +214,9 @@ class _SubmConv(torch.autograd.Function):
         grad = grad.to(cols.dtype)
         grad_features = grad_weight = None
         if ctx.needs_input_grad[0]:
-            z = torch.cat([(grad @ w).reshape(n * kk, c), grad.new_zeros(kk, c)])
+            z = grad.new_empty(n * kk + kk, c)  # (grad @ w) as (n * kk, c), then zeros
+            torch.mm(grad, w, out=z[: n * kk].view(n, kk * c))
+            z[n * kk:].zero_()
             mirrored = mirror(neighbours) if mirrored is None else mirrored
             grad_features = torch.index_select(z, 0, mirrored).reshape(n, kk, c).sum(1)
         if ctx.needs_input_grad[2]:

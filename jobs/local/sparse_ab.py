@@ -1,0 +1,123 @@
+"""Two versions of SCNet's torch layers, timed against each other in one process.
+
+    git show REV:lartpc/models/sparse_torch.py > before.py
+    python -m lartpc.jobs.local.sparse_ab --before before.py --data EV --repeats 40
+
+A change to :mod:`lartpc.models.sparse_torch` is measured by the sparse trunk's forward
+and backward (four convolutions and pools, the dense map, a squared-sum loss) on the
+same 7 events of ``--data`` with each version's tables built once, ahead, the two
+versions' steps interleaved (ABAB...) so that what else the machine does lands on
+both alike. Prints JSON: each version's median and quartile step in ms, and the
+largest weight-gradient difference between them relative to the gradient's scale
+(0.0: the same numbers). One thread, as in the training loop's ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lartpc.data.store import EventStore
+from lartpc.errors import LartpcError
+from lartpc.models import sparse_torch
+from lartpc.models.scnet import CHANNELS, KERNEL, POOLS
+
+
+def load_module(path: Path):
+    """``path`` (a sparse_torch.py of another revision) as a module of its own."""
+    name = f"sparse_torch_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or not path.is_file():
+        raise LartpcError(f"--before {path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def batch(data: Path, size: int):
+    """int32 coords (P, 3) and float32 features (P, 1) of the first ``size`` events,
+    and the image shape."""
+    store = EventStore(data)
+    events = store.read_many(range(min(size, len(store))))
+    coords = np.concatenate([np.stack([np.full(len(e), b), e.row.astype(np.int64),
+                                       e.col.astype(np.int64)], 1)
+                             for b, e in enumerate(events)])
+    features = np.concatenate([e.charge for e in events]).astype(np.float32)[:, None]
+    return (torch.from_numpy(coords).int(), torch.from_numpy(features),
+            tuple(store.geometry.shape))
+
+
+def step(module, maps, features, weights) -> list[torch.Tensor]:
+    """One forward and backward of the trunk; the weight gradients."""
+    for w in weights:
+        w.grad = None
+    x = torch.index_select(features, 0, maps.order)
+    for w, level in zip(weights, maps.levels, strict=False):
+        built = getattr(level, "mirrored", None)  # a table built ahead, where a version has it
+        x = torch.nn.functional.elu(module.subm_conv(x, level.neighbours, w,
+                                                     *([] if built is None else [built])))
+        x = module.max_pool(x, level.slots, level.n_out)
+    out = module.to_dense(x, maps.dense_index, maps.batch_size, maps.out_shape)
+    out.square().sum().backward()
+    return [w.grad.clone() for w in weights]
+
+
+def compare(before, after, data: Path, repeats: int, size: int = 7) -> dict:
+    coords, features, shape = batch(data, size)
+    generator = torch.Generator().manual_seed(0)
+    weights, cin = [], 1
+    for cout in CHANNELS:  # spconv's layout (C', k, k, C), a plain Kaiming-like scale
+        w = torch.randn(cout, KERNEL, KERNEL, cin, generator=generator)
+        weights.append((w / (KERNEL * KERNEL * cin) ** 0.5).requires_grad_())
+        cin = cout
+    versions = {"before": before, "after": after}
+    maps = {k: m.build_maps(coords, size, shape, KERNEL, POOLS) for k, m in versions.items()}
+    grads = {k: step(m, maps[k], features, weights) for k, m in versions.items()}
+    diff = max(float((a - b).abs().max() / a.abs().max().clamp_min(1e-30))
+               for a, b in zip(grads["before"], grads["after"], strict=True))
+    times: dict[str, list[float]] = {"before": [], "after": []}
+    for i in range(repeats):
+        for k in (("before", "after") if i % 2 else ("after", "before")):
+            t0 = time.perf_counter()
+            step(versions[k], maps[k], features, weights)
+            times[k].append(time.perf_counter() - t0)
+    out = {"image_size": list(shape), "events": size, "sites": len(coords),
+           "repeats": repeats, "max_weight_grad_difference": diff}
+    for k, ts in times.items():
+        q = statistics.quantiles(ts, n=4)
+        out[k] = {"median_ms": round(1e3 * statistics.median(ts), 3),
+                  "q1_ms": round(1e3 * q[0], 3), "q3_ms": round(1e3 * q[2], 3)}
+    out["after_over_before"] = round(out["after"]["median_ms"] / out["before"]["median_ms"], 4)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--before", type=Path, required=True,
+                    help="another revision's lartpc/models/sparse_torch.py")
+    ap.add_argument("--data", type=Path, required=True, help="an event store")
+    ap.add_argument("--repeats", type=int, default=40, help="timed steps of each version")
+    args = ap.parse_args(argv)
+    if args.repeats < 2:
+        ap.error(f"--repeats {args.repeats}: at least 2")
+    torch.set_num_threads(1)
+    try:
+        result = compare(load_module(args.before), sparse_torch, args.data, args.repeats)
+    except LartpcError as e:
+        print(f"sparse_ab: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -69,6 +69,10 @@ SCNET_VARIANTS = (  # (name, flags, needs CUDA)
     ("torch-graph", ["--sparse", "torch", "--cuda-graph"], True),  # lartpc/bench/graphed.py
 )
 
+#: the minibatch scans (spconv, then SCNet's layers in torch operations): each step's
+#: folder under ``--out``
+SCANS = {"minibatch-scnet": "minibatch", "minibatch-scnet-torch": "minibatch-torch"}
+
 
 def _say(msg: str) -> None:
     print(f"[gpu-bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
@@ -138,10 +142,8 @@ def plan(args) -> list[tuple[str, list[str] | None, str]]:
     scan = ["bench", "minibatch", "--model", "scnet", *dev, "--downsample", downsample,
             "--events", str(args.events), "--batch-per-rank", args.batches, "--seeds",
             args.scan_seeds, "--seconds", str(args.scan_seconds), *bound]
-    steps.append(("minibatch-scnet", [*scan, "--out", str(args.out / "minibatch"),
-                                      *fast_scnet], ""))
-    steps.append(("minibatch-scnet-torch", [*scan, "--out", str(args.out / "minibatch-torch"),
-                                            *torch_scnet], ""))
+    for (name, folder), options in zip(SCANS.items(), (fast_scnet, torch_scnet), strict=True):
+        steps.append((name, [*scan, "--out", str(args.out / folder), *options], ""))
     return steps
 
 
@@ -184,9 +186,8 @@ def summary(results: list[dict], skipped: list[tuple[str, str]]) -> str:
                  f"{100 * r['fraction_of_peak']:.1f} %" if r.get("fraction_of_peak") else "–",
                  f"{100 * wait:.1f} %" if wait is not None else "–",
                  r.get("device_name", r.get("device", ""))]
-        if r["name"].startswith("minibatch-scnet"):
-            folder = "minibatch-torch" if r["name"].endswith("-torch") else "minibatch"
-            cells = [f"see {folder}/minibatch.md", "–", "–", "–", ""]
+        if r["name"] in SCANS:
+            cells = [f"see {SCANS[r['name']]}/minibatch.md", "–", "–", "–", ""]
         lines.append(f"| {r['name']} | " + " | ".join(cells) + " |")
     lines += [f"| {name} | – | – | – | – | skipped: {why} |" for name, why in skipped]
     return "\n".join(lines) + "\n"

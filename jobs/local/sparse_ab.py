@@ -22,9 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from lartpc.bench.model import batch_from_events
+from lartpc.data.batch import Batch
 from lartpc.data.store import EventStore
 from lartpc.errors import LartpcError
 from lartpc.models import sparse_torch
@@ -43,17 +44,11 @@ def load_module(path: Path):
     return module
 
 
-def batch(data: Path, size: int):
-    """int32 coords (P, 3) and float32 features (P, 1) of the first ``size`` events,
-    and the image shape."""
+def batch(data: Path, size: int) -> Batch:
+    """A sparse batch of the first ``size`` events of the store ``data``."""
     store = EventStore(data)
     events = store.read_many(range(min(size, len(store))))
-    coords = np.concatenate([np.stack([np.full(len(e), b), e.row.astype(np.int64),
-                                       e.col.astype(np.int64)], 1)
-                             for b, e in enumerate(events)])
-    features = np.concatenate([e.charge for e in events]).astype(np.float32)[:, None]
-    return (torch.from_numpy(coords).int(), torch.from_numpy(features),
-            tuple(store.geometry.shape))
+    return batch_from_events(events, tuple(store.geometry.shape), "sparse")
 
 
 def step(module, maps, features, weights) -> list[torch.Tensor]:
@@ -72,7 +67,8 @@ def step(module, maps, features, weights) -> list[torch.Tensor]:
 
 
 def compare(before, after, data: Path, repeats: int, size: int = 7) -> dict:
-    coords, features, shape = batch(data, size)
+    b = batch(data, size)
+    coords, features, shape, size = b.coords, b.features, b.shape, b.data_size
     generator = torch.Generator().manual_seed(0)
     weights, cin = [], 1
     for cout in CHANNELS:  # spconv's layout (C', k, k, C), a plain Kaiming-like scale

@@ -124,8 +124,9 @@ def plan(args) -> list[tuple[str, list[str] | None, str]]:
     # training step there (docs/results/gpu-2026-11-25-h200-scnet-fp16-failure.txt)
     fast_scnet = ["--set", "model.algo=implicit_gemm"] if args.device == "cuda" else []
     # --quick (a smoke run, also in the tests) bounds its trainings by epochs, not by a
-    # wall-clock limit: on a busy machine a 10 s limit left one step to measure.
-    bound = ["--set", "train.epochs=2"] if args.quick else []
+    # wall-clock limit: on a busy machine a 10 s limit left one step to measure. Its bare
+    # steps are 5 (default 30): the same code path, a third of the quick run's time saved.
+    bound = ["--set", "train.epochs=2", "--bare-steps", "5"] if args.quick else []
     train = ["bench", "train", "--ranks", "1", "--backend", "none", *dev, "--downsample",
              downsample, "--events", str(args.events), "--seconds", str(args.train_seconds),
              *bound]

@@ -91,14 +91,20 @@ ClusterName=lartpc-local
 $ctl
 SlurmUser=root
 AuthType=auth/munge
-# A requeued job waits cred_expire seconds before it may start again (default 120).
-AuthInfo=cred_expire=30
+# A requeued job waits cred_expire seconds before it may start again (default 120; 5 is
+# the least slurm takes). It is also how long a job step's credential is good for from
+# its creation to its launch: 10 s leaves room on a loaded 2-core test machine.
+AuthInfo=cred_expire=10
 MpiDefault=none
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
+# A requeued job whose wait (above) has passed starts at the next pass of the main
+# scheduler that finds it: every 2 s here, not the default 60 (no event wakes it, and
+# backfill skips its passes while nothing changed).
+SchedulerParameters=sched_interval=2
 ReturnToService=2
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none

@@ -18,8 +18,12 @@ def test_the_same_layers_give_the_same_gradients_and_both_are_timed(train_events
     out = json.loads(capsys.readouterr().out)
     assert out["max_weight_grad_difference"] == 0.0
     assert out["events"] == 7 and out["sites"] > 1000 and out["image_size"] == [400, 400]
+    tables = out["tables"]
+    assert tables["same"] is True
     for k in ("before", "after"):
         assert 0 < out[k]["q1_ms"] <= out[k]["median_ms"] <= out[k]["q3_ms"]
+        assert 0 < tables[k]["q1_ms"] <= tables[k]["median_ms"] <= tables[k]["q3_ms"]
+        assert tables[k]["operations"] == tables["before"]["operations"] > 20
 
 
 def test_a_changed_layer_shows_as_a_gradient_difference(train_events_dir, tmp_path, capsys):
@@ -32,6 +36,20 @@ def test_a_changed_layer_shows_as_a_gradient_difference(train_events_dir, tmp_pa
     assert sparse_ab.main(["--before", str(before), "--data", str(train_events_dir),
                            "--repeats", "2"]) == 0
     assert json.loads(capsys.readouterr().out)["max_weight_grad_difference"] > 0.1
+
+
+def test_other_tables_are_told(train_events_dir, tmp_path, capsys):
+    """A 'before' whose neighbour table misses the window's last offset: the tables
+    differ (and so do the gradients)."""
+    text = Path(sparse_torch.__file__).read_text()
+    marker = "    return table.masked_fill_(table < 0, n)"
+    assert marker in text
+    before = tmp_path / "before.py"
+    before.write_text(text.replace(marker, "    table[:, -1] = n\n" + marker))
+    assert sparse_ab.main(["--before", str(before), "--data", str(train_events_dir),
+                           "--repeats", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tables"]["same"] is False and out["max_weight_grad_difference"] > 0
 
 
 def test_a_missing_file_is_named(tmp_path, capsys):

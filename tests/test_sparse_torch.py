@@ -118,17 +118,23 @@ def test_pool_ties_and_zeros_follow_spconvs_gradient_rule():
     assert torch.equal(f1.grad, f2.grad) and f1.grad.ravel().tolist() == [3, 3, 0, 0, 5, 0]
 
 
-def test_neighbour_table_against_a_dense_search():
+@pytest.mark.parametrize("pass_cells", [None, 1, 2 * 27 * 21])
+def test_neighbour_table_against_a_dense_search(monkeypatch, pass_cells):
     """Every offset of every site, against a plain search over a dense index image,
-    with sites on the image's borders and in two images of the batch."""
+    with sites on the image's borders, in three images of a batch of four (one
+    empty), all in one pass over the index image, one image a pass and two a pass."""
+    if pass_cells is not None:
+        monkeypatch.setitem(sparse_torch.PASS_CELLS, "cpu", pass_cells)
     rng = np.random.default_rng(5)
     h, w = 23, 17
-    occupied = rng.random((2, h, w)) < 0.3
+    occupied = rng.random((4, h, w)) < 0.3
+    occupied[1] = False
     b, y, x = np.nonzero(occupied)
     coords = torch.from_numpy(np.stack([b, y, x], 1)).int()
     keys, _ = torch.sort(sparse_torch.site_keys(coords, (h, w)))
-    table = sparse_torch.neighbour_table(keys, (h, w), 5)
-    index = -np.ones((2, h, w), int)
+    table = sparse_torch.neighbour_table(keys, (h, w), 5, images=4)
+    assert torch.equal(sparse_torch.neighbour_table(keys, (h, w), 5), table)
+    index = -np.ones((4, h, w), int)
     kb, ky, kx = (keys // (h * w)).numpy(), ((keys // w) % h).numpy(), (keys % w).numpy()
     index[kb, ky, kx] = np.arange(len(keys))
     want = np.full((len(keys), 25), -1)

@@ -7,9 +7,12 @@ A change to :mod:`lartpc.models.sparse_torch` is measured by the sparse trunk's 
 and backward (four convolutions and pools, the dense map, a squared-sum loss) on the
 same 7 events of ``--data`` with each version's tables built once, ahead, the two
 versions' steps interleaved (ABAB...) so that what else the machine does lands on
-both alike. Prints JSON: each version's median and quartile step in ms, and the
-largest weight-gradient difference between them relative to the gradient's scale
-(0.0: the same numbers). One thread, as in the training loop's ranks.
+both alike; and by the building of those tables (:func:`build_maps`, what the loader's
+thread does per batch), interleaved the same way. Prints JSON: each version's median
+and quartile step in ms, the largest weight-gradient difference between them relative
+to the gradient's scale (0.0: the same numbers), and under ``tables`` each version's
+median build time, its count of torch operations (on a GPU, about its launches) and
+whether the two built the same tables. One thread, as in the training loop's ranks.
 """
 
 from __future__ import annotations
@@ -66,6 +69,39 @@ def step(module, maps, features, weights) -> list[torch.Tensor]:
     return [w.grad.clone() for w in weights]
 
 
+def same_tables(a, b) -> bool:
+    """Two versions' :class:`SiteMaps` hold the same sites, neighbours and pool slots."""
+    return len(a.levels) == len(b.levels) and torch.equal(a.order, b.order) and all(
+        torch.equal(x.keys, y.keys) and torch.equal(x.neighbours, y.neighbours)
+        and torch.equal(x.slots, y.slots) and x.n_out == y.n_out
+        for x, y in zip(a.levels, b.levels, strict=True))
+
+
+def operations(fn) -> int:
+    """Top-level torch operations one call of ``fn`` makes."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(1 for e in prof.events() if e.cpu_parent is None and e.name.startswith("aten::"))
+
+
+def quartiles(ts: list[float]) -> dict:
+    q = statistics.quantiles(ts, n=4)
+    return {"median_ms": round(1e3 * statistics.median(ts), 3), "q1_ms": round(1e3 * q[0], 3),
+            "q3_ms": round(1e3 * q[2], 3)}
+
+
+def interleaved(fns: dict, repeats: int) -> dict[str, list[float]]:
+    """Seconds of each of two calls, ABAB... then BABA...: each call's times."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    names = list(fns)
+    for i in range(repeats):
+        for k in (names if i % 2 else names[::-1]):
+            t0 = time.perf_counter()
+            fns[k]()
+            times[k].append(time.perf_counter() - t0)
+    return times
+
+
 def compare(before, after, data: Path, repeats: int, size: int = 7) -> dict:
     b = batch(data, size)
     coords, features, shape, size = b.coords, b.features, b.shape, b.data_size
@@ -80,19 +116,21 @@ def compare(before, after, data: Path, repeats: int, size: int = 7) -> dict:
     grads = {k: step(m, maps[k], features, weights) for k, m in versions.items()}
     diff = max(float((a - b).abs().max() / a.abs().max().clamp_min(1e-30))
                for a, b in zip(grads["before"], grads["after"], strict=True))
-    times: dict[str, list[float]] = {"before": [], "after": []}
-    for i in range(repeats):
-        for k in (("before", "after") if i % 2 else ("after", "before")):
-            t0 = time.perf_counter()
-            step(versions[k], maps[k], features, weights)
-            times[k].append(time.perf_counter() - t0)
+    times = interleaved({k: (lambda m=m, k=k: step(m, maps[k], features, weights))
+                         for k, m in versions.items()}, repeats)
     out = {"image_size": list(shape), "events": size, "sites": len(coords),
            "repeats": repeats, "max_weight_grad_difference": diff}
     for k, ts in times.items():
-        q = statistics.quantiles(ts, n=4)
-        out[k] = {"median_ms": round(1e3 * statistics.median(ts), 3),
-                  "q1_ms": round(1e3 * q[0], 3), "q3_ms": round(1e3 * q[2], 3)}
+        out[k] = quartiles(ts)
     out["after_over_before"] = round(out["after"]["median_ms"] / out["before"]["median_ms"], 4)
+    builds = {k: (lambda m=m: m.build_maps(coords, size, shape, KERNEL, POOLS))
+              for k, m in versions.items()}
+    tables = {"same": same_tables(maps["before"], maps["after"])}
+    for k, ts in interleaved(builds, repeats).items():
+        tables[k] = {**quartiles(ts), "operations": operations(builds[k])}
+    tables["after_over_before"] = round(tables["after"]["median_ms"]
+                                        / tables["before"]["median_ms"], 4)
+    out["tables"] = tables
     return out
 
 

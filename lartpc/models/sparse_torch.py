@@ -8,8 +8,8 @@ torch operations on index tables built from the coordinates alone (issue 36):
   ``(b * H + y) * W + x``;
 - a submanifold convolution's **neighbour table** (P, k*k): for each site and kernel
   offset, the row of the active neighbour, or P where there is none (read from an
-  index image, one image of the batch at a time; row P is a zero row appended to the
-  features). The convolution is then one gather (``index_select``: on a CPU 2-5x
+  index image, a few images of the batch at a time; row P is a zero row appended
+  to the features). The convolution is then one gather (``index_select``: on a CPU 2-5x
   faster than advanced indexing for these narrow rows) and one matrix product:
   ``features[neighbours] (P, k*k*C) @ weight (k*k*C, C')``;
 - a max-pool's **slot** of every input site: its output site's row, or ``n_out`` (a
@@ -92,14 +92,23 @@ def site_keys(coords: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
 _grids = threading.local()  # per thread: each loader thread builds with its own
 
 
+#: cells of the index image one pass of :func:`neighbour_table` writes: one 3600 x 3600
+#: image (64 MB) on a CPU, where the scattered writes stay in cache that way; ten on a
+#: GPU (512 MB), where a batch of 7 is one pass of a handful of launches
+PASS_CELLS = {"cpu": 1 << 24, "cuda": 1 << 27}
+
+
 def _grid(cells: int, device: torch.device) -> torch.Tensor:
-    """This thread's int32 index image of ``cells`` cells on ``device``, all -1; kept
-    between calls (a fresh 52 MB image at 3600 x 3600 cost more than the lookups)."""
-    cache = _grids.__dict__.setdefault("by_size", {})
-    key = (cells, str(device))
-    if key not in cache:
-        cache[key] = torch.full((cells,), -1, dtype=torch.int32, device=device)
-    return cache[key]
+    """This thread's int32 index image of at least ``cells`` cells on ``device``, all -1
+    (a prefix of it is used); kept between calls and levels (a fresh 52 MB image at
+    3600 x 3600 cost more than the lookups), grown when too small."""
+    cache = _grids.__dict__.setdefault("by_device", {})
+    grid = cache.get(str(device))
+    if grid is None or len(grid) < cells:
+        cache[str(device)] = None  # the old one freed before the new one is made
+        grid = cache[str(device)] = torch.full((cells,), -1, dtype=torch.int32,
+                                               device=device)
+    return grid
 
 
 def split_keys(keys: torch.Tensor, shape: tuple[int, int]):
@@ -108,34 +117,41 @@ def split_keys(keys: torch.Tensor, shape: tuple[int, int]):
     return keys // (h * w), (keys // w) % h, keys % w
 
 
-def neighbour_table(keys: torch.Tensor, shape: tuple[int, int], kernel: int) -> torch.Tensor:
-    """For sorted ``keys``: the row of each site's neighbour at every offset of a
-    ``kernel`` x ``kernel`` window (offsets row-major, as spconv's weight (C', k, k, C)),
-    or ``len(keys)`` (the zero row) where that neighbour is not active or outside the
-    image; int32.
+def neighbour_table(keys: torch.Tensor, shape: tuple[int, int], kernel: int,
+                    images: int | None = None) -> torch.Tensor:
+    """For sorted ``keys`` of a batch of ``images`` images (default: the last key's
+    image + 1, one read-back): the row of each site's neighbour at every offset of a
+    ``kernel`` x ``kernel`` window (offsets row-major, as spconv's weight (C', k, k,
+    C)), or ``len(keys)`` (the zero row) where that neighbour is not active or outside
+    its image; int32.
 
-    One image at a time: its sites' rows are written into an index image (-1 where no
-    site is) with a border of k // 2 (so no offset leaves it), the k*k neighbours of
-    every site read back with one gather, and the written cells set back to -1."""
+    As many images at a time as :data:`PASS_CELLS` allows (the whole batch on a GPU):
+    their sites' rows are written into an index image (-1 where no site is) whose
+    images each have a border of k // 2 (so no offset leaves its image), the k*k
+    neighbours of every site read back with one gather, and the written cells set back
+    to -1. One pass makes no read-back; several find their sites with one."""
     h, w = shape
     n, r = len(keys), kernel // 2
-    wp = w + 2 * r
-    grid = _grid((h + 2 * r) * wp, keys.device)
+    if images is None:
+        images = int(keys[-1]) // (h * w) + 1 if n else 0
+    hp, wp = h + 2 * r, w + 2 * r
+    per_pass = max(1, PASS_CELLS.get(keys.device.type, PASS_CELLS["cpu"]) // (hp * wp))
     d = torch.arange(-r, r + 1, device=keys.device)
     offsets = (d[:, None] * wp + d).reshape(-1)  # row-major (dy, dx)
     image, y, x = split_keys(keys, shape)
-    cell = (y + r) * wp + x + r
-    rows = torch.arange(n, dtype=torch.int32, device=keys.device)
     table = torch.empty((n, kernel * kernel), dtype=torch.int32, device=keys.device)
-    starts = torch.searchsorted(image, torch.arange(int(image[-1]) + 2 if n else 1,
-                                                    device=keys.device)).tolist()
-    for lo, hi in zip(starts, starts[1:], strict=False):
+    firsts = list(range(0, images, per_pass))
+    bounds = [0, n] if len(firsts) <= 1 else torch.searchsorted(
+        image, torch.tensor([*firsts, images], device=keys.device)).tolist()
+    grid = _grid(min(images, per_pass) * hp * wp, keys.device)
+    rows = torch.arange(n, dtype=torch.int32, device=keys.device)
+    for first, lo, hi in zip(firsts, bounds, bounds[1:], strict=False):
         if lo < hi:
-            c = cell[lo:hi]
-            grid[c] = rows[lo:hi]
-            torch.index_select(grid, 0, (c[:, None] + offsets).reshape(-1),
+            cell = ((image[lo:hi] - first) * hp + y[lo:hi] + r) * wp + x[lo:hi] + r
+            grid[cell] = rows[lo:hi]
+            torch.index_select(grid, 0, (cell[:, None] + offsets).reshape(-1),
                                out=table[lo:hi].view(-1))
-            grid[c] = -1
+            grid[cell] = -1
     return table.masked_fill_(table < 0, n)
 
 
@@ -178,7 +194,7 @@ def build_maps(coords: torch.Tensor, batch_size: int, spatial_shape, kernel: int
     levels = []
     for size in pools:
         slots, out_keys, out_shape = pool_slots(keys, shape, size)
-        table = neighbour_table(keys, shape, kernel)
+        table = neighbour_table(keys, shape, kernel, int(batch_size))
         levels.append(Level(keys, shape, table, slots, len(out_keys),
                             mirror(table) if levels else None))
         keys, shape = out_keys, out_shape

@@ -118,7 +118,7 @@ def split_keys(keys: torch.Tensor, shape: tuple[int, int]):
 
 
 def neighbour_table(keys: torch.Tensor, shape: tuple[int, int], kernel: int,
-                    images: int | None = None) -> torch.Tensor:
+                    images: int | None = None, parts=None) -> torch.Tensor:
     """For sorted ``keys`` of a batch of ``images`` images (default: the last key's
     image + 1, one read-back): the row of each site's neighbour at every offset of a
     ``kernel`` x ``kernel`` window (offsets row-major, as spconv's weight (C', k, k,
@@ -129,7 +129,8 @@ def neighbour_table(keys: torch.Tensor, shape: tuple[int, int], kernel: int,
     their sites' rows are written into an index image (-1 where no site is) whose
     images each have a border of k // 2 (so no offset leaves its image), the k*k
     neighbours of every site read back with one gather, and the written cells set back
-    to -1. One pass makes no read-back; several find their sites with one."""
+    to -1. One pass makes no read-back; several find their sites with one. ``parts``:
+    :func:`split_keys` of ``keys`` where the caller has it."""
     h, w = shape
     n, r = len(keys), kernel // 2
     if images is None:
@@ -138,7 +139,7 @@ def neighbour_table(keys: torch.Tensor, shape: tuple[int, int], kernel: int,
     per_pass = max(1, PASS_CELLS.get(keys.device.type, PASS_CELLS["cpu"]) // (hp * wp))
     d = torch.arange(-r, r + 1, device=keys.device)
     offsets = (d[:, None] * wp + d).reshape(-1)  # row-major (dy, dx)
-    image, y, x = split_keys(keys, shape)
+    image, y, x = split_keys(keys, shape) if parts is None else parts
     table = torch.empty((n, kernel * kernel), dtype=torch.int32, device=keys.device)
     firsts = list(range(0, images, per_pass))
     bounds = [0, n] if len(firsts) <= 1 else torch.searchsorted(
@@ -155,13 +156,14 @@ def neighbour_table(keys: torch.Tensor, shape: tuple[int, int], kernel: int,
     return table.masked_fill_(table < 0, n)
 
 
-def pool_slots(keys: torch.Tensor, shape: tuple[int, int], size: int):
+def pool_slots(keys: torch.Tensor, shape: tuple[int, int], size: int, parts=None):
     """A max-pool of kernel = stride = ``size`` without padding: (each site's output
     row, the output sites' sorted keys, the output shape). Sites in the last rows or
-    columns that do not fill a window (spconv's floor) get row ``len(out_keys)``."""
+    columns that do not fill a window (spconv's floor) get row ``len(out_keys)``.
+    ``parts``: :func:`split_keys` of ``keys`` where the caller has it."""
     h, w = shape
     oh, ow = (h - size) // size + 1, (w - size) // size + 1
-    b, y, x = split_keys(keys, shape)
+    b, y, x = split_keys(keys, shape) if parts is None else parts
     oy, ox = y // size, x // size
     kept = (oy < oh) & (ox < ow)
     okey = (b * oh + oy) * ow + ox
@@ -193,8 +195,9 @@ def build_maps(coords: torch.Tensor, batch_size: int, spatial_shape, kernel: int
         keys, order = torch.sort(keys)
     levels = []
     for size in pools:
-        slots, out_keys, out_shape = pool_slots(keys, shape, size)
-        table = neighbour_table(keys, shape, kernel, int(batch_size))
+        parts = split_keys(keys, shape)  # once for both (each part is a launch on a GPU)
+        slots, out_keys, out_shape = pool_slots(keys, shape, size, parts)
+        table = neighbour_table(keys, shape, kernel, int(batch_size), parts)
         levels.append(Level(keys, shape, table, slots, len(out_keys),
                             mirror(table) if levels else None))
         keys, shape = out_keys, out_shape

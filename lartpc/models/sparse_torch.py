@@ -93,8 +93,9 @@ _grids = threading.local()  # per thread: each loader thread builds with its own
 
 
 #: cells of the index image one pass of :func:`neighbour_table` writes: one 3600 x 3600
-#: image (64 MB) on a CPU, where the scattered writes stay in cache that way; ten on a
-#: GPU (512 MB), where a batch of 7 is one pass of a handful of launches
+#: image (64 MB) on a CPU, where a whole batch of 7 in one pass was no faster and held
+#: 364 MB per thread; ten on a GPU (512 MB), where a batch of 7 is one pass of a
+#: handful of launches
 PASS_CELLS = {"cpu": 1 << 24, "cuda": 1 << 27}
 
 

@@ -24,6 +24,8 @@ def test_the_same_layers_give_the_same_gradients_and_both_are_timed(train_events
         assert 0 < out[k]["q1_ms"] <= out[k]["median_ms"] <= out[k]["q3_ms"]
         assert 0 < tables[k]["q1_ms"] <= tables[k]["median_ms"] <= tables[k]["q3_ms"]
         assert tables[k]["operations"] == tables["before"]["operations"] > 20
+        assert tables[k]["computing"] == tables["before"]["computing"] > 10
+        assert tables[k]["computing"] < tables[k]["operations"]  # views compute nothing
 
 
 def test_a_changed_layer_shows_as_a_gradient_difference(train_events_dir, tmp_path, capsys):

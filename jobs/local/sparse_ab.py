@@ -11,8 +11,9 @@ both alike; and by the building of those tables (:func:`build_maps`, what the lo
 thread does per batch), interleaved the same way. Prints JSON: each version's median
 and quartile step in ms, the largest weight-gradient difference between them relative
 to the gradient's scale (0.0: the same numbers), and under ``tables`` each version's
-median build time, its count of torch operations (on a GPU, about its launches) and
-whether the two built the same tables. One thread, as in the training loop's ranks.
+median build time, its count of torch operations and of those that compute (on a GPU,
+about its launches) and whether the two built the same tables. One thread, as in the
+training loop's ranks.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 
 import torch
+from lartpc.jobs.local.host_profile import main_thread_work
 
 from lartpc.bench.model import batch_from_events
 from lartpc.data.batch import Batch
@@ -77,11 +79,13 @@ def same_tables(a, b) -> bool:
         for x, y in zip(a.levels, b.levels, strict=True))
 
 
-def operations(fn) -> int:
-    """Top-level torch operations one call of ``fn`` makes."""
+def operations(fn) -> dict[str, int]:
+    """The outermost torch operations one call of ``fn`` makes, and those of them that
+    compute (on a GPU about one launch each): host_profile's count of a step's calls."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fn()
-    return sum(1 for e in prof.events() if e.cpu_parent is None and e.name.startswith("aten::"))
+    calls, computing = main_thread_work(prof.events(), steps=1)
+    return {"operations": int(calls), "computing": int(computing)}
 
 
 def quartiles(ts: list[float]) -> dict:
@@ -127,7 +131,7 @@ def compare(before, after, data: Path, repeats: int, size: int = 7) -> dict:
               for k, m in versions.items()}
     tables = {"same": same_tables(maps["before"], maps["after"])}
     for k, ts in interleaved(builds, repeats).items():
-        tables[k] = {**quartiles(ts), "operations": operations(builds[k])}
+        tables[k] = {**quartiles(ts), **operations(builds[k])}
     tables["after_over_before"] = round(tables["after"]["median_ms"]
                                         / tables["before"]["median_ms"], 4)
     out["tables"] = tables

@@ -130,6 +130,10 @@ class TrainConfig:
     #: kernels), its sparse trunk in float16 on CUDA. fp16 adds dynamic loss scaling.
     amp: str = "none"
     compile: bool = False  #: torch.compile the dense model (aimed at CUDA; runs on CPU)
+    #: SCNet with model.sparse=torch on one rank: forward, loss and backward replayed as
+    #: one CUDA graph on tables padded to fixed sizes (issue 36; lartpc/train/graphed.py).
+    #: On a CPU the same padded step runs without a graph (no faster: for testing)
+    cuda_graph: bool = False
     threads: int = 0  #: CPU threads per rank (0 = cores / local ranks; SCNet on CPU: 1)
     #: rank 0 writes TensorBoard scalars into <run>/tb/ (needs the tensorboard extra)
     tensorboard: bool = False

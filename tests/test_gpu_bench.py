@@ -45,6 +45,8 @@ def test_cuda_plan_measures_every_issue_target():
     torch_train = steps["train-scnet-sparse-torch"]
     assert "model.sparse=torch" in torch_train and "data.rulebooks=loader" in torch_train
     assert steps["model-scnet-torch"][-2:] == ["--sparse", "torch"]
+    graphed = steps["train-scnet-sparse-torch-graph"]  # the same, replayed as a CUDA graph
+    assert graphed[:len(torch_train)] == torch_train and "train.cuda_graph=true" in graphed
     for name in ("minibatch-scnet", "minibatch-scnet-torch"):
         scan = steps[name]
         assert scan[scan.index("--batch-per-rank") + 1] == "7,14,28,56,112,256"
@@ -82,6 +84,10 @@ def test_quick_cpu_run_measures_every_step(tmp_path):
         point = json.loads((out / f"{name}.json").read_text())["points"][0]
         assert point["steps"] > 1 and 0 <= point["data_wait_fraction"] < 1
     assert point["sparse"] == "torch" and point["rulebooks"] == "loader"
+    assert point["cuda_graph"] is None
+    graphed = json.loads((out / "train-scnet-sparse-torch-graph.json").read_text())["points"][0]
+    # on a CPU the padded step without a graph: every step static, none captured
+    assert graphed["cuda_graph"]["steps"] > 1 and graphed["cuda_graph"]["captures"] == 0
     assert {p["loader"] for n in ("blosc", "device-dense") for p in json.loads(
         (out / f"train-jishnet-{n}.json").read_text())["points"]} == {"blosc", "device-dense"}
     for folder in ("minibatch", "minibatch-torch"):

@@ -137,7 +137,10 @@ def plan(args) -> list[tuple[str, list[str] | None, str]]:
                                       ("jishnet-device-dense", "jishnet", "device-dense",
                                        fast_jish),
                                       ("scnet-sparse", "scnet", "sparse", fast_scnet),
-                                      ("scnet-sparse-torch", "scnet", "sparse", torch_scnet)):
+                                      ("scnet-sparse-torch", "scnet", "sparse", torch_scnet),
+                                      # and forward + backward replayed as one CUDA graph
+                                      ("scnet-sparse-torch-graph", "scnet", "sparse",
+                                       [*torch_scnet, "--set", "train.cuda_graph=true"])):
         steps.append((f"train-{name}", [*train, "--model", model, "--loader", loader, *fast],
                       ""))
     scan = ["bench", "minibatch", "--model", "scnet", *dev, "--downsample", downsample,

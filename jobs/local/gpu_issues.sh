@@ -8,7 +8,7 @@
 # Needs gpu-bundle/ beside the tree on the GPU host (`make gpu-bundle` where the package
 # index is reachable). Every part writes into OUT as soon as it ends, so a run cut short
 # keeps what finished; a failing part is noted in OUT/parts.txt and the rest still run.
-# Expected on an H200: ~6 minutes without the scan (BENCHMARKS.md, "One call for the open
+# Expected on an H200: ~7 minutes without the scan (BENCHMARKS.md, "One call for the open
 # GPU measurements"); run it with a limit that leaves room to rerun.
 set -u
 OUT=${1:?usage: gpu_issues.sh OUT}
@@ -41,11 +41,14 @@ bench() {  # bench ONLY [FLAGS]: gpu_bench steps into $G, results copied into OU
 
 "$PY" -m lartpc env > "$OUT/env.txt" 2>&1
 # 1. issue 36: SCNet's training, spconv (the issue's command) against its layers in torch
-#    operations with their tables built in the loader's thread
-bench 'train-scnet-sparse,train-scnet-sparse-torch'
+#    operations with their tables built in the loader's thread, eager and with forward
+#    and backward replayed as one CUDA graph (train.cuda_graph)
+bench 'train-scnet-sparse,train-scnet-sparse-torch,train-scnet-sparse-torch-graph'
 # 2. the CUDA tests of both ways of building ahead (equality, and no synchronisation)
+#    and of the captured step (equal to the eager one)
 part gpu-tests "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_sparse_torch.py \
-    tests/test_rulebooks.py tests/test_fused_stage2.py tests/test_fused_stem.py
+    tests/test_graphed_step.py tests/test_rulebooks.py tests/test_fused_stage2.py \
+    tests/test_fused_stem.py
 # 3. issue 35: the fused second stage, accuracy and timing (stem_check --stage 2)
 if [ "$DEVICE" = cuda ]; then
     part stage2-check "$PY" -m lartpc.jobs.local.stem_check --out "$OUT/stage2-check" \

@@ -48,14 +48,16 @@ def _nbytes(batch: Batch) -> int:
 
 
 def training_batches(cfg: Config, store, plan, model: torch.nn.Module, device: torch.device,
-                     n: int) -> list[Batch]:
+                     n: int, capacities=None) -> list[Batch]:
     """The first ``n`` batches rank 0's training loader yields (epochs in turn), as
-    device copies; fewer distinct copies, reused in turn, past :data:`MAX_BATCH_BYTES`."""
+    device copies; fewer distinct copies, reused in turn, past :data:`MAX_BATCH_BYTES`;
+    their tables padded to ``capacities`` where given (``train.cuda_graph``)."""
     from lartpc.data.augment import mirror
     from lartpc.train.parts import loader_mode, make_loader
 
     loader = make_loader(cfg, store, loader_mode(cfg, model), plan.train_indices(0), device,
-                         train=True, steps=plan.steps_per_epoch, model=model)
+                         train=True, steps=plan.steps_per_epoch, model=model,
+                         capacities=capacities)
     out: list[Batch] = []
     held, epoch = 0, 0
     while len(out) < n and held < MAX_BATCH_BYTES:
@@ -85,6 +87,7 @@ class BareStep:
         from lartpc.dist import World, device_type
         from lartpc.models import build
         from lartpc.models.losses import build_loss
+        from lartpc.train.graphed import from_config
         from lartpc.train.noise import NoiseMeter
         from lartpc.train.optim import build_optimizer
         from lartpc.train.parts import autocast_and_scaler, model_options
@@ -105,19 +108,23 @@ class BareStep:
         self.loss_fn = build_loss(cfg.model.loss)
         self.autocast, self.scaler = autocast_and_scaler(cfg, self.device.type)
         self.noise = NoiseMeter("off", 1, self.world, self.trained, None)
+        self.graphed = from_config(cfg, self.world, self.model, self.loss_fn)
+        self.caps = None if self.graphed is None else self.graphed.caps
 
     def batches(self, n: int) -> list[Batch]:
         """The training's first ``n`` batches (:func:`training_batches`)."""
-        return training_batches(self.cfg, self.store, self.plan, self.model, self.device, n)
+        return training_batches(self.cfg, self.store, self.plan, self.model, self.device, n,
+                                self.caps)
 
     def step(self, batch: Batch, global_step: int) -> None:
         """One optimizer step, as the trainer takes it at ``global_step``."""
         from lartpc.train.optim import lr_at, set_lr
 
         set_lr(self.opt, lr_at(self.cfg.train, 1, global_step, self.plan.steps_per_epoch))
-        self.opt.zero_grad()
-        self.noise.forward_backward(self.trained, self.loss_fn, batch, self.autocast,
-                                    global_step)
+        if self.graphed is None or self.graphed(batch) is None:
+            self.opt.zero_grad()
+            self.noise.forward_backward(self.trained, self.loss_fn, batch, self.autocast,
+                                        global_step)
         self.world.step_optimizer(self.opt, self.scaler)
 
     def sync(self) -> None:

@@ -5,18 +5,17 @@ The torch layers' step (forward, loss, backward, Adam) has no host synchronisati
 with the batch's index tables padded to static sizes
 (:func:`~lartpc.models.sparse_torch.pad_maps`) it can be captured once and replayed: the
 host then launches one graph per step. This measures what that would give, against the
-same step run eagerly on the same padded tables, before any training loop adopts it: a
-loop would copy each batch's tables into the captured buffers (a few megabytes) and
-keep one graph per set of padded sizes.
+same step run eagerly on the same padded tables. The training loop's form
+(``train.cuda_graph``, :mod:`lartpc.train.graphed`) leaves Adam outside the graph (its
+learning rate follows the schedule) and copies each batch's tables into the captured
+buffers.
 """
 
 from __future__ import annotations
 
 import statistics
 
-
-def round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
+from lartpc.train.graphed import round_up
 
 
 def measure(model, batch, loss_fn, repeats: int, warmup: int, multiple: int = 256) -> dict:

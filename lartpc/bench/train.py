@@ -118,6 +118,8 @@ def measure_run(out: Path, threshold: float = 1.2) -> dict:
         "rulebooks": run.meta.get("rulebooks", run.meta.get("config", {}).get("data", {})
                                   .get("rulebooks", "forward")),  # as resolved (auto)
         "sparse": run.meta.get("config", {}).get("model", {}).get("sparse", "spconv"),
+        # train.cuda_graph: captures, replays, eager steps (None: not asked for)
+        "cuda_graph": run.meta.get("cuda_graph"),
         "ttl_threshold": threshold, "ttl_s": m.ttl_s, "ttl_censored": m.ttl_censored,
         "ttl_lower_bound_s": m.ttl_lower_bound_s, "final_loss_smoothed": m.final_loss_smoothed,
         "smooth_window": m.smooth_window, "accuracy": m.accuracy, "n_eval": m.n_eval,

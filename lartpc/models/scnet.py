@@ -211,6 +211,18 @@ class SCNet(nn.Module):
         if maps is None or not isinstance(maps, sparse_torch.SiteMaps) or not maps.fits(
                 coords, batch_size, self.image_size, self.training):
             maps = self.rulebook_builder(training=self.training)(coords, batch_size)
+        return self.trunk_tables(features, maps, batch_size)
+
+    def forward_tables(self, features: torch.Tensor, maps: sparse_torch.SiteMaps,
+                       batch_size: int) -> torch.Tensor:
+        """Logits (B, 5) from features (P, 1) in the coordinates' order and the torch
+        layers' tables of this batch (padded or not): what a captured CUDA graph
+        replays (:mod:`lartpc.train.graphed`)."""
+        return self.head(self.trunk_tables(features, maps, batch_size))
+
+    def trunk_tables(self, features: torch.Tensor, maps: sparse_torch.SiteMaps,
+                     batch_size: int) -> torch.Tensor:
+        """The torch layers' trunk on ``maps`` (a dense map, as :meth:`trunk`)."""
         rows = features if len(maps.order) == len(features) else torch.cat(  # padded maps
             [features, features.new_zeros(1, features.shape[1])])
         x = torch.index_select(rows, 0, maps.order)

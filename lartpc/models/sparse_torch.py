@@ -68,6 +68,8 @@ class SiteMaps:
     dense_index: torch.Tensor
     out_shape: tuple[int, int]
     training: bool = True  #: unused: the tables are the same for either mode
+    #: :func:`sizes` before :func:`pad_maps` padded them (None: not padded)
+    unpadded: tuple[int, ...] | None = None
 
     def fits(self, indices: torch.Tensor, batch_size: int, spatial_shape, training: bool) -> bool:
         """Built for this very coordinate tensor (identity), batch size and shape."""
@@ -331,4 +333,4 @@ def pad_maps(maps: SiteMaps, capacities) -> SiteMaps:
     return SiteMaps(maps.indices, maps.batch_size, maps.spatial_shape,
                     fill(maps.order, capacities[0], n_in), levels,
                     fill(maps.dense_index, capacities[-1], maps.batch_size * h * w),
-                    maps.out_shape, maps.training)
+                    maps.out_shape, maps.training, maps.unpadded or have)

@@ -198,6 +198,9 @@ def check_fields(path: Path, state: dict, advice: str = MOVE_AWAY) -> None:
         and not isinstance(state["train_time_s"], bool)
         and math.isfinite(state["train_time_s"]) and state["train_time_s"] >= 0,
         "scaler": state.get("scaler") is None or isinstance(state["scaler"], dict),
+        "padded_sizes": state.get("padded_sizes") is None or (
+            isinstance(state["padded_sizes"], list) and len(state["padded_sizes"]) > 0
+            and all(_count(n) and n > 0 for n in state["padded_sizes"])),
         "store": state.get("store") is None or (
             isinstance(state["store"], dict) and _count(state["store"].get("events"))
             and isinstance(state["store"].get("sha256"), str)),

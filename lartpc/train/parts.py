@@ -78,10 +78,11 @@ def rulebook_builder(cfg: Config, model: torch.nn.Module | None, mode: str, *, t
 
 def make_loader(cfg: Config, store: EventStore, mode: str, indices: np.ndarray,
                 device: torch.device, *, train: bool, steps: int | None = None,
-                model: torch.nn.Module | None = None):
+                model: torch.nn.Module | None = None, capacities=None):
     """One rank's loader over ``indices`` (None for an empty evaluation shard); given the
     (unwrapped) ``model``, its rulebooks are built in the loader as ``data.rulebooks``
-    says."""
+    says, and padded to ``capacities`` (:class:`~lartpc.train.graphed.Capacities`, for
+    ``train.cuda_graph``) when given."""
     from lartpc.data.blosc_cache import BloscConfig
     from lartpc.data.loaders import build_loader
 
@@ -89,11 +90,13 @@ def make_loader(cfg: Config, store: EventStore, mode: str, indices: np.ndarray,
         return None
     blosc = BloscConfig(codec=cfg.data.blosc_codec, clevel=cfg.data.blosc_clevel,
                         shuffle=cfg.data.blosc_shuffle)
+    rulebooks = rulebook_builder(cfg, model, mode, train=train)
+    if rulebooks is not None and capacities is not None:
+        rulebooks = capacities.padding(rulebooks)
     return build_loader(store, mode, indices,
                         cfg.train.batch_per_rank, device=device, seed=cfg.train.seed,
                         shuffle=train, steps_per_epoch=steps, prefetch_depth=cfg.data.prefetch,
-                        blosc=blosc, orient=cfg.data.orient,
-                        rulebooks=rulebook_builder(cfg, model, mode, train=train))
+                        blosc=blosc, orient=cfg.data.orient, rulebooks=rulebooks)
 
 
 def cpu_mask() -> list[int]:

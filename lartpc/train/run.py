@@ -188,7 +188,10 @@ def _fit(trainer: Trainer, folder: RunFolder) -> str:
     finally:
         sinks.close()
     s = trainer.state
+    graph = None if trainer.graphed is None else dict(trainer.graphed.stats)
     divergence = trainer.close()
+    if world.is_root and graph is not None:  # this segment's captures and replays
+        folder.info.update(cuda_graph=graph)
     if world.is_root:  # written as the segment ends
         # the study's clock: steps only, evaluation and checkpoints apart (all segments)
         folder.info.update(param_divergence=divergence, train_time_s=s.train_time_s,

@@ -31,7 +31,7 @@ from lartpc.data.augment import mirror
 from lartpc.dist import World, unwrap_model
 from lartpc.errors import ConfigError
 from lartpc.runfolder.schema import CHECKPOINT, RunFolderError
-from lartpc.train import checkpoint
+from lartpc.train import checkpoint, graphed
 from lartpc.train.evaluate import evaluate
 from lartpc.train.noise import NoiseMeter
 from lartpc.train.optim import build_optimizer, keep_impl, lr_at, set_lr
@@ -168,6 +168,8 @@ class Trainer:
         self.last_loss_at = (0, -1)  #: (epoch, step in epoch)
         self.saved_step = -1  #: global step of the last checkpoint (written or loaded)
         self._unread: Unread | None = None  #: the last step, its numbers not read yet
+        #: train.cuda_graph: the captured step and the sizes its loader pads to
+        self.graphed: graphed.GraphedStep | None = None
 
     @classmethod
     def build(cls, seg: Segment, *, stops: StopRequests | None = None) -> Trainer:
@@ -201,12 +203,14 @@ class Trainer:
         t.model = world.distributed_model(model, tc.grad_compression)
         if tc.compile and dense:
             t.model = torch.compile(t.model)
+        t.graphed = graphed.from_config(cfg, world, model, t.loss_fn, resume)
         t.noise = NoiseMeter(tc.noise_scale, tc.noise_every_steps, world, t.model, t.run,
                              t.scaler, start_step=t.state.global_step)
         t0 = time.time()
         t.train_loader = make_loader(cfg, store, mode, plan.train_indices(world.rank),
                                      world.device, train=True, steps=plan.steps_per_epoch,
-                                     model=model)
+                                     model=model,
+                                     capacities=None if t.graphed is None else t.graphed.caps)
         t.eval_loader = make_loader(cfg, store, mode, plan.eval_indices(world.rank),
                                     world.device, train=False, model=model)
         log.info("data ready in %.1f s: %d train / %d eval events on this rank, %d "
@@ -222,7 +226,10 @@ class Trainer:
                 "optimizer": self.opt.state_dict(), **self.state.state_dict(),
                 "world_size": self.world.size, "config": self.cfg.to_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-                "store": self.store_id, "rng": checkpoint.rng_state()}
+                "store": self.store_id, "rng": checkpoint.rng_state(),
+                # train.cuda_graph's padded sizes: a resumed run pads its steps alike
+                "padded_sizes": None if self.graphed is None or self.graphed.caps.rows is None
+                else list(self.graphed.caps.rows)}
 
     def load_state_dict(self, state: dict) -> None:
         """Weights, optimizer, loss scale and counters of a checkpoint (not the RNGs).
@@ -301,9 +308,14 @@ class Trainer:
         s, tc, world = self.state, self.cfg.train, self.world
         t0 = time.perf_counter()
         set_lr(self.opt, lr_at(tc, world.size, s.global_step, self.plan.steps_per_epoch))
-        self.opt.zero_grad()  # Horovod's wrapper takes no arguments
-        logits, loss = self.noise.forward_backward(self.model, self.loss_fn, batch,
-                                                   self.autocast, s.global_step)
+        static = None if self.graphed is None or self.noise.due(s.global_step) \
+            else self.graphed(batch)
+        if static is not None:  # train.cuda_graph: the gradients are the graph's buffers
+            logits, loss = static
+        else:
+            self.opt.zero_grad()  # Horovod's wrapper takes no arguments
+            logits, loss = self.noise.forward_backward(self.model, self.loss_fn, batch,
+                                                       self.autocast, s.global_step)
         comm_s = world.step_optimizer(self.opt, self.scaler)
         this = Unread(loss, accuracy(logits, batch.labels), {
             "global_step": s.global_step, "epoch": s.epoch, "batchno": s.step_in_epoch,

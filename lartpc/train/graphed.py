@@ -1,0 +1,269 @@
+"""SCNet's forward, loss and backward replayed as one CUDA graph (``train.cuda_graph``,
+issue 36).
+
+At the paper's minibatch of 7 SCNet's step is host-bound on a GPU: its kernels take
+~1.5 ms of a step the host needs several times as long to launch. The torch layers
+(``model.sparse = torch``) read nothing back in the step, so with the batch's index
+tables padded to fixed sizes (:func:`~lartpc.models.sparse_torch.pad_maps`: the same
+outputs and gradients) the forward, the loss and the backward can be captured once and
+replayed: the host then launches a handful of copies and one graph per step. The
+optimizer step stays outside the graph (its learning rate changes with the schedule),
+as do evaluation, the loss's read-back and the stop vote.
+
+Sizes: :class:`Capacities` holds the padded row counts per level, a level's grown
+(never shrunk) to 1.25x a batch's that does not fit it, rounded up to 32 rows. Only the
+step grows them, in step order, so a step's padded sizes depend on the batches before
+it alone (not on how far the loader's thread had got), and a checkpoint keeps them: a
+run and its resumed segments pad every step alike. The sparse loader pads each training
+batch's tables in its prefetch thread to the sizes it finds; the step pads again where
+they have grown since (or the batch did not fit), and captures a new graph when they
+grew (a handful of times a run).
+
+What replays: every tensor the captured kernels read is a static buffer of the graph;
+each step copies its batch's features, labels and tables into them (about fifteen
+device copies), replays, and points every parameter's ``.grad`` at the graph's gradient
+buffers for the optimizer. A step the graph cannot take (a batch
+of another size than ``train.batch_per_rank``, such as an epoch's short last one; a
+batch whose pooling left no site; a noise-scale step) runs eagerly. On a CPU there is
+no graph: the same padded static step runs eagerly (what the tests check against
+the unpadded step); it is no faster there.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import torch
+
+from lartpc.models import sparse_torch
+
+log = logging.getLogger(__name__)
+
+#: padded row counts are multiples of this (small: the last levels have a few dozen
+#: sites of 128-256 channels, and a CPU pays for every padded row)
+MULTIPLE = 32
+#: a batch that does not fit grows the capacities to this many times its own sizes
+HEADROOM = 1.25
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+class Capacities:
+    """The padded sizes (rows per level, :func:`~lartpc.models.sparse_torch.sizes`)
+    shared by the loader's thread and the step; they only grow."""
+
+    def __init__(self, multiple: int = MULTIPLE, headroom: float = HEADROOM):
+        self.multiple, self.headroom = multiple, headroom
+        self.rows: tuple[int, ...] | None = None
+        self._lock = threading.Lock()
+
+    def fit(self, need) -> tuple[int, ...]:
+        """The capacities, grown first where ``need`` does not fit them."""
+        with self._lock:
+            if self.rows is None or len(need) != len(self.rows) or any(
+                    n > c for n, c in zip(need, self.rows, strict=True)):
+                old = self.rows if self.rows is not None and len(self.rows) == len(need) \
+                    else (-1,) * len(need)
+                self.rows = tuple(c if n <= c else round_up(max(1, int(n * self.headroom)),
+                                                            self.multiple)
+                                  for n, c in zip(need, old, strict=True))
+            return self.rows
+
+    def pad(self, maps, grow: bool = True):
+        """``maps`` padded to the capacities, grown first to hold them (``grow``; the
+        step) or as they stand (the loader's thread: tables that do not fit stay as they
+        are); tables the graph cannot take (:func:`graphable`) as they are."""
+        if not graphable(maps):
+            return maps
+        real = maps.unpadded or sparse_torch.sizes(maps)
+        want = self.fit(real) if grow else self.rows
+        if want is None or len(want) != len(real) or any(
+                n > c for n, c in zip(real, want, strict=True)):
+            return maps
+        return maps if sparse_torch.sizes(maps) == want else sparse_torch.pad_maps(maps, want)
+
+    def padding(self, builder):
+        """``builder`` (a model's ``f(coords, batch_size)``, in the loader's thread) with
+        its tables padded to the capacities as they stand."""
+        def build(coords: torch.Tensor, batch_size: int):
+            return self.pad(builder(coords, batch_size), grow=False)
+        return build
+
+
+def check_graphable(cfg, world) -> None:
+    """Raise ConfigError where ``train.cuda_graph`` cannot run: it needs SCNet's torch
+    layers (spconv waits for the device inside its step), one rank with no distributed
+    backend (the gradient averaging hooks into the backward) and float32 (autocast's
+    cache cannot be captured)."""
+    from lartpc.errors import ConfigError
+
+    why = None
+    if cfg.model.name != "scnet" or cfg.model.sparse != "torch":
+        why = (f"it needs model.name=scnet with model.sparse=torch (here {cfg.model.name}"
+               + (f", model.sparse={cfg.model.sparse})" if cfg.model.name == "scnet" else ")"))
+    elif world.size != 1 or world.backend != "none":
+        why = (f"it needs one rank with dist.backend=none (here {world.size} rank(s), "
+               f"{world.backend}): the gradient exchange runs inside the backward")
+    elif cfg.train.amp != "none":
+        why = f"it needs train.amp=none (here {cfg.train.amp})"
+    if why:
+        raise ConfigError(f"train.cuda_graph=true: {why}")
+
+
+def graphable(maps) -> bool:
+    """Tables a graph can take: every level there and sites left after the last pool
+    (else the network's output is its no-site zeros, which the eager step makes)."""
+    return isinstance(maps, sparse_torch.SiteMaps) and maps.levels[-1].n_out > 0
+
+
+def _inputs(maps) -> list[torch.Tensor]:
+    """The tensors of padded tables that the step reads (not the coordinates or the
+    keys, which it does not)."""
+    out = [maps.order, maps.dense_index]
+    for level in maps.levels:
+        out += [level.neighbours, level.slots]
+        out += [] if level.mirrored is None else [level.mirrored]
+    return out
+
+
+class GraphedStep:
+    """Forward, loss and backward of an SCNet with the torch layers on padded tables;
+    captured as a CUDA graph on a CUDA device (``capture``), run eagerly on the same
+    static buffers otherwise.
+
+    ``__call__(batch)`` returns (logits, loss) with the gradients in ``.grad``, or None
+    when this batch needs the eager step (the caller runs it).
+    """
+
+    def __init__(self, model: torch.nn.Module, loss_fn, capacities: Capacities,
+                 minibatch: int, capture: bool, warmup: int = 3):
+        self.model, self.loss_fn, self.caps = model, loss_fn, capacities
+        self.minibatch = minibatch
+        self.capture, self.warmup = capture, warmup
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.key: tuple | None = None  # the padded sizes of the buffers
+        self.graph: torch.cuda.CUDAGraph | None = None
+        #: static steps taken, graphs captured and replayed, buffer sets made (one per
+        #: new padded size), steps left to the eager step, why capturing stopped
+        self.stats = {"steps": 0, "captures": 0, "replays": 0, "resized": 0,
+                      "eager_steps": 0, "fallback": None}
+
+    def __call__(self, batch):
+        if self.stats["fallback"] or batch.data_size != self.minibatch:
+            return self._eager_step()  # a short last batch of an epoch, say
+        maps = batch.rulebooks
+        if not isinstance(maps, sparse_torch.SiteMaps) or not maps.fits(
+                batch.coords, batch.data_size, batch.shape, True):
+            maps = self.model.rulebook_builder(training=True)(batch.coords, batch.data_size)
+        maps = self.caps.pad(maps)
+        if not graphable(maps):
+            return self._eager_step()
+        key = sparse_torch.sizes(maps)
+        if key != self.key:
+            if not self._allocate(key, batch, maps):
+                return self._eager_step()
+        else:
+            self._load(batch, maps)
+        self.stats["steps"] += 1
+        if self.graph is not None:
+            self.graph.replay()
+            self.stats["replays"] += 1
+        else:
+            for p in self.params:
+                p.grad = None
+            self._forward_backward()
+            self.grads = [p.grad for p in self.params]
+        for p, g in zip(self.params, self.grads, strict=True):
+            p.grad = g  # the graph's buffers (an eager step in between replaced them)
+        return self.logits, self.loss
+
+    def _eager_step(self):
+        self.stats["eager_steps"] += 1
+        return None
+
+    def _forward_backward(self) -> None:
+        self.logits = self.model.forward_tables(self.features, self.maps, self.batch_size)
+        self.loss = self.loss_fn(self.logits.float(), self.labels)
+        self.loss.backward()
+
+    def _load(self, batch, maps) -> None:
+        n = len(batch.features)
+        self.features[n:].zero_()
+        self.features[:n].copy_(batch.features, non_blocking=True)
+        self.labels.copy_(batch.labels, non_blocking=True)
+        for mine, theirs in zip(_inputs(self.maps), _inputs(maps), strict=True):
+            mine.copy_(theirs, non_blocking=True)
+
+    def _allocate(self, key: tuple, batch, maps) -> bool:
+        """Static buffers for ``key`` (this batch's copies) and, on CUDA, the graph;
+        False when the capture failed (this run then steps eagerly)."""
+        self.graph = None  # the old graph's memory pool goes with it
+        self.key, self.batch_size = key, batch.data_size
+        self.stats["resized"] += 1
+        rows = len(maps.order)
+        self.features = batch.features.new_zeros(rows, batch.features.shape[1])
+        self.features[:len(batch.features)].copy_(batch.features)
+        self.labels = batch.labels.clone()
+        self.maps = sparse_torch.SiteMaps(
+            maps.indices, maps.batch_size, maps.spatial_shape, maps.order.clone(),
+            [sparse_torch.Level(lv.keys, lv.shape, lv.neighbours.clone(), lv.slots.clone(),
+                                lv.n_out, None if lv.mirrored is None else lv.mirrored.clone())
+             for lv in maps.levels],
+            maps.dense_index.clone(), maps.out_shape, maps.training)
+        if not self.capture:
+            return True
+        try:
+            self._capture()
+        except RuntimeError as e:  # something in the step cannot be captured
+            self.graph, self.key = None, None
+            for p in self.params:
+                p.grad = None
+            self.stats["fallback"] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+            log.warning("train.cuda_graph: the capture failed (%s); the rest of this "
+                        "segment steps eagerly", self.stats["fallback"])
+            return False
+        return True
+
+    def _capture(self) -> None:
+        """Warm up on a side stream (as torch asks), then capture forward, loss and
+        backward with the gradients as the graph's own buffers."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup):
+                for p in self.params:
+                    p.grad = None
+                self._forward_backward()
+        torch.cuda.current_stream().wait_stream(side)
+        for p in self.params:
+            p.grad = None
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: the loader's thread keeps building tables (reading counts back)
+        # on its own stream while this one captures; only this thread's calls are checked
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            self._forward_backward()
+        self.grads = [p.grad for p in self.params]
+        self.graph = graph
+        self.stats["captures"] += 1
+        log.info("train.cuda_graph: captured for padded sizes %s", self.key)
+
+
+def from_config(cfg, world, model: torch.nn.Module, loss_fn,
+                resume: dict | None = None) -> GraphedStep | None:
+    """The graphed step ``train.cuda_graph`` asks for (None when it does not), its
+    checks passed (:func:`check_graphable`) and a resumed run's padded sizes restored;
+    its ``caps`` go to the training loader."""
+    if not cfg.train.cuda_graph:
+        return None
+    check_graphable(cfg, world)
+    caps = Capacities()
+    if resume is not None and resume.get("padded_sizes"):
+        caps.rows = tuple(resume["padded_sizes"])  # pad as the run before did
+    cuda = world.device.type == "cuda"
+    if not cuda:
+        log.warning("train.cuda_graph on %s: no graph is captured there; the padded step "
+                    "runs eagerly (for testing, no faster)", world.device.type)
+    return GraphedStep(model, loss_fn, caps, cfg.train.batch_per_rank, capture=cuda)

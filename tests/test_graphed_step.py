@@ -1,0 +1,181 @@
+"""``train.cuda_graph`` (issue 36): SCNet's torch layers stepped on tables padded to
+grow-only sizes from static buffers, what a captured CUDA graph replays. On a CPU the
+same padded static step runs without a graph, so these tests check everything but the
+capture: the padded step trains as the unpadded one (to rounding), the sizes grow in
+step order and are kept by a checkpoint, an eager step in between leaves the
+gradients where the optimizer looks, and the option's refusals. The capture itself is
+checked on a GPU (``-m gpu`` below)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_sparse_torch import _batches, _pair
+from test_step_overlap import _build, _fit
+from train_helpers import final_params, kill_after_steps, run, train_cmd
+
+from lartpc.data.store import EventStore
+from lartpc.errors import ConfigError
+from lartpc.models import sparse_torch
+from lartpc.train.graphed import Capacities, GraphedStep
+
+pytestmark = pytest.mark.sparse
+
+GRAPH = ("model.sparse=torch", "train.cuda_graph=true")
+
+
+def test_capacities_grow_in_multiples_and_never_shrink():
+    caps = Capacities(multiple=256, headroom=1.25)
+    assert caps.fit((1000, 80, 0)) == (1280, 256, 256)
+    assert caps.fit((900, 10, 3)) == (1280, 256, 256)  # fits: unchanged
+    assert caps.fit((1100, 300, 1)) == (1280, 512, 256)  # only the level that did not fit
+    assert caps.rows == (1280, 512, 256)
+
+
+def _step(model, batch, opt, graphed=None):
+    """One Adam step, graphed (when given and it takes the batch) or eager; the loss."""
+    out = None if graphed is None else graphed(batch)
+    if out is None:
+        opt.zero_grad()
+        logits = model.forward_sparse(batch.coords, batch.features, batch.data_size,
+                                      batch.rulebooks)
+        loss = torch.nn.functional.cross_entropy(logits, batch.labels)
+        loss.backward()
+    else:
+        loss = out[1]
+    opt.step()
+    return float(loss.detach())
+
+
+def test_padded_static_step_trains_as_the_unpadded_one(train_events_dir):
+    """Six Adam steps on real events: the padded static step (sizes growing twice, an
+    eager step in the middle) follows the unpadded eager step to rounding."""
+    shape = tuple(EventStore(train_events_dir).geometry.shape)
+    _, eager = _pair(shape, seed=3)
+    _, static = _pair(shape, seed=3)
+    batches = _batches(train_events_dir, n=6, model=eager)
+    # the smallest first batch, then larger: the sizes have to grow
+    batches.sort(key=lambda b: len(b.coords))
+    opt_e = torch.optim.Adam(eager.parameters(), lr=1e-3)
+    opt_s = torch.optim.Adam(static.parameters(), lr=1e-3)
+    caps = Capacities(multiple=16, headroom=1.0)
+    graphed = GraphedStep(static, torch.nn.functional.cross_entropy, caps, 7, capture=False)
+    for k, batch in enumerate(batches):
+        want = _step(eager, batch, opt_e)
+        got = _step(static, batch, opt_s, None if k == 3 else graphed)
+        assert abs(got - want) <= 1e-5 * max(1.0, abs(want)), (k, got, want)
+    assert graphed.stats["steps"] == 5 and graphed.stats["resized"] >= 2
+    assert graphed.stats["captures"] == graphed.stats["replays"] == 0  # no graph on a CPU
+    for a, b in zip(eager.parameters(), static.parameters(), strict=True):
+        assert (a - b).abs().max() <= 1e-4 * a.abs().max()
+
+
+def test_loader_pads_to_the_sizes_as_they_stand(train_events_dir):
+    """The loader's thread pads to the capacities without growing them; tables that do
+    not fit stay as built (the step pads those)."""
+    shape = tuple(EventStore(train_events_dir).geometry.shape)
+    _, model = _pair(shape)
+    build = model.rulebook_builder(training=True)
+    batch = _batches(train_events_dir, n=1)[0]
+    maps = build(batch.coords, batch.data_size)
+    caps = Capacities()
+    assert caps.padding(build)(batch.coords, batch.data_size).unpadded is None  # no sizes
+    rows = caps.fit(sparse_torch.sizes(maps))
+    padded = caps.padding(build)(batch.coords, batch.data_size)
+    assert sparse_torch.sizes(padded) == rows and padded.unpadded == sparse_torch.sizes(maps)
+    caps.rows = tuple(n - 1 for n in sparse_torch.sizes(maps))
+    assert caps.padding(build)(batch.coords, batch.data_size).unpadded is None
+    assert caps.rows == tuple(n - 1 for n in sparse_torch.sizes(maps))  # not grown
+
+
+def test_training_with_the_option_follows_the_eager_one(world, train_events_dir, tmp_path):
+    """Two epochs through the loop (tables padded in the loader's thread): losses and
+    parameters as without the option, to rounding."""
+    eager = _fit(world, train_events_dir, tmp_path / "eager", "tiny-scnet", GRAPH[0])
+    static = _fit(world, train_events_dir, tmp_path / "static", "tiny-scnet", *GRAPH)
+    (pa, la), (pb, lb) = eager, static
+    assert len(la) == len(lb) > 0
+    for a, b in zip(la, lb, strict=True):
+        want, got = float(a["global_loss"]), float(b["global_loss"])
+        assert abs(got - want) <= 1e-4 * max(1.0, want)
+    for a, b in zip(pa, pb, strict=True):
+        assert (a - b).abs().max() <= 1e-3 * a.abs().max()
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_exactly_with_its_padded_sizes(train_events_dir, tmp_path):
+    """``lartpc train`` with the option: killed after 11 steps (checkpoints every 3),
+    resumed, it ends with the uninterrupted run's parameters bit for bit (the checkpoint
+    kept the padded sizes, so the resumed steps pad as the first segment's would have);
+    run.json counts the static and the eager steps."""
+    import json
+
+    from lartpc.train import checkpoint
+
+    sets = (*GRAPH, "train.checkpoint_every_steps=3")
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    r = run(train_cmd(train_events_dir, whole, *sets, config="tiny-scnet"))
+    assert r.returncode == 0, r.stderr
+    kill_after_steps(train_cmd(train_events_dir, cut, *sets, config="tiny-scnet"), cut, 11)
+    state = checkpoint.read(cut / "checkpoint.pt")
+    assert 0 < state["global_step"] < 16
+    assert state["padded_sizes"] and all(n % 32 == 0 for n in state["padded_sizes"])
+    r = run(train_cmd(train_events_dir, cut, *sets, config="tiny-scnet"))
+    assert r.returncode == 0, r.stderr
+    pa, pb = final_params(whole), final_params(cut)
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+    meta = json.loads((whole / "run.json").read_text())
+    graph, short = meta["cuda_graph"], 2 if meta["train_events"] % 7 else 0
+    # an epoch's short last batch (55 events: 7 of 7 and one of 6) steps eagerly
+    assert graph["eager_steps"] == short and graph["steps"] == 16 - short
+    assert not graph["fallback"]
+
+
+def test_refused_without_the_torch_layers(world, train_events_dir, tmp_path):
+    with pytest.raises(ConfigError, match="train.cuda_graph=true: it needs model.name=scnet "
+                                          "with model.sparse=torch"):
+        _build(world, train_events_dir, tmp_path / "x", "tiny-scnet", [GRAPH[1]])
+
+
+def test_refused_on_a_distributed_backend_or_mixed_precision():
+    from types import SimpleNamespace
+
+    from lartpc.config import load_config
+    from lartpc.train.graphed import check_graphable
+
+    one = SimpleNamespace(size=1, backend="none")
+    cfg = load_config("tiny-scnet", list(GRAPH))
+    check_graphable(cfg, one)
+    with pytest.raises(ConfigError, match="one rank with dist.backend=none"):
+        check_graphable(cfg, SimpleNamespace(size=2, backend="horovod"))
+    with pytest.raises(ConfigError, match="one rank with dist.backend=none"):
+        check_graphable(cfg, SimpleNamespace(size=1, backend="torch"))
+    with pytest.raises(ConfigError, match="train.amp=none"):
+        check_graphable(load_config("tiny-scnet", [*GRAPH, "train.amp=fp16"]), one)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_captured_step_equals_the_eager_step_on_cuda(train_events_dir):
+    """The captured graph's loss and gradients equal an eager step's on the same padded
+    tables, replay after replay with new batches copied in."""
+    shape = tuple(EventStore(train_events_dir).geometry.shape)
+    _, model = _pair(shape, seed=5)
+    model = model.cuda()
+    batches = [b.to("cuda") for b in _batches(train_events_dir, n=4)]
+    graphed = GraphedStep(model, torch.nn.functional.cross_entropy, Capacities(), 7,
+                          capture=True)
+    for batch in batches:
+        logits, loss = graphed(batch)
+        got = [float(loss), *(p.grad.clone() for p in model.parameters())]
+        model.zero_grad()
+        maps = graphed.caps.pad(model.rulebook_builder(training=True)(
+            batch.coords, batch.data_size))
+        ref = torch.nn.functional.cross_entropy(
+            model.forward_tables(batch.features, maps, batch.data_size), batch.labels)
+        ref.backward()
+        assert abs(got[0] - float(ref)) <= 1e-5 * max(1.0, float(ref))
+        for g, p in zip(got[1:], model.parameters(), strict=True):
+            assert (g - p.grad).abs().max() <= 1e-5 * p.grad.abs().max()
+    assert graphed.stats["captures"] >= 1 and graphed.stats["replays"] == len(batches)
+    assert not graphed.stats["fallback"]

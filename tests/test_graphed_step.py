@@ -70,6 +70,24 @@ def test_padded_static_step_trains_as_the_unpadded_one(train_events_dir):
         assert (a - b).abs().max() <= 1e-4 * a.abs().max()
 
 
+def test_outputs_are_overwritten_as_a_replay_overwrites_them(train_events_dir):
+    """Without a graph the step still writes every step's logits, loss and gradients
+    into the same tensors, so these CPU tests see what a caller holding one past the
+    next step would see on a GPU: the next step's values."""
+    shape = tuple(EventStore(train_events_dir).geometry.shape)
+    _, model = _pair(shape, seed=4)
+    first, second = _batches(train_events_dir, n=2, model=model)
+    caps = Capacities()
+    caps.fit([2 * n for n in sparse_torch.sizes(first.rulebooks)])  # both fit: one size
+    caps.fit(sparse_torch.sizes(second.rulebooks))
+    graphed = GraphedStep(model, torch.nn.functional.cross_entropy, caps, 7, capture=False)
+    logits, loss = graphed(first)
+    held, grad = float(loss), model.convs[0].weight.grad
+    logits2, loss2 = graphed(second)
+    assert loss2 is loss and logits2 is logits and model.convs[0].weight.grad is grad
+    assert float(loss) != held and graphed.stats["resized"] == 1
+
+
 def test_loader_pads_to_the_sizes_as_they_stand(train_events_dir):
     """The loader's thread pads to the capacities without growing them; tables that do
     not fit stay as built (the step pads those)."""

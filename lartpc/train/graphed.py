@@ -25,8 +25,9 @@ device copies), replays, and points every parameter's ``.grad`` at the graph's g
 buffers for the optimizer. A step the graph cannot take (a batch
 of another size than ``train.batch_per_rank``, such as an epoch's short last one; a
 batch whose pooling left no site; a noise-scale step) runs eagerly. On a CPU there is
-no graph: the same padded static step runs eagerly (what the tests check against
-the unpadded step); it is no faster there.
+no graph: the same padded static step runs eagerly, writing logits, loss and
+gradients into the same tensors every step as a replay does (what the tests check
+against the unpadded step); it is no faster there.
 """
 
 from __future__ import annotations
@@ -146,6 +147,8 @@ class GraphedStep:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.key: tuple | None = None  # the padded sizes of the buffers
         self.graph: torch.cuda.CUDAGraph | None = None
+        self._outputs: list[torch.Tensor] = []  # without a graph: the "replayed" outputs
+        self._outputs_for: tuple | None = None  # and the padded sizes they were made for
         #: static steps taken, graphs captured and replayed, buffer sets made (one per
         #: new padded size), steps left to the eager step, why capturing stopped
         self.stats = {"steps": 0, "captures": 0, "replays": 0, "resized": 0,
@@ -172,13 +175,27 @@ class GraphedStep:
             self.graph.replay()
             self.stats["replays"] += 1
         else:
-            for p in self.params:
-                p.grad = None
-            self._forward_backward()
-            self.grads = [p.grad for p in self.params]
+            self._replay_eagerly()
         for p, g in zip(self.params, self.grads, strict=True):
             p.grad = g  # the graph's buffers (an eager step in between replaced them)
         return self.logits, self.loss
+
+    def _replay_eagerly(self) -> None:
+        """Without a graph (a CPU), what a replay does: the step computed afresh, its
+        logits, loss and gradients written into the same output tensors every step, so
+        that a caller holding one past the next step sees it overwritten, as on a GPU."""
+        fresh = self.key != self._outputs_for
+        for p in self.params:
+            p.grad = None
+        self._forward_backward()
+        out = [self.logits.detach(), self.loss.detach(), *(p.grad for p in self.params)]
+        if fresh:
+            self._outputs = [t.clone() for t in out]
+            self._outputs_for = self.key
+        else:
+            for mine, now in zip(self._outputs, out, strict=True):
+                mine.copy_(now)
+        self.logits, self.loss, *self.grads = self._outputs
 
     def _eager_step(self):
         self.stats["eager_steps"] += 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_sparse_torch import _batches, _pair
-from test_step_overlap import _build
+from test_step_overlap import _build, _fit
 from train_helpers import final_params, kill_after_steps, run, train_cmd
 
 from lartpc.data.store import EventStore
@@ -185,26 +185,6 @@ def test_captured_step_equals_the_eager_step_on_cuda(train_events_dir):
     assert not graphed.stats["fallback"]
 
 
-def _fit_counting(world, data, out, *sets):
-    """Two epochs through the loop: (final parameters, rank-log losses, graph counts)."""
-    from train_helpers import rows
-
-    from lartpc.train.checkpoint import Checkpointer
-    from lartpc.train.loop import fit
-    from lartpc.train.sinks import open_sinks
-
-    t = _build(world, data, out, "tiny-scnet", list(sets))
-    sinks = open_sinks(t.segment, 0)
-    try:
-        assert fit(t, Checkpointer(world, out, 0, 600.0), sinks) == "completed"
-    finally:
-        sinks.close()
-    params = [p.detach().clone() for p in t.model.parameters()]
-    stats = None if t.graphed is None else dict(t.graphed.stats)
-    t.close()
-    return params, [float(r["global_loss"]) for r in rows(out / "rank-000.csv")], stats
-
-
 CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device")])
 
@@ -218,15 +198,18 @@ def test_training_with_the_option_follows_the_eager_one(request, train_events_di
     from lartpc import dist
 
     world = request.getfixturevalue("world") if device == "cpu" else dist.init("none", device)
-    pe, le, _ = _fit_counting(world, train_events_dir, tmp_path / "eager", GRAPH[0])
-    pg, lg, stats = _fit_counting(world, train_events_dir, tmp_path / "graph", *GRAPH)
+    stats: dict = {}
+    pe, le = _fit(world, train_events_dir, tmp_path / "eager", "tiny-scnet", GRAPH[0])
+    pg, lg = _fit(world, train_events_dir, tmp_path / "graph", "tiny-scnet", *GRAPH,
+                  graph_stats=stats)
     assert not stats["fallback"] and stats["steps"] + stats["eager_steps"] == len(lg)
     if device == "cuda":
         assert stats["captures"] >= 1 and stats["replays"] == stats["steps"] > 0
     else:
         assert stats["captures"] == stats["replays"] == 0 and stats["steps"] > 0
     assert len(le) == len(lg) > 0
-    for want, got in zip(le, lg, strict=True):
+    for a, b in zip(le, lg, strict=True):
+        want, got = float(a["global_loss"]), float(b["global_loss"])
         assert abs(got - want) <= 1e-4 * max(1.0, want)
     for a, b in zip(pe, pg, strict=True):
         assert (a - b).abs().max() <= 1e-3 * a.abs().max()

@@ -35,8 +35,9 @@ def _build(world, data, out, preset, sets, resume=None):
                                  resume))
 
 
-def _fit(world, data, out, preset="tiny-scnet", *sets):
-    """A two-epoch training through the loop: (final parameters, rank-log values)."""
+def _fit(world, data, out, preset="tiny-scnet", *sets, graph_stats: dict | None = None):
+    """A two-epoch training through the loop: (final parameters, rank-log values);
+    ``graph_stats`` gets ``train.cuda_graph``'s step counts."""
     t = _build(world, data, out, preset, sets)
     sinks = open_sinks(t.segment, 0)
     try:
@@ -44,6 +45,8 @@ def _fit(world, data, out, preset="tiny-scnet", *sets):
     finally:
         sinks.close()
     params = [p.detach().clone() for p in t.model.parameters()]
+    if graph_stats is not None and t.graphed is not None:
+        graph_stats.update(t.graphed.stats)
     t.close()
     return params, [{k: r[k] for k in VALUES} for r in rows(out / "rank-000.csv")]
 

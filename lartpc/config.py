@@ -333,6 +333,29 @@ def validate(cfg: Config) -> None:
     betas = cfg.train.betas
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
         raise ConfigError(f"train.betas = {betas}: expected two numbers in [0, 1)")
+    why = cuda_graph_refusal(cfg)
+    if why:
+        raise ConfigError(f"train.cuda_graph=true: {why}")
+
+
+def cuda_graph_refusal(cfg: Config) -> str | None:
+    """Why the config cannot take ``train.cuda_graph`` (lartpc/train/graphed.py), or
+    None: it needs SCNet's torch layers (spconv waits for the device inside its step),
+    float32 (autocast's cache cannot be captured) and no distributed backend named (the
+    gradient exchange hooks into the backward; the ranks a launcher starts are checked
+    when training starts)."""
+    if not cfg.train.cuda_graph:
+        return None
+    if cfg.model.name != "scnet" or cfg.model.sparse != "torch":
+        here = cfg.model.name + (f", model.sparse={cfg.model.sparse}"
+                                 if cfg.model.name == "scnet" else "")
+        return f"it needs model.name=scnet with model.sparse=torch (here {here})"
+    if cfg.train.amp != "none":
+        return f"it needs train.amp=none (here {cfg.train.amp})"
+    if cfg.dist.backend in ("horovod", "torch"):
+        return (f"it needs one rank with dist.backend=none (here {cfg.dist.backend}): the "
+                "gradient exchange runs inside the backward")
+    return None
 
 
 def config_from_dict(data: dict, origin: str) -> Config:

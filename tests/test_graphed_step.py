@@ -8,10 +8,12 @@ checked on a GPU (``-m gpu`` below)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from test_sparse_torch import _batches, _pair
-from test_step_overlap import _build, _fit
+from test_step_overlap import _fit
 from train_helpers import final_params, kill_after_steps, run, train_cmd
 
 from lartpc.data.store import EventStore
@@ -135,27 +137,40 @@ def test_killed_run_resumes_exactly_with_its_padded_sizes(train_events_dir, tmp_
     assert not graph["fallback"]
 
 
-def test_refused_without_the_torch_layers(world, train_events_dir, tmp_path):
-    with pytest.raises(ConfigError, match="train.cuda_graph=true: it needs model.name=scnet "
-                                          "with model.sparse=torch"):
-        _build(world, train_events_dir, tmp_path / "x", "tiny-scnet", [GRAPH[1]])
+@pytest.mark.parametrize("preset,sets,why", [
+    ("tiny-jishnet", (), "model.name=scnet with model.sparse=torch (here jishnet)"),
+    ("tiny-scnet", (), "model.sparse=torch (here scnet, model.sparse=spconv)"),
+    ("tiny-scnet", (GRAPH[0], "train.amp=fp16"), "train.amp=none (here fp16)"),
+    ("tiny-scnet", (GRAPH[0], "dist.backend=horovod"), "dist.backend=none (here horovod)"),
+])
+def test_config_refusals_name_the_option(preset, sets, why):
+    from lartpc.config import load_config
+
+    with pytest.raises(ConfigError, match=rf"^train.cuda_graph=true: it needs .*{re.escape(why)}"):
+        load_config(preset, [*sets, GRAPH[1]])
 
 
-def test_refused_on_a_distributed_backend_or_mixed_precision():
+def test_refused_before_anything_is_written(train_events_dir, tmp_path):
+    """``lartpc train`` refuses at its config: exit 2, one line, no run folder."""
+    out = tmp_path / "run"
+    r = run(train_cmd(train_events_dir, out, GRAPH[1], config="tiny-scnet"))
+    assert r.returncode == 2 and "train.cuda_graph=true: it needs" in r.stderr
+    assert "Traceback" not in r.stderr and not out.exists()
+
+
+def test_refused_on_several_ranks_or_a_distributed_backend():
+    """The ranks a launcher started are checked when the trainer is built."""
     from types import SimpleNamespace
 
     from lartpc.config import load_config
     from lartpc.train.graphed import check_graphable
 
-    one = SimpleNamespace(size=1, backend="none")
     cfg = load_config("tiny-scnet", list(GRAPH))
-    check_graphable(cfg, one)
-    with pytest.raises(ConfigError, match="one rank with dist.backend=none"):
-        check_graphable(cfg, SimpleNamespace(size=2, backend="horovod"))
-    with pytest.raises(ConfigError, match="one rank with dist.backend=none"):
-        check_graphable(cfg, SimpleNamespace(size=1, backend="torch"))
-    with pytest.raises(ConfigError, match="train.amp=none"):
-        check_graphable(load_config("tiny-scnet", [*GRAPH, "train.amp=fp16"]), one)
+    check_graphable(cfg, SimpleNamespace(size=1, backend="none"))
+    for world in (SimpleNamespace(size=2, backend="horovod"),
+                  SimpleNamespace(size=1, backend="torch")):
+        with pytest.raises(ConfigError, match="one rank with dist.backend=none"):
+            check_graphable(cfg, world)
 
 
 @pytest.mark.gpu

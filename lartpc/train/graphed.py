@@ -95,21 +95,16 @@ class Capacities:
 
 
 def check_graphable(cfg, world) -> None:
-    """Raise ConfigError where ``train.cuda_graph`` cannot run: it needs SCNet's torch
-    layers (spconv waits for the device inside its step), one rank with no distributed
-    backend (the gradient averaging hooks into the backward) and float32 (autocast's
-    cache cannot be captured)."""
+    """Raise ConfigError where ``train.cuda_graph`` cannot run: the config's own rules
+    (:func:`~lartpc.config.cuda_graph_refusal`), then one rank with no distributed
+    backend (the gradient averaging hooks into the backward)."""
+    from lartpc.config import cuda_graph_refusal
     from lartpc.errors import ConfigError
 
-    why = None
-    if cfg.model.name != "scnet" or cfg.model.sparse != "torch":
-        why = (f"it needs model.name=scnet with model.sparse=torch (here {cfg.model.name}"
-               + (f", model.sparse={cfg.model.sparse})" if cfg.model.name == "scnet" else ")"))
-    elif world.size != 1 or world.backend != "none":
+    why = cuda_graph_refusal(cfg)
+    if not why and (world.size != 1 or world.backend != "none"):
         why = (f"it needs one rank with dist.backend=none (here {world.size} rank(s), "
                f"{world.backend}): the gradient exchange runs inside the backward")
-    elif cfg.train.amp != "none":
-        why = f"it needs train.amp=none (here {cfg.train.amp})"
     if why:
         raise ConfigError(f"train.cuda_graph=true: {why}")
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 
 import torch
 
@@ -52,6 +53,12 @@ def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def _holds(rows: tuple[int, ...] | None, need) -> bool:
+    """Do capacities ``rows`` hold sizes ``need``, level by level?"""
+    return rows is not None and len(rows) == len(need) and all(
+        n <= c for n, c in zip(need, rows, strict=True))
+
+
 class Capacities:
     """The padded sizes (rows per level, :func:`~lartpc.models.sparse_torch.sizes`)
     shared by the loader's thread and the step; they only grow."""
@@ -64,8 +71,7 @@ class Capacities:
     def fit(self, need) -> tuple[int, ...]:
         """The capacities, grown first where ``need`` does not fit them."""
         with self._lock:
-            if self.rows is None or len(need) != len(self.rows) or any(
-                    n > c for n, c in zip(need, self.rows, strict=True)):
+            if not _holds(self.rows, need):
                 old = self.rows if self.rows is not None and len(self.rows) == len(need) \
                     else (-1,) * len(need)
                 self.rows = tuple(c if n <= c else round_up(max(1, int(n * self.headroom)),
@@ -81,8 +87,7 @@ class Capacities:
             return maps
         real = maps.unpadded or sparse_torch.sizes(maps)
         want = self.fit(real) if grow else self.rows
-        if want is None or len(want) != len(real) or any(
-                n > c for n, c in zip(real, want, strict=True)):
+        if not _holds(want, real):
             return maps
         return maps if sparse_torch.sizes(maps) == want else sparse_torch.pad_maps(maps, want)
 
@@ -142,8 +147,8 @@ class GraphedStep:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.key: tuple | None = None  # the padded sizes of the buffers
         self.graph: torch.cuda.CUDAGraph | None = None
-        self._outputs: list[torch.Tensor] = []  # without a graph: the "replayed" outputs
-        self._outputs_for: tuple | None = None  # and the padded sizes they were made for
+        #: without a graph: the "replayed" outputs of these buffers (none yet: [])
+        self._outputs: list[torch.Tensor] = []
         #: static steps taken, graphs captured and replayed, buffer sets made (one per
         #: new padded size), steps left to the eager step, why capturing stopped
         self.stats = {"steps": 0, "captures": 0, "replays": 0, "resized": 0,
@@ -179,14 +184,12 @@ class GraphedStep:
         """Without a graph (a CPU), what a replay does: the step computed afresh, its
         logits, loss and gradients written into the same output tensors every step, so
         that a caller holding one past the next step sees it overwritten, as on a GPU."""
-        fresh = self.key != self._outputs_for
         for p in self.params:
             p.grad = None
         self._forward_backward()
         out = [self.logits.detach(), self.loss.detach(), *(p.grad for p in self.params)]
-        if fresh:
+        if not self._outputs:  # the first step on these buffers
             self._outputs = [t.clone() for t in out]
-            self._outputs_for = self.key
         else:
             for mine, now in zip(self._outputs, out, strict=True):
                 mine.copy_(now)
@@ -214,17 +217,17 @@ class GraphedStep:
         False when the capture failed (this run then steps eagerly)."""
         self.graph = None  # the old graph's memory pool goes with it
         self.key, self.batch_size = key, batch.data_size
+        self._outputs = []
         self.stats["resized"] += 1
         rows = len(maps.order)
         self.features = batch.features.new_zeros(rows, batch.features.shape[1])
         self.features[:len(batch.features)].copy_(batch.features)
         self.labels = batch.labels.clone()
-        self.maps = sparse_torch.SiteMaps(
-            maps.indices, maps.batch_size, maps.spatial_shape, maps.order.clone(),
-            [sparse_torch.Level(lv.keys, lv.shape, lv.neighbours.clone(), lv.slots.clone(),
-                                lv.n_out, None if lv.mirrored is None else lv.mirrored.clone())
-             for lv in maps.levels],
-            maps.dense_index.clone(), maps.out_shape, maps.training)
+        self.maps = replace(  # copies of the tensors the step reads (_inputs)
+            maps, order=maps.order.clone(), dense_index=maps.dense_index.clone(),
+            levels=[replace(lv, neighbours=lv.neighbours.clone(), slots=lv.slots.clone(),
+                            mirrored=None if lv.mirrored is None else lv.mirrored.clone())
+                    for lv in maps.levels])
         if not self.capture:
             return True
         try:

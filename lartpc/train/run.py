@@ -188,13 +188,12 @@ def _fit(trainer: Trainer, folder: RunFolder) -> str:
     finally:
         sinks.close()
     s = trainer.state
-    graph = None if trainer.graphed is None else dict(trainer.graphed.stats)
+    # train.cuda_graph: this segment's static steps, captures and replays
+    graph = {} if trainer.graphed is None else {"cuda_graph": dict(trainer.graphed.stats)}
     divergence = trainer.close()
-    if world.is_root and graph is not None:  # this segment's captures and replays
-        folder.info.update(cuda_graph=graph)
     if world.is_root:  # written as the segment ends
         # the study's clock: steps only, evaluation and checkpoints apart (all segments)
-        folder.info.update(param_divergence=divergence, train_time_s=s.train_time_s,
+        folder.info.update(**graph, param_divergence=divergence, train_time_s=s.train_time_s,
                            eval_time_s=s.eval_time_s, checkpoint_time_s=s.checkpoint_time_s,
                            budget_s=cfg.train.budget_s, budget_spent=trainer.budget_spent)
     if divergence != 0.0:

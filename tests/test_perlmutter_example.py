@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "perlmutter-example.sbatch"
 CHECKOUT = "/path/to/lartpc"  #: the placeholder of the checkout in the committed copy
-#: the command docs/perlmutter-example.sbatch was rendered with (README, "Sweeps")
+#: the command docs/perlmutter-example.sbatch was rendered with (README, "A point's script, read")
 COMMAND = ["sweep", "--site", "perlmutter", "--models", "jishnet", "--gpus", "8",
            "--data", "$SCRATCH/lartpc/events", "--no-data-check",
            "--out-dir", "/pscratch/sd/u/user/lartpc", "--account", "m0000",

@@ -4,7 +4,7 @@
 store). In beam events every particle enters from the same side, so the start of a
 shower sits at its upstream end, always in the same place relative to the rest of the
 image. In isotropic events the start is either end of a track pointing anywhere, and a
-network trained on them as they are does not find it (README, "Isotropic events").
+network trained on them as they are does not find it (docs/fidelity.md, "Isotropic events").
 This stage finds each event's start and projected direction from the image alone
 (:func:`find_start`; no truth) and mirrors the event on the wire axis when that
 direction points to lower wires and on the time axis when it points to earlier times,

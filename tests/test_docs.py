@@ -1,0 +1,68 @@
+"""The documentation's cross-references hold: every relative link of the Markdown files
+points at a committed file, and every named section (``README, "Layout"``, ``docs/gpu.md,
+"Install"``) quoted in code or docs is a heading of that file."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+#: [text](target) and ![alt](target), the target up to a space or the closing bracket
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+#: README, BENCHMARKS.md or docs/NAME.md, a comma, and the title in double quotes
+SECTION = re.compile(r'\b(README(?:\.md)?|BENCHMARKS\.md|docs/[\w.-]+\.md), "([^"]+)"')
+
+
+def _tracked(*patterns: str) -> list[Path]:
+    out = subprocess.run(["git", "ls-files", "--", *patterns], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout.split()
+    return [ROOT / p for p in out]
+
+
+def _headings(doc: Path) -> list[str]:
+    text = doc.read_text(encoding="utf-8")
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)  # not a code block's comments
+    return [m.group(1).strip() for m in re.finditer(r"^#{1,6} (.+)$", text, re.M)]
+
+
+def test_relative_links_point_at_committed_files():
+    docs = _tracked("*.md")
+    assert ROOT / "README.md" in docs and ROOT / "docs" / "fidelity.md" in docs
+    broken = []
+    for doc in docs:
+        for target in LINK.findall(doc.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue  # a web address or an anchor in the same page
+            path = (doc.parent / target.split("#")[0]).resolve()
+            if not path.exists():
+                broken.append(f"{doc.relative_to(ROOT)}: {target}")
+    assert not broken, "links to files that do not exist:\n" + "\n".join(broken)
+
+
+def test_named_sections_exist():
+    refs = []
+    for f in _tracked("*.py", "*.sh", "*.md", "*.toml", "Makefile"):
+        text = f.read_text(encoding="utf-8", errors="replace")
+        text = re.sub(r"\s*\n\s*(?:#:?\s*)?", " ", text)  # lines (and comments) joined
+        refs += [(f, name, title) for name, title in SECTION.findall(text)]
+    assert len(refs) >= 8, refs  # the references this test was written for are found
+    missing = []
+    for f, name, title in refs:
+        doc = ROOT / (name if name.endswith(".md") else name + ".md")
+        if not doc.exists() or not any(h.startswith(title) for h in _headings(doc)):
+            missing.append(f'{f.relative_to(ROOT)}: {name}, "{title}"')
+    assert not missing, "sections named but not headings there:\n" + "\n".join(missing)
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/gpu.md", "docs/fidelity.md"])
+def test_no_section_runs_on_without_a_heading(doc):
+    """A reader can find their way: no stretch of more than 80 lines (code and tables
+    included) without a heading, as README's 450 heading-less lines were."""
+    lines = (ROOT / doc).read_text(encoding="utf-8").splitlines()
+    starts = [i for i, ln in enumerate(lines) if re.match(r"#{1,6} ", ln)] + [len(lines)]
+    longest = max(b - a for a, b in zip(starts, starts[1:], strict=False))
+    assert longest <= 80, f"{doc}: {longest} lines under one heading"

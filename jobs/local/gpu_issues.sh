@@ -8,7 +8,7 @@
 # Needs gpu-bundle/ beside the tree on the GPU host (`make gpu-bundle` where the package
 # index is reachable). Every part writes into OUT as soon as it ends, so a run cut short
 # keeps what finished; a failing part is noted in OUT/parts.txt and the rest still run.
-# Expected on an H200: ~7 minutes without the scan (BENCHMARKS.md, "One call for the open
+# Expected on an H200: ~8.5 minutes without the scan (BENCHMARKS.md, "One call for the open
 # GPU measurements"); run it with a limit that leaves room to rerun.
 set -u
 OUT=${1:?usage: gpu_issues.sh OUT}
@@ -57,6 +57,9 @@ if [ "$DEVICE" = cuda ]; then
     part model-jishnet-fused-stages "$PY" -m lartpc bench model --model jishnet \
         --device cuda --batch-per-rank 7 --elu-after-pool --cudnn-benchmark --amp bf16 \
         --channels-last --stem fused --stage2 fused --stages
+    # 4b. the first stage's taps as one matrix product (fused_stem.DOT, never timed) against
+    #    the default per-tap sums: accuracy, then the stem alone and the training step
+    part stem-check "$PY" -m lartpc.jobs.local.stem_check --out "$OUT/stem-check"
 fi
 # 5. the issue's own command (spconv, implicit GEMM: the baseline, 598 images/s on the
 #    H200), SCNet's bare forward+backward both ways (tables built in the timed step), and

@@ -1,6 +1,7 @@
-"""The fused second stage (a Triton forward kernel for JishNet's conv 10->64 + ELU + pool,
-backward through torch's convolution gradients) against the published layers, on CPU
-under Triton's interpreter; and ``model.stage2``'s choices and refusals.
+"""The fused second stage (a Triton forward kernel for JishNet's conv 10->64 + ELU + pool;
+its backward either through torch's convolution gradients, ``hybrid``, or as two Triton
+kernels, ``triton``) against the published layers, on CPU under Triton's interpreter;
+and ``model.stage2``'s choices and refusals.
 
 As in tests/test_fused_stem.py, this module sets ``TRITON_INTERPRET=1`` when no GPU is
 present, before it imports the kernel module; Triton is in the ``test`` extra, so CI
@@ -80,12 +81,25 @@ def _compare(x, dtype=torch.float32, autocast=False, channels_last=False, seed=0
             ties)
 
 
-def test_same_function_as_published_layers_float32():
+BACKWARDS = pytest.mark.parametrize("backward", ["hybrid", "triton"])
+
+
+@pytest.fixture
+def backward_kind(request, monkeypatch):
+    """``fused_stage2.BACKWARD`` set to the test's ``backward`` parameter."""
+    import lartpc.models.fused_stage2 as fs2
+
+    monkeypatch.setattr(fs2, "BACKWARD", request.getfixturevalue("backward"))
+
+
+@BACKWARDS
+def test_same_function_as_published_layers_float32(backward, backward_kind):
     """Forward and input, weight, bias gradients equal the published layers to float32
-    rounding: the real second-stage input of 3 events (60 x 60, whose empty regions give
-    exactly tied windows, decided by the first-position rule) in channels-last order,
-    and an odd-sized 73 x 71 random input (the pool drops a remainder) with an all-zero
-    region (ties again)."""
+    rounding, with either backward: the real second-stage input of 3 events (60 x 60,
+    whose empty regions give exactly tied windows, decided by the first-position rule)
+    in channels-last order, and an odd-sized 73 x 71 random input (the pool drops a
+    remainder, whose pixels get gradient through the windows they do reach) with an
+    all-zero region (ties again)."""
     x = _stem_output(3, 12)
     odd = torch.randn(1, 10, 73, 71, device=DEVICE)
     odd[..., 20:50, 15:45] = 0
@@ -96,13 +110,19 @@ def test_same_function_as_published_layers_float32():
             (image.shape, out, gx, gw, gb)
 
 
-def test_gpu_block_sizes(monkeypatch):
+@BACKWARDS
+def test_gpu_block_sizes(monkeypatch, backward, backward_kind):
     """With the GPU's default blocks (64 outputs, the 250 taps in slices of 32, not the
-    interpreter's one slice): many programs, partial bias sums, a padded last slice."""
+    interpreter's one slice; the triton backward's weight gradient summing 3 blocks per
+    program in slices of 16 taps, its input gradient 128 pixels each): many programs,
+    partial sums, a padded last slice, a last program with fewer blocks."""
     import lartpc.models.fused_stage2 as fs2
 
     monkeypatch.setattr(fs2, "BLOCK", 64)
     monkeypatch.setattr(fs2, "BLOCK_K", 32)
+    monkeypatch.setattr(fs2, "WGRAD_BLOCKS", 3)
+    monkeypatch.setattr(fs2, "WGRAD_BLOCK_K_FLOAT", 16)
+    monkeypatch.setattr(fs2, "IGRAD_BLOCK", 128)
     x = torch.randn(2, 10, 41, 37, device=DEVICE)
     x[0, :, :25, :25] = 0
     out, gx, gw, gb, ties = _compare(x)
@@ -110,9 +130,10 @@ def test_gpu_block_sizes(monkeypatch):
         (out, gx, gw, gb, ties)
 
 
+@BACKWARDS
 @pytest.mark.parametrize("dtype,autocast", [(torch.bfloat16, False), (torch.float16, False),
                                             (torch.float32, True)])
-def test_half_precision(dtype, autocast):
+def test_half_precision(dtype, autocast, backward, backward_kind):
     """bf16 or fp16 input, and float32 input under bf16 autocast (the training case):
     products of rounded operands summed in float32, output in the half type; the error
     is the output's and gradients' rounding."""
@@ -138,14 +159,15 @@ def test_nan_wins_its_window():
     torch.testing.assert_close(y[~expect], ref[~expect])
 
 
-def test_training_steps_end_equal():
+@BACKWARDS
+def test_training_steps_end_equal(backward, backward_kind):
     """Two Adam steps of JishNet (300 x 300, one event: the interpreter is slow) with the
-    stem and the second stage fused and with the published layers, from the same initial
-    weights: every gradient of the first step agrees to 1e-5 (relative norm), and the
-    parameters end equal, the stem's to 1e-6, the rest to 5e-5 (as in the fused stem's
-    test: Adam's first steps move a weight by about lr times the sign of its gradient, so
-    float32 rounding of a near-zero gradient becomes a step; seen: one of the second
-    stage's 16,000 weights 1.1e-6 apart)."""
+    stem and the second stage fused (either backward) and with the published layers, from
+    the same initial weights: every gradient of the first step agrees to 1e-5 (relative
+    norm), and the parameters end equal, the stem's to 1e-6, the rest to 5e-5 (as in the
+    fused stem's test: Adam's first steps move a weight by about lr times the sign of its
+    gradient, so float32 rounding of a near-zero gradient becomes a step; seen: one of the
+    second stage's 16,000 weights 1.1e-6 apart)."""
     x = event_images(1, 12, seed=11)
     labels = torch.tensor([3], device=DEVICE)
     params, grads = {}, {}
@@ -206,21 +228,28 @@ def test_bench_model_stage2_refused_for_scnet(capsys):
 @pytest.mark.slow
 def test_stem_check_stage2_runs_on_cpu(tmp_path, capsys):
     """``stem_check --stage 2`` (the GPU check of this stage) runs end to end on CPU
-    under the interpreter, and its float32 accuracy rows are float32 rounding."""
+    under the interpreter, both backwards, and its float32 accuracy rows are float32
+    rounding."""
     from lartpc.jobs.local.stem_check import main
 
     assert main(["--out", str(tmp_path), "--size", "300", "--device", "cpu",
                  "--batch-per-rank", "1", "--repeats", "1", "--stage", "2",
-                 "--configs", "256:4:256"]) == 0
+                 "--configs", "256:4:256,256:4:256:t"]) == 0
     res = json.loads((tmp_path / "stage2-check.json").read_text())
-    assert [r["stage2"] for r in res["timings"]] == ["library", "fused"]
+    assert [(r["stage2"], r["backward"]) for r in res["timings"]] == \
+        [("library", None), ("fused", "hybrid"), ("fused", "triton")]
     assert all(r["step_ms"] > 0 and r["stage2_forward_backward_ms"] > 0
                for r in res["timings"])
-    fp32 = res["accuracy"][0]
-    assert fp32["dtype"] == "float32" and not fp32["autocast_bf16"]
-    assert max(fp32[k] for k in ("output_rel", "input_grad_rel", "weight_grad_rel",
-                                 "bias_grad_rel")) < 1e-5
-    assert "| fused | 256 | 4 | 256 |" in capsys.readouterr().out
+    fp32 = [r for r in res["accuracy"] if r["dtype"] == "float32" and not r["autocast_bf16"]]
+    assert [r["backward"] for r in fp32] == ["hybrid", "triton"]
+    assert max(r[k] for r in fp32 for k in ("output_rel", "input_grad_rel", "weight_grad_rel",
+                                            "bias_grad_rel")) < 1e-5
+    out = capsys.readouterr().out
+    assert all(f"| fused | 256 | 4 | 256 | {b} |" in out for b in ("hybrid", "triton"))
+    with pytest.raises(SystemExit) as bad:  # before any event is made
+        main(["--out", str(tmp_path), "--stage", "2", "--configs", "64:8:32,64:8:32:x"])
+    assert bad.value.code == 2 and "'64:8:32:x': BLOCK:WARPS:BLOCK_K[:t]" in \
+        capsys.readouterr().err
 
 
 #: compiles the kernels for an H100/H200 (sm_90) without a GPU, as the GPU launch would
@@ -235,39 +264,50 @@ _COMPILE_FOR_SM90 = textwrap.dedent("""
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
                              "cuobjdump")
 
-    def build(fn, pointers, consts):
+    def build(fn, pointers, consts, dt, warps=fs2.NUM_WARPS):
         sig = {n: "constexpr" if n in consts else pointers.get(n, "i32")
                for n in fn.arg_names}
         k = triton.compile(ASTSource(fn, sig, constexprs=consts),
                            target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": fs2.NUM_WARPS})
+                           options={"num_warps": warps})
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(k.asm["cubin"])
             f.flush()
             usage = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True,
                                    text=True, check=True).stdout
-        print(fn.__name__, pointers["y_ptr"], [w for w in usage.split()
-                                               if w.startswith(("REG:", "STACK:"))])
+        print(fn.__name__, dt, [w for w in usage.split() if w.startswith(("REG:", "STACK:"))])
 
     for dt in ("bf16", "fp32"):
         build(fs2._stage_forward,
               {"x_ptr": "*" + dt, "toff_ptr": "*i32", "w_ptr": "*" + dt, "b_ptr": "*fp32",
                "y_ptr": "*" + dt, "arg_ptr": "*u8"},
               dict(C=64, CP=64, POOL=5, BLOCK=fs2.BLOCK, KP=256, BLOCK_K=fs2.BLOCK_K,
-                   LOWP=dt != "fp32", NATIVE_HALF_DOT=True))
+                   LOWP=dt != "fp32", NATIVE_HALF_DOT=True), dt)
         build(fs2._stage_scatter,
               {"g_ptr": "*" + dt, "y_ptr": "*" + dt, "arg_ptr": "*u8", "d_ptr": "*" + dt,
                "part_ptr": "*fp32"},
-              dict(C=64, CP=64, POOL=5, BLOCK=fs2.BLOCK))
+              dict(C=64, CP=64, POOL=5, BLOCK=fs2.BLOCK), dt)
+        # the triton backward's two kernels
+        build(fs2._stage_wgrad,
+              {"x_ptr": "*" + dt, "toff_ptr": "*i32", "dm_ptr": "*fp32", "arg_ptr": "*u8",
+               "part_ptr": "*fp32"},
+              dict(CP=64, KP=256, POOL=5, BLOCK=fs2.BLOCK, BLOCKS=fs2.WGRAD_BLOCKS,
+                   BLOCK_K=fs2.WGRAD_BLOCK_K_FLOAT if dt == "fp32" else fs2.WGRAD_BLOCK_K_HALF,
+                   LOWP=dt != "fp32", NATIVE_HALF_DOT=True), dt, fs2.BACKWARD_WARPS)
+        build(fs2._stage_igrad,
+              {"dm_ptr": "*fp32", "arg_ptr": "*u8", "w_ptr": "*" + dt, "gx_ptr": "*" + dt},
+              dict(CIN=10, CIP=16, CP=64, K=5, PAD=2, POOL=5, BLOCK=fs2.IGRAD_BLOCK,
+                   LOWP=dt != "fp32", NATIVE_HALF_DOT=True), dt, fs2.BACKWARD_WARPS)
 """)
 
 
 @pytest.mark.slow
 def test_kernels_compile_for_sm90_without_spills():
     """The interpreter runs no GPU compiler: here Triton compiles the forward (bf16 on
-    the matrix units, and float32) and the backward scatter for sm_90, as a launch on an
-    H100/H200 would at JishNet's sizes and the module's block sizes, and none spills
-    registers to local memory (Triton's bundled ptxas; skipped where Triton has none)."""
+    the matrix units, and float32), the hybrid backward's scatter and the triton
+    backward's weight- and input-gradient kernels for sm_90, as a launch on an H100/H200
+    would at JishNet's sizes and the module's block sizes, and none spills registers to
+    local memory (Triton's bundled ptxas; skipped where Triton has none)."""
     import triton
 
     bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -278,5 +318,5 @@ def test_kernels_compile_for_sm90_without_spills():
                        text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.splitlines()
-    assert len(lines) == 4, r.stdout
+    assert len(lines) == 8, r.stdout
     assert all("STACK:0" in line for line in lines), r.stdout

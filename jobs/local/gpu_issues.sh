@@ -8,7 +8,7 @@
 # Needs gpu-bundle/ beside the tree on the GPU host (`make gpu-bundle` where the package
 # index is reachable). Every part writes into OUT as soon as it ends, so a run cut short
 # keeps what finished; a failing part is noted in OUT/parts.txt and the rest still run.
-# Expected on an H200: ~8.5 minutes without the scan (BENCHMARKS.md, "One call for the open
+# Expected on an H200: ~9 minutes without the scan (BENCHMARKS.md, "One call for the open
 # GPU measurements"); run it with a limit that leaves room to rerun.
 set -u
 OUT=${1:?usage: gpu_issues.sh OUT}
@@ -49,7 +49,8 @@ bench 'train-scnet-sparse-torch-graph,train-scnet-sparse-torch'
 part gpu-tests "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_sparse_torch.py \
     tests/test_graphed_step.py tests/test_rulebooks.py tests/test_fused_stage2.py \
     tests/test_fused_stem.py
-# 3. issue 35: the fused second stage, accuracy and timing (stem_check --stage 2)
+# 3. issue 35: the fused second stage, accuracy and timing with both backwards
+#    (stem_check --stage 2)
 if [ "$DEVICE" = cuda ]; then
     part stage2-check "$PY" -m lartpc.jobs.local.stem_check --out "$OUT/stage2-check" \
         --stage 2

@@ -19,10 +19,12 @@ channels. Writes ``stem-check.json`` into ``--out`` and prints a table.
 ``--stage 2`` checks the fused second stage (:mod:`lartpc.models.fused_stage2`) instead,
 on its real input (the events through the library stem, float32): output and input,
 weight and bias gradients against the published layers in float64 (operands rounded as
-the kernel rounds them: to bf16 for bf16 input or under autocast), then, for each
-``BLOCK:WARPS:BLOCK_K`` configuration, the second stage alone (forward, forward+backward
-with its input's gradient) and the whole training step, both with the fused stem, with
-the library's second stage and with the fused one. Writes ``stage2-check.json``.
+the kernel rounds them: to bf16 for bf16 input or under autocast), with each of its two
+backwards (``hybrid``, ``triton``), then, for each ``BLOCK:WARPS:BLOCK_K[:t]``
+configuration (``t``: the triton backward), the second stage alone (forward,
+forward+backward with its input's gradient) and the whole training step, both with the
+fused stem, with the library's second stage and with the fused one. Writes
+``stage2-check.json``.
 """
 
 from __future__ import annotations
@@ -212,6 +214,7 @@ def stage2_accuracy(x, conv, pool: int, dtype, autocast: bool = False) -> dict:
 
     return {"dtype": str(dtype).replace("torch.", ""), "autocast_bf16": autocast,
             "block": fs2.BLOCK, "num_warps": fs2.NUM_WARPS, "block_k": fs2.BLOCK_K,
+            "backward": fs2.BACKWARD,
             "output_rel": relative_error(y, ref),
             "output_max_abs": float((y.detach().double() - ref.detach()).abs().max()),
             "input_grad_rel": relative_error(xin.grad, x64.grad),
@@ -220,7 +223,7 @@ def stage2_accuracy(x, conv, pool: int, dtype, autocast: bool = False) -> dict:
             "argmax_differs_fraction": float((where != where_fused).double().mean())}
 
 
-def stage2_timings(x, labels, size: int, configs: list[tuple[int, int, int]],
+def stage2_timings(x, labels, size: int, configs: list[tuple[int, int, int, str]],
                    repeats: int, device) -> list[dict]:
     """The second stage alone and the whole step (bf16 autocast, channels_last, ELU after
     pool, fused stem), with the library's second stage and the fused one per config."""
@@ -233,10 +236,11 @@ def stage2_timings(x, labels, size: int, configs: list[tuple[int, int, int]],
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     loss_fn = build_loss("ce")
     rows = []
-    for stage2, block, warps, block_k in [("library", 0, 0, 0)] + \
+    for stage2, block, warps, block_k, backward in [("library", 0, 0, 0, None)] + \
             [("fused", *config) for config in configs]:
         if stage2 == "fused":
-            fs2.BLOCK, fs2.NUM_WARPS, fs2.BLOCK_K = block, warps, block_k
+            fs2.BLOCK, fs2.NUM_WARPS, fs2.BLOCK_K, fs2.BACKWARD = block, warps, block_k, \
+                backward
         torch.manual_seed(0)
         model = build("jishnet", image_size=(size, size), channels_last=True,
                       elu_after_pool=True, stem="fused", stage2=stage2).to(device)
@@ -249,12 +253,25 @@ def stage2_timings(x, labels, size: int, configs: list[tuple[int, int, int]],
         step_ms = median_ms(step, repeats, sync)
         rows.append({"stem": "fused", "stage2": stage2, "block": block or None,
                      "num_warps": warps or None, "block_k": block_k or None,
+                     "backward": backward,
                      "stage2_forward_ms": median_ms(fwd, repeats, sync),
                      "stage2_forward_backward_ms": median_ms(fb, repeats, sync),
                      "step_ms": step_ms,
                      "images_per_s": round(x.shape[0] / step_ms * 1e3, 1)})
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     return rows
+
+
+def stage2_configs(text: str) -> list[tuple[int, int, int, str]]:
+    """``BLOCK:WARPS:BLOCK_K[:t]`` configurations (``t``: the triton backward); ValueError
+    naming the one that is not."""
+    configs = []
+    for c in text.split(","):
+        v = c.split(":")
+        if len(v) not in (3, 4) or not all(n.isdigit() for n in v[:3]) or v[3:] not in ([], ["t"]):
+            raise ValueError(f"{c!r}: BLOCK:WARPS:BLOCK_K[:t] expected")
+        configs.append((*map(int, v[:3]), "triton" if v[3:] else "hybrid"))
+    return configs
 
 
 def stage2_main(args, x, labels, device) -> int:
@@ -264,10 +281,7 @@ def stage2_main(args, x, labels, device) -> int:
     import lartpc.models.fused_stage2 as fs2
     from lartpc.models import build
 
-    configs = [tuple(int(v) for v in c.split(":")) for c in args.configs.split(",")]
-    if any(len(c) != 3 for c in configs):
-        raise SystemExit(f"stem_check --stage 2: --configs {args.configs}: "
-                         "BLOCK:WARPS:BLOCK_K expected")
+    configs = stage2_configs(args.configs)
     torch.manual_seed(1)
     with torch.no_grad():  # the second stage's real input: the events through the stem
         x2 = build("jishnet", image_size=x.shape[2:]).to(device).stage(0, x)
@@ -275,19 +289,22 @@ def stage2_main(args, x, labels, device) -> int:
     result = {"stage": 2, "size": args.size, "batch_per_rank": args.batch_per_rank,
               "device_name": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "accuracy": []}
-    for dt, autocast in ((torch.float32, False), (torch.float32, True),
-                         (torch.bfloat16, False)):
-        result["accuracy"].append(stage2_accuracy(x2, conv, 5, dt, autocast))
-        print(json.dumps(result["accuracy"][-1]), file=sys.stderr, flush=True)
-    defaults = (fs2.BLOCK, fs2.NUM_WARPS, fs2.BLOCK_K)
+    defaults = (fs2.BLOCK, fs2.NUM_WARPS, fs2.BLOCK_K, fs2.BACKWARD)
+    for fs2.BACKWARD in ("hybrid", "triton"):
+        for dt, autocast in ((torch.float32, False), (torch.float32, True),
+                             (torch.bfloat16, False)):
+            result["accuracy"].append(stage2_accuracy(x2, conv, 5, dt, autocast))
+            print(json.dumps(result["accuracy"][-1]), file=sys.stderr, flush=True)
+    fs2.BACKWARD = defaults[3]
     result["timings"] = stage2_timings(x, labels, args.size, configs, args.repeats, device)
-    fs2.BLOCK, fs2.NUM_WARPS, fs2.BLOCK_K = defaults
+    fs2.BLOCK, fs2.NUM_WARPS, fs2.BLOCK_K, fs2.BACKWARD = defaults
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "stage2-check.json").write_text(json.dumps(result, indent=2))
-    print("| stage 2 | block | warps | block_k | stage 2 fwd ms | stage 2 fwd+bwd ms | "
-          "step ms | images/s |")
+    print("| stage 2 | block | warps | block_k | backward | stage 2 fwd ms | "
+          "stage 2 fwd+bwd ms | step ms | images/s |")
     for r in result["timings"]:
         print(f"| {r['stage2']} | {r['block']} | {r['num_warps']} | {r['block_k']} | "
+              f"{r['backward']} | "
               f"{r['stage2_forward_ms']} | {r['stage2_forward_backward_ms']} | "
               f"{r['step_ms']} | {r['images_per_s']} |")
     return 0
@@ -307,11 +324,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configs", default=None,
                     help="stage 1: BLOCK:WARPS[:d] of the fused stem to time (d: taps as a "
                          "matrix product; default 128:4,128:4:d,64:4:d,256:8:d); stage 2: "
-                         "BLOCK:WARPS:BLOCK_K (default 64:8:32,64:8:64,32:4:64,128:8:32)")
+                         "BLOCK:WARPS:BLOCK_K[:t] (t: the triton backward; default "
+                         "64:8:32,64:8:64,32:4:64,128:8:32,64:8:32:t,32:4:64:t)")
     args = ap.parse_args(argv)
     if args.configs is None:
         args.configs = "128:4,128:4:d,64:4:d,256:8:d" if args.stage == 1 else \
-            "64:8:32,64:8:64,32:4:64,128:8:32"
+            "64:8:32,64:8:64,32:4:64,128:8:32,64:8:32:t,32:4:64:t"
+    if args.stage == 2:
+        try:
+            stage2_configs(args.configs)
+        except ValueError as e:
+            ap.error(f"--configs: {e}")
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True

@@ -21,18 +21,27 @@ units, as autocast's convolution does (which also rounds the bias to bf16; here 
 added in float32); float32 runs them in IEEE float32 (not TF32, which cuDNN uses for
 float32 convolutions by default).
 
-**Backward** (hybrid): a Triton kernel turns the pooled gradient times ELU'(output) into
-the convolution map's gradient, each window's value at its arg-max and zero elsewhere (a
-1-in-p^2 sparse map, written once, dense), and sums the bias gradient per program (no
-atomics); then torch's ``conv2d_input`` and ``conv2d_weight`` (cuDNN on a GPU) give the
-input and weight gradients from that map. Cost: the map is written once and read twice
-(B x C_out x H x W, 464 MB per step of 7 at 720 x 720 in bf16: about 0.3 ms of an H200's
-bandwidth) and the two library convolutions do dense work, 25 times the nonzero
-products. A fully fused backward would never write the map: the weight gradient as, per
-window position, (taps x BLOCK) patches @ (BLOCK x C_out) gradients masked to the
-windows whose arg-max is there (the forward's gathers again), and the input gradient
-input-stationary, each pixel reading the pooled gradients and arg-maxes of the windows
-its taps reach (or scattered with atomics); that is not done here.
+**Backward**, two ways (:data:`BACKWARD`; both tested, neither timed on a GPU yet:
+``jobs/local/stem_check.py --stage 2`` times them side by side):
+
+- ``hybrid`` (the default): a Triton kernel turns the pooled gradient times ELU'(output)
+  into the convolution map's gradient, each window's value at its arg-max and zero
+  elsewhere (a 1-in-p^2 sparse map, written once, dense), and sums the bias gradient per
+  program (no atomics); then torch's ``conv2d_input`` and ``conv2d_weight`` (cuDNN on a
+  GPU) give the input and weight gradients from that map. Cost: the map is written once
+  and read twice (B x C_out x H x W, 464 MB per step of 7 at 720 x 720 in bf16: about
+  0.3 ms of an H200's bandwidth) and the two library convolutions do dense work, 25
+  times the nonzero products.
+- ``triton``: the map is never written. The pooled gradients before ELU and the arg-maxes
+  are laid out as rows of C_out values (B x H/p x W/p rows, 37 MB in float32 at 3600²);
+  the weight gradient is, for each window position d, the (taps x BLOCK) patches (the
+  forward's gathers again) times the (BLOCK x C_out) gradients of the windows whose
+  arg-max is d, on the matrix units, summed per program over several blocks and then
+  across programs by torch (no atomics); the input gradient is input-stationary: each
+  pixel, for each of the k x k taps, reads the row of the window its tap reaches, keeps
+  the channels whose arg-max is that very position, and multiplies them by the tap's
+  (C_out x C_in) weights. Products in the same precision as the hybrid's (the gradients
+  rounded to bf16 under autocast, as the hybrid writes its map).
 
 Same function as ``max_pool2d(elu(conv2d(x)))`` and as ``elu(max_pool2d(conv2d(x)))``
 (JishNet's ``elu_after_pool`` ordering): ELU is increasing, so the pool's arg-max is the
@@ -73,6 +82,19 @@ NUM_WARPS = 8
 #: ``tl.dot`` returns garbage (Triton 3.9: errors of 1e10 on a 16 x 16 product), so there
 #: the same products are formed in float32 from the rounded operands (exact either way)
 NATIVE_HALF_DOT = not _INTERPRET
+#: the backward, ``hybrid`` or ``triton`` (module docstring); read when the forward runs
+BACKWARD = "hybrid"
+#: ``triton`` backward: blocks of pooled outputs each weight-gradient program sums (fewer
+#: partial sums for torch to add), its taps per program with half-precision and with
+#: float32 products, and input pixels per input-gradient program: chosen so that Triton
+#: 3.9's sm_90 code keeps them in registers (with 8 warps: the weight gradient 128
+#: registers a thread in bf16, 214 in float32, whose IEEE products take more; the input
+#: gradient 184 / 136; 64 pixels, 32 float32 taps or 4 warps spilled), not yet timed
+BACKWARD_WARPS = 8
+WGRAD_BLOCKS = 1 if _INTERPRET else 16
+WGRAD_BLOCK_K_HALF = 256 if _INTERPRET else 64
+WGRAD_BLOCK_K_FLOAT = 256 if _INTERPRET else 16
+IGRAD_BLOCK = 2048 if _INTERPRET else 32
 
 
 @triton.jit
@@ -133,6 +155,102 @@ def _stage_scatter(g_ptr, y_ptr, arg_ptr, d_ptr, part_ptr, N, HO, WO,
                  tl.where(a == d, dm, 0.0).to(d_ptr.dtype.element_ty), mask=m2)
 
 
+@triton.jit
+def _half_dot(a, b, acc, LOWP: tl.constexpr, NATIVE_HALF_DOT: tl.constexpr):
+    """acc + a @ b with float32 accumulation: half-precision operands (``b`` rounded to
+    ``a``'s type) on the matrix units, or their exact products formed in float32 where
+    the native half product cannot run (the interpreter); IEEE float32 otherwise."""
+    if LOWP and NATIVE_HALF_DOT:
+        return tl.dot(a, b.to(a.dtype), acc)
+    elif LOWP:
+        return tl.dot(a.to(tl.float32), b.to(a.dtype).to(tl.float32), acc,
+                      input_precision="ieee")
+    else:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+
+
+@triton.jit
+def _stage_wgrad(x_ptr, toff_ptr, dm_ptr, arg_ptr, part_ptr, N, HO, WO, sx_b, sx_h, sx_w,
+                 CP: tl.constexpr, KP: tl.constexpr, POOL: tl.constexpr, BLOCK: tl.constexpr,
+                 BLOCK_K: tl.constexpr, BLOCKS: tl.constexpr, LOWP: tl.constexpr,
+                 NATIVE_HALF_DOT: tl.constexpr):
+    """One slice of BLOCK_K taps of the weight gradient, summed over this program's
+    BLOCKS blocks of pooled outputs: for each window position, (taps x outputs) patches
+    times the (outputs x channels) gradients of the windows whose arg-max is there."""
+    t = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    toff = tl.load(toff_ptr + t)
+    c = tl.arange(0, CP)
+    acc = tl.zeros((BLOCK_K, CP), tl.float32)
+    for blk in range(BLOCKS):
+        p = (tl.program_id(0) * BLOCKS + blk) * BLOCK + tl.arange(0, BLOCK)
+        pm = p < N
+        q = tl.minimum(p, N - 1)
+        b = (q // (HO * WO)).to(tl.int64)
+        rows = q.to(tl.int64)[:, None] * CP + c[None, :]
+        g = tl.load(dm_ptr + rows, mask=pm[:, None], other=0.0)  # past the end: no gradient
+        a = tl.load(arg_ptr + rows).to(tl.int32)
+        x_img = x_ptr + b * sx_b
+        corner = (((q // WO) % HO) * POOL) * sx_h + ((q % WO) * POOL) * sx_w
+        for d in range(POOL * POOL):
+            pos = corner + (d // POOL) * sx_h + (d % POOL) * sx_w
+            patch = tl.load(x_img[:, None] + (pos[:, None] + toff[None, :]))
+            acc = _half_dot(tl.trans(patch), tl.where(a == d, g, 0.0), acc, LOWP,
+                            NATIVE_HALF_DOT)
+    out = part_ptr + tl.program_id(0).to(tl.int64) * (KP * CP)
+    tl.store(out + t[:, None] * CP + c[None, :], acc)
+
+
+@triton.jit
+def _stage_igrad(dm_ptr, arg_ptr, w_ptr, gx_ptr, M, H, W, HO, WO, sg_b, sg_c, sg_h, sg_w,
+                 CIN: tl.constexpr, CIP: tl.constexpr, CP: tl.constexpr, K: tl.constexpr,
+                 PAD: tl.constexpr, POOL: tl.constexpr, BLOCK: tl.constexpr,
+                 LOWP: tl.constexpr, NATIVE_HALF_DOT: tl.constexpr):
+    """The input gradient of BLOCK pixels: for each tap, the convolution output it feeds,
+    that output's window row of gradients kept where the window's arg-max is that very
+    output, times the tap's (channels x input channels) weights."""
+    p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    pm = p < M
+    q = tl.minimum(p, M - 1)
+    b = q // (H * W)
+    y = (q // W) % H
+    x = q % W
+    c = tl.arange(0, CP)
+    ci = tl.arange(0, CIP)
+    acc = tl.zeros((BLOCK, CIP), tl.float32)
+    for ky in range(K):
+        oy = y + PAD - ky  # the convolution output this tap feeds
+        row_ok = pm & (oy >= 0) & (oy < HO * POOL)  # rows past the last window: none
+        oy = tl.maximum(oy, 0)
+        for kx in range(K):
+            ox = x + PAD - kx
+            ok = row_ok & (ox >= 0) & (ox < WO * POOL)
+            ox = tl.maximum(ox, 0)
+            win = ((b * HO + oy // POOL) * WO + ox // POOL).to(tl.int64)
+            rows = win[:, None] * CP + c[None, :]
+            g = tl.load(dm_ptr + rows, mask=ok[:, None], other=0.0)
+            a = tl.load(arg_ptr + rows, mask=ok[:, None], other=0).to(tl.int32)
+            d = (oy % POOL) * POOL + ox % POOL
+            wt = tl.load(w_ptr + ((ky * K + kx) * CP + c)[:, None] * CIP + ci[None, :])
+            acc = _half_dot(tl.where(a == d[:, None], g, 0.0).to(wt.dtype), wt, acc, LOWP,
+                            NATIVE_HALF_DOT)
+    off = (b.to(tl.int64) * sg_b + y * sg_h + x * sg_w)[:, None] + ci[None, :] * sg_c
+    tl.store(gx_ptr + off, acc.to(gx_ptr.dtype.element_ty),
+             mask=pm[:, None] & (ci < CIN)[None, :])
+
+
+def _pooled_rows(gy: torch.Tensor, y: torch.Tensor, arg: torch.Tensor, cp: int):
+    """The gradient before ELU at each window's arg-max (float32, as the kernels'
+    ``pooled_gradient``) and the arg-maxes, as (B * H' * W', cp) rows, channels zero-padded."""
+    b, c, ho, wo = y.shape
+    g, yf = gy.float(), y.float()
+    dm = torch.where(yf > 0, g, g * (yf + 1.0))  # ELU's derivative from its output
+    dm_rows = torch.zeros((b, ho, wo, cp), dtype=torch.float32, device=y.device)
+    dm_rows[..., :c] = dm.permute(0, 2, 3, 1)
+    arg_rows = torch.zeros((b, ho, wo, cp), dtype=torch.uint8, device=y.device)
+    arg_rows[..., :c] = arg.permute(0, 2, 3, 1)
+    return dm_rows.view(-1, cp), arg_rows.view(-1, cp)
+
+
 def _geometry(x: torch.Tensor, weight: torch.Tensor, pool: int, padding: int):
     b, cin, h, w = x.shape
     c, wcin, k, k2 = weight.shape
@@ -191,10 +309,13 @@ class _FusedStage(torch.autograd.Function):
                              NATIVE_HALF_DOT=NATIVE_HALF_DOT, num_warps=NUM_WARPS)
         ctx.save_for_backward(xp, weight, y, arg)
         ctx.geom = (pool, hc, wc, cp, block, grid, fmt, (b, cin, h, w), x.dtype, bias.dtype)
+        ctx.triton = (toff, kp, padding, lowp) if BACKWARD == "triton" else None
         return y
 
     @staticmethod
     def backward(ctx, gy):
+        if ctx.triton is not None:
+            return _triton_backward(ctx, gy)
         xp, weight, y, arg = ctx.saved_tensors
         pool, hc, wc, cp, block, grid, fmt, xshape, xdtype, bdtype = ctx.geom
         b, c, ho, wo = y.shape
@@ -215,6 +336,42 @@ class _FusedStage(torch.autograd.Function):
             gw = torch.nn.grad.conv2d_weight(xp, weight.shape, dconv).to(weight.dtype)
         gb = part.sum(0)[:c].to(bdtype) if ctx.needs_input_grad[2] else None
         return gx, gw, gb, None, None, None, None
+
+
+def _triton_backward(ctx, gy):
+    """``BACKWARD = "triton"``: the weight and input gradients from the pooled gradients
+    and arg-maxes (module docstring), the bias gradient their sum; no map written."""
+    xp, weight, y, arg = ctx.saved_tensors
+    pool, _, _, cp, block, _, _, (b, cin, h, w), xdtype, bdtype = ctx.geom
+    toff, kp, padding, lowp = ctx.triton
+    c, _, k, _ = weight.shape
+    ho, wo = y.shape[2:]
+    dm, args = _pooled_rows(gy, y, arg, cp)
+    gx = gw = None
+    if ctx.needs_input_grad[0]:
+        cip = max(16, triton.next_power_of_2(cin))
+        wt = torch.zeros((k * k, cp, cip), dtype=xp.dtype, device=xp.device)  # tap, C', C
+        wt[:, :c, :cin] = weight.detach().permute(2, 3, 0, 1).reshape(k * k, c, cin)
+        gx = torch.empty((b, cin, h, w), dtype=xdtype, device=xp.device,
+                         memory_format=torch.channels_last)
+        m = b * h * w
+        _stage_igrad[(triton.cdiv(m, IGRAD_BLOCK),)](
+            dm, args, wt, gx, m, h, w, ho, wo, *gx.stride(), CIN=cin, CIP=cip, CP=cp, K=k,
+            PAD=padding, POOL=pool, BLOCK=IGRAD_BLOCK, LOWP=lowp,
+            NATIVE_HALF_DOT=NATIVE_HALF_DOT, num_warps=BACKWARD_WARPS)
+    if ctx.needs_input_grad[1]:
+        programs = triton.cdiv(triton.cdiv(len(dm), block), WGRAD_BLOCKS)
+        block_k = min(WGRAD_BLOCK_K_HALF if lowp else WGRAD_BLOCK_K_FLOAT, kp)
+        part = torch.empty((programs, kp, cp), dtype=torch.float32, device=xp.device)
+        sx_b, _, sx_h, sx_w = xp.stride()
+        _stage_wgrad[(programs, kp // block_k)](
+            xp, toff, dm, args, part, len(dm), ho, wo, sx_b, sx_h, sx_w, CP=cp, KP=kp,
+            POOL=pool, BLOCK=block, BLOCK_K=block_k, BLOCKS=WGRAD_BLOCKS, LOWP=lowp,
+            NATIVE_HALF_DOT=NATIVE_HALF_DOT, num_warps=BACKWARD_WARPS)
+        total = part.sum(0)[: cin * k * k, :c]  # taps ordered (ky, kx, input channel)
+        gw = total.reshape(k, k, cin, c).permute(3, 2, 0, 1).to(weight.dtype)
+    gb = dm.sum(0)[:c].to(bdtype) if ctx.needs_input_grad[2] else None
+    return gx, gw, gb, None, None, None, None
 
 
 @torch.compiler.disable

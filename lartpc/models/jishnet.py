@@ -5,8 +5,8 @@ Its first stage (conv 1->10, 5x5, ELU, max-pool 5) can run as one Triton kernel
 parameters, computed without writing the full-resolution map. Its second stage (conv
 10->64, 5x5, ELU, max-pool 5) likewise (``model.stage2 = fused``,
 :mod:`lartpc.models.fused_stage2`: the forward as one kernel, the backward through torch's
-convolution gradients or as two more kernels). ``stem_choice`` and ``stage2_choice`` resolve ``auto``: fused on
-CUDA when Triton imports, the published layers otherwise.
+convolution gradients or as two more kernels). ``stem_choice`` and ``stage2_choice``
+resolve ``auto``: fused on CUDA when Triton imports, the published layers otherwise.
 
 At 3600 x 3600 the spatial sizes run 3600 -> 720 -> 144 -> 145 -> 36 -> 37 -> 9 and the
 network has 1,335,817 parameters (tests/test_models.py checks the count).

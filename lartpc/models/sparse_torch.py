@@ -33,6 +33,7 @@ against spconv.
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass
 
@@ -132,53 +133,70 @@ def neighbour_table(keys: torch.Tensor, shape: tuple[int, int], kernel: int,
     their sites' rows are written into an index image (-1 where no site is) whose
     images each have a border of k // 2 (so no offset leaves its image), the k*k
     neighbours of every site read back with one gather, and the written cells set back
-    to -1. One pass makes no read-back; several find their sites with one. ``parts``:
-    :func:`split_keys` of ``keys`` where the caller has it."""
+    to -1. One pass makes no read-back and slices nothing; several find their sites with
+    one. ``parts``: :func:`split_keys` of ``keys`` where the caller has it."""
     h, w = shape
     n, r = len(keys), kernel // 2
     if images is None:
         images = int(keys[-1]) // (h * w) + 1 if n else 0
     hp, wp = h + 2 * r, w + 2 * r
     per_pass = max(1, PASS_CELLS.get(keys.device.type, PASS_CELLS["cpu"]) // (hp * wp))
-    d = torch.arange(-r, r + 1, device=keys.device)
-    offsets = (d[:, None] * wp + d).reshape(-1)  # row-major (dy, dx)
     image, y, x = split_keys(keys, shape) if parts is None else parts
     table = torch.empty((n, kernel * kernel), dtype=torch.int32, device=keys.device)
-    firsts = list(range(0, images, per_pass))
-    bounds = [0, n] if len(firsts) <= 1 else torch.searchsorted(
-        image, torch.tensor([*firsts, images], device=keys.device)).tolist()
     grid = _grid(min(images, per_pass) * hp * wp, keys.device)
     rows = torch.arange(n, dtype=torch.int32, device=keys.device)
-    for first, lo, hi in zip(firsts, bounds, bounds[1:], strict=False):
-        if lo < hi:
-            cell = ((image[lo:hi] - first) * hp + y[lo:hi] + r) * wp + x[lo:hi] + r
-            grid[cell] = rows[lo:hi]
-            torch.index_select(grid, 0, (cell[:, None] + offsets).reshape(-1),
-                               out=table[lo:hi].view(-1))
-            grid[cell] = -1
+    offsets = _window_offsets(r, wp, keys.device)
+    if images <= per_pass:
+        passes = [(0, 0, n)]
+    else:
+        firsts = list(range(0, images, per_pass))
+        bounds = torch.searchsorted(image, torch.tensor([*firsts, images],
+                                                        device=keys.device)).tolist()
+        passes = list(zip(firsts, bounds, bounds[1:], strict=False))
+    for first, lo, hi in passes:
+        if lo == hi:
+            continue
+        these = (image, y, x, rows, table)  # the whole batch: no slicing
+        if (lo, hi) != (0, n):
+            these = tuple(t[lo:hi] for t in these)
+        b, yy, xx, at, out = these
+        cell = (b - first if first else b) * (hp * wp) + yy * wp + xx + (r * wp + r)
+        grid[cell] = at
+        torch.index_select(grid, 0, (cell[:, None] + offsets).view(-1), out=out.view(-1))
+        grid.index_fill_(0, cell, -1)
     return table.masked_fill_(table < 0, n)
+
+
+@functools.lru_cache(maxsize=64)
+def _window_offsets(r: int, wp: int, device: torch.device) -> torch.Tensor:
+    """The (2r+1)^2 offsets of a window's cells from its centre in an index image of
+    rows ``wp`` wide, row-major (dy, dx); made once per size and device."""
+    d = torch.arange(-r, r + 1, device=device)
+    return (d[:, None] * wp + d).reshape(-1)
 
 
 def pool_slots(keys: torch.Tensor, shape: tuple[int, int], size: int, parts=None):
     """A max-pool of kernel = stride = ``size`` without padding: (each site's output
     row, the output sites' sorted keys, the output shape). Sites in the last rows or
     columns that do not fill a window (spconv's floor) get row ``len(out_keys)``.
-    ``parts``: :func:`split_keys` of ``keys`` where the caller has it."""
+    ``parts``: :func:`split_keys` of ``keys`` where the caller has it.
+
+    One ``unique`` of the sites' output keys gives both (its inverse is each site's
+    row): few operations, as the loader's thread launches each of them. A dropped site's
+    key sorts after every kept one, so its row is the last; only where the image's side
+    is not a multiple of ``size`` does that cost a read-back (whether any was dropped)."""
     h, w = shape
     oh, ow = (h - size) // size + 1, (w - size) // size + 1
     b, y, x = split_keys(keys, shape) if parts is None else parts
     oy, ox = y // size, x // size
-    kept = (oy < oh) & (ox < ow)
     okey = (b * oh + oy) * ow + ox
-    big = torch.iinfo(torch.int64).max  # sorts after every kept site
-    sorted_keys, order = torch.sort(torch.where(kept, okey, big))
-    new = torch.ones_like(sorted_keys, dtype=torch.bool)
-    new[1:] = sorted_keys[1:] != sorted_keys[:-1]
-    row_sorted = torch.cumsum(new, 0) - 1
-    n_out = int((new & (sorted_keys != big)).sum())  # read back, as the output keys are
-    slots = torch.empty_like(row_sorted)
-    slots[order] = row_sorted.clamp(max=n_out)
-    return slots, sorted_keys[new][:n_out], (oh, ow)
+    dropped = None
+    if h % size or w % size:  # (the study's sizes pool exactly: 3600 -> 720 -> 144 -> 36)
+        dropped = (oy >= oh) | (ox >= ow)
+        okey = okey.masked_fill_(dropped, torch.iinfo(torch.int64).max)
+    out_keys, slots = torch.unique(okey, sorted=True, return_inverse=True)
+    n_out = len(out_keys) - (dropped is not None and bool(dropped.any()))
+    return slots, out_keys[:n_out], (oh, ow)
 
 
 def build_maps(coords: torch.Tensor, batch_size: int, spatial_shape, kernel: int,
@@ -253,8 +271,13 @@ def mirror(neighbours: torch.Tensor) -> torch.Tensor:
     reads ``P * k*k + o``, a zero row. Flat int32 (P * k*k,); a pure function of the
     table, so built with it (in the loader's thread), not in the backward."""
     kk = neighbours.shape[1]
-    offsets = torch.arange(kk, dtype=neighbours.dtype, device=neighbours.device)
-    return (neighbours.flip(1) * kk + offsets).reshape(-1)
+    return (neighbours.flip(1) * kk + _arange(kk, neighbours.dtype, neighbours.device)).view(-1)
+
+
+@functools.lru_cache(maxsize=16)
+def _arange(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``torch.arange(n)``, made once per size, type and device (read only)."""
+    return torch.arange(n, dtype=dtype, device=device)
 
 
 def subm_conv(features: torch.Tensor, neighbours: torch.Tensor, weight: torch.Tensor,

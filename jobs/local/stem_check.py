@@ -281,7 +281,7 @@ def stage2_main(args, x, labels, device) -> int:
     import lartpc.models.fused_stage2 as fs2
     from lartpc.models import build
 
-    configs = stage2_configs(args.configs)
+    configs = args.stage2_configs
     torch.manual_seed(1)
     with torch.no_grad():  # the second stage's real input: the events through the stem
         x2 = build("jishnet", image_size=x.shape[2:]).to(device).stage(0, x)
@@ -330,9 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.configs is None:
         args.configs = "128:4,128:4:d,64:4:d,256:8:d" if args.stage == 1 else \
             "64:8:32,64:8:64,32:4:64,128:8:32,64:8:32:t,32:4:64:t"
-    if args.stage == 2:
+    if args.stage == 2:  # parsed before any event is made
         try:
-            stage2_configs(args.configs)
+            args.stage2_configs = stage2_configs(args.configs)
         except ValueError as e:
             ap.error(f"--configs: {e}")
     device = torch.device(args.device)

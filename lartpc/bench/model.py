@@ -209,13 +209,9 @@ def _max_batch(model, batch, loss_fn, autocast, start: int) -> dict:
 
 
 def run(args) -> int:
-    import torch
-
-    from lartpc.bench.stages import timed
     from lartpc.errors import LartpcError
-    from lartpc.models import build, num_parameters
-    from lartpc.models.losses import build_loss
 
+    # the options first, torch (~1.5 s to import) after: a mistyped one is one line at once
     if args.batch_per_rank < 1 or args.repeats < 1 or args.warmup < 0:
         raise LartpcError("--batch and --repeats must be >= 1, --warmup >= 0")
     if args.threads is not None and not 0 <= args.threads <= MAX_THREADS:
@@ -226,6 +222,12 @@ def run(args) -> int:
                             or args.device != "cuda"):
         raise LartpcError("--cuda-graph: captures SCNet's torch layers (--model scnet "
                           "--sparse torch) on --device cuda")
+    import torch
+
+    from lartpc.bench.stages import timed
+    from lartpc.models import build, num_parameters
+    from lartpc.models.losses import build_loss
+
     if args.device == "cuda" and not torch.cuda.is_available():
         raise LartpcError("--device cuda: torch sees no CUDA device")
     if args.max_batch and args.device != "cuda":

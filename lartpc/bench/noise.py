@@ -67,14 +67,15 @@ def _time_steps(args, batch, shape) -> dict[str, list[float]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from lartpc.bench.model import batch_from_events, load_events
     from lartpc.errors import LartpcError
-    from lartpc.models import build
 
     if not 1 <= args.threads <= MAX_THREADS:  # torch crashes creating that many threads
         raise LartpcError(f"--threads = {args.threads}: must be in 1..{MAX_THREADS}")
+    import torch  # after the check: a bad option is one line at once
+
+    from lartpc.bench.model import batch_from_events, load_events
+    from lartpc.models import build
+
     torch.set_num_threads(args.threads)
     events, shape = load_events(args)
     kind = build(args.model, image_size=shape).input_kind

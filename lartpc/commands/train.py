@@ -29,9 +29,12 @@ def run(args: argparse.Namespace) -> int:
     process_start = time.time()
     from lartpc.config import load_config
     from lartpc.fsutil import output_folder
-    from lartpc.train.run import prepare, run_training
 
     cfg = load_config(args.config, args.overrides)
     out = output_folder(args.out)  # a link the user made to the folder: followed here only
+    # torch (lartpc.train.run imports it: ~1.5 s) only once the config is known to be good:
+    # a mistyped option is one line at once
+    from lartpc.train.run import prepare, run_training
+
     store = prepare(cfg, args.data, out)
     return run_training(cfg, store, out, process_start)

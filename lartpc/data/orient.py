@@ -26,9 +26,6 @@ loader reads its shard (``Loader.orient_s``), not per batch.
 from __future__ import annotations
 
 import numpy as np
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
-from scipy.spatial import cKDTree
 
 from lartpc.errors import LartpcError
 
@@ -60,6 +57,12 @@ def find_start(geom, rows, cols, charge) -> tuple[np.ndarray, np.ndarray]:
     w = np.clip(charge, 1e-6, None)
     if len(p) == 0:  # nothing visible: any start, no charge after it
         return np.zeros(2), np.array([0.0, 1.0])
+    # scipy here, not at the top: every loader imports this module, few orient events, and
+    # scipy's import costs ~0.4 s in each training process
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+    from scipy.spatial import cKDTree
+
     pairs = cKDTree(p).query_pairs(LINK_CM, output_type="ndarray")
     links = coo_matrix((np.ones(len(pairs)), (pairs[:, 0], pairs[:, 1])),
                        shape=(len(p), len(p)))

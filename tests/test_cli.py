@@ -21,6 +21,28 @@ def test_help_does_not_import_torch():
         assert name in r.stdout
 
 
+@pytest.mark.parametrize("argv,message", [
+    (["train", "--config", "tiny-jishnet", "--data", "ev", "--out", "run", "--set",
+      "train.weight_decay=1e308"], "train.weight_decay = 1e+308: must be in [0, 1]"),
+    (["bench", "model", "--model", "jishnet", "--threads", "100000"],
+     "--threads = 100000: must be in 0..1024"),
+    (["bench", "noise", "--threads", "0"], "--threads = 0: must be in 1..1024"),
+    (["bench", "loader", "--data", "ev", "--repeats", "0"], "--repeats and --batches"),
+    (["bench", "allreduce", "--min-bytes", "3x"], "--min-bytes '3x': expected bytes"),
+    (["evaluate", "run", "--store", "ev", "--threads", "0"], "--threads and --workers"),
+])
+def test_a_bad_option_is_refused_before_torch_is_imported(argv, message, tmp_path):
+    """Options are checked before torch's ~1.5 s import: a mistyped one is one line at
+    once (here torch cannot be imported at all, so a late check would fail otherwise)."""
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['spconv'] = None\n"
+            "from lartpc.cli import main\n"
+            f"sys.exit(main({argv!r}))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and message in r.stderr, r.stderr[-2000:]
+
+
 def test_env_reports_horovod_with_pytorch_and_gloo():
     r = subprocess.run([LARTPC, "env"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

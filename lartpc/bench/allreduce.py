@@ -249,10 +249,10 @@ def _out_problem(out: Path | None) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    sizes = _check(args)  # before torch (lartpc.dist imports it): a bad option at once
     from lartpc.dist import detect_backend, init
     from lartpc.fsutil import atomic_write, output_file
 
-    sizes = _check(args)
     if args.out is not None:  # a link the user made to the folder: followed here only
         args.out = output_file(args.out)
     if args.backend == "auto" and detect_backend() == "none":

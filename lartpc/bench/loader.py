@@ -68,16 +68,17 @@ def _blosc_config(args):
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
+    from lartpc.errors import ConfigError
+
+    if args.repeats < 1 or args.steps < 1:
+        raise ConfigError("--repeats and --batches must be >= 1")
+    import torch  # after the options' check: a bad one is one line at once
 
     from lartpc.data.augment import mirror
     from lartpc.data.loaders import build_loader
     from lartpc.data.sharding import ShardPlan
     from lartpc.data.store import EventStore
-    from lartpc.errors import ConfigError
 
-    if args.repeats < 1 or args.steps < 1:
-        raise ConfigError("--repeats and --batches must be >= 1")
     store = EventStore(args.data)
     plan = ShardPlan(len(store), args.ranks, args.batch_per_rank, seed=0, eval_fraction=0.0)
     indices = plan.train_indices(0)

@@ -90,14 +90,14 @@ def result(network: dict, preds, run: Path, held_out: bool, split: str = "valida
 
 
 def run(args: argparse.Namespace) -> int:
-    from lartpc.data.store import EventStore
-    from lartpc.train import evaluate, weights
-
     if args.threads < 1 or args.workers < 1:
         raise LartpcError("--threads and --workers: at least 1")
     if args.regenerate and args.indices != "held-out":
         raise LartpcError("--indices: only with --store (--regenerate makes the held-out "
                           "events)")
+    from lartpc.data.store import EventStore  # torch, after the options' checks
+    from lartpc.train import evaluate, weights
+
     network = weights.load(args.run)
     if args.regenerate:
         evaluate.regenerate_held_out(network, args.regenerate, args.workers, args.split)

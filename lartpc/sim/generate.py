@@ -73,6 +73,21 @@ def _check_momentum(momentum_gev: Sequence[float]) -> tuple[float, float]:
     return lo, hi
 
 
+def check_positive(value, option: str) -> int:
+    """``value`` as a whole number above 0; LartpcError naming ``option`` otherwise."""
+    if int(value) <= 0:
+        raise LartpcError(f"{option}: must be positive, got {value}")
+    return int(value)
+
+
+def geometry_of(downsample) -> Geometry:
+    """The readout geometry at ``downsample``; LartpcError naming --downsample if none."""
+    try:
+        return Geometry(downsample=int(downsample))
+    except ValueError as e:
+        raise LartpcError(f"--downsample: {e}") from None
+
+
 def check_source_geometry(name: str) -> str:
     """``name`` if it is one of :data:`SOURCE_GEOMETRIES`, else a clear error."""
     if name not in SOURCE_GEOMETRIES:
@@ -197,18 +212,12 @@ def write_dataset(out_dir: str | os.PathLike, n_events: int, *, seed: int = 0,
     classes = parse_classes(classes)
     momentum_gev = _check_momentum(momentum_gev)
     check_source_geometry(source_geometry)
-    if int(n_events) <= 0:
-        raise LartpcError(f"--events: must be positive, got {n_events}")
-    if int(workers) <= 0:
-        raise LartpcError(f"--workers: must be positive, got {workers}")
-    if int(shard_size) <= 0:
-        raise LartpcError(f"--shard-size: must be positive, got {shard_size}")
+    for value, option in ((n_events, "--events"), (workers, "--workers"),
+                          (shard_size, "--shard-size")):
+        check_positive(value, option)
     if not 0 <= int(seed) <= MAX_SEED:
         raise LartpcError(f"--seed: must be in 0..2**63-1, got {seed}")
-    try:
-        geometry = Geometry(downsample=int(downsample))
-    except ValueError as e:
-        raise LartpcError(f"--downsample: {e}") from None
+    geometry = geometry_of(downsample)
     out = Path(out_dir)
     with replace_store(out, overwrite) as stage:
         _simulate_into(stage, int(n_events), int(seed), geometry, classes, momentum_gev,

@@ -17,10 +17,11 @@ import numpy as np
 from lartpc.data.staging import existing_shards, replace_store
 from lartpc.data.store import SHARD_PATTERN
 from lartpc.errors import LartpcError
-from lartpc.geometry import Geometry
 from lartpc.sim.generate import (
     MOMENTUM_GEV,
+    check_positive,
     check_source_geometry,
+    geometry_of,
     parse_classes,
     write_event_shard,
 )
@@ -45,12 +46,8 @@ def write_events(out_dir: str | os.PathLike, indices: Sequence[int], *, seed: in
     idx = np.asarray(indices, np.int64)
     if idx.ndim != 1 or len(idx) == 0 or int(idx.min()) < 0:
         raise LartpcError("events to generate: need one index or more, none negative")
-    if int(workers) <= 0:
-        raise LartpcError(f"--workers: must be positive, got {workers}")
-    try:
-        geometry = Geometry(downsample=int(downsample))
-    except ValueError as e:
-        raise LartpcError(f"--downsample: {e}") from None
+    check_positive(workers, "--workers")
+    geometry = geometry_of(downsample)
     out = Path(out_dir)
     with replace_store(out, overwrite) as stage:
         jobs = [(stage / SHARD_PATTERN.format(j), idx[a:a + shard_size], int(seed), geometry,

@@ -4,11 +4,12 @@ batches, with no loop around it, and the loop's overhead over it in the JSON."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 
 import pytest
 import torch
-from train_helpers import BIN, run
+from train_helpers import BIN, clean_env, run
 
 from lartpc import dist
 from lartpc.bench.bare_step import BareStep
@@ -70,3 +71,24 @@ def test_bench_train_reports_the_bare_step_beside_the_loop(train_events_dir):
         bare["bare_step_s_median"]
     assert point["loop_overhead"] == pytest.approx(
         point["step_s_median"] / bare["bare_step_s_median"] - 1)
+
+
+@pytest.mark.slow
+def test_two_bench_trainings_under_torchrun_at_once(train_events_dir, tmp_path):
+    """`--backend torch` points: torchrun on a free port of the host each time (a fixed
+    port made the second of two benches beside each other fail to start)."""
+    cmd = [str(BIN / "lartpc"), "bench", "train", "--model", "scnet", "--ranks", "2",
+           "--backend", "torch", "--data", str(train_events_dir), "--downsample", "9",
+           "--bare-steps", "0", "--set", "train.epochs=1", "--set", "train.threads=1"]
+    logs = [tmp_path / f"bench-{i}.json" for i in range(2)]
+    procs = []
+    for log in logs:
+        with open(log, "w") as f:
+            procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.PIPE, text=True,
+                                          env=clean_env()))
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+    for log in logs:
+        (point,) = json.loads(log.read_text())["points"]
+        assert point["ranks"] == 2 and point["backend"] == "torch" and point["steps"] > 1

@@ -67,7 +67,8 @@ def _launch(backend: str, n: int, train_args: list[str]) -> list[str]:
     if backend == "horovod":
         return [str(BIN / "horovodrun"), "-np", str(n), "-H", f"localhost:{n}", "--gloo",
                 *LARTPC, *train_args]
-    return [str(BIN / "torchrun"), "--nproc-per-node", str(n), "--master-port", "29733",
+    # --standalone: a free port of this host (a fixed one failed a second bench beside it)
+    return [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", str(n),
             "-m", "lartpc", *train_args]
 
 

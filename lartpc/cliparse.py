@@ -8,6 +8,13 @@ import re
 from lartpc.errors import LartpcError
 
 
+def check_positive(value, option: str) -> int:
+    """``value`` as a whole number above 0; LartpcError naming ``option`` otherwise."""
+    if int(value) <= 0:
+        raise LartpcError(f"{option}: must be positive, got {value}")
+    return int(value)
+
+
 def int_list(text: str, option: str, *, minimum: int | None = None, distinct: bool = False,
              error: type[Exception] = LartpcError) -> list[int]:
     """``"1,2,4"`` -> ``[1, 2, 4]``, or ``error`` naming ``option`` and the text.

@@ -11,11 +11,17 @@ import pytest
 LARTPC = str(Path(sys.executable).parent / "lartpc")
 
 
-def test_help_does_not_import_torch():
+def _main_without_torch(argv: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``lartpc argv`` in a Python where torch and spconv cannot be imported."""
     code = ("import sys; sys.modules['torch'] = None; sys.modules['spconv'] = None\n"
             "from lartpc.cli import main\n"
-            "try:\n    main(['--help'])\nexcept SystemExit as e:\n    sys.exit(e.code)\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+            f"try:\n    sys.exit(main({argv!r}))\nexcept SystemExit as e:\n    sys.exit(e.code)\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=cwd)
+
+
+def test_help_does_not_import_torch():
+    r = _main_without_torch(["--help"])
     assert r.returncode == 0, r.stderr
     for name in ("simulate", "train", "bench", "sweep", "env"):
         assert name in r.stdout
@@ -34,11 +40,7 @@ def test_help_does_not_import_torch():
 def test_a_bad_option_is_refused_before_torch_is_imported(argv, message, tmp_path):
     """Options are checked before torch's ~1.5 s import: a mistyped one is one line at
     once (here torch cannot be imported at all, so a late check would fail otherwise)."""
-    code = ("import sys; sys.modules['torch'] = None; sys.modules['spconv'] = None\n"
-            "from lartpc.cli import main\n"
-            f"sys.exit(main({argv!r}))\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=60, cwd=tmp_path)
+    r = _main_without_torch(argv, cwd=tmp_path)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "Traceback" not in r.stderr and message in r.stderr, r.stderr[-2000:]
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from lartpc import CLASSES
+from lartpc.cliparse import check_positive
 from lartpc.data.staging import existing_shards, replace_store
 from lartpc.data.store import Event, ShardBuffer
 from lartpc.errors import LartpcError
@@ -172,8 +173,7 @@ def convert(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
     is left behind on failure.
     """
     geom = Geometry(downsample=downsample)
-    if shard_size <= 0:
-        raise LartpcError(f"--shard-size: must be positive, got {shard_size}")
+    check_positive(shard_size, "--shard-size")
     if not (np.isfinite(charge_scale) and charge_scale > 0):
         raise LartpcError(f"--charge-scale: must be a positive number, got {charge_scale}")
     shift = row_shift_for(time_origin, geom, trigger_tick)

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lartpc.cliparse import check_positive
 from lartpc.data.convert import ConvertResult
 from lartpc.data.staging import existing_shards, replace_store
 from lartpc.data.store import Event, EventStore, ShardBuffer
@@ -283,8 +284,7 @@ def convert_larcv3(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
     larcv = require_larcv()
     cmap = class_map or ClassMap.load(None)
     particles = particles or producer
-    if shard_size <= 0:
-        raise LartpcError(f"--shard-size: must be positive, got {shard_size}")
+    check_positive(shard_size, "--shard-size")
     files = [Path(p) for p in inputs]
     if not files:
         raise LartpcError("convert: no input files given")

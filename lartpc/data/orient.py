@@ -57,8 +57,8 @@ def find_start(geom, rows, cols, charge) -> tuple[np.ndarray, np.ndarray]:
     w = np.clip(charge, 1e-6, None)
     if len(p) == 0:  # nothing visible: any start, no charge after it
         return np.zeros(2), np.array([0.0, 1.0])
-    # scipy here, not at the top: every loader imports this module, few orient events, and
-    # scipy's import costs ~0.4 s in each training process
+    # scipy here, not at the top: every loader imports this module, few runs orient their
+    # events, and scipy's import costs ~0.4 s in each training process
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
     from scipy.spatial import cKDTree

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from lartpc import CLASSES, MAX_SEED, __version__
+from lartpc.cliparse import check_positive
 from lartpc.data.staging import existing_shards, replace_store
 from lartpc.data.store import SHARD_PATTERN, Event, write_shard
 from lartpc.errors import LartpcError
@@ -71,13 +72,6 @@ def _check_momentum(momentum_gev: Sequence[float]) -> tuple[float, float]:
     if not (0 < lo <= hi) or not np.isfinite(hi):
         raise LartpcError(f"--momentum-gev: need 0 < low <= high, got {lo}:{hi}")
     return lo, hi
-
-
-def check_positive(value, option: str) -> int:
-    """``value`` as a whole number above 0; LartpcError naming ``option`` otherwise."""
-    if int(value) <= 0:
-        raise LartpcError(f"{option}: must be positive, got {value}")
-    return int(value)
 
 
 def geometry_of(downsample) -> Geometry:

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
+from lartpc.cliparse import check_positive
 from lartpc.data.staging import existing_shards, replace_store
 from lartpc.data.store import SHARD_PATTERN
 from lartpc.errors import LartpcError
 from lartpc.sim.generate import (
     MOMENTUM_GEV,
-    check_positive,
     check_source_geometry,
     geometry_of,
     parse_classes,

@@ -9,6 +9,10 @@ TORCH_VERSION ?= 2.13.0
 # spconv build: "auto" = spconv-cu12x matching torch's CUDA, or the CPU build `spconv`.
 SPCONV ?= auto
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test`: one per core, at most 4 (a test is mostly one
+# training subprocess on one thread); a file's tests stay on one worker (tests/conftest.py).
+# TEST_WORKERS=0 runs the suite in this one process.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 
 .PHONY: install test test-fast demo bench-gpu gpu-bundle lint clean-venv
 
@@ -25,10 +29,10 @@ install:
 RUN_IN_VENV := PATH="$(abspath $(VENV))/bin:$$PATH"
 
 test: install
-	$(RUN_IN_VENV) $(PY) -m pytest $(PYTEST_ARGS)
+	$(RUN_IN_VENV) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: install
-	$(RUN_IN_VENV) $(PY) -m pytest -m "not slow and not slurm" $(PYTEST_ARGS)
+	$(RUN_IN_VENV) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not slurm" $(PYTEST_ARGS)
 
 demo: install
 	$(RUN_IN_VENV) $(PY) -m lartpc.jobs.local.study --out demo

@@ -63,3 +63,27 @@ def world():
 
     torch.set_num_threads(1)
     return dist.init("none", "cpu")
+
+
+#: The test files that start the local SLURM (tests/slurm_harness.py): one controller
+#: on this host serves them in turn, so under pytest-xdist they are one unit of work.
+SLURM_FILES = ("tests/test_slurm.py", "tests/test_slurm_multinode.py")
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, where it is installed
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs the suite on one pytest-xdist worker per core (at most 4) with
+    `--dist loadfile`: a file's tests stay on one worker, so its module fixtures (a
+    two-rank training, a SLURM controller) are made once; here the SLURM files also
+    share one worker (xdist's `xdist_group` marks would say that, but pytest 9.2 no longer
+    lets xdist 3.8 tag the test ids it groups them by)."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SlurmFilesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "slurm" if scope in SLURM_FILES else scope
+
+    return SlurmFilesTogether(config, log)

@@ -7,6 +7,7 @@ missing). Accounting is off there, so a finished job's state comes from
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import subprocess
@@ -26,19 +27,55 @@ class SlurmUnavailable(RuntimeError):
     """SLURM could not be started here; the message says why."""
 
 
+#: One local SLURM per host: a test session holds this lock from start() to stop(), so a
+#: second session (another checkout's suite) waits instead of restarting the controller
+#: under the first one's jobs.
+LOCK = Path(os.environ.get("LARTPC_SLURM_DIR", "/var/tmp/lartpc-slurm") + ".lock")
+_held = None
+
+
+def _take_lock(timeout_s: float) -> None:
+    global _held
+    if _held is not None:
+        return
+    f = LOCK.open("a")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _held = f
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                f.close()
+                raise SlurmUnavailable(f"another test session has held the local SLURM "
+                                       f"({LOCK}) for {timeout_s:.0f} s") from None
+            time.sleep(1)
+
+
+def _drop_lock() -> None:
+    global _held
+    if _held is not None:
+        _held.close()  # closing the file releases the lock
+        _held = None
+
+
 def start(timeout_s: float = 600.0, nodes: int = 1) -> dict[str, str]:
     """Start the local SLURM with ``nodes`` nodes (2 or more: each in its own network
     namespace); the environment (with SLURM_CONF) to talk to it."""
     if os.geteuid() != 0:
         raise SlurmUnavailable("not root: start.sh must install slurm-wlm and run slurmd")
+    _take_lock(timeout_s)
     try:
         out = subprocess.run(["bash", str(START)], capture_output=True, text=True,
                              timeout=timeout_s,
                              env={**os.environ, "LARTPC_SLURM_NODES": str(nodes)})
     except subprocess.TimeoutExpired as e:
+        _drop_lock()
         raise SlurmUnavailable(f"{START} did not finish in {timeout_s:.0f} s") from e
     m = re.search(r"^export SLURM_CONF=(\S+)$", out.stdout, re.M)
     if out.returncode != 0 or not m:
+        _drop_lock()  # start.sh stopped what it started
         tail = "\n".join(out.stderr.strip().splitlines()[-15:])
         raise SlurmUnavailable(f"{START} failed (exit {out.returncode}):\n{tail}")
     # never an outer job's or launcher's settings (sbatch exports them all to the job)
@@ -48,7 +85,10 @@ def start(timeout_s: float = 600.0, nodes: int = 1) -> dict[str, str]:
 
 
 def stop() -> None:
-    subprocess.run(["bash", str(STOP)], capture_output=True, text=True, timeout=60)
+    try:
+        subprocess.run(["bash", str(STOP)], capture_output=True, text=True, timeout=60)
+    finally:
+        _drop_lock()
 
 
 def sbatch(script: Path | str, env: dict[str, str], *args: str) -> str:

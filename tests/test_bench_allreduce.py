@@ -196,9 +196,9 @@ def test_two_ranks_under_torchrun_write_an_intra_node_profile(tmp_path):
     # 256 KiB one (CI saw no growth up to 256 KiB once); 16 MiB takes ~10 ms over Gloo's
     # loopback TCP, far above any scheduling delay, so the bandwidth is always resolved.
     out = tmp_path / "profile.json"
-    r = run([str(BIN / "torchrun"), "--nproc-per-node", "2", "-m", "lartpc", "bench",
-             "allreduce", "--max-bytes", "16MiB", "--warmup", "1", "--repeats", "5",
-             "--out", str(out)], timeout=300, OMP_NUM_THREADS="1")
+    r = run([str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "lartpc",
+             "bench", "allreduce", "--max-bytes", "16MiB", "--warmup", "1", "--repeats",
+             "5", "--out", str(out)], timeout=300, OMP_NUM_THREADS="1")
     assert r.returncode == 0, r.stderr[-3000:]
     printed = json.loads(r.stdout)
     written = json.loads(out.read_text())
@@ -214,8 +214,9 @@ def test_two_ranks_under_torchrun_write_an_intra_node_profile(tmp_path):
 
 
 def test_a_folder_as_out_is_refused_by_every_rank(tmp_path):
-    r = run([str(BIN / "torchrun"), "--nproc-per-node", "2", "-m", "lartpc", "bench",
-             "allreduce", "--max-bytes", "64", "--out", str(tmp_path)], timeout=300)
+    r = run([str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "lartpc",
+             "bench", "allreduce", "--max-bytes", "64", "--out", str(tmp_path)],
+            timeout=300)
     assert r.returncode != 0
     assert f"--out {tmp_path}: is a folder" in r.stderr
     assert not list(tmp_path.iterdir())

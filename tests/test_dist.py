@@ -65,7 +65,7 @@ def test_horovodrun_two_ranks_match_single_process(tmp_path):
 
 
 def test_torchrun_two_ranks_match_single_process(tmp_path):
-    cmd = [_launcher("torchrun"), "--nproc-per-node", "2", "--master-port", "29611",
+    cmd = [_launcher("torchrun"), "--standalone", "--nproc-per-node", "2",
            WORKER, "--out", str(tmp_path), "--backend", "torch"]
     r = _run(cmd)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -94,7 +94,7 @@ def test_horovodrun_failing_rank_exits_nonzero(tmp_path):
 
 
 def test_torchrun_failing_rank_exits_nonzero(tmp_path):
-    r = _run([_launcher("torchrun"), "--nproc-per-node", "2", "--master-port", "29612",
+    r = _run([_launcher("torchrun"), "--standalone", "--nproc-per-node", "2",
               WORKER, "--out", str(tmp_path), "--backend", "torch", "--fail-rank", "1"])
     assert r.returncode != 0
     assert "failing on purpose" in r.stdout + r.stderr

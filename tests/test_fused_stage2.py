@@ -24,7 +24,12 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
-from triton_cpu import DEVICE, event_images  # first: sets TRITON_INTERPRET on CPU
+from triton_cpu import (  # first: sets TRITON_INTERPRET on CPU
+    DEVICE,
+    assert_trained_alike,
+    event_images,
+    train_both_ways,
+)
 
 from lartpc.errors import ConfigError
 from lartpc.models import build
@@ -169,30 +174,11 @@ def test_training_steps_end_equal(backward, backward_kind):
     gradient, so float32 rounding of a near-zero gradient becomes a step; seen: one of the
     second stage's 16,000 weights 1.1e-6 apart)."""
     x = event_images(1, 12, seed=11)
-    labels = torch.tensor([3], device=DEVICE)
-    params, grads = {}, {}
-    for fused in ("library", "fused"):
-        torch.manual_seed(0)
-        model = build("jishnet", image_size=x.shape[2:], stem=fused, stage2=fused,
-                      elu_after_pool=True).to(DEVICE)
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-        for step in range(2):
-            opt.zero_grad()
-            F.cross_entropy(model.forward_tensor(x), labels).backward()
-            if step == 0:
-                grads[fused] = {k: p.grad.clone() for k, p in model.named_parameters()}
-            opt.step()
-        params[fused] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    grads, params = train_both_ways(x, torch.tensor([3], device=DEVICE), ("stem", "stage2"),
+                                    elu_after_pool=True)
     for k, g in grads["library"].items():
         assert float((grads["fused"][k] - g).norm() / g.norm()) < 1e-5, k
-    assert params["library"].keys() == params["fused"].keys()  # same checkpoints
-    for k, v in params["library"].items():
-        tol = 1e-6 if k.startswith("convs.0.") else 5e-5
-        torch.testing.assert_close(params["fused"][k], v, rtol=0, atol=tol, msg=k)
-    # the steps moved the second stage's weights (the comparison is not of initial ones)
-    torch.manual_seed(0)
-    init = build("jishnet", image_size=x.shape[2:]).state_dict()["convs.1.weight"]
-    assert (params["fused"]["convs.1.weight"].cpu() - init).abs().max() > 1.5e-3
+    assert_trained_alike(params, x, moved="convs.1.weight")
 
 
 def test_stage2_choice_and_record():

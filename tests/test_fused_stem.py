@@ -14,10 +14,14 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from triton_cpu import DEVICE, event_images  # first: sets TRITON_INTERPRET on CPU
+from triton_cpu import (  # first: sets TRITON_INTERPRET on CPU
+    DEVICE,
+    assert_trained_alike,
+    event_images,
+    train_both_ways,
+)
 
 from lartpc.errors import ConfigError
-from lartpc.models import build
 from lartpc.models.jishnet import stem_choice
 
 
@@ -138,25 +142,8 @@ def test_training_steps_end_equal():
     gradient, so a gradient near zero turns float32 rounding into a step: that, not the
     stem (whose gradients agree to 1e-7, above), sets the looser tolerance."""
     x = event_images(2, 12, seed=11)
-    labels = torch.tensor([1, 3], device=DEVICE)
-    params = {}
-    for stem in ("library", "fused"):
-        torch.manual_seed(0)
-        model = build("jishnet", image_size=x.shape[2:], stem=stem).to(DEVICE)
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-        for _ in range(2):
-            opt.zero_grad()
-            F.cross_entropy(model.forward_tensor(x), labels).backward()
-            opt.step()
-        params[stem] = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    assert params["library"].keys() == params["fused"].keys()  # same checkpoints
-    for k, v in params["library"].items():
-        tol = 1e-6 if k.startswith("convs.0.") else 5e-5
-        torch.testing.assert_close(params["fused"][k], v, rtol=0, atol=tol, msg=k)
-    # and the steps moved the stem's weights (the comparison is not of the initial ones)
-    torch.manual_seed(0)
-    init = build("jishnet", image_size=x.shape[2:]).state_dict()["convs.0.weight"]
-    assert (params["fused"]["convs.0.weight"].cpu() - init).abs().max() > 1.5e-3
+    _, params = train_both_ways(x, torch.tensor([1, 3], device=DEVICE), ("stem",))
+    assert_trained_alike(params, x, moved="convs.0.weight")
 
 
 def test_stem_choice():

@@ -159,7 +159,7 @@ def two_rank_noise_runs(train_events_dir, tmp_path_factory):
     base = tmp_path_factory.mktemp("noise-runs")
     launchers = {
         "horovod": [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo"],
-        "torch": [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", "29623",
+        "torch": [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2",
                   "--no-python"],
     }
     outs = {}

@@ -23,3 +23,42 @@ def event_images(n: int, downsample: int, seed: int = 7) -> torch.Tensor:
     g = Geometry(downsample=downsample)
     dense = np.stack([simulate_event(i, seed, g).dense(g.shape) for i in range(n)])
     return torch.from_numpy(dense)[:, None].to(DEVICE)
+
+
+def train_both_ways(x: torch.Tensor, labels: torch.Tensor, fused: tuple[str, ...], **options):
+    """Two Adam steps of JishNet (built with ``options``) on ``x`` from the same initial
+    weights, once with the published layers and once with the model options named in
+    ``fused`` (``stem``, ``stage2``) set to ``fused``: per way, the first step's gradients
+    and the final state dict."""
+    import torch.nn.functional as F
+
+    from lartpc.models import build
+
+    grads, params = {}, {}
+    for way in ("library", "fused"):
+        torch.manual_seed(0)
+        model = build("jishnet", image_size=x.shape[2:],
+                      **{k: way for k in fused}, **options).to(DEVICE)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        for step in range(2):
+            opt.zero_grad()
+            F.cross_entropy(model.forward_tensor(x), labels).backward()
+            if step == 0:
+                grads[way] = {k: p.grad.clone() for k, p in model.named_parameters()}
+            opt.step()
+        params[way] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return grads, params
+
+
+def assert_trained_alike(params: dict, x: torch.Tensor, moved: str) -> None:
+    """The two ways' parameters end equal (the stem's to 1e-6, the rest to 5e-5), and the
+    steps moved ``moved`` (so the comparison is not of initial weights)."""
+    from lartpc.models import build
+
+    assert params["library"].keys() == params["fused"].keys()  # same checkpoints
+    for k, v in params["library"].items():
+        tol = 1e-6 if k.startswith("convs.0.") else 5e-5
+        torch.testing.assert_close(params["fused"][k], v, rtol=0, atol=tol, msg=k)
+    torch.manual_seed(0)
+    init = build("jishnet", image_size=x.shape[2:]).state_dict()[moved]
+    assert (params["fused"][moved].cpu() - init).abs().max() > 1.5e-3

@@ -6,6 +6,15 @@ import argparse
 import re
 
 from lartpc.errors import LartpcError
+from lartpc.geometry import Geometry
+
+
+def geometry_of(downsample, option: str = "--downsample") -> Geometry:
+    """The readout geometry at ``downsample``; LartpcError naming ``option`` if none."""
+    try:
+        return Geometry(downsample=int(downsample))
+    except ValueError as e:
+        raise LartpcError(f"{option}: {e}") from None
 
 
 def check_positive(value, option: str) -> int:

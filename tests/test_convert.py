@@ -157,3 +157,27 @@ def test_failed_overwrite_keeps_the_old_store(tmp_path, capsys):
     assert EventStore(out).labels.tolist() == [4, 4]
     assert main(["convert", str(good), "--out", str(out), "--overwrite"]) == 0
     assert EventStore(out).labels.tolist() == [2, 2, 2]
+
+
+def test_bad_downsample_named_and_nothing_written(tmp_path, capsys):
+    src = tmp_path / "up.h5"
+    _write_upstream(src, [_label("mu+")])
+    out = tmp_path / "o"
+    assert main(["convert", str(src), "--out", str(out), "--downsample", "7"]) == 2
+    assert "--downsample: downsample=7: must be a positive divisor of 3600" in \
+        capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_other_value_errors_are_not_blamed_on_downsample(tmp_path, monkeypatch):
+    """The command once read every ValueError of the conversion as a bad --downsample."""
+    import lartpc.data.convert as conv
+
+    def broken(*args, **kwargs):
+        raise ValueError("a reader's own failure")
+
+    monkeypatch.setattr(conv, "_convert_into", broken)
+    src = tmp_path / "up.h5"
+    _write_upstream(src, [_label("mu+")])
+    with pytest.raises(ValueError, match="a reader's own failure"):
+        main(["convert", str(src), "--out", str(tmp_path / "o")])

@@ -31,20 +31,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lartpc.data.convert import convert
-    from lartpc.errors import LartpcError
 
     if args.source_format == "larcv3":
         from lartpc.commands.larcv3_options import run_convert
 
         return run_convert(args)
 
-    try:
-        res = convert(args.inputs, args.out, downsample=args.downsample,
-                      shard_size=args.shard_size, overwrite=args.overwrite, progress=True,
-                      time_origin=args.time_origin, trigger_tick=args.trigger_tick,
-                      charge_scale=args.charge_scale)
-    except ValueError as e:  # Geometry rejects a bad downsample
-        raise LartpcError(f"--downsample: {e}") from None
+    res = convert(args.inputs, args.out, downsample=args.downsample,
+                  shard_size=args.shard_size, overwrite=args.overwrite, progress=True,
+                  time_origin=args.time_origin, trigger_tick=args.trigger_tick,
+                  charge_scale=args.charge_scale)
     print(f"converted {res.converted} events into {len(res.paths)} file(s) in {args.out}; "
           f"skipped {res.skipped} whose label is not exactly one of the five classes")
     return 0

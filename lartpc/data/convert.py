@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from lartpc import CLASSES
-from lartpc.cliparse import check_positive
+from lartpc.cliparse import check_positive, geometry_of
 from lartpc.data.staging import existing_shards, replace_store
 from lartpc.data.store import Event, ShardBuffer
 from lartpc.errors import LartpcError
@@ -172,7 +172,7 @@ def convert(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
     ConvertResult with the written paths, converted and skipped event counts. Nothing
     is left behind on failure.
     """
-    geom = Geometry(downsample=downsample)
+    geom = geometry_of(downsample)
     check_positive(shard_size, "--shard-size")
     if not (np.isfinite(charge_scale) and charge_scale > 0):
         raise LartpcError(f"--charge-scale: must be a positive number, got {charge_scale}")

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from lartpc import CLASSES, MAX_SEED, __version__
-from lartpc.cliparse import check_positive
+from lartpc.cliparse import check_positive, geometry_of
 from lartpc.data.staging import existing_shards, replace_store
 from lartpc.data.store import SHARD_PATTERN, Event, write_shard
 from lartpc.errors import LartpcError
@@ -72,14 +72,6 @@ def _check_momentum(momentum_gev: Sequence[float]) -> tuple[float, float]:
     if not (0 < lo <= hi) or not np.isfinite(hi):
         raise LartpcError(f"--momentum-gev: need 0 < low <= high, got {lo}:{hi}")
     return lo, hi
-
-
-def geometry_of(downsample) -> Geometry:
-    """The readout geometry at ``downsample``; LartpcError naming --downsample if none."""
-    try:
-        return Geometry(downsample=int(downsample))
-    except ValueError as e:
-        raise LartpcError(f"--downsample: {e}") from None
 
 
 def check_source_geometry(name: str) -> str:

@@ -14,14 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
-from lartpc.cliparse import check_positive
+from lartpc.cliparse import check_positive, geometry_of
 from lartpc.data.staging import existing_shards, replace_store
 from lartpc.data.store import SHARD_PATTERN
 from lartpc.errors import LartpcError
 from lartpc.sim.generate import (
     MOMENTUM_GEV,
     check_source_geometry,
-    geometry_of,
     parse_classes,
     write_event_shard,
 )

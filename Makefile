@@ -13,6 +13,7 @@ PYTEST_ARGS ?=
 # training subprocess on one thread); a file's tests stay on one worker (tests/conftest.py).
 # TEST_WORKERS=0 runs the suite in this one process.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
+XDIST := -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: install test test-fast demo bench-gpu gpu-bundle lint clean-venv
 
@@ -29,10 +30,10 @@ install:
 RUN_IN_VENV := PATH="$(abspath $(VENV))/bin:$$PATH"
 
 test: install
-	$(RUN_IN_VENV) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(RUN_IN_VENV) $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: install
-	$(RUN_IN_VENV) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not slurm" $(PYTEST_ARGS)
+	$(RUN_IN_VENV) $(PY) -m pytest $(XDIST) -m "not slow and not slurm" $(PYTEST_ARGS)
 
 demo: install
 	$(RUN_IN_VENV) $(PY) -m lartpc.jobs.local.study --out demo

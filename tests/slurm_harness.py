@@ -67,15 +67,21 @@ def start(timeout_s: float = 600.0, nodes: int = 1) -> dict[str, str]:
         raise SlurmUnavailable("not root: start.sh must install slurm-wlm and run slurmd")
     _take_lock(timeout_s)
     try:
+        return _start(timeout_s, nodes)
+    except BaseException:
+        _drop_lock()  # a start that failed holds nothing (start.sh undoes its own part)
+        raise
+
+
+def _start(timeout_s: float, nodes: int) -> dict[str, str]:
+    try:
         out = subprocess.run(["bash", str(START)], capture_output=True, text=True,
                              timeout=timeout_s,
                              env={**os.environ, "LARTPC_SLURM_NODES": str(nodes)})
     except subprocess.TimeoutExpired as e:
-        _drop_lock()
         raise SlurmUnavailable(f"{START} did not finish in {timeout_s:.0f} s") from e
     m = re.search(r"^export SLURM_CONF=(\S+)$", out.stdout, re.M)
     if out.returncode != 0 or not m:
-        _drop_lock()  # start.sh stopped what it started
         tail = "\n".join(out.stderr.strip().splitlines()[-15:])
         raise SlurmUnavailable(f"{START} failed (exit {out.returncode}):\n{tail}")
     # never an outer job's or launcher's settings (sbatch exports them all to the job)

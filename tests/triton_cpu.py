@@ -25,6 +25,10 @@ def event_images(n: int, downsample: int, seed: int = 7) -> torch.Tensor:
     return torch.from_numpy(dense)[:, None].to(DEVICE)
 
 
+#: Adam's learning rate and steps in :func:`train_both_ways`
+LR, STEPS = 1e-3, 2
+
+
 def train_both_ways(x: torch.Tensor, labels: torch.Tensor, fused: tuple[str, ...], **options):
     """Two Adam steps of JishNet (built with ``options``) on ``x`` from the same initial
     weights, once with the published layers and once with the model options named in
@@ -39,8 +43,8 @@ def train_both_ways(x: torch.Tensor, labels: torch.Tensor, fused: tuple[str, ...
         torch.manual_seed(0)
         model = build("jishnet", image_size=x.shape[2:],
                       **{k: way for k in fused}, **options).to(DEVICE)
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-        for step in range(2):
+        opt = torch.optim.Adam(model.parameters(), lr=LR)
+        for step in range(STEPS):
             opt.zero_grad()
             F.cross_entropy(model.forward_tensor(x), labels).backward()
             if step == 0:
@@ -50,15 +54,35 @@ def train_both_ways(x: torch.Tensor, labels: torch.Tensor, fused: tuple[str, ...
     return grads, params
 
 
-def assert_trained_alike(params: dict, x: torch.Tensor, moved: str) -> None:
-    """The two ways' parameters end equal (the stem's to 1e-6, the rest to 5e-5), and the
-    steps moved ``moved`` (so the comparison is not of initial weights)."""
+#: a first-step gradient below this (in either way) is within float32 rounding of zero
+#: for these layers (their gradients reach ~3; rounding differences seen ~1e-9)
+NEAR_ZERO = 1e-7
+
+
+def assert_trained_alike(grads: dict, params: dict, x: torch.Tensor, moved: str) -> None:
+    """What :func:`train_both_ways` returned: every first-step gradient agrees to 1e-5
+    (relative norm); the parameters end equal (the stem's to 1e-6, the rest to 5e-5)
+    wherever both ways' first gradient is at least :data:`NEAR_ZERO`; and the steps moved
+    ``moved`` (so the comparison is not of initial weights).
+
+    Where a gradient is within rounding of zero, two correct float32 computations can
+    give it opposite signs (seen on an AMD EPYC host: 4.5e-10 against -8.7e-10, one of
+    the third stage's 131,072 weights), and Adam's normalised step lr g / (|g| + eps)
+    turns that into steps of different size and sign: there the two may differ by no
+    more than Adam can move a weight, lr per step each way."""
     from lartpc.models import build
 
     assert params["library"].keys() == params["fused"].keys()  # same checkpoints
+    for k, g in grads["library"].items():
+        assert float((grads["fused"][k] - g).norm() / g.norm()) < 1e-5, k
     for k, v in params["library"].items():
         tol = 1e-6 if k.startswith("convs.0.") else 5e-5
-        torch.testing.assert_close(params["fused"][k], v, rtol=0, atol=tol, msg=k)
+        diff = (params["fused"][k] - v).abs()
+        if k in grads["library"]:
+            tiny = (grads["library"][k].abs() < NEAR_ZERO) | (grads["fused"][k].abs() < NEAR_ZERO)
+            assert not tiny.any() or float(diff[tiny].max()) <= 2 * LR * STEPS, k
+            diff = diff[~tiny]
+        assert diff.numel() == 0 or float(diff.max()) <= tol, (k, float(diff.max()))
     torch.manual_seed(0)
     init = build("jishnet", image_size=x.shape[2:]).state_dict()[moved]
     assert (params["fused"][moved].cpu() - init).abs().max() > 1.5e-3

@@ -20,7 +20,7 @@ from lartpc import MAX_SEED
 from lartpc.data import AUGMENTS, BLOSC_SHUFFLES, LOADERS, ORIENTS, RULEBOOKS
 from lartpc.dist import BACKENDS, COMPRESSIONS
 from lartpc.errors import ConfigError
-from lartpc.models import ALGOS, HEADS, LOSSES, MODELS, SPARSE, STAGE2S, STEMS
+from lartpc.models import ALGOS, HEADS, LOSSES, MODELS, SPARSE, STAGE2S, STEMS, kernel_settings
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -55,6 +55,12 @@ class ModelConfig:
     #: library by default until the kernel has been compiled and timed on a GPU
     #: (BENCHMARKS.md, issue 35); auto then, as model.stem
     stage2: str = "library"
+    #: JishNet's fused kernels' launch on this card (lartpc/models/kernel_settings.py):
+    #: "BLOCK:WARPS[:dot]" for the stem, "BLOCK:WARPS:BLOCK_K[:hybrid|:triton]" for the
+    #: second stage; "" = the kernel's default. The same function (float32 sums in
+    #: another order), so free to change on resume
+    stem_kernel: str = ""
+    stage2_kernel: str = ""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -333,6 +339,7 @@ def validate(cfg: Config) -> None:
     betas = cfg.train.betas
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
         raise ConfigError(f"train.betas = {betas}: expected two numbers in [0, 1)")
+    kernel_settings.check(cfg.model.stem_kernel, cfg.model.stage2_kernel)
     why = cuda_graph_refusal(cfg)
     if why:
         raise ConfigError(f"train.cuda_graph=true: {why}")

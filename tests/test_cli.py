@@ -36,6 +36,11 @@ def test_help_does_not_import_torch():
     (["bench", "loader", "--data", "ev", "--repeats", "0"], "--repeats and --batches"),
     (["bench", "allreduce", "--min-bytes", "3x"], "--min-bytes '3x': expected bytes"),
     (["evaluate", "run", "--store", "ev", "--threads", "0"], "--threads and --workers"),
+    (["train", "--config", "tiny-jishnet", "--data", "ev", "--out", "run", "--set",
+      "model.stage2_kernel=64:8:12"],
+     "model.stage2_kernel='64:8:12': BLOCK_K = '12' must be a power of two in 16..8192"),
+    (["bench", "model", "--model", "jishnet", "--stem-kernel", "100:4"],
+     "--stem-kernel='100:4': BLOCK = '100' must be a power of two"),
 ])
 def test_a_bad_option_is_refused_before_torch_is_imported(argv, message, tmp_path):
     """Options are checked before torch's ~1.5 s import: a mistyped one is one line at

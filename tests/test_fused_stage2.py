@@ -176,9 +176,7 @@ def test_training_steps_end_equal(backward, backward_kind):
     x = event_images(1, 12, seed=11)
     grads, params = train_both_ways(x, torch.tensor([3], device=DEVICE), ("stem", "stage2"),
                                     elu_after_pool=True)
-    for k, g in grads["library"].items():
-        assert float((grads["fused"][k] - g).norm() / g.norm()) < 1e-5, k
-    assert_trained_alike(params, x, moved="convs.1.weight")
+    assert_trained_alike(grads, params, x, moved="convs.1.weight")
 
 
 def test_stage2_choice_and_record():
@@ -232,9 +230,15 @@ def test_stem_check_stage2_runs_on_cpu(tmp_path, capsys):
                                             "bias_grad_rel")) < 1e-5
     out = capsys.readouterr().out
     assert all(f"| fused | 256 | 4 | 256 | {b} |" in out for b in ("hybrid", "triton"))
+    # the pick of the fastest accurate launch reads this file
+    from lartpc.jobs.local.fastest_kernels import pick
+
+    choice = pick(res, 2)
+    assert choice["accuracy"]["hybrid"]["within_tolerance"]
+    assert choice["step_ms"] == min(r["step_ms"] for r in res["timings"])
     with pytest.raises(SystemExit) as bad:  # before any event is made
         main(["--out", str(tmp_path), "--stage", "2", "--configs", "64:8:32,64:8:32:x"])
-    assert bad.value.code == 2 and "'64:8:32:x': BLOCK:WARPS:BLOCK_K[:t]" in \
+    assert bad.value.code == 2 and "--configs='64:8:32:x': expected BLOCK:WARPS:BLOCK_K" in \
         capsys.readouterr().err
 
 

@@ -54,13 +54,21 @@ part gpu-tests "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_sparse_t
 if [ "$DEVICE" = cuda ]; then
     part stage2-check "$PY" -m lartpc.jobs.local.stem_check --out "$OUT/stage2-check" \
         --stage 2
-    # 4. JishNet with both stages fused, stage by stage, and its peak memory
-    part model-jishnet-fused-stages "$PY" -m lartpc bench model --model jishnet \
-        --device cuda --batch-per-rank 7 --elu-after-pool --cudnn-benchmark --amp bf16 \
-        --channels-last --stem fused --stage2 fused --stages
-    # 4b. the first stage's taps as one matrix product (fused_stem.DOT, never timed) against
+    # 4. the first stage's taps as one matrix product (fused_stem.DOT, never timed) against
     #    the default per-tap sums: accuracy, then the stem alone and the training step
     part stem-check "$PY" -m lartpc.jobs.local.stem_check --out "$OUT/stem-check"
+    # 4b. JishNet with both stages at their fastest accurate launch (fastest_kernels, from
+    #    parts 3 and 4; a part that failed leaves that stage at its default), stage by
+    #    stage, with its peak memory
+    "$PY" -m lartpc.jobs.local.fastest_kernels "$OUT/stem-check/stem-check.json" \
+        "$OUT/stage2-check/stage2-check.json" > "$OUT/fastest-kernels.json" \
+        2> "$OUT/fastest-kernels.err"
+    read -r -a FASTEST < <("$PY" -c 'import json, sys; print(json.load(sys.stdin)["flags"])' \
+        < "$OUT/fastest-kernels.json" 2>/dev/null || echo "--stem fused --stage2 fused")
+    echo "fastest kernels: ${FASTEST[*]}" | tee -a "$OUT/parts.txt"
+    part model-jishnet-fastest-stages "$PY" -m lartpc bench model --model jishnet \
+        --device cuda --batch-per-rank 7 --elu-after-pool --cudnn-benchmark --amp bf16 \
+        --channels-last "${FASTEST[@]}" --stages --repeats 10
 fi
 # 5. the issue's own command (spconv, implicit GEMM: the baseline, 598 images/s on the
 #    H200), SCNet's bare forward+backward both ways (tables built in the timed step), and

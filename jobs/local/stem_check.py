@@ -23,8 +23,13 @@ the kernel rounds them: to bf16 for bf16 input or under autocast), with each of 
 backwards (``hybrid``, ``triton``), then, for each ``BLOCK:WARPS:BLOCK_K[:t]``
 configuration (``t``: the triton backward), the second stage alone (forward,
 forward+backward with its input's gradient) and the whole training step, both with the
-fused stem, with the library's second stage and with the fused one. Writes
-``stage2-check.json``.
+fused stem (its launch: ``--stem-kernel``), with the library's second stage and with
+the fused one. Writes ``stage2-check.json``.
+
+Configurations are spelled as the options ``model.stem_kernel`` and
+``model.stage2_kernel`` (:mod:`lartpc.models.kernel_settings`; ``d`` and ``t`` short for
+``dot`` and ``triton``) and passed to the model as such; each row records its
+``kernel``. ``jobs/local/fastest_kernels.py`` picks the fastest accurate one.
 """
 
 from __future__ import annotations
@@ -57,20 +62,24 @@ def relative_error(a, r) -> float:
     return float((a.detach().double() - r.detach()).norm() / r.detach().norm())
 
 
-def accuracy(x, conv, pool: int, dtype, autocast: bool = False) -> dict:
-    """Fused stem (as configured now) against the published layers in float64, input
-    cast to ``dtype``, optionally under bf16 autocast (output in bf16, as in training)."""
+def accuracy(x, conv, pool: int, dtype, autocast: bool = False, kernel=None) -> dict:
+    """Fused stem (launched as ``kernel``, a StemKernel; None: its default) against the
+    published layers in float64, input cast to ``dtype``, optionally under bf16 autocast
+    (output in bf16, as in training)."""
     import torch
     import torch.nn.functional as F
 
     import lartpc.models.fused_stem as fs
     from lartpc.models.fused_stem import fused_stem
+    from lartpc.models.kernel_settings import StemKernel
+
+    kernel = kernel or StemKernel(fs.BLOCK, fs.NUM_WARPS, fs.DOT)
 
     xin = x.to(dtype)
     w = conv.weight.detach().clone().requires_grad_(True)
     b = conv.bias.detach().clone().requires_grad_(True)
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
-        y = fused_stem(xin, w, b, pool, conv.padding[0])
+        y = fused_stem(xin, w, b, pool, conv.padding[0], kernel=kernel)
     g = torch.randn(y.shape, device=y.device, dtype=torch.float32)
     (y.float() * g).sum().backward()
     w64 = conv.weight.detach().double().requires_grad_(True)
@@ -81,7 +90,8 @@ def accuracy(x, conv, pool: int, dtype, autocast: bool = False) -> dict:
     _, where_fused = F.max_pool2d(conv64.detach(), pool, return_indices=True)
 
     return {"dtype": str(dtype).replace("torch.", ""), "autocast_bf16": autocast,
-            "block": fs.BLOCK, "num_warps": fs.NUM_WARPS, "dot": fs.DOT,
+            "block": kernel.block, "num_warps": kernel.num_warps, "dot": kernel.dot,
+            "kernel": str(kernel),
             "output_rel": relative_error(y, ref),
             "output_max_abs": float((y.double() - ref).abs().max()),
             "weight_grad_rel": relative_error(w.grad, w64.grad),
@@ -128,30 +138,30 @@ def stage_timers(model, k: int, xin):
     return fwd, fb
 
 
-def timings(x, labels, size: int, configs: list[tuple[int, int, bool]],
-            repeats: int, device) -> list[dict]:
+def timings(x, labels, size: int, configs: list, repeats: int, device) -> list[dict]:
+    """The stem alone and the whole step with the library stem, then with the fused one
+    launched as each of ``configs`` (StemKernels)."""
     import torch
 
-    import lartpc.models.fused_stem as fs
     from lartpc.models import build
     from lartpc.models.losses import build_loss
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     loss_fn = build_loss("ce")
     rows = []
-    for stem, block, warps, dot in [("library", 0, 0, False)] + \
-            [("fused", *config) for config in configs]:
-        if stem == "fused":
-            fs.BLOCK, fs.NUM_WARPS, fs.DOT = block, warps, dot
+    for kernel in [None, *configs]:
+        stem = "library" if kernel is None else "fused"
         torch.manual_seed(0)
         model = build("jishnet", image_size=(size, size), channels_last=True,
-                      elu_after_pool=True, stem=stem).to(device)
+                      elu_after_pool=True, stem=stem,
+                      stem_kernel=str(kernel) if kernel else "").to(device)
         xc = x.contiguous(memory_format=torch.channels_last)
         stem_fwd, stem_fb = stage_timers(model, 0, xc)
         step = training_step(model, xc, labels, loss_fn)
         step_ms = median_ms(step, repeats, sync)
-        rows.append({"stem": stem, "block": block or None, "num_warps": warps or None,
-                     "dot": dot,
+        rows.append({"stem": stem, "kernel": str(kernel) if kernel else None,
+                     "block": kernel and kernel.block, "num_warps": kernel and kernel.num_warps,
+                     "dot": bool(kernel and kernel.dot),
                      "stem_forward_ms": median_ms(stem_fwd, repeats, sync),
                      "stem_forward_backward_ms": median_ms(stem_fb, repeats, sync),
                      "step_ms": step_ms,
@@ -186,20 +196,24 @@ def conv2_channels(size: int, batch: int, repeats: int, device) -> list[dict]:
     return rows
 
 
-def stage2_accuracy(x, conv, pool: int, dtype, autocast: bool = False) -> dict:
-    """Fused second stage (as configured now) against the published layers in float64, on
-    input ``x`` (B, 10, H, W) cast to ``dtype``, optionally under bf16 autocast."""
+def stage2_accuracy(x, conv, pool: int, dtype, autocast: bool = False, kernel=None) -> dict:
+    """Fused second stage (launched as ``kernel``, a Stage2Kernel; None: its default)
+    against the published layers in float64, on input ``x`` (B, 10, H, W) cast to
+    ``dtype``, optionally under bf16 autocast."""
     import torch
     import torch.nn.functional as F
 
     import lartpc.models.fused_stage2 as fs2
+    from lartpc.models.kernel_settings import Stage2Kernel
+
+    kernel = kernel or Stage2Kernel(fs2.BLOCK, fs2.NUM_WARPS, fs2.BLOCK_K, fs2.BACKWARD)
 
     pad = conv.padding[0]
     xin = x.to(dtype).detach().requires_grad_(True)
     w = conv.weight.detach().clone().requires_grad_(True)
     b = conv.bias.detach().clone().requires_grad_(True)
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
-        y = fs2.fused_stage(xin, w, b, pool, pad)
+        y = fs2.fused_stage(xin, w, b, pool, pad, kernel=kernel)
     g = torch.randn(y.shape, device=y.device, dtype=torch.float32)
     (y.float() * g).sum().backward()
     # the kernel's products: operands in bf16 under autocast or for half input
@@ -213,8 +227,8 @@ def stage2_accuracy(x, conv, pool: int, dtype, autocast: bool = False) -> dict:
     _, where_fused = F.max_pool2d(conv64.detach(), pool, return_indices=True)
 
     return {"dtype": str(dtype).replace("torch.", ""), "autocast_bf16": autocast,
-            "block": fs2.BLOCK, "num_warps": fs2.NUM_WARPS, "block_k": fs2.BLOCK_K,
-            "backward": fs2.BACKWARD,
+            "block": kernel.block, "num_warps": kernel.num_warps, "block_k": kernel.block_k,
+            "backward": kernel.backward, "kernel": str(kernel),
             "output_rel": relative_error(y, ref),
             "output_max_abs": float((y.detach().double() - ref.detach()).abs().max()),
             "input_grad_rel": relative_error(xin.grad, x64.grad),
@@ -223,27 +237,26 @@ def stage2_accuracy(x, conv, pool: int, dtype, autocast: bool = False) -> dict:
             "argmax_differs_fraction": float((where != where_fused).double().mean())}
 
 
-def stage2_timings(x, labels, size: int, configs: list[tuple[int, int, int, str]],
-                   repeats: int, device) -> list[dict]:
+def stage2_timings(x, labels, size: int, configs: list, repeats: int, device,
+                   stem_kernel: str = "") -> list[dict]:
     """The second stage alone and the whole step (bf16 autocast, channels_last, ELU after
-    pool, fused stem), with the library's second stage and the fused one per config."""
+    pool, fused stem launched as ``stem_kernel``), with the library's second stage and
+    the fused one launched as each of ``configs`` (Stage2Kernels)."""
     import torch
 
-    import lartpc.models.fused_stage2 as fs2
     from lartpc.models import build
     from lartpc.models.losses import build_loss
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     loss_fn = build_loss("ce")
     rows = []
-    for stage2, block, warps, block_k, backward in [("library", 0, 0, 0, None)] + \
-            [("fused", *config) for config in configs]:
-        if stage2 == "fused":
-            fs2.BLOCK, fs2.NUM_WARPS, fs2.BLOCK_K, fs2.BACKWARD = block, warps, block_k, \
-                backward
+    for kernel in [None, *configs]:
+        stage2 = "library" if kernel is None else "fused"
         torch.manual_seed(0)
         model = build("jishnet", image_size=(size, size), channels_last=True,
-                      elu_after_pool=True, stem="fused", stage2=stage2).to(device)
+                      elu_after_pool=True, stem="fused", stage2=stage2,
+                      stem_kernel=stem_kernel,
+                      stage2_kernel=str(kernel) if kernel else "").to(device)
         xc = x.contiguous(memory_format=torch.channels_last)
 
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
@@ -251,9 +264,12 @@ def stage2_timings(x, labels, size: int, configs: list[tuple[int, int, int, str]
         fwd, fb = stage_timers(model, 1, x2)
         step = training_step(model, xc, labels, loss_fn)
         step_ms = median_ms(step, repeats, sync)
-        rows.append({"stem": "fused", "stage2": stage2, "block": block or None,
-                     "num_warps": warps or None, "block_k": block_k or None,
-                     "backward": backward,
+        rows.append({"stem": "fused", "stem_kernel": stem_kernel or None, "stage2": stage2,
+                     "kernel": str(kernel) if kernel else None,
+                     "block": kernel and kernel.block,
+                     "num_warps": kernel and kernel.num_warps,
+                     "block_k": kernel and kernel.block_k,
+                     "backward": kernel and kernel.backward,
                      "stage2_forward_ms": median_ms(fwd, repeats, sync),
                      "stage2_forward_backward_ms": median_ms(fb, repeats, sync),
                      "step_ms": step_ms,
@@ -262,16 +278,14 @@ def stage2_timings(x, labels, size: int, configs: list[tuple[int, int, int, str]
     return rows
 
 
-def stage2_configs(text: str) -> list[tuple[int, int, int, str]]:
-    """``BLOCK:WARPS:BLOCK_K[:t]`` configurations (``t``: the triton backward); ValueError
-    naming the one that is not."""
-    configs = []
-    for c in text.split(","):
-        v = c.split(":")
-        if len(v) not in (3, 4) or not all(n.isdigit() for n in v[:3]) or v[3:] not in ([], ["t"]):
-            raise ValueError(f"{c!r}: BLOCK:WARPS:BLOCK_K[:t] expected")
-        configs.append((*map(int, v[:3]), "triton" if v[3:] else "hybrid"))
-    return configs
+def parse_configs(text: str, stage: int) -> list:
+    """``--configs``: comma-separated StemKernels (stage 1) or Stage2Kernels (stage 2),
+    as :mod:`lartpc.models.kernel_settings` spells them; a ConfigError names the one at
+    fault."""
+    from lartpc.models.kernel_settings import parse_stage2_kernel, parse_stem_kernel
+
+    parse = parse_stem_kernel if stage == 1 else parse_stage2_kernel
+    return [parse(c, "--configs") for c in text.split(",")]
 
 
 def stage2_main(args, x, labels, device) -> int:
@@ -281,7 +295,7 @@ def stage2_main(args, x, labels, device) -> int:
     import lartpc.models.fused_stage2 as fs2
     from lartpc.models import build
 
-    configs = args.stage2_configs
+    configs = args.parsed_configs
     torch.manual_seed(1)
     with torch.no_grad():  # the second stage's real input: the events through the stem
         x2 = build("jishnet", image_size=x.shape[2:]).to(device).stage(0, x)
@@ -289,15 +303,16 @@ def stage2_main(args, x, labels, device) -> int:
     result = {"stage": 2, "size": args.size, "batch_per_rank": args.batch_per_rank,
               "device_name": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "accuracy": []}
-    defaults = (fs2.BLOCK, fs2.NUM_WARPS, fs2.BLOCK_K, fs2.BACKWARD)
-    for fs2.BACKWARD in ("hybrid", "triton"):
+    from lartpc.models.kernel_settings import Stage2Kernel
+
+    for backward in ("hybrid", "triton"):
+        kernel = Stage2Kernel(fs2.BLOCK, fs2.NUM_WARPS, fs2.BLOCK_K, backward)
         for dt, autocast in ((torch.float32, False), (torch.float32, True),
                              (torch.bfloat16, False)):
-            result["accuracy"].append(stage2_accuracy(x2, conv, 5, dt, autocast))
+            result["accuracy"].append(stage2_accuracy(x2, conv, 5, dt, autocast, kernel))
             print(json.dumps(result["accuracy"][-1]), file=sys.stderr, flush=True)
-    fs2.BACKWARD = defaults[3]
-    result["timings"] = stage2_timings(x, labels, args.size, configs, args.repeats, device)
-    fs2.BLOCK, fs2.NUM_WARPS, fs2.BLOCK_K, fs2.BACKWARD = defaults
+    result["timings"] = stage2_timings(x, labels, args.size, configs, args.repeats, device,
+                                       args.stem_kernel)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "stage2-check.json").write_text(json.dumps(result, indent=2))
     print("| stage 2 | block | warps | block_k | backward | stage 2 fwd ms | "
@@ -326,15 +341,21 @@ def main(argv: list[str] | None = None) -> int:
                          "matrix product; default 128:4,128:4:d,64:4:d,256:8:d); stage 2: "
                          "BLOCK:WARPS:BLOCK_K[:t] (t: the triton backward; default "
                          "64:8:32,64:8:64,32:4:64,128:8:32,64:8:32:t,32:4:64:t)")
+    ap.add_argument("--stem-kernel", default="", metavar="BLOCK:WARPS[:dot]",
+                    help="stage 2: the fused stem's launch in the timed steps (default: "
+                         "its own)")
     args = ap.parse_args(argv)
     if args.configs is None:
         args.configs = "128:4,128:4:d,64:4:d,256:8:d" if args.stage == 1 else \
             "64:8:32,64:8:64,32:4:64,128:8:32,64:8:32:t,32:4:64:t"
-    if args.stage == 2:  # parsed before any event is made
-        try:
-            args.stage2_configs = stage2_configs(args.configs)
-        except ValueError as e:
-            ap.error(f"--configs: {e}")
+    from lartpc.errors import ConfigError
+
+    try:  # parsed before any event is made
+        args.parsed_configs = parse_configs(args.configs, args.stage)
+        if args.stem_kernel:
+            parse_configs(args.stem_kernel, 1)
+    except ConfigError as e:
+        ap.error(str(e))
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
@@ -349,16 +370,16 @@ def main(argv: list[str] | None = None) -> int:
               "torch": torch.__version__,
               "accuracy": []}
     import lartpc.models.fused_stem as fs
+    from lartpc.models.kernel_settings import StemKernel
 
     for dot in (False, True):  # the fused stem's two ways of summing the taps
-        fs.DOT = dot
+        kernel = StemKernel(fs.BLOCK, fs.NUM_WARPS, dot)
         for dt, autocast in ((torch.float32, False), (torch.float32, True),
                              (torch.bfloat16, False)):
-            result["accuracy"].append(accuracy(x, conv, 5, dt, autocast))
+            result["accuracy"].append(accuracy(x, conv, 5, dt, autocast, kernel))
             print(json.dumps(result["accuracy"][-1]), file=sys.stderr, flush=True)
-    configs = [(int(c.split(":")[0]), int(c.split(":")[1]), c.endswith(":d"))
-               for c in args.configs.split(",")]
-    result["timings"] = timings(x, labels, args.size, configs, args.repeats, device)
+    result["timings"] = timings(x, labels, args.size, args.parsed_configs, args.repeats,
+                                device)
     result["conv2_channels"] = conv2_channels(args.size, args.batch_per_rank, args.repeats, device)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "stem-check.json").write_text(json.dumps(result, indent=2))

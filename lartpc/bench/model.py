@@ -59,6 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     speed.add_argument("--stage2", default=None, choices=choices("model.stage2"),
                        help="JishNet: second stage as the published layers (library, the "
                             "default here), a Triton forward kernel (fused), or auto")
+    speed.add_argument("--stem-kernel", default="", metavar="BLOCK:WARPS[:dot]",
+                       help="JishNet, fused stem: its launch (model.stem_kernel; default: "
+                            "the kernel's)")
+    speed.add_argument("--stage2-kernel", default="", metavar="BLOCK:WARPS:BLOCK_K[:triton]",
+                       help="JishNet, fused second stage: its launch and backward "
+                            "(model.stage2_kernel; default: the kernel's)")
     parser.add_argument("--stages", action="store_true",
                         help="JishNet: also time each stage and the head alone (forward, "
                              "forward+backward) into the JSON's 'stages'")
@@ -90,6 +96,7 @@ def _model_options(args) -> dict:
                {"--amp": args.amp != "none", "--channels-last": args.channels_last,
                 "--elu-after-pool": args.elu_after_pool, "--compile": args.compile,
                 "--stem": args.stem is not None, "--stage2": args.stage2 is not None,
+                "--stem-kernel": args.stem_kernel, "--stage2-kernel": args.stage2_kernel,
                 "--stages": args.stages,
                 "--max-batch": args.max_batch})
     used = [flag for flag, value in foreign.items() if value]
@@ -102,7 +109,8 @@ def _model_options(args) -> dict:
                       elu_after_pool=args.elu_after_pool, algo=args.algo or "auto",
                       stem=(args.stem or "library") if args.model == "jishnet" else "auto",
                       stage2=args.stage2 or "library",  # the config's default for either model
-                      sparse=args.sparse or "spconv")
+                      sparse=args.sparse or "spconv", stem_kernel=args.stem_kernel,
+                      stage2_kernel=args.stage2_kernel)
     # the model's own checks, as in training (SCNet's --half is its fp16 trunk)
     amp = "fp16" if args.half else "none"
     return model_class(args.model).options(cfg, amp, args.device)
@@ -218,6 +226,10 @@ def run(args) -> int:
         # torch crashes creating that many threads
         raise LartpcError(f"--threads = {args.threads}: must be in 0..{MAX_THREADS} (0: "
                           "torch's default)")
+    from lartpc.models.kernel_settings import parse_stage2_kernel, parse_stem_kernel
+
+    parse_stem_kernel(args.stem_kernel, "--stem-kernel")
+    parse_stage2_kernel(args.stage2_kernel, "--stage2-kernel")
     if args.cuda_graph and (args.model != "scnet" or args.sparse != "torch"
                             or args.device != "cuda"):
         raise LartpcError("--cuda-graph: captures SCNet's torch layers (--model scnet "

@@ -68,13 +68,15 @@ import triton
 import triton.language as tl
 
 from lartpc.models.fused_stem import pooled_block, pooled_gradient, store_pooled, take_max
+from lartpc.models.kernel_settings import Stage2Kernel
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 #: pooled outputs per program, taps per matrix-product slice and warps per program:
 #: chosen so that Triton 3.9's code for sm_90 keeps everything in registers (64:32 with 8
 #: warps: 180 registers, no spills; 64:64 with 4 warps spills ~900 bytes a thread), not
 #: yet timed (``jobs/local/stem_check.py --stage 2`` sweeps them); the interpreter, slow
-#: per operation, is quicker with large blocks
+#: per operation, is quicker with large blocks. A run may set its own, backward
+#: included (``model.stage2_kernel``, :mod:`lartpc.models.kernel_settings`).
 BLOCK = 256 if _INTERPRET else 64
 BLOCK_K = 256 if _INTERPRET else 32
 NUM_WARPS = 8
@@ -278,7 +280,9 @@ def _tap_offsets(device: torch.device, k: int, cin: int, kp: int, sx_c: int, sx_
 
 class _FusedStage(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, pool: int, padding: int, out_dtype, channels_last):
+    def forward(ctx, x, weight, bias, pool: int, padding: int, out_dtype, channels_last,
+                launch: tuple[int, int, int, str]):
+        block, warps, block_k, backward = launch
         b, cin, h, w, c, k, hc, wc = _geometry(x, weight, pool, padding)
         ho, wo = hc // pool, wc // pool
         # the products' precision: the output's when it is half (autocast's convolution
@@ -293,7 +297,7 @@ class _FusedStage(torch.autograd.Function):
         sx_b, sx_c, sx_h, sx_w = xp.stride()
         cp = max(16, triton.next_power_of_2(c))  # tl.dot's smallest tile side
         kp = max(16, triton.next_power_of_2(cin * k * k))
-        block_k = min(BLOCK_K, kp)
+        block_k = min(block_k, kp)
         toff = _tap_offsets(x.device, k, cin, kp, sx_c, sx_h, sx_w)
         # the weights as (taps, channels), taps in the same order, zero-padded
         wt = torch.zeros((kp, cp), dtype=cdtype, device=x.device)
@@ -301,15 +305,16 @@ class _FusedStage(torch.autograd.Function):
         fmt = torch.channels_last if channels_last else torch.contiguous_format
         y = torch.empty((b, c, ho, wo), dtype=out_dtype, device=x.device, memory_format=fmt)
         arg = torch.empty((b, c, ho, wo), dtype=torch.uint8, device=x.device)
-        n, block = b * ho * wo, BLOCK
+        n = b * ho * wo
         grid = (triton.cdiv(n, block),)
         _stage_forward[grid](xp, toff, wt, bias.detach().float().contiguous(), y,
                              arg, n, ho, wo, sx_b, sx_h, sx_w, *y.stride(), C=c, CP=cp,
                              POOL=pool, BLOCK=block, KP=kp, BLOCK_K=block_k, LOWP=lowp,
-                             NATIVE_HALF_DOT=NATIVE_HALF_DOT, num_warps=NUM_WARPS)
+                             NATIVE_HALF_DOT=NATIVE_HALF_DOT, num_warps=warps)
         ctx.save_for_backward(xp, weight, y, arg)
-        ctx.geom = (pool, hc, wc, cp, block, grid, fmt, (b, cin, h, w), x.dtype, bias.dtype)
-        ctx.triton = (toff, kp, padding, lowp) if BACKWARD == "triton" else None
+        ctx.geom = (pool, hc, wc, cp, block, warps, grid, fmt, (b, cin, h, w), x.dtype,
+                    bias.dtype)
+        ctx.triton = (toff, kp, padding, lowp) if backward == "triton" else None
         return y
 
     @staticmethod
@@ -317,7 +322,7 @@ class _FusedStage(torch.autograd.Function):
         if ctx.triton is not None:
             return _triton_backward(ctx, gy)
         xp, weight, y, arg = ctx.saved_tensors
-        pool, hc, wc, cp, block, grid, fmt, xshape, xdtype, bdtype = ctx.geom
+        pool, hc, wc, cp, block, warps, grid, fmt, xshape, xdtype, bdtype = ctx.geom
         b, c, ho, wo = y.shape
         dconv = torch.empty((b, c, hc, wc), dtype=xp.dtype, device=xp.device,
                             memory_format=fmt)
@@ -326,7 +331,7 @@ class _FusedStage(torch.autograd.Function):
         part = torch.empty((grid[0], cp), dtype=torch.float32, device=xp.device)
         _stage_scatter[grid](gy, y, arg, dconv, part, b * ho * wo, ho, wo, *gy.stride(),
                              *y.stride(), *dconv.stride(), C=c, CP=cp, POOL=pool,
-                             BLOCK=block, num_warps=NUM_WARPS)
+                             BLOCK=block, num_warps=warps)
         gx = gw = None
         if ctx.needs_input_grad[0]:  # the padded input's gradient, cropped
             pad = (xp.shape[2] - xshape[2]) // 2
@@ -335,14 +340,14 @@ class _FusedStage(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             gw = torch.nn.grad.conv2d_weight(xp, weight.shape, dconv).to(weight.dtype)
         gb = part.sum(0)[:c].to(bdtype) if ctx.needs_input_grad[2] else None
-        return gx, gw, gb, None, None, None, None
+        return gx, gw, gb, None, None, None, None, None
 
 
 def _triton_backward(ctx, gy):
     """``BACKWARD = "triton"``: the weight and input gradients from the pooled gradients
     and arg-maxes (module docstring), the bias gradient their sum; no map written."""
     xp, weight, y, arg = ctx.saved_tensors
-    pool, _, _, cp, block, _, _, (b, cin, h, w), xdtype, bdtype = ctx.geom
+    pool, _, _, cp, block, _, _, _, (b, cin, h, w), xdtype, bdtype = ctx.geom
     toff, kp, padding, lowp = ctx.triton
     c, _, k, _ = weight.shape
     ho, wo = y.shape[2:]
@@ -371,12 +376,13 @@ def _triton_backward(ctx, gy):
         total = part.sum(0)[: cin * k * k, :c]  # taps ordered (ky, kx, input channel)
         gw = total.reshape(k, k, cin, c).permute(3, 2, 0, 1).to(weight.dtype)
     gb = dm.sum(0)[:c].to(bdtype) if ctx.needs_input_grad[2] else None
-    return gx, gw, gb, None, None, None, None
+    return gx, gw, gb, None, None, None, None, None
 
 
 @torch.compiler.disable
 def fused_stage(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, pool: int,
-                padding: int, *, channels_last: bool = False) -> torch.Tensor:
+                padding: int, *, channels_last: bool = False,
+                kernel: Stage2Kernel | None = None) -> torch.Tensor:
     """``elu(max_pool2d(conv2d(x, weight, bias, padding=padding), pool))``, forward in one
     kernel; differentiable in ``x``, ``weight`` and ``bias``.
 
@@ -386,6 +392,8 @@ def fused_stage(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, pool:
     weight, bias : the convolution's (C_out, C_in, k, k) and (C_out,).
     pool : max-pool size and stride (floor mode, at most 16); padding : the convolution's.
     channels_last : write the output in NHWC memory order.
+    kernel : the launch and backward (``model.stage2_kernel``); None: :data:`BLOCK`,
+        :data:`NUM_WARPS`, :data:`BLOCK_K`, :data:`BACKWARD`.
 
     Returns
     -------
@@ -394,4 +402,6 @@ def fused_stage(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, pool:
     """
     dev = x.device.type
     out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-    return _FusedStage.apply(x, weight, bias, pool, padding, out_dtype, channels_last)
+    launch = (BLOCK, NUM_WARPS, BLOCK_K, BACKWARD) if kernel is None else \
+        (kernel.block, kernel.num_warps, kernel.block_k, kernel.backward)
+    return _FusedStage.apply(x, weight, bias, pool, padding, out_dtype, channels_last, launch)

@@ -34,9 +34,12 @@ import torch
 import triton
 import triton.language as tl
 
+from lartpc.models.kernel_settings import StemKernel
+
 #: pooled outputs per program (of the flattened image, row, column order) and warps per
 #: program, the fastest of those timed on an H200 (BENCHMARKS.md); the interpreter, slow
-#: per operation, is quicker with large blocks
+#: per operation, is quicker with large blocks. A run may set its own
+#: (``model.stem_kernel``, :mod:`lartpc.models.kernel_settings`).
 BLOCK = 4096 if os.environ.get("TRITON_INTERPRET") == "1" else 128
 NUM_WARPS = 4
 #: sum each window position's taps as a matrix product instead (a compile-time choice;
@@ -194,7 +197,9 @@ def _geometry(x: torch.Tensor, weight: torch.Tensor, pool: int, padding: int):
 
 class _FusedStem(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, pool: int, padding: int, out_dtype, channels_last):
+    def forward(ctx, x, weight, bias, pool: int, padding: int, out_dtype, channels_last,
+                launch: tuple[int, int, bool]):
+        block, warps, dot = launch
         b, h, w, c, k, ho, wo = _geometry(x, weight, pool, padding)
         x3 = x.reshape(b, h, w).contiguous()
         w2 = weight.detach().reshape(c, k * k).float().contiguous()
@@ -202,36 +207,37 @@ class _FusedStem(torch.autograd.Function):
         y = torch.empty((b, c, ho, wo), dtype=out_dtype, device=x.device, memory_format=fmt)
         arg = torch.empty((b, c, ho, wo), dtype=torch.uint8, device=x.device)
         cp = triton.next_power_of_2(c)
-        n, block = b * ho * wo, BLOCK
+        n = b * ho * wo
         grid = (triton.cdiv(n, block),)
         _stem_forward[grid](x3, w2, bias.detach().float().contiguous(), y, arg, n, h, w, ho, wo,
                             *y.stride(), C=c, CP=cp, K=k, PAD=padding, POOL=pool,
-                            BLOCK=block, DOT=DOT,
+                            BLOCK=block, DOT=dot,
                             KP=max(16, triton.next_power_of_2(k * k)),
                             LOWP=x3.dtype != torch.float32 or out_dtype != torch.float32,
-                            num_warps=NUM_WARPS)
+                            num_warps=warps)
         ctx.save_for_backward(x3, y, arg)
-        ctx.geom = (pool, padding, c, k, cp, block, grid, weight.dtype, bias.dtype)
+        ctx.geom = (pool, padding, c, k, cp, block, warps, grid, weight.dtype, bias.dtype)
         return y
 
     @staticmethod
     def backward(ctx, gy):
         x3, y, arg = ctx.saved_tensors
-        pool, padding, c, k, cp, block, grid, wdtype, bdtype = ctx.geom
+        pool, padding, c, k, cp, block, warps, grid, wdtype, bdtype = ctx.geom
         b, h, w = x3.shape
         ho, wo = y.shape[2:]
         part = torch.empty((grid[0], k * k + 1, cp), dtype=torch.float32, device=x3.device)
         _stem_backward[grid](x3, gy, y, arg, part, b * ho * wo, h, w, ho, wo, *gy.stride(),
                              *y.stride(), C=c, CP=cp, K=k, PAD=padding, POOL=pool,
-                             BLOCK=block, num_warps=NUM_WARPS)
+                             BLOCK=block, num_warps=warps)
         total = part.sum(0)
         gw = total[: k * k, :c].t().reshape(c, 1, k, k).to(wdtype)
-        return None, gw, total[k * k, :c].to(bdtype), None, None, None, None
+        return None, gw, total[k * k, :c].to(bdtype), None, None, None, None, None
 
 
 @torch.compiler.disable
 def fused_stem(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, pool: int,
-               padding: int, *, channels_last: bool = False) -> torch.Tensor:
+               padding: int, *, channels_last: bool = False,
+               kernel: StemKernel | None = None) -> torch.Tensor:
     """``elu(max_pool2d(conv2d(x, weight, bias, padding=padding), pool))`` in one kernel.
 
     Parameters
@@ -240,6 +246,8 @@ def fused_stem(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, pool: 
     weight, bias : the convolution's (C, 1, k, k) and (C,); read in float32.
     pool : max-pool size and stride (floor mode); padding : the convolution's.
     channels_last : write the output in NHWC memory order.
+    kernel : the launch (``model.stem_kernel``); None: :data:`BLOCK`, :data:`NUM_WARPS`,
+        :data:`DOT`.
 
     Returns
     -------
@@ -251,4 +259,6 @@ def fused_stem(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, pool: 
                          "use model.stem=library where one is needed")
     dev = x.device.type
     out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-    return _FusedStem.apply(x, weight, bias, pool, padding, out_dtype, channels_last)
+    launch = (BLOCK, NUM_WARPS, DOT) if kernel is None else \
+        (kernel.block, kernel.num_warps, kernel.dot)
+    return _FusedStem.apply(x, weight, bias, pool, padding, out_dtype, channels_last, launch)

@@ -24,6 +24,7 @@ from lartpc import NUM_CLASSES
 from lartpc.errors import ConfigError
 from lartpc.geometry import pooled_size
 from lartpc.models.head import Head
+from lartpc.models.kernel_settings import parse_stage2_kernel, parse_stem_kernel
 
 #: (out_channels, conv kernel, conv padding, pool size) per stage; input has 1 channel.
 STAGES: tuple[tuple[int, int, int, int], ...] = ((10, 5, 2, 5), (64, 5, 2, 5),
@@ -115,6 +116,9 @@ class JishNet(nn.Module):
         kernel, :mod:`lartpc.models.fused_stem`; same function, same parameters).
     stage2 : ``library`` or ``fused`` (the second stage's forward as one Triton kernel,
         :mod:`lartpc.models.fused_stage2`; same function, same parameters).
+    stem_kernel, stage2_kernel : the fused kernels' launch settings
+        (:mod:`lartpc.models.kernel_settings`; ``""``: the kernel's default); unused by
+        a library stage.
     """
 
     input_kind = "dense"
@@ -128,13 +132,21 @@ class JishNet(nn.Module):
             raise ConfigError(f"model.algo={cfg.algo!r} is an SCNet option (model.name=jishnet)")
         if cfg.sparse != "spconv":
             raise ConfigError(f"model.sparse={cfg.sparse} is an SCNet option (model.name=jishnet)")
+        kernels = {}
+        for stage, key in (("stem", "stem_kernel"), ("stage2", "stage2_kernel")):
+            value = getattr(cfg, key)
+            if value and getattr(cfg, stage) == "library":
+                raise ConfigError(f"model.{key}={value} sets a Triton kernel's launch; "
+                                  f"model.{stage}=library runs none (use fused or auto)")
+            kernels[key] = value
         return {"channels_last": cfg.channels_last, "elu_after_pool": cfg.elu_after_pool,
                 "head": cfg.head, "stem": stem_choice(cfg.stem, device_type),
-                "stage2": stage2_choice(cfg.stage2, device_type)}
+                "stage2": stage2_choice(cfg.stage2, device_type), **kernels}
 
     def __init__(self, image_size: tuple[int, int], *, channels_last: bool = False,
                  elu_after_pool: bool = False, head: str = "flatten", stem: str = "library",
-                 stage2: str = "library", num_classes: int = NUM_CLASSES):
+                 stage2: str = "library", stem_kernel: str = "", stage2_kernel: str = "",
+                 num_classes: int = NUM_CLASSES):
         super().__init__()
         self.image_size = (int(image_size[0]), int(image_size[1]))
         self.out_hw = trunk_shape(self.image_size)
@@ -147,6 +159,8 @@ class JishNet(nn.Module):
             raise ConfigError(f"JishNet stage2={stage2!r}: fused or library (resolve auto "
                               "with stage2_choice)")
         self.stem, self.stage2 = stem, stage2
+        self.stem_kernel = parse_stem_kernel(stem_kernel)
+        self.stage2_kernel = parse_stage2_kernel(stage2_kernel)
         if stem == "fused":
             from lartpc.models.fused_stem import fused_stem
             self._fused_stem = fused_stem
@@ -186,10 +200,11 @@ class JishNet(nn.Module):
         conv, pool = self.convs[k], self.pools[k]
         if k == 0 and self.stem == "fused":
             return self._fused_stem(x, conv.weight, conv.bias, pool, conv.padding[0],
-                                    channels_last=self.channels_last)
+                                    channels_last=self.channels_last, kernel=self.stem_kernel)
         if k == 1 and self.stage2 == "fused":
             return self._fused_stage2(x, conv.weight, conv.bias, pool, conv.padding[0],
-                                      channels_last=self.channels_last)
+                                      channels_last=self.channels_last,
+                                      kernel=self.stage2_kernel)
         x = conv(x)
         if self.elu_after_pool:
             return F.elu(F.max_pool2d(x, pool), inplace=True)

@@ -102,6 +102,10 @@ class SCNet(nn.Module):
         if cfg.stage2 != "library":  # its default (until a GPU has timed the fused stage)
             raise ConfigError(f"model.stage2={cfg.stage2} is a JishNet option "
                               "(model.name=scnet)")
+        for key in ("stem_kernel", "stage2_kernel"):
+            if getattr(cfg, key):
+                raise ConfigError(f"model.{key}={getattr(cfg, key)} is a JishNet option "
+                                  "(model.name=scnet)")
         if amp == "bf16":
             raise ConfigError("train.amp=bf16 with model.name=scnet: spconv has no bfloat16 "
                               "kernels; use train.amp=fp16 (CUDA) or none")

@@ -1,0 +1,133 @@
+"""The fastest accurate launch of JishNet's fused kernels, from ``stem_check``'s results.
+
+    python -m lartpc.jobs.local.fastest_kernels OUT/stem-check/stem-check.json \\
+        OUT/stage2-check/stage2-check.json > OUT/fastest-kernels.json
+
+Reads what ``jobs/local/stem_check.py`` measured on a GPU (the stem's file, the second
+stage's file, either may be missing) and prints one JSON object: for each stage the
+launch whose whole training step was fastest among those whose accuracy held, and the
+``lartpc bench model`` flags that run it (``flags``, one string), so that the same
+lease can time the whole network at its best setting (``jobs/local/gpu_issues.sh``).
+
+Accuracy held means every relative error that check recorded for that way of computing
+(the stem's ``dot`` on or off; the second stage's ``hybrid`` or ``triton`` backward:
+output and gradients, in float32, float32 under bf16 autocast and bf16) is at most
+:data:`TOLERANCE`. bf16's own rounding is 4e-3, the errors seen on an H200 were up to
+1.7e-3 for the default stem and 2.8e-2 for the stem's ``dot`` variant (TF32 moving
+near-tied arg-maxes), which this rule leaves out. The library stage competes too: where
+it is faster than every accurate fused launch, it is the choice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+#: the largest relative error (output, gradients) a way of computing may show
+TOLERANCE = 1e-2
+ERRORS = ("output_rel", "input_grad_rel", "weight_grad_rel", "bias_grad_rel")
+
+
+#: how each stage's check names its ways of computing, and the value a row without
+#: the field means (results from before the field existed)
+WAYS = {1: ("dot", (False, True)), 2: ("backward", ("hybrid", "triton"))}
+
+
+def _label(value) -> str:
+    """A way's name in the output: the stem's per-tap sums or ``dot``, or the backward."""
+    return {False: "per_tap", True: "dot"}.get(value, value)
+
+
+def _way(row: dict, stage: int):
+    name, (default, _) = WAYS[stage]
+    return default if row.get(name) is None else row[name]
+
+
+def kernel_of(row: dict, stage: int) -> str | None:
+    """The launch a timing row measured, spelled as ``model.stem_kernel`` or
+    ``model.stage2_kernel`` (rows from before stem_check wrote ``kernel`` carry its
+    parts); None for the library's row."""
+    from lartpc.models.kernel_settings import parse_stage2_kernel, parse_stem_kernel
+
+    if row.get("kernel"):
+        text = row["kernel"]
+    elif not row.get("block"):
+        return None
+    elif stage == 1:
+        text = f"{row['block']}:{row['num_warps']}" + (":dot" if _way(row, 1) else "")
+    else:
+        text = f"{row['block']}:{row['num_warps']}:{row['block_k']}:{_way(row, 2)}"
+    return str((parse_stem_kernel if stage == 1 else parse_stage2_kernel)(text, "kernel"))
+
+
+def _accurate(rows: list[dict], stage: int, value) -> tuple[bool, float | None]:
+    """Whether every accuracy row of way ``value`` is within TOLERANCE, and the largest
+    error among them (None: no such row, which is not accurate)."""
+    errors = [r[k] for r in rows if _way(r, stage) == value for k in ERRORS if k in r]
+    worst = max(errors) if errors else None
+    return worst is not None and worst <= TOLERANCE, worst
+
+
+def pick(check: dict, stage: int) -> dict:
+    """The choice for one stage from its ``stem_check`` result ``check`` (``accuracy``
+    and ``timings`` rows)."""
+    verdict = {v: _accurate(check.get("accuracy", []), stage, v) for v in WAYS[stage][1]}
+    rows = [r for r in check.get("timings", []) if r.get("step_ms")]
+    fused = [r for r in rows if kernel_of(r, stage) and verdict[_way(r, stage)][0]]
+    library = [r for r in rows if kernel_of(r, stage) is None]
+    best = min(fused + library, key=lambda r: r["step_ms"], default=None)
+    kernel = best and kernel_of(best, stage)
+    return {"stage": stage, "way": "fused" if kernel else "library", "kernel": kernel,
+            "step_ms": best and best["step_ms"],
+            "images_per_s": best and best.get("images_per_s"),
+            "accuracy": {_label(v): {"within_tolerance": ok, "largest_relative_error": worst}
+                         for v, (ok, worst) in verdict.items()},
+            "left_out": [kernel_of(r, stage) for r in rows
+                         if kernel_of(r, stage) and r not in fused]}
+
+
+def flags(stem: dict | None, stage2: dict | None) -> list[str]:
+    """``lartpc bench model`` flags for the choices (a stage without a check: fused at
+    its default launch)."""
+    out = []
+    for name, choice in (("stem", stem), ("stage2", stage2)):
+        if choice is None or choice["way"] == "fused":
+            out += [f"--{name}", "fused"]
+            if choice is not None:
+                out += [f"--{name}-kernel", choice["kernel"]]
+        else:
+            out += [f"--{name}", "library"]
+    return out
+
+
+def _read(path: Path | None, stage: int) -> dict | None:
+    if path is None or not path.is_file():
+        return None
+    try:
+        check = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"fastest_kernels: {path}: not a stem_check result ({e})") from None
+    if check.get("stage", 1) != stage:
+        raise SystemExit(f"fastest_kernels: {path}: stem_check of stage {check.get('stage', 1)}"
+                         f", expected stage {stage}")
+    return check
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("stem_check", type=Path, help="stem-check.json (stage 1); may be missing")
+    ap.add_argument("stage2_check", type=Path, nargs="?", default=None,
+                    help="stage2-check.json (stage 2); may be missing")
+    args = ap.parse_args(argv)
+    checks = (_read(args.stem_check, 1), _read(args.stage2_check, 2))
+    stem, stage2 = (None if c is None else pick(c, s)
+                    for s, c in zip((1, 2), checks, strict=True))
+    print(json.dumps({"tolerance": TOLERANCE, "stem": stem, "stage2": stage2,
+                      "flags": " ".join(flags(stem, stage2))}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

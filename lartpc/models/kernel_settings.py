@@ -1,0 +1,111 @@
+"""Launch settings of JishNet's Triton kernels, ``model.stem_kernel`` and
+``model.stage2_kernel``: parsed and checked here without torch or Triton.
+
+How many pooled outputs a program takes, how many warps run it and how many taps each
+matrix product slices do not change what a kernel computes, only how fast it runs on a
+given card and the order in which float32 partial sums are added (a last-bit
+difference). The fastest differ from card to card, so they are options:
+
+=========================  =========================================  ==============
+``model.stem_kernel``      ``BLOCK:WARPS[:dot]``                       ``128:4``
+``model.stage2_kernel``    ``BLOCK:WARPS:BLOCK_K[:hybrid|:triton]``    ``64:8:32``
+=========================  =========================================  ==============
+
+``""`` (the default) is the kernel module's own setting (``fused_stem.BLOCK``,
+``NUM_WARPS``, ``DOT``; ``fused_stage2.BLOCK``, ``NUM_WARPS``, ``BLOCK_K``,
+``BACKWARD``). Two parts do change the arithmetic: ``dot`` sums the stem's taps on the
+matrix units (TF32: under bf16 autocast it moved near-tied arg-maxes on an H200,
+BENCHMARKS.md), and ``triton`` is the second stage's backward without its map (the
+same rounding as ``hybrid``, tested). ``jobs/local/stem_check.py`` times settings on a
+GPU and ``jobs/local/fastest_kernels.py`` picks the fastest of its results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lartpc.errors import ConfigError
+
+#: the largest block of pooled outputs (or taps) a program may take
+MAX_BLOCK = 8192
+WARPS = (1, 2, 4, 8, 16)
+BACKWARDS = ("hybrid", "triton")
+
+
+@dataclass(frozen=True, slots=True)
+class StemKernel:
+    """The fused stem's launch: pooled outputs per program, warps, taps as a product."""
+
+    block: int
+    num_warps: int
+    dot: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.block}:{self.num_warps}" + (":dot" if self.dot else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Stage2Kernel:
+    """The fused second stage's launch: pooled outputs per program, warps, taps per
+    matrix-product slice, and which backward."""
+
+    block: int
+    num_warps: int
+    block_k: int
+    backward: str = "hybrid"
+
+    def __str__(self) -> str:
+        return f"{self.block}:{self.num_warps}:{self.block_k}:{self.backward}"
+
+
+def _power_of_two(key: str, text: str, name: str, value: str, low: int, high: int) -> int:
+    n = int(value) if value.isdigit() else 0
+    if not low <= n <= high or n & (n - 1):
+        raise ConfigError(f"{key}={text!r}: {name} = {value!r} must be a power of two in "
+                          f"{low}..{high}")
+    return n
+
+
+def _warps(key: str, text: str, value: str) -> int:
+    if not value.isdigit() or int(value) not in WARPS:
+        raise ConfigError(f"{key}={text!r}: WARPS = {value!r} must be one of "
+                          f"{', '.join(map(str, WARPS))}")
+    return int(value)
+
+
+def parse_stem_kernel(text: str, key: str = "model.stem_kernel") -> StemKernel | None:
+    """``"BLOCK:WARPS[:dot]"`` (``d`` for ``dot``) as a :class:`StemKernel`; None for
+    ``""`` (the kernel's default). BLOCK is at least 16. A ConfigError names ``key``
+    and the part at fault."""
+    if text == "":
+        return None
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or parts[2:] not in ([], ["dot"], ["d"]):
+        raise ConfigError(f"{key}={text!r}: expected BLOCK:WARPS or BLOCK:WARPS:dot, "
+                          "e.g. 128:4")
+    return StemKernel(_power_of_two(key, text, "BLOCK", parts[0], 16, MAX_BLOCK),
+                      _warps(key, text, parts[1]), dot=len(parts) == 3)
+
+
+def parse_stage2_kernel(text: str, key: str = "model.stage2_kernel") -> Stage2Kernel | None:
+    """``"BLOCK:WARPS:BLOCK_K[:hybrid|:triton]"`` (``t`` for ``triton``) as a
+    :class:`Stage2Kernel`; None for ``""``. BLOCK and BLOCK_K are at least 16, the
+    matrix units' smallest tile side."""
+    if text == "":
+        return None
+    parts = text.split(":")
+    backward = "hybrid" if len(parts) == 3 else \
+        {"hybrid": "hybrid", "triton": "triton", "t": "triton"}.get(parts[-1])
+    if len(parts) not in (3, 4) or backward is None:
+        raise ConfigError(f"{key}={text!r}: expected BLOCK:WARPS:BLOCK_K with an optional "
+                          f":{' or :'.join(BACKWARDS)}, e.g. 64:8:32:triton")
+    return Stage2Kernel(_power_of_two(key, text, "BLOCK", parts[0], 16, MAX_BLOCK),
+                        _warps(key, text, parts[1]),
+                        _power_of_two(key, text, "BLOCK_K", parts[2], 16, MAX_BLOCK),
+                        backward)
+
+
+def check(stem_kernel: str, stage2_kernel: str) -> None:
+    """Both settings parse (a ConfigError naming the one that does not)."""
+    parse_stem_kernel(stem_kernel)
+    parse_stage2_kernel(stage2_kernel)

@@ -1,0 +1,74 @@
+"""``jobs/local/fastest_kernels.py``: the fastest accurate launch of JishNet's fused
+kernels from ``stem_check`` results, on the stem check measured on an H200
+(docs/results/gpu-2026-11-26-h200-stem-check.json)."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from lartpc.jobs.local.fastest_kernels import flags, main, pick
+
+H200 = Path(__file__).parents[1] / "docs/results/gpu-2026-11-26-h200-stem-check.json"
+
+
+def _lease(n: int) -> dict:
+    """One lease's stem check as stem_check writes it (accuracy and timings rows)."""
+    d = json.loads(H200.read_text())
+    if n == 1:
+        return d["lease_1"]
+    rows = d["lease_2_partial"]["rows"]
+    return {"accuracy": [r for r in rows if "output_rel" in r],
+            "timings": [r for r in rows if "step_ms" in r]}
+
+
+def test_the_h200_checks_pick_the_default_stem():
+    """Both leases' fastest stem was 128 outputs x 4 warps (the default since), and the
+    matrix-product variant's accuracy (2.8e-2 under bf16 autocast) is out."""
+    first, second = pick(_lease(1), 1), pick(_lease(2), 1)
+    assert (first["kernel"], first["step_ms"]) == ("128:4", 13.086)
+    assert (second["kernel"], second["step_ms"]) == ("128:4", 12.88)
+    assert second["accuracy"]["per_tap"]["within_tolerance"]
+    assert not second["accuracy"]["dot"]["within_tolerance"]
+    assert second["accuracy"]["dot"]["largest_relative_error"] == pytest.approx(0.028, 0.01)
+
+
+def test_an_inaccurate_way_is_left_out_even_when_fastest():
+    check = _lease(2)
+    fast_dot = {**copy.deepcopy(check["timings"][1]), "dot": True, "step_ms": 9.0}
+    check["timings"].append(fast_dot)
+    choice = pick(check, 1)
+    assert choice["kernel"] == "128:4" and choice["left_out"] == ["128:4:dot"]
+
+
+def test_the_library_wins_where_it_is_fastest():
+    check = _lease(1)
+    check["timings"][0]["step_ms"] = 10.0  # the library's row
+    choice = pick(check, 1)
+    assert (choice["way"], choice["kernel"]) == ("library", None)
+    assert flags(choice, None) == ["--stem", "library", "--stage2", "fused"]
+
+
+def test_main_writes_flags_bench_model_takes(tmp_path, capsys):
+    stem = tmp_path / "stem-check.json"
+    stem.write_text(json.dumps(_lease(1)))
+    assert main([str(stem), str(tmp_path / "absent.json")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stage2"] is None  # no check: fused at its default launch
+    assert out["flags"] == "--stem fused --stem-kernel 128:4 --stage2 fused"
+    from lartpc.bench.model import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--model", "jishnet", *out["flags"].split()])
+    assert (args.stem, args.stem_kernel, args.stage2) == ("fused", "128:4", "fused")
+
+
+def test_a_check_of_the_other_stage_is_refused(tmp_path):
+    wrong = tmp_path / "stage2-check.json"
+    wrong.write_text(json.dumps({**_lease(1), "stage": 2}))
+    with pytest.raises(SystemExit, match="stem_check of stage 2, expected stage 1"):
+        main([str(wrong)])

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from lartpc.analysis.csvread import read_confusion
-from train_helpers import clean_env
+from train_helpers import HEAVY_TIMEOUT_S, clean_env
 
 from lartpc import CLASSES
 from lartpc.data import EventStore
@@ -111,6 +111,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(HEAVY_TIMEOUT_S)
 def test_beam_headline_reproduces_from_committed_weights(tmp_path):
     """README's 83.1 %: SCNet's stage 2 on beam events, 1,500 held-out events of seed 1
     made again at full resolution (a few minutes on 2 cores)."""

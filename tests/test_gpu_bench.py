@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from lartpc.jobs.local.gpu_bench import plan
-from train_helpers import clean_env
+from train_helpers import HEAVY_TIMEOUT_S, clean_env
 
 
 def _args(device: str) -> argparse.Namespace:
@@ -67,6 +67,7 @@ def test_cpu_plan_skips_only_what_spconv_cpu_cannot_run():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(HEAVY_TIMEOUT_S)
 def test_quick_cpu_run_measures_every_step(tmp_path):
     out = tmp_path / "gb"
     r = subprocess.run([sys.executable, "-m", "lartpc.jobs.local.gpu_bench", "--out", str(out),

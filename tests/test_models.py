@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from train_helpers import HEAVY_TIMEOUT_S
 
 from lartpc.bench.model import batch_from_events
 from lartpc.data.store import EventStore
@@ -314,6 +315,7 @@ def test_peak_table_matches_device_names_and_precisions():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(HEAVY_TIMEOUT_S)
 def test_bench_model_compile_and_flop_numbers_on_cpu(capsys):
     """The GPU speed options run on CPU too: torch.compile (inductor's CPU backend)
     with ELU after pooling, and the achieved TFLOP/s follow from the FLOP count and the

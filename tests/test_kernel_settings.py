@@ -87,7 +87,7 @@ def test_the_model_passes_its_settings_to_the_launch(monkeypatch):
     launches = []
 
     def spy(*args):
-        launches.append(args[-1])  # the launch tuple, the last argument
+        launches.append(args[-1])  # the launch, the last argument
         raise _Launched
 
     for cls in (fs._FusedStem, fs2._FusedStage):
@@ -98,9 +98,9 @@ def test_the_model_passes_its_settings_to_the_launch(monkeypatch):
         for k, shape in ((0, (1, 1, 400, 400)), (1, (1, 10, 80, 80))):
             with pytest.raises(_Launched):
                 model.stage(k, torch.ones(shape))
-    assert launches == [(fs.BLOCK, fs.NUM_WARPS, fs.DOT),
-                        (fs2.BLOCK, fs2.NUM_WARPS, fs2.BLOCK_K, fs2.BACKWARD),
-                        (1024, 2, True), (128, 4, 128, "triton")]
+    assert launches == [StemKernel(fs.BLOCK, fs.NUM_WARPS, fs.DOT),
+                        Stage2Kernel(fs2.BLOCK, fs2.NUM_WARPS, fs2.BLOCK_K, fs2.BACKWARD),
+                        StemKernel(1024, 2, True), Stage2Kernel(128, 4, 128, "triton")]
 
 
 def _forward_backward(fn, x, conv, **kernel):

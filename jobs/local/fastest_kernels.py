@@ -74,18 +74,16 @@ def pick(check: dict, stage: int) -> dict:
     """The choice for one stage from its ``stem_check`` result ``check`` (``accuracy``
     and ``timings`` rows)."""
     verdict = {v: _accurate(check.get("accuracy", []), stage, v) for v in WAYS[stage][1]}
-    rows = [r for r in check.get("timings", []) if r.get("step_ms")]
-    fused = [r for r in rows if kernel_of(r, stage) and verdict[_way(r, stage)][0]]
-    library = [r for r in rows if kernel_of(r, stage) is None]
-    best = min(fused + library, key=lambda r: r["step_ms"], default=None)
-    kernel = best and kernel_of(best, stage)
+    # (launch or None for the library, row) of every timed step
+    timed = [(kernel_of(r, stage), r) for r in check.get("timings", []) if r.get("step_ms")]
+    usable = [(k, r) for k, r in timed if k is None or verdict[_way(r, stage)][0]]
+    kernel, best = min(usable, key=lambda kr: kr[1]["step_ms"], default=(None, None))
     return {"stage": stage, "way": "fused" if kernel else "library", "kernel": kernel,
             "step_ms": best and best["step_ms"],
             "images_per_s": best and best.get("images_per_s"),
             "accuracy": {_label(v): {"within_tolerance": ok, "largest_relative_error": worst}
                          for v, (ok, worst) in verdict.items()},
-            "left_out": [kernel_of(r, stage) for r in rows
-                         if kernel_of(r, stage) and r not in fused]}
+            "left_out": [k for k, r in timed if k and not verdict[_way(r, stage)][0]]}
 
 
 def flags(stem: dict | None, stage2: dict | None) -> list[str]:

@@ -69,11 +69,9 @@ def accuracy(x, conv, pool: int, dtype, autocast: bool = False, kernel=None) -> 
     import torch
     import torch.nn.functional as F
 
-    import lartpc.models.fused_stem as fs
-    from lartpc.models.fused_stem import fused_stem
-    from lartpc.models.kernel_settings import StemKernel
+    from lartpc.models.fused_stem import default_kernel, fused_stem
 
-    kernel = kernel or StemKernel(fs.BLOCK, fs.NUM_WARPS, fs.DOT)
+    kernel = kernel or default_kernel()
 
     xin = x.to(dtype)
     w = conv.weight.detach().clone().requires_grad_(True)
@@ -204,9 +202,8 @@ def stage2_accuracy(x, conv, pool: int, dtype, autocast: bool = False, kernel=No
     import torch.nn.functional as F
 
     import lartpc.models.fused_stage2 as fs2
-    from lartpc.models.kernel_settings import Stage2Kernel
 
-    kernel = kernel or Stage2Kernel(fs2.BLOCK, fs2.NUM_WARPS, fs2.BLOCK_K, fs2.BACKWARD)
+    kernel = kernel or fs2.default_kernel()
 
     pad = conv.padding[0]
     xin = x.to(dtype).detach().requires_grad_(True)
@@ -303,10 +300,10 @@ def stage2_main(args, x, labels, device) -> int:
     result = {"stage": 2, "size": args.size, "batch_per_rank": args.batch_per_rank,
               "device_name": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "accuracy": []}
-    from lartpc.models.kernel_settings import Stage2Kernel
+    import dataclasses
 
     for backward in ("hybrid", "triton"):
-        kernel = Stage2Kernel(fs2.BLOCK, fs2.NUM_WARPS, fs2.BLOCK_K, backward)
+        kernel = dataclasses.replace(fs2.default_kernel(), backward=backward)
         for dt, autocast in ((torch.float32, False), (torch.float32, True),
                              (torch.bfloat16, False)):
             result["accuracy"].append(stage2_accuracy(x2, conv, 5, dt, autocast, kernel))
@@ -369,11 +366,12 @@ def main(argv: list[str] | None = None) -> int:
               "device_name": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
               "torch": torch.__version__,
               "accuracy": []}
-    import lartpc.models.fused_stem as fs
-    from lartpc.models.kernel_settings import StemKernel
+    import dataclasses
+
+    from lartpc.models.fused_stem import default_kernel
 
     for dot in (False, True):  # the fused stem's two ways of summing the taps
-        kernel = StemKernel(fs.BLOCK, fs.NUM_WARPS, dot)
+        kernel = dataclasses.replace(default_kernel(), dot=dot)
         for dt, autocast in ((torch.float32, False), (torch.float32, True),
                              (torch.bfloat16, False)):
             result["accuracy"].append(accuracy(x, conv, 5, dt, autocast, kernel))

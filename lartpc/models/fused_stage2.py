@@ -86,6 +86,11 @@ NUM_WARPS = 8
 NATIVE_HALF_DOT = not _INTERPRET
 #: the backward, ``hybrid`` or ``triton`` (module docstring); read when the forward runs
 BACKWARD = "hybrid"
+
+
+def default_kernel() -> Stage2Kernel:
+    """The launch ``model.stage2_kernel=""`` means: this module's settings as they are now."""
+    return Stage2Kernel(BLOCK, NUM_WARPS, BLOCK_K, BACKWARD)
 #: ``triton`` backward: blocks of pooled outputs each weight-gradient program sums (fewer
 #: partial sums for torch to add), its taps per program with half-precision and with
 #: float32 products, and input pixels per input-gradient program: chosen so that Triton
@@ -281,8 +286,9 @@ def _tap_offsets(device: torch.device, k: int, cin: int, kp: int, sx_c: int, sx_
 class _FusedStage(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, pool: int, padding: int, out_dtype, channels_last,
-                launch: tuple[int, int, int, str]):
-        block, warps, block_k, backward = launch
+                kernel: Stage2Kernel):
+        block, warps, block_k, backward = (kernel.block, kernel.num_warps, kernel.block_k,
+                                           kernel.backward)
         b, cin, h, w, c, k, hc, wc = _geometry(x, weight, pool, padding)
         ho, wo = hc // pool, wc // pool
         # the products' precision: the output's when it is half (autocast's convolution
@@ -392,8 +398,8 @@ def fused_stage(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, pool:
     weight, bias : the convolution's (C_out, C_in, k, k) and (C_out,).
     pool : max-pool size and stride (floor mode, at most 16); padding : the convolution's.
     channels_last : write the output in NHWC memory order.
-    kernel : the launch and backward (``model.stage2_kernel``); None: :data:`BLOCK`,
-        :data:`NUM_WARPS`, :data:`BLOCK_K`, :data:`BACKWARD`.
+    kernel : the launch and backward (``model.stage2_kernel``); None:
+        :func:`default_kernel`.
 
     Returns
     -------
@@ -402,6 +408,5 @@ def fused_stage(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, pool:
     """
     dev = x.device.type
     out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-    launch = (BLOCK, NUM_WARPS, BLOCK_K, BACKWARD) if kernel is None else \
-        (kernel.block, kernel.num_warps, kernel.block_k, kernel.backward)
-    return _FusedStage.apply(x, weight, bias, pool, padding, out_dtype, channels_last, launch)
+    return _FusedStage.apply(x, weight, bias, pool, padding, out_dtype, channels_last,
+                             kernel or default_kernel())

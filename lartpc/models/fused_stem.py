@@ -47,6 +47,11 @@ NUM_WARPS = 4
 DOT = False
 
 
+def default_kernel() -> StemKernel:
+    """The launch ``model.stem_kernel=""`` means: this module's settings as they are now."""
+    return StemKernel(BLOCK, NUM_WARPS, DOT)
+
+
 @triton.jit
 def elu(v):
     # expm1 is not in Triton's core language: exp(v) - 1 loses relative precision
@@ -198,8 +203,8 @@ def _geometry(x: torch.Tensor, weight: torch.Tensor, pool: int, padding: int):
 class _FusedStem(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, pool: int, padding: int, out_dtype, channels_last,
-                launch: tuple[int, int, bool]):
-        block, warps, dot = launch
+                kernel: StemKernel):
+        block, warps, dot = kernel.block, kernel.num_warps, kernel.dot
         b, h, w, c, k, ho, wo = _geometry(x, weight, pool, padding)
         x3 = x.reshape(b, h, w).contiguous()
         w2 = weight.detach().reshape(c, k * k).float().contiguous()
@@ -246,8 +251,7 @@ def fused_stem(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, pool: 
     weight, bias : the convolution's (C, 1, k, k) and (C,); read in float32.
     pool : max-pool size and stride (floor mode); padding : the convolution's.
     channels_last : write the output in NHWC memory order.
-    kernel : the launch (``model.stem_kernel``); None: :data:`BLOCK`, :data:`NUM_WARPS`,
-        :data:`DOT`.
+    kernel : the launch (``model.stem_kernel``); None: :func:`default_kernel`.
 
     Returns
     -------
@@ -259,6 +263,5 @@ def fused_stem(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, pool: 
                          "use model.stem=library where one is needed")
     dev = x.device.type
     out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-    launch = (BLOCK, NUM_WARPS, DOT) if kernel is None else \
-        (kernel.block, kernel.num_warps, kernel.dot)
-    return _FusedStem.apply(x, weight, bias, pool, padding, out_dtype, channels_last, launch)
+    return _FusedStem.apply(x, weight, bias, pool, padding, out_dtype, channels_last,
+                            kernel or default_kernel())

@@ -49,7 +49,7 @@ def test_the_library_wins_where_it_is_fastest():
     check["timings"][0]["step_ms"] = 10.0  # the library's row
     choice = pick(check, 1)
     assert (choice["way"], choice["kernel"]) == ("library", None)
-    assert flags(choice, None) == ["--stem", "library", "--stage2", "fused"]
+    assert flags(choice, None) == ["--stem", "library"]
 
 
 def test_main_writes_flags_bench_model_takes(tmp_path, capsys):
@@ -57,14 +57,14 @@ def test_main_writes_flags_bench_model_takes(tmp_path, capsys):
     stem.write_text(json.dumps(_lease(1)))
     assert main([str(stem), str(tmp_path / "absent.json")]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["stage2"] is None  # no check: fused at its default launch
-    assert out["flags"] == "--stem fused --stem-kernel 128:4 --stage2 fused"
+    assert out["stage2"] is None  # no check: the model's default (library)
+    assert out["flags"] == "--stem fused --stem-kernel 128:4"
     from lartpc.bench.model import add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(["--model", "jishnet", *out["flags"].split()])
-    assert (args.stem, args.stem_kernel, args.stage2) == ("fused", "128:4", "fused")
+    assert (args.stem, args.stem_kernel, args.stage2) == ("fused", "128:4", None)
 
 
 def test_a_check_of_the_other_stage_is_refused(tmp_path):
@@ -72,3 +72,17 @@ def test_a_check_of_the_other_stage_is_refused(tmp_path):
     wrong.write_text(json.dumps({**_lease(1), "stage": 2}))
     with pytest.raises(SystemExit, match="stem_check of stage 2, expected stage 1"):
         main([str(wrong)])
+
+
+def test_a_file_without_timings_is_refused(tmp_path):
+    """A file that is not stem_check's result (here the committed two-lease file as a
+    whole) names the file instead of quietly picking the library."""
+    with pytest.raises(SystemExit, match="gpu-2026-11-26-h200-stem-check.json: no timing"):
+        main([str(H200)])
+
+
+def test_both_stages_fused_flags():
+    stem = {"way": "fused", "kernel": "128:4"}
+    stage2 = {"way": "fused", "kernel": "64:8:32:triton"}
+    assert flags(stem, stage2) == ["--stem", "fused", "--stem-kernel", "128:4",
+                                   "--stage2", "fused", "--stage2-kernel", "64:8:32:triton"]

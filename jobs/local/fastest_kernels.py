@@ -4,10 +4,11 @@
         OUT/stage2-check/stage2-check.json > OUT/fastest-kernels.json
 
 Reads what ``jobs/local/stem_check.py`` measured on a GPU (the stem's file, the second
-stage's file, either may be missing) and prints one JSON object: for each stage the
-launch whose whole training step was fastest among those whose accuracy held, and the
-``lartpc bench model`` flags that run it (``flags``, one string), so that the same
-lease can time the whole network at its best setting (``jobs/local/gpu_issues.sh``).
+stage's file, either may be missing: that stage then keeps the model's default) and
+prints one JSON object: for each stage the launch whose whole training step was
+fastest among those whose accuracy held, and the ``lartpc bench model`` flags that run
+it (``flags``, one string), so that the same lease can time the whole network at its
+best setting (``jobs/local/gpu_issues.sh``).
 
 Accuracy held means every relative error that check recorded for that way of computing
 (the stem's ``dot`` on or off; the second stage's ``hybrid`` or ``triton`` backward:
@@ -87,16 +88,17 @@ def pick(check: dict, stage: int) -> dict:
 
 
 def flags(stem: dict | None, stage2: dict | None) -> list[str]:
-    """``lartpc bench model`` flags for the choices (a stage without a check: fused at
-    its default launch)."""
+    """``lartpc bench model`` flags for the choices. A stage without a check (its part
+    failed or did not run) gets no flag and so the model's default (``model.stem=auto``,
+    ``model.stage2=library``): a kernel that broke its check is not run again in the
+    network's timing."""
     out = []
     for name, choice in (("stem", stem), ("stage2", stage2)):
-        if choice is None or choice["way"] == "fused":
-            out += [f"--{name}", "fused"]
-            if choice is not None:
-                out += [f"--{name}-kernel", choice["kernel"]]
-        else:
-            out += [f"--{name}", "library"]
+        if choice is None:
+            continue
+        out += [f"--{name}", choice["way"]]
+        if choice["way"] == "fused":
+            out += [f"--{name}-kernel", choice["kernel"]]
     return out
 
 
@@ -107,6 +109,9 @@ def _read(path: Path | None, stage: int) -> dict | None:
         check = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise SystemExit(f"fastest_kernels: {path}: not a stem_check result ({e})") from None
+    if not isinstance(check, dict) or not check.get("timings"):
+        raise SystemExit(f"fastest_kernels: {path}: no timing rows (`timings`); not a "
+                         "stem_check result")
     if check.get("stage", 1) != stage:
         raise SystemExit(f"fastest_kernels: {path}: stem_check of stage {check.get('stage', 1)}"
                          f", expected stage {stage}")

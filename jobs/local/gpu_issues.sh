@@ -5,16 +5,30 @@
 #   DEVICE=cpu bash jobs/local/gpu_issues.sh OUT # smoke run at 450 x 450 (this script's check)
 #   SCAN_TOO=1 bash jobs/local/gpu_issues.sh OUT # and the minibatch scans (~10 min more)
 #
+# On the lent GPU machine, whose call returns at most 8 files and has a time limit:
+#   DEADLINE_S=540 PACK=$OUT/gpu-issues.tar.gz bash jobs/local/gpu_issues.sh /tmp/gi
+# DEADLINE_S: seconds from the start after which no part runs on (the running one is
+# stopped and noted as such); PACK: a .tar.gz of OUT written at the end, also when the
+# deadline cut the run short.
+#
 # Needs gpu-bundle/ beside the tree on the GPU host (`make gpu-bundle` where the package
 # index is reachable). Every part writes into OUT as soon as it ends, so a run cut short
 # keeps what finished; a failing part is noted in OUT/parts.txt and the rest still run.
 # Expected on an H200: ~9 minutes without the scan (BENCHMARKS.md, "One call for the open
-# GPU measurements"); run it with a limit that leaves room to rerun.
+# GPU measurements"); run it with a limit that leaves room to rerun. PACK must lie outside
+# OUT.
 set -u
 OUT=${1:?usage: gpu_issues.sh OUT}
 DEVICE=${DEVICE:-cuda}
+DEADLINE_S=${DEADLINE_S:-0}  # 0: no deadline
+PACK=${PACK:-}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
+if [ -n "$PACK" ]; then
+    mkdir -p "$(dirname "$PACK")"
+    PACK=$(cd "$(dirname "$PACK")" && pwd)/$(basename "$PACK")
+    trap 'tar czf "$PACK" -C "$(dirname "$OUT")" "$(basename "$OUT")"' EXIT
+fi
 cd "$(dirname "$0")/../.." || exit 1  # the tree's root
 G=$OUT/gpu-bench
 if [ "$DEVICE" = cuda ]; then
@@ -28,8 +42,20 @@ fi
 PY=${PYTHON:-python3}
 part() {  # part NAME COMMAND...: run one part, log it, keep going on failure
     local name=$1; shift
-    local t0=$SECONDS rc
-    "$@" > "$OUT/$name.out" 2> "$OUT/$name.err"; rc=$?
+    local t0=$SECONDS rc left
+    if [ "$DEADLINE_S" -gt 0 ]; then
+        left=$((DEADLINE_S - SECONDS))
+        if [ "$left" -lt 10 ]; then
+            echo "$name: not run, deadline (${DEADLINE_S} s) reached" | tee -a "$OUT/parts.txt"
+            return
+        fi
+        timeout -k 5 "$left" "$@" > "$OUT/$name.out" 2> "$OUT/$name.err"; rc=$?
+        [ "$rc" = 124 ] || [ "$rc" = 137 ] && {
+            echo "$name: stopped at the deadline (${DEADLINE_S} s) after $((SECONDS - t0)) s" \
+                | tee -a "$OUT/parts.txt"; return; }
+    else
+        "$@" > "$OUT/$name.out" 2> "$OUT/$name.err"; rc=$?
+    fi
     echo "$name: exit $rc, $((SECONDS - t0)) s" | tee -a "$OUT/parts.txt"
 }
 bench() {  # bench ONLY [FLAGS]: gpu_bench steps into $G, results copied into OUT
@@ -39,7 +65,7 @@ bench() {  # bench ONLY [FLAGS]: gpu_bench steps into $G, results copied into OU
     cp "$G"/*.json "$G"/summary.md "$OUT/" 2>/dev/null
 }
 
-"$PY" -m lartpc env > "$OUT/env.txt" 2>&1
+part env "$PY" -m lartpc env
 # 1. issue 36: SCNet's training with its layers in torch operations, tables built in the
 #    loader's thread, forward and backward replayed as one CUDA graph (train.cuda_graph)
 #    and eager
@@ -58,13 +84,13 @@ if [ "$DEVICE" = cuda ]; then
     #    the default per-tap sums: accuracy, then the stem alone and the training step
     part stem-check "$PY" -m lartpc.jobs.local.stem_check --out "$OUT/stem-check"
     # 4b. JishNet with both stages at their fastest accurate launch (fastest_kernels, from
-    #    parts 3 and 4; a part that failed leaves that stage at its default), stage by
+    #    parts 3 and 4; a part that failed leaves that stage at the model's default), stage by
     #    stage, with its peak memory
-    "$PY" -m lartpc.jobs.local.fastest_kernels "$OUT/stem-check/stem-check.json" \
-        "$OUT/stage2-check/stage2-check.json" > "$OUT/fastest-kernels.json" \
-        2> "$OUT/fastest-kernels.err"
+    part fastest-kernels "$PY" -m lartpc.jobs.local.fastest_kernels \
+        "$OUT/stem-check/stem-check.json" "$OUT/stage2-check/stage2-check.json"
+    cp "$OUT/fastest-kernels.out" "$OUT/fastest-kernels.json" 2>/dev/null
     read -r -a FASTEST < <("$PY" -c 'import json, sys; print(json.load(sys.stdin)["flags"])' \
-        < "$OUT/fastest-kernels.json" 2>/dev/null || echo "--stem fused --stage2 fused")
+        < "$OUT/fastest-kernels.json" 2>/dev/null || echo "")  # none: the model's defaults
     echo "fastest kernels: ${FASTEST[*]}" | tee -a "$OUT/parts.txt"
     part model-jishnet-fastest-stages "$PY" -m lartpc bench model --model jishnet \
         --device cuda --batch-per-rank 7 --elu-after-pool --cudnn-benchmark --amp bf16 \

@@ -1,0 +1,59 @@
+"""``jobs/local/gpu_issues.sh``'s own logic, with a stand-in for Python that records its
+calls: every part runs and is logged even when one fails, ``DEADLINE_S`` stops the
+running part and skips the rest, and ``PACK`` packs the folder into one archive (the lent
+GPU machine returns at most 8 files from a call)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+SCRIPT = Path(__file__).parents[1] / "jobs/local/gpu_issues.sh"
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+echo "$*" >> "$FAKE_LOG"
+case "$*" in
+    *gpu_bench*) sleep "${FAKE_SLEEP:-0}"; exit "${FAKE_RC:-0}" ;;
+esac
+echo '{"flags": ""}'
+"""
+
+
+def _run(tmp_path: Path, **env) -> tuple[list[str], list[str], Path]:
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    log, out, pack = tmp_path / "calls.log", tmp_path / "gi", tmp_path / "back/gi.tar.gz"
+    full = {**os.environ, "DEVICE": "cpu", "PYTHON": str(fake), "FAKE_LOG": str(log),
+            "PACK": str(pack), **env}
+    subprocess.run(["bash", str(SCRIPT), str(out)], env=full, check=True, timeout=120,
+                   capture_output=True)
+    parts = (out / "parts.txt").read_text().splitlines()
+    return parts, log.read_text().splitlines(), pack
+
+
+def test_every_part_runs_and_a_failure_is_logged(tmp_path):
+    parts, calls, pack = _run(tmp_path, FAKE_RC="3")
+    names = [p.split(":")[0] for p in parts]
+    assert names == ["env", "gpu-bench-train-scnet-sparse-torch-graph", "gpu-tests",
+                     "gpu-bench-train-scnet-sparse", "gpu-bench-model-scnet-default", "done"]
+    assert "gpu-bench-train-scnet-sparse: exit 3" in "\n".join(parts)
+    assert "env: exit 0" in "\n".join(parts)
+    assert sum("gpu_bench" in c for c in calls) == 3
+    with tarfile.open(pack) as tar:
+        assert "gi/parts.txt" in tar.getnames()
+
+
+def test_the_deadline_stops_the_running_part_and_skips_the_rest(tmp_path):
+    parts, calls, pack = _run(tmp_path, FAKE_SLEEP="60", DEADLINE_S="11")
+    text = "\n".join(parts)
+    assert "gpu-bench-train-scnet-sparse-torch-graph: stopped at the deadline (11 s)" in text
+    for later in ("gpu-tests", "gpu-bench-train-scnet-sparse",
+                  "gpu-bench-model-scnet-default"):
+        assert f"{later}: not run, deadline (11 s) reached" in text
+    assert sum("gpu_bench" in c for c in calls) == 1  # the later parts never started
+    with tarfile.open(pack) as tar:  # packed although the run was cut short
+        member = tar.extractfile("gi/parts.txt")
+        assert member is not None and b"stopped at the deadline" in member.read()

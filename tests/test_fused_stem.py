@@ -196,3 +196,28 @@ def test_bench_model_refusals(capsys):
     assert main(["bench", "model", "--model", "jishnet", "--size", "400",
                  "--max-batch"]) == 2
     assert "--max-batch" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_stem_check_runs_on_cpu_with_the_librarys_own_rows(tmp_path, capsys):
+    """``stem_check`` (the GPU check of the stem) end to end on CPU under the
+    interpreter: fused rows for both ways of summing the taps and the published layers'
+    own rows in each precision, against the same float64 reference; float32 is float32
+    rounding for all three, and ``fastest_kernels`` reads the file."""
+    from lartpc.jobs.local.fastest_kernels import pick
+    from lartpc.jobs.local.stem_check import main
+
+    assert main(["--out", str(tmp_path), "--size", "300", "--device", "cpu",
+                 "--batch-per-rank", "1", "--repeats", "1", "--configs", "4096:4"]) == 0
+    res = json.loads((tmp_path / "stem-check.json").read_text())
+    ways = [r.get("way") or ("dot" if r["dot"] else "per_tap") for r in res["accuracy"]]
+    assert ways == ["per_tap"] * 3 + ["dot"] * 3 + ["library"] * 3
+    errors = ("output_rel", "weight_grad_rel", "bias_grad_rel")
+    for r in res["accuracy"]:
+        exact = r["dtype"] == "float32" and not r["autocast_bf16"]
+        assert 0 < max(r[k] for k in errors) < (1e-5 if exact else 5e-2), r
+    assert [r["stem"] for r in res["timings"]] == ["library", "fused"]
+    choice = pick(res, 1)
+    assert choice["accuracy"]["per_tap"]["within_tolerance"]
+    assert choice["step_ms"] == min(r["step_ms"] for r in res["timings"])
+    assert "| fused | 4096 | 4 | False |" in capsys.readouterr().out

@@ -12,11 +12,17 @@ best setting (``jobs/local/gpu_issues.sh``).
 
 Accuracy held means every relative error that check recorded for that way of computing
 (the stem's ``dot`` on or off; the second stage's ``hybrid`` or ``triton`` backward:
-output and gradients, in float32, float32 under bf16 autocast and bf16) is at most
-:data:`TOLERANCE`. bf16's own rounding is 4e-3, the errors seen on an H200 were up to
-1.7e-3 for the default stem and 2.8e-2 for the stem's ``dot`` variant (TF32 moving
-near-tied arg-maxes), which this rule leaves out. The library stage competes too: where
-it is faster than every accurate fused launch, it is the choice.
+output and gradients, against the layers in float64, in float32, float32 under bf16
+autocast and bf16) is at most :data:`TOLERANCE`, or no larger than the published layers'
+own error in the same precision and quantity (``stem_check``'s rows with ``way:
+library``; files from before those rows hold to TOLERANCE alone). bf16's own rounding is
+4e-3. On an H200 the default stem's errors were up to 1.7e-3 and the stem's ``dot``
+variant's weight gradient under bf16 autocast 2.8e-2 (TF32 products); the library's own
+weight gradient under bf16 autocast was 6.5e-2 from float64 on this project's CPU
+(oneDNN, 3 events at 3600²; BENCHMARKS.md), so where a GPU's library row says the same,
+``dot`` is no less accurate than the study's own training path and may be picked. The
+library stage
+competes too: where it is faster than every accurate fused launch, it is the choice.
 """
 
 from __future__ import annotations
@@ -63,12 +69,23 @@ def kernel_of(row: dict, stage: int) -> str | None:
     return str((parse_stem_kernel if stage == 1 else parse_stage2_kernel)(text, "kernel"))
 
 
-def _accurate(rows: list[dict], stage: int, value) -> tuple[bool, float | None]:
-    """Whether every accuracy row of way ``value`` is within TOLERANCE, and the largest
-    error among them (None: no such row, which is not accurate)."""
-    errors = [r[k] for r in rows if _way(r, stage) == value for k in ERRORS if k in r]
-    worst = max(errors) if errors else None
-    return worst is not None and worst <= TOLERANCE, worst
+def _precision(row: dict) -> tuple[str, bool]:
+    return row["dtype"], bool(row.get("autocast_bf16"))
+
+
+def _accurate(rows: list[dict], stage: int, value) -> dict:
+    """Whether every error of way ``value``'s accuracy rows is within its bound, the
+    largest error among them (None: no such row, which is not accurate), and whether
+    an error past TOLERANCE was let through because the library was as far off."""
+    library = {(*_precision(r), k): r[k] for r in rows if r.get("way") == "library"
+               for k in ERRORS if k in r}
+    errors = [(r[k], max(TOLERANCE, library.get((*_precision(r), k), 0.0)))
+              for r in rows if r.get("way") != "library" and _way(r, stage) == value
+              for k in ERRORS if k in r]
+    worst = max((e for e, _ in errors), default=None)
+    return {"within_tolerance": bool(errors) and all(e <= bound for e, bound in errors),
+            "largest_relative_error": worst,
+            "within_library": any(TOLERANCE < e <= bound for e, bound in errors)}
 
 
 def pick(check: dict, stage: int) -> dict:
@@ -77,14 +94,15 @@ def pick(check: dict, stage: int) -> dict:
     verdict = {v: _accurate(check.get("accuracy", []), stage, v) for v in WAYS[stage][1]}
     # (launch or None for the library, row) of every timed step
     timed = [(kernel_of(r, stage), r) for r in check.get("timings", []) if r.get("step_ms")]
-    usable = [(k, r) for k, r in timed if k is None or verdict[_way(r, stage)][0]]
+    usable = [(k, r) for k, r in timed
+              if k is None or verdict[_way(r, stage)]["within_tolerance"]]
     kernel, best = min(usable, key=lambda kr: kr[1]["step_ms"], default=(None, None))
     return {"stage": stage, "way": "fused" if kernel else "library", "kernel": kernel,
             "step_ms": best and best["step_ms"],
             "images_per_s": best and best.get("images_per_s"),
-            "accuracy": {_label(v): {"within_tolerance": ok, "largest_relative_error": worst}
-                         for v, (ok, worst) in verdict.items()},
-            "left_out": [k for k, r in timed if k and not verdict[_way(r, stage)][0]]}
+            "accuracy": {_label(v): held for v, held in verdict.items()},
+            "left_out": [k for k, r in timed
+                         if k and not verdict[_way(r, stage)]["within_tolerance"]]}
 
 
 def flags(stem: dict | None, stage2: dict | None) -> list[str]:

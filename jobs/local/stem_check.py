@@ -57,45 +57,103 @@ def _events(size: int, batch: int, seed: int):
     return torch.from_numpy(dense), labels
 
 
+def _precisions():
+    import torch
+
+    #: (input dtype, bf16 autocast) of every accuracy row: float32, float32 under bf16
+    #: autocast (training's case), bf16
+    return ((torch.float32, False), (torch.float32, True), (torch.bfloat16, False))
+
+
 def relative_error(a, r) -> float:
     """|a - r| / |r| (Frobenius norms; ``r`` the float64 reference)."""
     return float((a.detach().double() - r.detach()).norm() / r.detach().norm())
+
+
+def _reference(xin, conv, pool: int, g, rounding=None) -> dict:
+    """The published layers (conv + bias, ELU, max-pool) in float64 on ``xin``, operands
+    first rounded to ``rounding`` where the kernel rounds them (None: as they are), and
+    their backward of the output gradient ``g``: output, arg-max and the gradients of the
+    input, weights and bias."""
+    import torch.nn.functional as F
+
+    def operand(t):
+        t = t.detach()
+        return (t if rounding is None else t.to(rounding)).double().requires_grad_(True)
+
+    x64, w64 = operand(xin), operand(conv.weight)
+    b64 = conv.bias.detach().double().requires_grad_(True)
+    conv64 = F.conv2d(x64, w64, b64, padding=conv.padding[0])
+    out, where = F.max_pool2d(F.elu(conv64), pool, return_indices=True)
+    (out * g.double()).sum().backward()
+    _, where_pre_elu = F.max_pool2d(conv64.detach(), pool, return_indices=True)
+    return {"out": out.detach(), "x_grad": x64.grad, "w_grad": w64.grad, "b_grad": b64.grad,
+            # windows where ELU's saturation or rounding moves torch's arg-max
+            "argmax_differs_fraction": float((where != where_pre_elu).double().mean())}
+
+
+def _errors(y, xin, w, b, ref: dict) -> dict:
+    """Relative errors of a computed output and gradients against ``_reference``."""
+    errors = {"output_rel": relative_error(y, ref["out"]),
+              "output_max_abs": float((y.detach().double() - ref["out"]).abs().max())}
+    if xin.grad is not None:
+        errors["input_grad_rel"] = relative_error(xin.grad, ref["x_grad"])
+    errors.update(weight_grad_rel=relative_error(w.grad, ref["w_grad"]),
+                  bias_grad_rel=relative_error(b.grad, ref["b_grad"]),
+                  argmax_differs_fraction=ref["argmax_differs_fraction"])
+    return errors
+
+
+def _run(layer, x, conv, dtype, autocast: bool, input_grad: bool, weights_dtype=None):
+    """``layer(xin, w, b)`` on ``x`` cast to ``dtype`` (weights cast to
+    ``weights_dtype`` when given), optionally under bf16 autocast, and its backward of a
+    random output gradient: (output, xin, w, b, that gradient)."""
+    import torch
+
+    xin = x.to(dtype).detach().requires_grad_(input_grad)
+    w, b = (p.detach().clone().to(weights_dtype or p.dtype).requires_grad_(True)
+            for p in (conv.weight, conv.bias))
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
+        y = layer(xin, w, b)
+    g = torch.randn(y.shape, device=y.device, dtype=torch.float32)
+    (y.float() * g).sum().backward()
+    return y, xin, w, b, g
 
 
 def accuracy(x, conv, pool: int, dtype, autocast: bool = False, kernel=None) -> dict:
     """Fused stem (launched as ``kernel``, a StemKernel; None: its default) against the
     published layers in float64, input cast to ``dtype``, optionally under bf16 autocast
     (output in bf16, as in training)."""
-    import torch
-    import torch.nn.functional as F
-
     from lartpc.models.fused_stem import default_kernel, fused_stem
 
     kernel = kernel or default_kernel()
-
-    xin = x.to(dtype)
-    w = conv.weight.detach().clone().requires_grad_(True)
-    b = conv.bias.detach().clone().requires_grad_(True)
-    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
-        y = fused_stem(xin, w, b, pool, conv.padding[0], kernel=kernel)
-    g = torch.randn(y.shape, device=y.device, dtype=torch.float32)
-    (y.float() * g).sum().backward()
-    w64 = conv.weight.detach().double().requires_grad_(True)
-    b64 = conv.bias.detach().double().requires_grad_(True)
-    conv64 = F.conv2d(xin.double(), w64, b64, padding=conv.padding[0])
-    ref, where = F.max_pool2d(F.elu(conv64), pool, return_indices=True)
-    (ref * g.double()).sum().backward()
-    _, where_fused = F.max_pool2d(conv64.detach(), pool, return_indices=True)
-
+    y, xin, w, b, g = _run(
+        lambda xin, w, b: fused_stem(xin, w, b, pool, conv.padding[0], kernel=kernel),
+        x, conv, dtype, autocast, input_grad=False)
     return {"dtype": str(dtype).replace("torch.", ""), "autocast_bf16": autocast,
             "block": kernel.block, "num_warps": kernel.num_warps, "dot": kernel.dot,
-            "kernel": str(kernel),
-            "output_rel": relative_error(y, ref),
-            "output_max_abs": float((y.double() - ref).abs().max()),
-            "weight_grad_rel": relative_error(w.grad, w64.grad),
-            "bias_grad_rel": relative_error(b.grad, b64.grad),
-            # windows where ELU's saturation or rounding moves torch's arg-max
-            "argmax_differs_fraction": float((where != where_fused).double().mean())}
+            "kernel": str(kernel), **_errors(y, xin, w, b, _reference(xin, conv, pool, g))}
+
+
+def library_accuracy(x, conv, pool: int, dtype, autocast: bool = False,
+                     stage: int = 1) -> dict:
+    """The published layers themselves (F.conv2d, ELU, max-pool; the study's training
+    path) in ``dtype`` (weights too: a model in that type) or under bf16 autocast, against
+    the same float64 reference as the fused rows of ``stage``: how far the library is
+    from the exact function at the precision it trains in. ``fastest_kernels`` accepts a
+    fused way that is no further (``way``: ``library`` marks these rows)."""
+    import torch
+    import torch.nn.functional as F
+
+    def layers(xin, w, b):
+        return F.max_pool2d(F.elu(F.conv2d(xin, w, b, padding=conv.padding[0])), pool)
+
+    y, xin, w, b, g = _run(layers, x, conv, dtype, autocast, input_grad=stage == 2,
+                           weights_dtype=dtype)
+    rounding = (torch.bfloat16 if autocast else dtype) if stage == 2 else None
+    return {"way": "library", "dtype": str(dtype).replace("torch.", ""),
+            "autocast_bf16": autocast,
+            **_errors(y, xin, w, b, _reference(xin, conv, pool, g, rounding))}
 
 
 def training_step(model, xc, labels, loss_fn):
@@ -199,39 +257,19 @@ def stage2_accuracy(x, conv, pool: int, dtype, autocast: bool = False, kernel=No
     against the published layers in float64, on input ``x`` (B, 10, H, W) cast to
     ``dtype``, optionally under bf16 autocast."""
     import torch
-    import torch.nn.functional as F
 
     import lartpc.models.fused_stage2 as fs2
 
     kernel = kernel or fs2.default_kernel()
-
-    pad = conv.padding[0]
-    xin = x.to(dtype).detach().requires_grad_(True)
-    w = conv.weight.detach().clone().requires_grad_(True)
-    b = conv.bias.detach().clone().requires_grad_(True)
-    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
-        y = fs2.fused_stage(xin, w, b, pool, pad, kernel=kernel)
-    g = torch.randn(y.shape, device=y.device, dtype=torch.float32)
-    (y.float() * g).sum().backward()
+    y, xin, w, b, g = _run(
+        lambda xin, w, b: fs2.fused_stage(xin, w, b, pool, conv.padding[0], kernel=kernel),
+        x, conv, dtype, autocast, input_grad=True)
     # the kernel's products: operands in bf16 under autocast or for half input
     rounding = torch.bfloat16 if autocast else dtype
-    x64 = xin.detach().to(rounding).double().requires_grad_(True)
-    w64 = conv.weight.detach().to(rounding).double().requires_grad_(True)
-    b64 = conv.bias.detach().double().requires_grad_(True)
-    conv64 = F.conv2d(x64, w64, b64, padding=pad)
-    ref, where = F.max_pool2d(F.elu(conv64), pool, return_indices=True)
-    (ref * g.double()).sum().backward()
-    _, where_fused = F.max_pool2d(conv64.detach(), pool, return_indices=True)
-
     return {"dtype": str(dtype).replace("torch.", ""), "autocast_bf16": autocast,
             "block": kernel.block, "num_warps": kernel.num_warps, "block_k": kernel.block_k,
             "backward": kernel.backward, "kernel": str(kernel),
-            "output_rel": relative_error(y, ref),
-            "output_max_abs": float((y.detach().double() - ref.detach()).abs().max()),
-            "input_grad_rel": relative_error(xin.grad, x64.grad),
-            "weight_grad_rel": relative_error(w.grad, w64.grad),
-            "bias_grad_rel": relative_error(b.grad, b64.grad),
-            "argmax_differs_fraction": float((where != where_fused).double().mean())}
+            **_errors(y, xin, w, b, _reference(xin, conv, pool, g, rounding))}
 
 
 def stage2_timings(x, labels, size: int, configs: list, repeats: int, device,
@@ -302,11 +340,12 @@ def stage2_main(args, x, labels, device) -> int:
               "torch": torch.__version__, "accuracy": []}
     import dataclasses
 
-    for backward in ("hybrid", "triton"):
-        kernel = dataclasses.replace(fs2.default_kernel(), backward=backward)
-        for dt, autocast in ((torch.float32, False), (torch.float32, True),
-                             (torch.bfloat16, False)):
-            result["accuracy"].append(stage2_accuracy(x2, conv, 5, dt, autocast, kernel))
+    for backward in ("hybrid", "triton", None):  # None: the library's own rows
+        kernel = backward and dataclasses.replace(fs2.default_kernel(), backward=backward)
+        for dt, autocast in _precisions():
+            result["accuracy"].append(
+                stage2_accuracy(x2, conv, 5, dt, autocast, kernel) if kernel else
+                library_accuracy(x2, conv, 5, dt, autocast, stage=2))
             print(json.dumps(result["accuracy"][-1]), file=sys.stderr, flush=True)
     result["timings"] = stage2_timings(x, labels, args.size, configs, args.repeats, device,
                                        args.stem_kernel)
@@ -370,11 +409,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from lartpc.models.fused_stem import default_kernel
 
-    for dot in (False, True):  # the fused stem's two ways of summing the taps
-        kernel = dataclasses.replace(default_kernel(), dot=dot)
-        for dt, autocast in ((torch.float32, False), (torch.float32, True),
-                             (torch.bfloat16, False)):
-            result["accuracy"].append(accuracy(x, conv, 5, dt, autocast, kernel))
+    for dot in (False, True, None):  # the two ways of summing the taps; None: the library
+        kernel = dot is not None and dataclasses.replace(default_kernel(), dot=dot)
+        for dt, autocast in _precisions():
+            result["accuracy"].append(accuracy(x, conv, 5, dt, autocast, kernel) if kernel
+                                      else library_accuracy(x, conv, 5, dt, autocast))
             print(json.dumps(result["accuracy"][-1]), file=sys.stderr, flush=True)
     result["timings"] = timings(x, labels, args.size, args.parsed_configs, args.repeats,
                                 device)

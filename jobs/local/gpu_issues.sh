@@ -42,21 +42,21 @@ fi
 PY=${PYTHON:-python3}
 part() {  # part NAME COMMAND...: run one part, log it, keep going on failure
     local name=$1; shift
-    local t0=$SECONDS rc left
-    if [ "$DEADLINE_S" -gt 0 ]; then
-        left=$((DEADLINE_S - SECONDS))
-        if [ "$left" -lt 10 ]; then
+    local t0=$SECONDS rc limit=()
+    if [ "$DEADLINE_S" -gt 0 ]; then  # stopped (with its children) at the deadline
+        limit=(timeout -k 5 $((DEADLINE_S - SECONDS)))
+        if [ "${limit[3]}" -lt 10 ]; then
             echo "$name: not run, deadline (${DEADLINE_S} s) reached" | tee -a "$OUT/parts.txt"
             return
         fi
-        timeout -k 5 "$left" "$@" > "$OUT/$name.out" 2> "$OUT/$name.err"; rc=$?
-        [ "$rc" = 124 ] || [ "$rc" = 137 ] && {
-            echo "$name: stopped at the deadline (${DEADLINE_S} s) after $((SECONDS - t0)) s" \
-                | tee -a "$OUT/parts.txt"; return; }
-    else
-        "$@" > "$OUT/$name.out" 2> "$OUT/$name.err"; rc=$?
     fi
-    echo "$name: exit $rc, $((SECONDS - t0)) s" | tee -a "$OUT/parts.txt"
+    "${limit[@]}" "$@" > "$OUT/$name.out" 2> "$OUT/$name.err"; rc=$?
+    if [ "${#limit[@]}" -gt 0 ] && { [ "$rc" = 124 ] || [ "$rc" = 137 ]; }; then
+        echo "$name: stopped at the deadline (${DEADLINE_S} s) after $((SECONDS - t0)) s" \
+            | tee -a "$OUT/parts.txt"
+    else
+        echo "$name: exit $rc, $((SECONDS - t0)) s" | tee -a "$OUT/parts.txt"
+    fi
 }
 bench() {  # bench ONLY [FLAGS]: gpu_bench steps into $G, results copied into OUT
     local only=$1; shift
@@ -84,8 +84,8 @@ if [ "$DEVICE" = cuda ]; then
     #    the default per-tap sums: accuracy, then the stem alone and the training step
     part stem-check "$PY" -m lartpc.jobs.local.stem_check --out "$OUT/stem-check"
     # 4b. JishNet with both stages at their fastest accurate launch (fastest_kernels, from
-    #    parts 3 and 4; a part that failed leaves that stage at the model's default), stage by
-    #    stage, with its peak memory
+    #    parts 3 and 4; a part that failed leaves that stage at the model's default),
+    #    stage by stage, with its peak memory
     part fastest-kernels "$PY" -m lartpc.jobs.local.fastest_kernels \
         "$OUT/stem-check/stem-check.json" "$OUT/stage2-check/stage2-check.json"
     cp "$OUT/fastest-kernels.out" "$OUT/fastest-kernels.json" 2>/dev/null

@@ -65,6 +65,19 @@ def _precisions():
     return ((torch.float32, False), (torch.float32, True), (torch.bfloat16, False))
 
 
+def _precision(dtype, autocast: bool) -> dict:
+    """An accuracy row's precision fields."""
+    return {"dtype": str(dtype).replace("torch.", ""), "autocast_bf16": autocast}
+
+
+def _stage2_rounding(dtype, autocast: bool):
+    """What the fused second stage rounds its products' operands to: bf16 under autocast,
+    the input's type otherwise (the float64 reference rounds them alike)."""
+    import torch
+
+    return torch.bfloat16 if autocast else dtype
+
+
 def relative_error(a, r) -> float:
     """|a - r| / |r| (Frobenius norms; ``r`` the float64 reference)."""
     return float((a.detach().double() - r.detach()).norm() / r.detach().norm())
@@ -130,7 +143,7 @@ def accuracy(x, conv, pool: int, dtype, autocast: bool = False, kernel=None) -> 
     y, xin, w, b, g = _run(
         lambda xin, w, b: fused_stem(xin, w, b, pool, conv.padding[0], kernel=kernel),
         x, conv, dtype, autocast, input_grad=False)
-    return {"dtype": str(dtype).replace("torch.", ""), "autocast_bf16": autocast,
+    return {**_precision(dtype, autocast),
             "block": kernel.block, "num_warps": kernel.num_warps, "dot": kernel.dot,
             "kernel": str(kernel), **_errors(y, xin, w, b, _reference(xin, conv, pool, g))}
 
@@ -142,7 +155,6 @@ def library_accuracy(x, conv, pool: int, dtype, autocast: bool = False,
     the same float64 reference as the fused rows of ``stage``: how far the library is
     from the exact function at the precision it trains in. ``fastest_kernels`` accepts a
     fused way that is no further (``way``: ``library`` marks these rows)."""
-    import torch
     import torch.nn.functional as F
 
     def layers(xin, w, b):
@@ -150,9 +162,8 @@ def library_accuracy(x, conv, pool: int, dtype, autocast: bool = False,
 
     y, xin, w, b, g = _run(layers, x, conv, dtype, autocast, input_grad=stage == 2,
                            weights_dtype=dtype)
-    rounding = (torch.bfloat16 if autocast else dtype) if stage == 2 else None
-    return {"way": "library", "dtype": str(dtype).replace("torch.", ""),
-            "autocast_bf16": autocast,
+    rounding = _stage2_rounding(dtype, autocast) if stage == 2 else None
+    return {"way": "library", **_precision(dtype, autocast),
             **_errors(y, xin, w, b, _reference(xin, conv, pool, g, rounding))}
 
 
@@ -256,17 +267,14 @@ def stage2_accuracy(x, conv, pool: int, dtype, autocast: bool = False, kernel=No
     """Fused second stage (launched as ``kernel``, a Stage2Kernel; None: its default)
     against the published layers in float64, on input ``x`` (B, 10, H, W) cast to
     ``dtype``, optionally under bf16 autocast."""
-    import torch
-
     import lartpc.models.fused_stage2 as fs2
 
     kernel = kernel or fs2.default_kernel()
     y, xin, w, b, g = _run(
         lambda xin, w, b: fs2.fused_stage(xin, w, b, pool, conv.padding[0], kernel=kernel),
         x, conv, dtype, autocast, input_grad=True)
-    # the kernel's products: operands in bf16 under autocast or for half input
-    rounding = torch.bfloat16 if autocast else dtype
-    return {"dtype": str(dtype).replace("torch.", ""), "autocast_bf16": autocast,
+    rounding = _stage2_rounding(dtype, autocast)
+    return {**_precision(dtype, autocast),
             "block": kernel.block, "num_warps": kernel.num_warps, "block_k": kernel.block_k,
             "backward": kernel.backward, "kernel": str(kernel),
             **_errors(y, xin, w, b, _reference(xin, conv, pool, g, rounding))}
@@ -339,13 +347,15 @@ def stage2_main(args, x, labels, device) -> int:
               "device_name": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "accuracy": []}
     import dataclasses
+    from functools import partial
 
-    for backward in ("hybrid", "triton", None):  # None: the library's own rows
-        kernel = backward and dataclasses.replace(fs2.default_kernel(), backward=backward)
+    # both backwards, then the published layers' own rows
+    ways = [partial(stage2_accuracy,
+                    kernel=dataclasses.replace(fs2.default_kernel(), backward=backward))
+            for backward in ("hybrid", "triton")] + [partial(library_accuracy, stage=2)]
+    for way in ways:
         for dt, autocast in _precisions():
-            result["accuracy"].append(
-                stage2_accuracy(x2, conv, 5, dt, autocast, kernel) if kernel else
-                library_accuracy(x2, conv, 5, dt, autocast, stage=2))
+            result["accuracy"].append(way(x2, conv, 5, dt, autocast))
             print(json.dumps(result["accuracy"][-1]), file=sys.stderr, flush=True)
     result["timings"] = stage2_timings(x, labels, args.size, configs, args.repeats, device,
                                        args.stem_kernel)
@@ -406,14 +416,16 @@ def main(argv: list[str] | None = None) -> int:
               "torch": torch.__version__,
               "accuracy": []}
     import dataclasses
+    from functools import partial
 
     from lartpc.models.fused_stem import default_kernel
 
-    for dot in (False, True, None):  # the two ways of summing the taps; None: the library
-        kernel = dot is not None and dataclasses.replace(default_kernel(), dot=dot)
+    # the two ways of summing the taps, then the published layers' own rows
+    ways = [partial(accuracy, kernel=dataclasses.replace(default_kernel(), dot=dot))
+            for dot in (False, True)] + [library_accuracy]
+    for way in ways:
         for dt, autocast in _precisions():
-            result["accuracy"].append(accuracy(x, conv, 5, dt, autocast, kernel) if kernel
-                                      else library_accuracy(x, conv, 5, dt, autocast))
+            result["accuracy"].append(way(x, conv, 5, dt, autocast))
             print(json.dumps(result["accuracy"][-1]), file=sys.stderr, flush=True)
     result["timings"] = timings(x, labels, args.size, args.parsed_configs, args.repeats,
                                 device)

@@ -87,10 +87,6 @@ NATIVE_HALF_DOT = not _INTERPRET
 #: the backward, ``hybrid`` or ``triton`` (module docstring); read when the forward runs
 BACKWARD = "hybrid"
 
-
-def default_kernel() -> Stage2Kernel:
-    """The launch ``model.stage2_kernel=""`` means: this module's settings as they are now."""
-    return Stage2Kernel(BLOCK, NUM_WARPS, BLOCK_K, BACKWARD)
 #: ``triton`` backward: blocks of pooled outputs each weight-gradient program sums (fewer
 #: partial sums for torch to add), its taps per program with half-precision and with
 #: float32 products, and input pixels per input-gradient program: chosen so that Triton
@@ -102,6 +98,11 @@ WGRAD_BLOCKS = 1 if _INTERPRET else 16
 WGRAD_BLOCK_K_HALF = 256 if _INTERPRET else 64
 WGRAD_BLOCK_K_FLOAT = 256 if _INTERPRET else 16
 IGRAD_BLOCK = 2048 if _INTERPRET else 32
+
+
+def default_kernel() -> Stage2Kernel:
+    """The launch ``model.stage2_kernel=""`` means: this module's settings as they are now."""
+    return Stage2Kernel(BLOCK, NUM_WARPS, BLOCK_K, BACKWARD)
 
 
 @triton.jit

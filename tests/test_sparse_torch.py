@@ -265,7 +265,11 @@ def test_cuda_step_on_prebuilt_tables_never_synchronises(train_events_dir):
     b.load_state_dict(a.state_dict())
     loader = build_loader(store, "sparse", np.arange(len(store)), 7, device="cuda", seed=1,
                           rulebooks=b.rulebook_builder(training=True))
-    for batch in loader:
+    # All made before the check: the debug mode is the process's, and the loader's own
+    # threads read back while they build (off the step's path, which is what is tested)
+    batches = list(loader)
+    torch.cuda.synchronize()
+    for batch in batches:
         args = (batch.coords, batch.features, batch.data_size, batch.labels)
         b.zero_grad()
         torch.cuda.synchronize()

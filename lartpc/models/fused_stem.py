@@ -36,15 +36,19 @@ import triton.language as tl
 
 from lartpc.models.kernel_settings import StemKernel
 
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 #: pooled outputs per program (of the flattened image, row, column order) and warps per
-#: program, the fastest of those timed on an H200 (BENCHMARKS.md); the interpreter, slow
-#: per operation, is quicker with large blocks. A run may set its own
-#: (``model.stem_kernel``, :mod:`lartpc.models.kernel_settings`).
-BLOCK = 4096 if os.environ.get("TRITON_INTERPRET") == "1" else 128
+#: program, the fastest of those timed on an H200 (BENCHMARKS.md, 2026-11-28: 64 x 4 with
+#: DOT); the interpreter, slow per operation, is quicker with large blocks. A run may set
+#: its own (``model.stem_kernel``, :mod:`lartpc.models.kernel_settings`).
+BLOCK = 4096 if _INTERPRETED else 64
 NUM_WARPS = 4
-#: sum each window position's taps as a matrix product instead (a compile-time choice;
-#: its accuracy was measured on an H200, its speed not yet: BENCHMARKS.md)
-DOT = False
+#: sum each window position's taps as a matrix product (on a GPU's matrix units) instead
+#: of tap by tap: the stem 4.7 against 5.4 ms on the H200, its weight gradient under bf16
+#: autocast 2.8e-2 from float64 against the published layers' own 6.3e-2 (BENCHMARKS.md).
+#: Off under the interpreter, whose tests check the per-tap sums by default and this one
+#: explicitly
+DOT = not _INTERPRETED
 
 
 def default_kernel() -> StemKernel:

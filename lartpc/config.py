@@ -76,6 +76,10 @@ class DataConfig:
     blosc_clevel: int = 5
     blosc_shuffle: str = "noshuffle"  #: noshuffle | shuffle | bitshuffle
     prefetch: int = 2  #: batches prepared ahead of the step in a background thread
+    #: threads preparing batches (the sparse loader only: each makes whole batches, the
+    #: order is kept); for a GPU's graphed SCNet step, which one thread building the
+    #: tables does not keep up with (BENCHMARKS.md); whether more pay is not measured yet
+    prefetch_threads: int = 1
     #: none | mirror: mirror each training event on the wire and/or time axis, chosen
     #: by (train.seed, epoch, event); for isotropic events (lartpc/data/augment.py)
     augment: str = "none"
@@ -203,9 +207,9 @@ def choices(key: str, *, without: tuple[str, ...] = ()) -> tuple[str, ...]:
     return tuple(v for v in CHOICES[key] if v not in without)
 
 
-POSITIVE = ("data.downsample", "train.batch_per_rank", "train.epochs", "train.time_limit_s",
-            "train.budget_s",
-            "train.lr", "train.eps", "train.eval_every_epochs", "train.log_flush_steps",
+POSITIVE = ("data.downsample", "data.prefetch_threads", "train.batch_per_rank", "train.epochs",
+            "train.time_limit_s", "train.budget_s", "train.lr", "train.eps",
+            "train.eval_every_epochs", "train.log_flush_steps",
             "dist.timeout_s", "train.noise_every_steps")
 NON_NEGATIVE = ("data.max_events", "data.prefetch", "train.seed", "train.weight_decay",
                 "train.momentum", "train.warmup_epochs", "train.checkpoint_every_steps",
@@ -326,6 +330,15 @@ def validate(cfg: Config) -> None:
                           "events (data.downsample = 1)")
     if not 0 <= cfg.data.blosc_clevel <= 9:
         raise ConfigError(f"data.blosc_clevel = {cfg.data.blosc_clevel}: must be in 0..9")
+    one_thread = cfg.data.loader in ("blosc", "device-dense") or (
+        cfg.data.loader == "auto" and cfg.model.name == "jishnet")  # auto: JishNet's blosc
+    if cfg.data.prefetch_threads > 1 and one_thread:
+        raise ConfigError(f"data.prefetch_threads = {cfg.data.prefetch_threads} with "
+                          f"data.loader = {cfg.data.loader!r} and {cfg.model.name}: only the "
+                          f"sparse loader prepares batches in several threads")
+    if cfg.data.prefetch_threads > MAX_THREADS:
+        raise ConfigError(f"data.prefetch_threads = {cfg.data.prefetch_threads}: must be at "
+                          f"most {MAX_THREADS}")
     # Ranges past which a run only fails later (Adam's decay overflowed float32 at 1e308;
     # torch crashed creating 100,000 threads).
     if cfg.train.weight_decay > 1.0:

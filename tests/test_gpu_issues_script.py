@@ -27,7 +27,7 @@ def _run(tmp_path: Path, **env) -> tuple[list[str], list[str], Path]:
     fake.chmod(0o755)
     log, out, pack = tmp_path / "calls.log", tmp_path / "gi", tmp_path / "back/gi.tar.gz"
     full = {**os.environ, "DEVICE": "cpu", "PYTHON": str(fake), "FAKE_LOG": str(log),
-            "PACK": str(pack), **env}
+            "PACK": str(pack), "EVENTS_DIR": str(tmp_path), **env}
     subprocess.run(["bash", str(SCRIPT), str(out)], env=full, check=True, timeout=120,
                    capture_output=True)
     parts = (out / "parts.txt").read_text().splitlines()
@@ -37,11 +37,17 @@ def _run(tmp_path: Path, **env) -> tuple[list[str], list[str], Path]:
 def test_every_part_runs_and_a_failure_is_logged(tmp_path):
     parts, calls, pack = _run(tmp_path, FAKE_RC="3")
     names = [p.split(":")[0] for p in parts]
-    assert names == ["env", "gpu-bench-train-scnet-sparse-torch-graph", "gpu-tests",
+    assert names == ["env", "events", "loader-probe", "train-scnet-torch-graph-threads-3",
+                     "train-scnet-torch-graph-threads-1", "gpu-tests",
                      "gpu-bench-train-scnet-sparse", "gpu-bench-model-scnet-default", "done"]
     assert "gpu-bench-train-scnet-sparse: exit 3" in "\n".join(parts)
     assert "env: exit 0" in "\n".join(parts)
-    assert sum("gpu_bench" in c for c in calls) == 3
+    assert sum("gpu_bench" in c for c in calls) == 2
+    events = str(tmp_path / "events")  # one store, made once, read by 1a and both trainings
+    assert [c for c in calls if events in c][0].startswith("-m lartpc simulate")
+    assert sum(events in c for c in calls) == 4
+    assert [c.split("data.prefetch_threads=")[1] for c in calls if "bench train" in c] == \
+        ["3", "1"]
     with tarfile.open(pack) as tar:
         assert "gi/parts.txt" in tar.getnames()
 
@@ -49,11 +55,9 @@ def test_every_part_runs_and_a_failure_is_logged(tmp_path):
 def test_the_deadline_stops_the_running_part_and_skips_the_rest(tmp_path):
     parts, calls, pack = _run(tmp_path, FAKE_SLEEP="60", DEADLINE_S="11")
     text = "\n".join(parts)
-    assert "gpu-bench-train-scnet-sparse-torch-graph: stopped at the deadline (11 s)" in text
-    for later in ("gpu-tests", "gpu-bench-train-scnet-sparse",
-                  "gpu-bench-model-scnet-default"):
-        assert f"{later}: not run, deadline (11 s) reached" in text
-    assert sum("gpu_bench" in c for c in calls) == 1  # the later parts never started
+    assert "gpu-bench-train-scnet-sparse: stopped at the deadline (11 s)" in text
+    assert "gpu-bench-model-scnet-default: not run, deadline (11 s) reached" in text
+    assert sum("gpu_bench" in c for c in calls) == 1  # the later part never started
     with tarfile.open(pack) as tar:  # packed although the run was cut short
         member = tar.extractfile("gi/parts.txt")
         assert member is not None and b"stopped at the deadline" in member.read()

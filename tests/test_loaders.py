@@ -10,13 +10,16 @@ import time
 import h5py
 import numpy as np
 import pytest
+import torch
 
+from lartpc.config import load_config
 from lartpc.data import EventStore, EventStoreError
 from lartpc.data.blosc_cache import BloscConfig
 from lartpc.data.loaders import build_loader
 from lartpc.data.prefetch import n_slots, prefetch
 from lartpc.data.sharding import ShardPlan, epoch_batches
 from lartpc.errors import ConfigError, LartpcError
+from lartpc.train.parts import prefetch_threads
 
 
 @pytest.fixture(scope="module")
@@ -203,23 +206,30 @@ def test_ranks_cover_the_epoch_once_in_step(store, mode):
     assert np.concatenate([b.event_ids for b in ev]).tolist() == plan.eval_indices(0).tolist()
 
 
-def test_prefetch_keeps_order_with_slow_consumer_and_rotating_slots():
+@pytest.mark.parametrize("workers", [1, 3])
+def test_prefetch_keeps_order_with_slow_consumer_and_rotating_slots(workers):
     depth = 2
-    slots = [np.zeros(4) for _ in range(n_slots(depth))]
+    slots = [np.zeros(4) for _ in range(n_slots(depth, workers))]
+    threads = set()
 
     def produce(k):
+        threads.add(threading.current_thread().name)
+        time.sleep(0.002 * (k % 3))  # uneven items: the threads finish out of order
         slots[k % len(slots)][:] = k  # writes a rotating buffer, as the loaders do
         return k, slots[k % len(slots)]
 
     got = []
-    for k, buf in prefetch(produce, 12, depth):
-        time.sleep(0.01)  # the producer runs ahead meanwhile
+    for k, buf in prefetch(produce, 13, depth, workers=workers):
+        time.sleep(0.01)  # the producers run ahead meanwhile
         assert np.all(buf == k)  # the held buffer was not overwritten
         got.append(k)
-    assert got == list(range(12))
+    assert got == list(range(13))
+    assert len(threads) == workers
+    assert n_slots(depth) == depth + 2  # one thread: the buffers it always needed
 
 
-def test_prefetch_reraises_at_the_failing_item_and_stops_the_thread():
+@pytest.mark.parametrize("workers", [1, 3])
+def test_prefetch_reraises_at_the_failing_item_and_stops_the_thread(workers):
     def produce(k):
         if k == 5:
             raise ValueError("bad item 5")
@@ -227,15 +237,44 @@ def test_prefetch_reraises_at_the_failing_item_and_stops_the_thread():
 
     got = []
     with pytest.raises(ValueError, match="bad item 5"):
-        for k in prefetch(produce, 10, 3):
+        for k in prefetch(produce, 10, 3, workers=workers):
             got.append(k)
     assert got == [0, 1, 2, 3, 4]
     before = threading.active_count()
-    it = prefetch(lambda k: k, 1000, 2)
+    it = prefetch(lambda k: k, 1000, 2, workers=workers)
     assert [next(it) for _ in range(3)] == [0, 1, 2]
-    it.close()  # consumer stops early: the thread must end
+    it.close()  # consumer stops early: the threads must end
     assert threading.active_count() <= before
-    assert list(prefetch(lambda k: k * k, 4, 0)) == [0, 1, 4, 9]
+    assert list(prefetch(lambda k: k * k, 4, 0, workers=workers)) == [0, 1, 4, 9]
+    assert list(prefetch(lambda k: k, 0, 2, workers=workers)) == []
+    assert list(prefetch(lambda k: k, 2, 1, workers=workers)) == [0, 1]  # fewer than threads
+
+
+def test_several_prefetch_threads_make_the_same_sparse_batches(store):
+    """A sparse batch is a pure function of its positions: three threads give the batches
+    one gives, in the same order; the dense loaders refuse more than one."""
+    def epoch(threads):
+        loader = build_loader(store, "sparse", np.arange(len(store)), 3, seed=4,
+                              prefetch_threads=threads)
+        return [(b.event_ids.tolist(), b.coords.clone(), b.features.clone()) for b in loader]
+
+    one, three = epoch(1), epoch(3)
+    assert len(one) == len(three) > 3
+    for (ia, ca, fa), (ib, cb, fb) in zip(one, three, strict=True):
+        assert ia == ib and torch.equal(ca, cb) and torch.equal(fa, fb)
+    for mode in ("blosc", "device-dense"):
+        with pytest.raises(LartpcError, match="prefetch_threads=2: the .* loader prepares"):
+            build_loader(store, mode, np.arange(len(store)), 3, prefetch_threads=2)
+    cfg = load_config("tiny-scnet", ["data.prefetch_threads=2"])  # a JishNet on sparse
+    with pytest.raises(ConfigError, match="data.prefetch_threads=2: the blosc loader"):
+        prefetch_threads(cfg, "blosc")  # the loader the model resolved to, at the start
+    for sets in (["data.prefetch_threads=0"], ["data.prefetch_threads=2000"],
+                 ["data.prefetch_threads=2", "data.loader=blosc"]):
+        with pytest.raises(ConfigError, match="data.prefetch_threads"):
+            load_config("tiny-scnet", sets)
+    with pytest.raises(ConfigError, match="prefetch_threads = 2 with data.loader = 'auto'"):
+        load_config("tiny-jishnet", ["data.prefetch_threads=2", "data.loader=auto"])
+    assert load_config("tiny-scnet", ["data.prefetch_threads=3"]).data.prefetch_threads == 3
 
 
 def test_empty_shard_and_bad_options(store):

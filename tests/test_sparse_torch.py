@@ -215,6 +215,10 @@ def test_training_with_torch_layers_follows_spconvs(world, train_events_dir, tmp
     assert t.train_loader._rulebooks is not None  # auto: built in the loader's thread
     t.close()
     _same(torch_fwd, torch_loader)
+    threads.clear()  # three loader threads, each building whole batches: the same run
+    _same(torch_fwd, _fit(world, train_events_dir, tmp_path / "threads", "tiny-scnet", TORCH,
+                          "data.prefetch_threads=3"))
+    assert {t.name for t in threads} == {f"sparse-loader-{j}" for j in range(3)}
     (pa, la), (pb, lb) = spconv, torch_fwd
     assert len(la) == len(lb) > 0
     for ra, rb in zip(la, lb, strict=True):

@@ -66,10 +66,27 @@ bench() {  # bench ONLY [FLAGS]: gpu_bench steps into $G, results copied into OU
 }
 
 part env "$PY" -m lartpc env
-# 1. issue 36: SCNet's training with its layers in torch operations, tables built in the
-#    loader's thread, forward and backward replayed as one CUDA graph (train.cuda_graph)
-#    and eager
-bench 'train-scnet-sparse-torch-graph,train-scnet-sparse-torch'
+# 0. issue 36: one store of 700 events for parts 1a-1b (outside OUT: PACK returns OUT)
+EV=${EVENTS_DIR:-$(mktemp -d)}/events
+if [ "$DEVICE" = cuda ]; then NEV=700 EVDS=1 SECS=40; else NEV=70 EVDS=8 SECS=10; fi
+part events "$PY" -m lartpc simulate --out "$EV" --events "$NEV" --downsample "$EVDS" \
+    --workers "$(nproc)" --overwrite
+# 1a. how fast the loader alone hands over batches with their tables (one made in the
+#    caller's thread; a whole pass with 1, 2 and 3 prefetch threads)
+part loader-probe "$PY" -m lartpc.jobs.local.loader_probe "$EV" --device "$DEVICE"
+cp "$OUT/loader-probe.out" "$OUT/loader-probe.json" 2>/dev/null
+# 1b. SCNet's graphed training (torch layers, tables built in the loader, one CUDA graph
+#    a step) with three loader threads and with one (2026-11-28: 1,229.6 images/s with
+#    one, the loader the limit)
+for threads in 3 1; do
+    part "train-scnet-torch-graph-threads-$threads" "$PY" -m lartpc bench train --ranks 1 \
+        --backend none --device "$DEVICE" --data "$EV" --downsample "$EVDS" \
+        --seconds "$SECS" --model scnet --loader sparse --set model.sparse=torch \
+        --set data.rulebooks=loader --set train.cuda_graph=true \
+        --set "data.prefetch_threads=$threads"
+    cp "$OUT/train-scnet-torch-graph-threads-$threads.out" \
+        "$OUT/train-scnet-torch-graph-threads-$threads.json" 2>/dev/null
+done
 # 2. the CUDA tests of both ways of building ahead (equality, and no synchronisation)
 #    and of the captured step (equal to the eager one)
 part gpu-tests "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_sparse_torch.py \
@@ -96,10 +113,11 @@ if [ "$DEVICE" = cuda ]; then
         --device cuda --batch-per-rank 7 --elu-after-pool --cudnn-benchmark --amp bf16 \
         --channels-last "${FASTEST[@]}" --stages --repeats 10
 fi
-# 5. the issue's own command (spconv, implicit GEMM: the baseline, 598 images/s on the
-#    H200), SCNet's bare forward+backward both ways (tables built in the timed step), and
-#    the torch layers' whole step (Adam included) as one CUDA graph against eager
-bench 'train-scnet-sparse'
+# 5. the issue's own command (spconv, implicit GEMM: the baseline, 719.6 images/s on the
+#    H200 on 2026-11-28), the torch layers eager and graphed (gpu_bench's own events),
+#    SCNet's bare forward+backward both ways (tables built in the timed step), and the
+#    torch layers' whole step (Adam included) as one CUDA graph against eager
+bench 'train-scnet-sparse,train-scnet-sparse-torch-graph,train-scnet-sparse-torch'
 bench 'model-scnet-default,model-scnet-implicit-gemm,model-scnet-torch,model-scnet-torch-graph'
 # 6. with SCAN_TOO=1: the minibatch scan, spconv (implicit GEMM) then the torch layers
 #    (~5 min each on a GPU)

@@ -92,11 +92,14 @@ class Loader:
 
     mode = ""
     dense_batches = True  # batches carry ``dense`` (rotating preallocated buffers)
+    #: whether ``_produce`` may run in several threads at once (``prefetch_threads``);
+    #: the dense modes' buffer records assume one thread, in batch order
+    threads_allowed = False
 
     def __init__(self, store: EventStore, indices: np.ndarray, batch_per_rank: int = 7, *,
                  device: torch.device | str = "cpu", seed: int = 0, shuffle: bool = True,
                  steps_per_epoch: int | None = None, prefetch_depth: int = 1,
-                 orient: str = "none"):
+                 orient: str = "none", prefetch_threads: int = 1):
         if orient not in ORIENTS:
             raise LartpcError(f"orient {orient!r}: choose from {', '.join(ORIENTS)}")
         if orient == "start":
@@ -108,6 +111,13 @@ class Loader:
         self.device = torch.device(device)
         self.shape = store.geometry.shape
         self.prefetch_depth = prefetch_depth
+        if prefetch_threads < 1:
+            raise LartpcError(f"prefetch_threads={prefetch_threads}: at least 1")
+        if prefetch_threads > 1 and not self.threads_allowed:
+            raise LartpcError(f"prefetch_threads={prefetch_threads}: the {self.mode} loader "
+                              f"prepares its batches in one thread (the sparse loader takes "
+                              f"several)")
+        self.prefetch_threads = prefetch_threads
         self.epoch = 0
         self._iterating = False
         self._steps = steps_per_epoch
@@ -219,14 +229,15 @@ class Loader:
     def iterate(self, start: int = 0) -> Iterator[Batch]:
         """One epoch of batches, from step ``start`` on (a run resumed mid-epoch)."""
         batches = self._batches(self.epoch)[start:]
-        slots = n_slots(self.prefetch_depth)
+        slots = n_slots(self.prefetch_depth, self.prefetch_threads)
         if self._iterating:  # two producers would share the rotating buffers
             raise LartpcError(f"{self.mode} loader: an iteration is still running; finish or "
                               f"close it before starting another")
         self._iterating = True
         try:
             items = prefetch(lambda k: self._produce(batches[k], k % slots), len(batches),
-                             self.prefetch_depth, name=f"{self.mode}-loader")
+                             self.prefetch_depth, name=f"{self.mode}-loader",
+                             workers=self.prefetch_threads)
             for b in items:
                 yield self._finish(b)
         finally:

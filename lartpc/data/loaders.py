@@ -20,6 +20,7 @@ The shared machinery (reading, epochs, prefetch, buffers) is in
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -146,16 +147,23 @@ class SparseLoader(Loader):
 
     mode = "sparse"
     dense_batches = False
+    threads_allowed = True  # a batch is a pure function of its positions
 
     def __init__(self, *args, rulebooks: Callable | None = None, **kw):
         self._rulebooks = rulebooks
+        self._streams = threading.local()  # each prefetch thread builds on its own stream
         super().__init__(*args, **kw)
 
     def _prepare(self, events: list[Event]) -> None:
         self.pixels = SparseEvents(events, self.shape)
-        self._rb_stream = (torch.cuda.Stream(device=self.device)
-                           if self._rulebooks is not None and self.device.type == "cuda"
-                           else None)
+
+    def _rb_stream(self) -> torch.cuda.Stream | None:
+        """This thread's CUDA stream for building rulebooks; None off CUDA or without."""
+        if self._rulebooks is None or self.device.type != "cuda":
+            return None
+        if getattr(self._streams, "stream", None) is None:
+            self._streams.stream = torch.cuda.Stream(device=self.device)
+        return self._streams.stream
 
     @property
     def resident_bytes(self) -> int:
@@ -176,13 +184,14 @@ class SparseLoader(Loader):
                             features=batch.features.pin_memory())
         if self._rulebooks is None:
             return batch
-        if self._rb_stream is None:
+        stream = self._rb_stream()
+        if stream is None:
             return replace(batch, rulebooks=self._rulebooks(batch.coords, batch.data_size))
-        with torch.cuda.device(self.device), torch.cuda.stream(self._rb_stream):
+        with torch.cuda.device(self.device), torch.cuda.stream(stream):
             coords = batch.coords.to(self.device, non_blocking=True)
             rulebooks = self._rulebooks(coords, batch.data_size)
             done = torch.cuda.Event()
-            done.record(self._rb_stream)
+            done.record(stream)
         return _Copied(replace(batch, coords=coords, rulebooks=rulebooks), done)
 
     def _finish(self, item: Batch | _Copied) -> Batch:
@@ -206,6 +215,7 @@ class DeviceDenseLoader(SparseLoader):
 
     mode = "device-dense"
     dense_batches = True
+    threads_allowed = False  # a slot's record needs its batches made in order
 
     def _new_buffer(self) -> torch.Tensor:
         if self.device.type == "cpu":
@@ -266,7 +276,7 @@ def build_loader(store: EventStore, mode: str, indices: np.ndarray, batch_per_ra
                  device: torch.device | str = "cpu", seed: int = 0, shuffle: bool = True,
                  steps_per_epoch: int | None = None, prefetch_depth: int = 1,
                  blosc: BloscConfig | None = None, orient: str = "none",
-                 rulebooks: Callable | None = None) -> Loader:
+                 rulebooks: Callable | None = None, prefetch_threads: int = 1) -> Loader:
     """Build the loader of one rank.
 
     Parameters
@@ -287,6 +297,9 @@ def build_loader(store: EventStore, mode: str, indices: np.ndarray, batch_per_ra
     rulebooks : ``sparse`` mode only: ``f(coords, batch_size)`` building a sparse
         model's rulebooks for each batch in the prefetch thread (``data.rulebooks =
         loader``); None: the model builds them in its forward.
+    prefetch_threads : ``sparse`` mode only: threads preparing batches, each a whole
+        batch in turn (the order is kept); more than one pays where one thread cannot
+        keep up with the step (tables built on a GPU, ``data.prefetch_threads``).
 
     Returns
     -------
@@ -303,4 +316,4 @@ def build_loader(store: EventStore, mode: str, indices: np.ndarray, batch_per_ra
         kw["rulebooks"] = rulebooks
     return _CLASSES[mode](store, indices, batch_per_rank, device=device, seed=seed, shuffle=shuffle,
                           steps_per_epoch=steps_per_epoch, prefetch_depth=prefetch_depth,
-                          orient=orient, **kw)
+                          orient=orient, prefetch_threads=prefetch_threads, **kw)

@@ -1,13 +1,16 @@
-"""Run a producer one or more steps ahead of its consumer, in a background thread.
+"""Run a producer one or more steps ahead of its consumer, in background threads.
 
-Order is preserved and nothing is dropped: the thread calls ``produce(k)`` for
-``k = 0 .. n-1`` in turn and hands the results over a bounded FIFO. An exception in
+Order is preserved and nothing is dropped: with one thread, it calls ``produce(k)`` for
+``k = 0 .. n-1`` in turn and hands the results over a bounded FIFO; with ``workers``
+threads, thread ``j`` makes items ``j, j + workers, ...`` into a FIFO of its own and the
+consumer takes them round the threads, so the order is the same. An exception in
 ``produce`` is re-raised in the consumer at the position of the item that failed.
 
-Buffer reuse contract: while the consumer holds item ``k`` the producer can be
-working on at most item ``k + depth + 1``; so a producer that writes into
-``slots = depth + 2`` rotating buffers (item ``k`` into ``k % slots``) never
-overwrites an item the consumer still holds. :func:`n_slots` gives that number.
+Buffer reuse contract: while the consumer holds item ``k`` the producers can be
+working on at most item ``k + workers * (depth + 1)``; so a producer that writes into
+``slots = workers * (depth + 1) + 1`` rotating buffers (item ``k`` into ``k % slots``;
+``depth + 2`` for one thread) never overwrites an item the consumer still holds.
+:func:`n_slots` gives that number.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ T = TypeVar("T")
 _DONE = object()
 
 
-def n_slots(depth: int) -> int:
-    """Rotating buffers a producer needs under :func:`prefetch` with ``depth``."""
-    return max(depth, 0) + 2
+def n_slots(depth: int, workers: int = 1) -> int:
+    """Rotating buffers a producer needs under :func:`prefetch` with ``depth`` and
+    ``workers``."""
+    return max(workers, 1) * (max(depth, 0) + 1) + 1
 
 
 class _Failure:
@@ -35,52 +39,61 @@ class _Failure:
 
 
 def prefetch(produce: Callable[[int], T], n: int, depth: int = 1,
-             name: str = "prefetch") -> Iterator[T]:
-    """Yield ``produce(0) .. produce(n-1)`` in order, computed ``depth`` items ahead.
+             name: str = "prefetch", workers: int = 1) -> Iterator[T]:
+    """Yield ``produce(0) .. produce(n-1)`` in order, computed ``depth`` items ahead
+    by each of ``workers`` threads.
 
     Parameters
     ----------
-    produce : called with the item number, in increasing order, from one thread.
+    produce : called with the item number, in increasing order within each thread;
+        with several workers, from several threads at once (it must allow that).
     n : number of items.
-    depth : items kept ready beyond the one the consumer holds; 0 runs inline.
-    name : thread name (shows in stack dumps).
+    depth : items each thread keeps ready beyond the one the consumer holds; 0 runs
+        inline (in the consumer's thread, whatever ``workers``).
+    name : thread name (shows in stack dumps; ``-j`` appended for worker j of several).
+    workers : threads producing items, each every ``workers``-th one.
     """
     if depth <= 0:
         for k in range(n):
             yield produce(k)
         return
-    ready: queue.Queue = queue.Queue(maxsize=depth)
+    workers = max(1, min(workers, n))
+    ready = [queue.Queue(maxsize=depth) for _ in range(workers)]
     stop = threading.Event()
 
-    def put(item) -> bool:
+    def put(fifo: queue.Queue, item) -> bool:
         while not stop.is_set():
             try:
-                ready.put(item, timeout=0.1)
+                fifo.put(item, timeout=0.1)
                 return True
             except queue.Full:
                 continue
         return False
 
-    def work() -> None:
+    def work(j: int) -> None:
         try:
-            for k in range(n):
-                if stop.is_set() or not put(produce(k)):
+            for k in range(j, n, workers):
+                if stop.is_set() or not put(ready[j], produce(k)):
                     return
         except BaseException as e:  # handed to the consumer, raised there
-            put(_Failure(e))
+            put(ready[j], _Failure(e))
             return
-        put(_DONE)
+        put(ready[j], _DONE)
 
-    thread = threading.Thread(target=work, name=name, daemon=True)
-    thread.start()
+    threads = [threading.Thread(target=work, args=(j,), daemon=True,
+                                name=name if workers == 1 else f"{name}-{j}")
+               for j in range(workers)]
+    for thread in threads:
+        thread.start()
     try:
-        while True:
-            item = ready.get()
+        for k in range(n + 1):  # at k == n: the end mark of the thread that would make it
+            item = ready[k % workers].get()
             if item is _DONE:
                 return
             if isinstance(item, _Failure):
                 raise item.exc
             yield item
-    finally:  # consumer finished, failed or stopped early: release the thread
+    finally:  # consumer finished, failed or stopped early: release the threads
         stop.set()
-        thread.join()
+        for thread in threads:
+            thread.join()

@@ -1,0 +1,95 @@
+"""How fast the sparse loader hands over SCNet's batches, without a training (issue 36).
+
+    python -m lartpc.jobs.local.loader_probe EVENTS [--device cuda] [--threads 1,2,3]
+
+Two views, on ``EVENTS`` (a store, e.g. ``lartpc simulate --events 700``), minibatch 7,
+``model.sparse=torch`` tables built as in training (``data.rulebooks=loader``):
+
+- ``produce``: one batch made in the caller's thread with prefetching off, median of the
+  batches after the first ``--warmup``: ``host_ms`` until ``_produce`` returns (on a GPU
+  its launches), ``done_ms`` until its tables are built on the device too; with and
+  without the tables;
+- ``threads``: a whole pass of the loader as training iterates it (prefetching on,
+  ``prefetch_threads`` = each of ``--threads``), nothing else running: batches a second
+  the loader alone sustains, to compare with a step's rate.
+
+Prints one JSON object. On a GPU the first view showed the loader's thread at 2.9 ms a
+batch against a graphed step's 1.7 ms (BENCHMARKS.md, 2026-11-28).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+
+from lartpc.data.loaders import build_loader
+from lartpc.data.store import EventStore
+from lartpc.models import build
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def produce_times(store, builder, device: str, batches: int, warmup: int) -> dict:
+    """Median ms to make one batch in this thread, prefetching off."""
+    loader = build_loader(store, "sparse", np.arange(len(store)), 7, device=device, seed=1,
+                          rulebooks=builder, prefetch_depth=0)
+    times = []
+    for positions in loader._batches(0)[:batches]:
+        _sync(device)
+        t0 = time.perf_counter()
+        item = loader._produce(positions, 0)
+        t1 = time.perf_counter()
+        if hasattr(item, "done"):  # on a GPU: its tables built on the loader's stream
+            item.done.synchronize()
+        times.append((t1 - t0, time.perf_counter() - t0))
+    t = np.array(times[warmup:]) * 1e3
+    return {"batches": len(t), "host_ms": float(np.median(t[:, 0])),
+            "done_ms": float(np.median(t[:, 1]))}
+
+
+def pass_rate(store, builder, device: str, threads: int) -> dict:
+    """Batches a second over one pass of the loader as training iterates it."""
+    loader = build_loader(store, "sparse", np.arange(len(store)), 7, device=device, seed=1,
+                          rulebooks=builder, prefetch_depth=2, prefetch_threads=threads)
+    _sync(device)
+    t0 = time.perf_counter()
+    n = sum(1 for _ in loader)
+    _sync(device)
+    seconds = time.perf_counter() - t0
+    return {"threads": threads, "batches": n, "seconds": seconds,
+            "batches_per_s": n / seconds, "images_per_s": 7 * n / seconds}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lartpc.jobs.local.loader_probe",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("events", help="event store (folder of events-*.h5)")
+    ap.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
+    ap.add_argument("--threads", default="1,2,3", help="prefetch_threads to pass over")
+    ap.add_argument("--batches", type=int, default=60, help="batches timed one by one")
+    ap.add_argument("--warmup", type=int, default=5)
+    args = ap.parse_args(argv)
+    store = EventStore(args.events)
+    model = build("scnet", image_size=store.geometry.shape, sparse="torch").to(args.device)
+    builder = model.rulebook_builder(training=True)
+    out = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+           "events": len(store), "shape": list(store.geometry.shape),
+           "produce": {"tables": produce_times(store, builder, args.device, args.batches,
+                                               args.warmup),
+                       "no_tables": produce_times(store, None, args.device, args.batches,
+                                                  args.warmup)},
+           "threads": [pass_rate(store, builder, args.device, int(t))
+                       for t in args.threads.split(",")]}
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,21 @@
+"""``jobs/local/loader_probe.py`` on CPU: the loader's time per batch with and without
+SCNet's tables, and whole passes with one and two prefetch threads, each handing over
+every batch of the epoch."""
+
+from __future__ import annotations
+
+import json
+
+from lartpc.jobs.local import loader_probe
+
+
+def test_the_probe_times_batches_and_passes(train_events_dir, capsys):
+    assert loader_probe.main([str(train_events_dir), "--device", "cpu", "--threads", "1,2",
+                              "--batches", "6", "--warmup", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["device"] == "cpu" and out["events"] == 70 and out["shape"] == [400, 400]
+    tables, bare = out["produce"]["tables"], out["produce"]["no_tables"]
+    assert tables["batches"] == bare["batches"] == 4
+    assert tables["done_ms"] >= tables["host_ms"] > 0 and bare["host_ms"] > 0
+    assert [p["threads"] for p in out["threads"]] == [1, 2]
+    assert all(p["batches"] == 10 and p["images_per_s"] > 0 for p in out["threads"])

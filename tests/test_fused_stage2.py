@@ -16,10 +16,6 @@ product, which ``jobs/local/stem_check.py --stage 2`` checks on a GPU.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -27,6 +23,7 @@ import torch.nn.functional as F
 from triton_cpu import (  # first: sets TRITON_INTERPRET on CPU
     DEVICE,
     assert_trained_alike,
+    compile_for_sm90,
     event_images,
     train_both_ways,
 )
@@ -248,52 +245,32 @@ def test_stem_check_stage2_runs_on_cpu(tmp_path, capsys):
 
 
 #: compiles the kernels for an H100/H200 (sm_90) without a GPU, as the GPU launch would
-#: at the module's defaults, and prints each one's registers and spilled bytes per thread
-_COMPILE_FOR_SM90 = textwrap.dedent("""
-    import os, subprocess, sys, tempfile
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+#: at the module's defaults (the build comes from triton_cpu.compile_for_sm90)
+_COMPILE_FOR_SM90 = """
     import lartpc.models.fused_stage2 as fs2
-
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                             "cuobjdump")
-
-    def build(fn, pointers, consts, dt, warps=fs2.NUM_WARPS):
-        sig = {n: "constexpr" if n in consts else pointers.get(n, "i32")
-               for n in fn.arg_names}
-        k = triton.compile(ASTSource(fn, sig, constexprs=consts),
-                           target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": warps})
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(k.asm["cubin"])
-            f.flush()
-            usage = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True,
-                                   text=True, check=True).stdout
-        print(fn.__name__, dt, [w for w in usage.split() if w.startswith(("REG:", "STACK:"))])
 
     for dt in ("bf16", "fp32"):
         build(fs2._stage_forward,
               {"x_ptr": "*" + dt, "toff_ptr": "*i32", "w_ptr": "*" + dt, "b_ptr": "*fp32",
                "y_ptr": "*" + dt, "arg_ptr": "*u8"},
               dict(C=64, CP=64, POOL=5, BLOCK=fs2.BLOCK, KP=256, BLOCK_K=fs2.BLOCK_K,
-                   LOWP=dt != "fp32", NATIVE_HALF_DOT=True), dt)
+                   LOWP=dt != "fp32", NATIVE_HALF_DOT=True), dt, warps=fs2.NUM_WARPS)
         build(fs2._stage_scatter,
               {"g_ptr": "*" + dt, "y_ptr": "*" + dt, "arg_ptr": "*u8", "d_ptr": "*" + dt,
                "part_ptr": "*fp32"},
-              dict(C=64, CP=64, POOL=5, BLOCK=fs2.BLOCK), dt)
+              dict(C=64, CP=64, POOL=5, BLOCK=fs2.BLOCK), dt, warps=fs2.NUM_WARPS)
         # the triton backward's two kernels
         build(fs2._stage_wgrad,
               {"x_ptr": "*" + dt, "toff_ptr": "*i32", "dm_ptr": "*fp32", "arg_ptr": "*u8",
                "part_ptr": "*fp32"},
               dict(CP=64, KP=256, POOL=5, BLOCK=fs2.BLOCK, BLOCKS=fs2.WGRAD_BLOCKS,
                    BLOCK_K=fs2.WGRAD_BLOCK_K_FLOAT if dt == "fp32" else fs2.WGRAD_BLOCK_K_HALF,
-                   LOWP=dt != "fp32", NATIVE_HALF_DOT=True), dt, fs2.BACKWARD_WARPS)
+                   LOWP=dt != "fp32", NATIVE_HALF_DOT=True), dt, warps=fs2.BACKWARD_WARPS)
         build(fs2._stage_igrad,
               {"dm_ptr": "*fp32", "arg_ptr": "*u8", "w_ptr": "*" + dt, "gx_ptr": "*" + dt},
               dict(CIN=10, CIP=16, CP=64, K=5, PAD=2, POOL=5, BLOCK=fs2.IGRAD_BLOCK,
-                   LOWP=dt != "fp32", NATIVE_HALF_DOT=True), dt, fs2.BACKWARD_WARPS)
-""")
+                   LOWP=dt != "fp32", NATIVE_HALF_DOT=True), dt, warps=fs2.BACKWARD_WARPS)
+"""
 
 
 @pytest.mark.slow
@@ -303,15 +280,6 @@ def test_kernels_compile_for_sm90_without_spills():
     backward's weight- and input-gradient kernels for sm_90, as a launch on an H100/H200
     would at JishNet's sizes and the module's block sizes, and none spills registers to
     local memory (Triton's bundled ptxas; skipped where Triton has none)."""
-    import triton
-
-    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    if not os.path.exists(os.path.join(bin_dir, "ptxas")):
-        pytest.skip("this Triton has no bundled ptxas")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90], capture_output=True,
-                       text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    lines = r.stdout.splitlines()
-    assert len(lines) == 8, r.stdout
-    assert all("STACK:0" in line for line in lines), r.stdout
+    lines = compile_for_sm90(_COMPILE_FOR_SM90)
+    assert len(lines) == 8, lines
+    assert all("STACK:0" in line for line in lines), lines

@@ -14,8 +14,11 @@ def test_the_probe_times_batches_and_passes(train_events_dir, capsys):
                               "--batches", "6", "--warmup", "2"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["device"] == "cpu" and out["events"] == 70 and out["shape"] == [400, 400]
-    tables, bare = out["produce"]["tables"], out["produce"]["no_tables"]
-    assert tables["batches"] == bare["batches"] == 4
-    assert tables["done_ms"] >= tables["host_ms"] > 0 and bare["host_ms"] > 0
+    bare = out["produce"]["no_tables"]
+    assert set(out["produce"]) == {"no_tables", "tables_auto", "tables_torch"}
+    for tables in (out["produce"]["tables_auto"], out["produce"]["tables_torch"]):
+        assert tables["batches"] == bare["batches"] == 4
+        assert tables["done_ms"] >= tables["host_ms"] > 0 and bare["host_ms"] > 0
+    assert out["threads_tables"] == "auto"
     assert [p["threads"] for p in out["threads"]] == [1, 2]
     assert all(p["batches"] == 10 and p["images_per_s"] > 0 for p in out["threads"])

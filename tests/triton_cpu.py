@@ -5,8 +5,12 @@ generated events to run the kernels on."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -86,3 +90,45 @@ def assert_trained_alike(grads: dict, params: dict, x: torch.Tensor, moved: str)
     torch.manual_seed(0)
     init = build("jishnet", image_size=x.shape[2:]).state_dict()[moved]
     assert (params["fused"][moved].cpu() - init).abs().max() > 1.5e-3
+
+
+#: the head of a script that compiles Triton kernels for sm_90 (an H100/H200) without a
+#: GPU, as a launch there would: ``build(fn, pointers, consts, *label, warps=4)`` prints
+#: the kernel's name, the label and its registers and spilled bytes a thread
+_SM90_BUILD = textwrap.dedent("""
+    import os, subprocess, tempfile
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                             "cuobjdump")
+
+    def build(fn, pointers, consts, *label, warps=4):
+        sig = {n: "constexpr" if n in consts else pointers.get(n, "i32")
+               for n in fn.arg_names}
+        k = triton.compile(ASTSource(fn, sig, constexprs=consts),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(k.asm["cubin"])
+            f.flush()
+            usage = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True,
+                                   text=True, check=True).stdout
+        print(fn.__name__, *label, [w for w in usage.split() if w.startswith(("REG:", "STACK:"))])
+""")
+
+
+def compile_for_sm90(body: str) -> list[str]:
+    """The lines ``body`` prints after :data:`_SM90_BUILD`, run in a fresh interpreter
+    without ``TRITON_INTERPRET`` (the interpreter runs no GPU compiler); skips where
+    Triton has no bundled ptxas."""
+    import triton
+
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    if not os.path.exists(os.path.join(bin_dir, "ptxas")):
+        pytest.skip("this Triton has no bundled ptxas")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _SM90_BUILD + textwrap.dedent(body)],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout.splitlines()

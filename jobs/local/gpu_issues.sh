@@ -72,7 +72,8 @@ if [ "$DEVICE" = cuda ]; then NEV=700 EVDS=1 SECS=40; else NEV=70 EVDS=8 SECS=10
 part events "$PY" -m lartpc simulate --out "$EV" --events "$NEV" --downsample "$EVDS" \
     --workers "$(nproc)" --overwrite
 # 1a. how fast the loader alone hands over batches with their tables (one made in the
-#    caller's thread; a whole pass with 1, 2 and 3 prefetch threads)
+#    caller's thread, the tables by the Triton kernels and by torch operations; a whole
+#    pass with 1, 2 and 3 prefetch threads)
 part loader-probe "$PY" -m lartpc.jobs.local.loader_probe "$EV" --device "$DEVICE"
 cp "$OUT/loader-probe.out" "$OUT/loader-probe.json" 2>/dev/null
 # 1b. SCNet's graphed training (torch layers, tables built in the loader, one CUDA graph
@@ -90,7 +91,7 @@ done
 # 2. the CUDA tests of both ways of building ahead (equality, and no synchronisation)
 #    and of the captured step (equal to the eager one)
 part gpu-tests "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_sparse_torch.py \
-    tests/test_graphed_step.py tests/test_rulebooks.py tests/test_fused_stage2.py \
+    tests/test_table_kernels.py tests/test_graphed_step.py tests/test_rulebooks.py tests/test_fused_stage2.py \
     tests/test_fused_stem.py
 # 3. issue 35: the fused second stage, accuracy and timing with both backwards
 #    (stem_check --stage 2)

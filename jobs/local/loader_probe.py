@@ -7,14 +7,16 @@ Two views, on ``EVENTS`` (a store, e.g. ``lartpc simulate --events 700``), minib
 
 - ``produce``: one batch made in the caller's thread with prefetching off, median of the
   batches after the first ``--warmup``: ``host_ms`` until ``_produce`` returns (on a GPU
-  its launches), ``done_ms`` until its tables are built on the device too; with and
-  without the tables;
+  its launches), ``done_ms`` until its tables are built on the device too; without the
+  tables, and with them built each way of ``--tables`` (``sparse_torch.TABLES``: ``auto``
+  = Triton kernels on a GPU, ``torch`` = torch operations);
 - ``threads``: a whole pass of the loader as training iterates it (prefetching on,
   ``prefetch_threads`` = each of ``--threads``), nothing else running: batches a second
   the loader alone sustains, to compare with a step's rate.
 
 Prints one JSON object. On a GPU the first view showed the loader's thread at 2.9 ms a
-batch against a graphed step's 1.7 ms (BENCHMARKS.md, 2026-11-28).
+batch with the torch operations against a graphed step's 1.7 ms (BENCHMARKS.md,
+2026-11-28); the passes use the first of ``--tables``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch
 
 from lartpc.data.loaders import build_loader
 from lartpc.data.store import EventStore
-from lartpc.models import build
+from lartpc.models import build, sparse_torch
 
 
 def _sync(device: str) -> None:
@@ -75,18 +77,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", default="1,2,3", help="prefetch_threads to pass over")
     ap.add_argument("--batches", type=int, default=60, help="batches timed one by one")
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--tables", default="auto,torch",
+                    help="ways of building the tables to time (sparse_torch.TABLES)")
     args = ap.parse_args(argv)
     store = EventStore(args.events)
     model = build("scnet", image_size=store.geometry.shape, sparse="torch").to(args.device)
     builder = model.rulebook_builder(training=True)
+    ways = args.tables.split(",")
+    produce = {"no_tables": produce_times(store, None, args.device, args.batches,
+                                          args.warmup)}
+    before = sparse_torch.TABLES
+    try:
+        for way in reversed(ways):  # the first last: the passes below build that way
+            sparse_torch.TABLES = way
+            produce[f"tables_{way}"] = produce_times(store, builder, args.device,
+                                                     args.batches, args.warmup)
+        passes = [pass_rate(store, builder, args.device, int(t))
+                  for t in args.threads.split(",")]
+    finally:
+        sparse_torch.TABLES = before
     out = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-           "events": len(store), "shape": list(store.geometry.shape),
-           "produce": {"tables": produce_times(store, builder, args.device, args.batches,
-                                               args.warmup),
-                       "no_tables": produce_times(store, None, args.device, args.batches,
-                                                  args.warmup)},
-           "threads": [pass_rate(store, builder, args.device, int(t))
-                       for t in args.threads.split(",")]}
+           "events": len(store), "shape": list(store.geometry.shape), "produce": produce,
+           "threads_tables": ways[0], "threads": passes}
     print(json.dumps(out))
     return 0
 

@@ -199,6 +199,33 @@ def pool_slots(keys: torch.Tensor, shape: tuple[int, int], size: int, parts=None
     return slots, out_keys[:n_out], (oh, ow)
 
 
+#: how each level's tables are built: ``auto`` = with :mod:`lartpc.models.table_kernels`
+#: (three Triton kernels a level) on CUDA where Triton imports and the batch allows
+#: (:func:`table_kernels.usable`), torch operations otherwise; ``torch``; ``triton``
+#: (on any device: the tests run it on CPU under Triton's interpreter)
+TABLES = "auto"
+
+
+@functools.lru_cache(maxsize=1)
+def _triton_imports() -> bool:
+    try:
+        import triton  # noqa: F401
+    except Exception:  # noqa: BLE001 - any failure to import means: not usable here
+        return False
+    return True
+
+
+def _table_kernels(device: torch.device, shape, pools, kernel: int, images: int):
+    """The kernel module where :data:`TABLES` and the batch allow it, else None."""
+    if TABLES == "torch" or (TABLES == "auto" and (device.type != "cuda"
+                                                   or not _triton_imports())):
+        return None
+    from lartpc.models import table_kernels
+
+    cells = PASS_CELLS.get(device.type, PASS_CELLS["cpu"])
+    return table_kernels if table_kernels.usable(shape, pools, kernel, images, cells) else None
+
+
 def build_maps(coords: torch.Tensor, batch_size: int, spatial_shape, kernel: int,
                pools, training: bool = True) -> SiteMaps | None:
     """Every level's tables for int (P, 3) ``coords`` (b, y, x) of a batch (a pure
@@ -215,12 +242,23 @@ def build_maps(coords: torch.Tensor, batch_size: int, spatial_shape, kernel: int
     else:
         keys, order = torch.sort(keys)
     levels = []
+    fast = _table_kernels(keys.device, shape, pools, kernel, int(batch_size))
+    if fast is not None:  # one index image for every level: the first is the largest
+        r = kernel // 2
+        grid = _grid(int(batch_size) * (shape[0] + 2 * r) * (shape[1] + 2 * r), keys.device)
     for size in pools:
-        parts = split_keys(keys, shape)  # once for both (each part is a launch on a GPU)
-        slots, out_keys, out_shape = pool_slots(keys, shape, size, parts)
-        table = neighbour_table(keys, shape, kernel, int(batch_size), parts)
-        levels.append(Level(keys, shape, table, slots, len(out_keys),
-                            mirror(table) if levels else None))
+        if fast is not None:
+            offsets = _window_offsets(kernel // 2, shape[1] + 2 * (kernel // 2), keys.device)
+            table, mirrored, slots, out_keys = fast.level(keys, shape, size, kernel, grid,
+                                                          offsets, mirror=bool(levels))
+            out_shape = (shape[0] // size, shape[1] // size)
+            levels.append(Level(keys, shape, table, slots, len(out_keys), mirrored))
+        else:
+            parts = split_keys(keys, shape)  # once for both (each part is a launch on a GPU)
+            slots, out_keys, out_shape = pool_slots(keys, shape, size, parts)
+            table = neighbour_table(keys, shape, kernel, int(batch_size), parts)
+            levels.append(Level(keys, shape, table, slots, len(out_keys),
+                                mirror(table) if levels else None))
         keys, shape = out_keys, out_shape
         if len(keys) == 0:
             break

@@ -1,0 +1,120 @@
+"""SCNet's index tables from :mod:`lartpc.models.table_kernels` (three Triton kernels a
+level, the loader's thread's launches on a GPU cut from ~27 a level to ~4) are the
+torch path's, integer for integer: every level's neighbour table, mirrored gather, pool
+slots and pooled sites, at 400 x 400 and at 3600 x 3600, with batches of 1 and 7 and
+an empty image in the batch. On CPU under Triton's interpreter; on a GPU the same
+comparison runs on CUDA tensors with ``auto``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from triton_cpu import DEVICE, compile_for_sm90  # first: sets TRITON_INTERPRET on CPU
+
+from lartpc.bench.model import batch_from_events
+from lartpc.data.store import EventStore
+from lartpc.models import sparse_torch
+from lartpc.models.scnet import KERNEL, POOLS
+
+
+def _coords(data, first: int, n: int) -> tuple[torch.Tensor, tuple[int, int]]:
+    store = EventStore(data)
+    shape = tuple(store.geometry.shape)
+    events = store.read_many(range(first, first + n))
+    return batch_from_events(events, shape, "sparse").coords.to(DEVICE), shape
+
+
+def _build(monkeypatch, way: str, coords, n: int, shape):
+    monkeypatch.setattr(sparse_torch, "TABLES", way)
+    return sparse_torch.build_maps(coords, n, shape, KERNEL, POOLS)
+
+
+def _same(a: sparse_torch.SiteMaps, b: sparse_torch.SiteMaps) -> None:
+    assert torch.equal(a.order, b.order) and torch.equal(a.dense_index, b.dense_index)
+    assert a.out_shape == b.out_shape and len(a.levels) == len(b.levels) == len(POOLS)
+    for la, lb in zip(a.levels, b.levels, strict=True):
+        assert la.shape == lb.shape and la.n_out == lb.n_out
+        for name in ("keys", "neighbours", "slots", "mirrored"):
+            ta, tb = getattr(la, name), getattr(lb, name)
+            assert (ta is None) == (tb is None), name
+            if ta is not None:
+                assert ta.dtype == tb.dtype and torch.equal(ta, tb), name
+
+
+@pytest.mark.parametrize("first,n", [(0, 7), (7, 1)])
+def test_the_kernels_build_the_torch_paths_tables(monkeypatch, train_events_dir, first, n):
+    from lartpc.models import table_kernels
+
+    coords, shape = _coords(train_events_dir, first, n)
+    calls, real = [], table_kernels.level
+    monkeypatch.setattr(table_kernels, "level", lambda *a, **k: calls.append(1) or real(*a, **k))
+    got = _build(monkeypatch, "triton", coords, n, shape)
+    assert len(calls) == len(POOLS)  # every level by the kernels
+    _same(got, _build(monkeypatch, "torch", coords, n, shape))
+    assert len(calls) == len(POOLS)  # and none on the torch path
+    assert got.levels[1].mirrored is not None and got.levels[0].mirrored is None
+
+
+def test_an_empty_image_in_the_batch_and_full_resolution(monkeypatch, full_res_events_dir):
+    """3600 x 3600, 7 images of which the fourth has no site (a batch's image index
+    skips it), with the index image a GPU's size (one pass holds the batch)."""
+    monkeypatch.setitem(sparse_torch.PASS_CELLS, "cpu", sparse_torch.PASS_CELLS["cuda"])
+    coords, shape = _coords(full_res_events_dir, 0, 7)
+    coords = coords[coords[:, 0] != 3]
+    got = _build(monkeypatch, "triton", coords, 7, shape)
+    _same(got, _build(monkeypatch, "torch", coords, 7, shape))
+    assert len(got.levels[0].keys) == len(coords) > 10_000
+
+
+def test_where_the_kernels_do_not_serve_the_torch_path_builds(monkeypatch, train_events_dir):
+    from lartpc.models import table_kernels
+
+    assert table_kernels.usable((400, 400), POOLS, KERNEL, 7, 1 << 24)
+    assert not table_kernels.usable((401, 400), POOLS, KERNEL, 7, 1 << 24)  # 401 % 5
+    assert not table_kernels.usable((400, 400), POOLS, KERNEL, 7, 7 * 404 * 404 - 1)
+    monkeypatch.setitem(sparse_torch.PASS_CELLS, "cpu", 7 * 404 * 404 - 1)  # one too few
+    coords, shape = _coords(train_events_dir, 0, 7)
+    calls = []
+    monkeypatch.setattr(table_kernels, "level", lambda *a, **k: calls.append(a))
+    _same(_build(monkeypatch, "triton", coords, 7, shape),
+          _build(monkeypatch, "torch", coords, 7, shape))
+    assert calls == []
+    monkeypatch.setattr(sparse_torch, "TABLES", "auto")
+    assert sparse_torch._table_kernels(torch.device("cpu"), shape, POOLS, KERNEL, 7) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_auto_uses_the_kernels_on_cuda_with_the_same_tables(monkeypatch, full_res_events_dir):
+    coords, shape = _coords(full_res_events_dir, 0, 7)
+    assert sparse_torch._table_kernels(coords.device, shape, POOLS, KERNEL, 7) is not None
+    _same(_build(monkeypatch, "auto", coords, 7, shape),
+          _build(monkeypatch, "torch", coords, 7, shape))
+    assert np.isfinite(float(coords.float().mean()))  # the batch was real, not empty
+
+
+#: compiles the three kernels for an H100/H200 (sm_90) without a GPU, at the module's
+#: GPU block sizes (the build comes from triton_cpu.compile_for_sm90)
+_COMPILE_FOR_SM90 = """
+    import lartpc.models.table_kernels as tk
+
+    build(tk._sites, {"keys_ptr": "*i64", "okey_ptr": "*i64", "cell_ptr": "*i64",
+                      "grid_ptr": "*i32"}, {"BLOCK": tk.BLOCK})
+    for mirror in (False, True):
+        build(tk._neighbours, {"cell_ptr": "*i64", "offsets_ptr": "*i64", "grid_ptr": "*i32",
+                               "table_ptr": "*i32", "mirrored_ptr": "*i32"},
+              {"KK": 25, "KK_POW2": 32, "ROWS": tk.ROWS, "MIRROR": mirror})
+    build(tk._clear, {"cell_ptr": "*i64", "grid_ptr": "*i32"}, {"BLOCK": tk.BLOCK})
+"""
+
+
+def test_the_kernels_compile_for_sm90_without_spills():
+    """The interpreter runs no GPU compiler: here Triton compiles the three kernels (the
+    neighbour kernel with and without the mirror) for sm_90 at the module's GPU block
+    sizes, as the first batch on an H100/H200 would, and none spills (Triton's bundled
+    ptxas; skipped where Triton has none)."""
+    lines = compile_for_sm90(_COMPILE_FOR_SM90)
+    assert [line.split()[0] for line in lines] == ["_sites", "_neighbours", "_neighbours",
+                                                   "_clear"], lines
+    assert all("STACK:0" in line for line in lines), lines

@@ -14,9 +14,8 @@
 # Needs gpu-bundle/ beside the tree on the GPU host (`make gpu-bundle` where the package
 # index is reachable). Every part writes into OUT as soon as it ends, so a run cut short
 # keeps what finished; a failing part is noted in OUT/parts.txt and the rest still run.
-# Expected on an H200: ~9 minutes without the scan (BENCHMARKS.md, "One call for the open
-# GPU measurements"); run it with a limit that leaves room to rerun. PACK must lie outside
-# OUT.
+# Expected on an H200: ~7 minutes to the end of part 4, ~9 with part 5, without the scan
+# (BENCHMARKS.md, "One call for the open GPU measurements"). PACK must lie outside OUT.
 set -u
 OUT=${1:?usage: gpu_issues.sh OUT}
 DEVICE=${DEVICE:-cuda}
@@ -68,7 +67,10 @@ bench() {  # bench ONLY [FLAGS]: gpu_bench steps into $G, results copied into OU
 part env "$PY" -m lartpc env
 # 0. issue 36: one store of 700 events for parts 1a-1b (outside OUT: PACK returns OUT)
 EV=${EVENTS_DIR:-$(mktemp -d)}/events
-if [ "$DEVICE" = cuda ]; then NEV=700 EVDS=1 SECS=40; else NEV=70 EVDS=8 SECS=10; fi
+# (the CPU smoke run bounds its trainings by epochs: under load a short wall-clock limit,
+# which counts the start-up too, left one step)
+if [ "$DEVICE" = cuda ]; then NEV=700 EVDS=1 SECS=40 BOUND=()
+else NEV=70 EVDS=8 SECS=300 BOUND=(--set train.epochs=2); fi
 part events "$PY" -m lartpc simulate --out "$EV" --events "$NEV" --downsample "$EVDS" \
     --workers "$(nproc)" --overwrite
 # 1a. how fast the loader alone hands over batches with their tables (one made in the
@@ -77,48 +79,49 @@ part events "$PY" -m lartpc simulate --out "$EV" --events "$NEV" --downsample "$
 part loader-probe "$PY" -m lartpc.jobs.local.loader_probe "$EV" --device "$DEVICE"
 cp "$OUT/loader-probe.out" "$OUT/loader-probe.json" 2>/dev/null
 # 1b. SCNet's graphed training (torch layers, tables built in the loader, one CUDA graph
-#    a step) with three loader threads and with one (2026-11-28: 1,229.6 images/s with
-#    one, the loader the limit)
-for threads in 3 1; do
-    part "train-scnet-torch-graph-threads-$threads" "$PY" -m lartpc bench train --ranks 1 \
-        --backend none --device "$DEVICE" --data "$EV" --downsample "$EVDS" \
-        --seconds "$SECS" --model scnet --loader sparse --set model.sparse=torch \
-        --set data.rulebooks=loader --set train.cuda_graph=true \
-        --set "data.prefetch_threads=$threads"
-    cp "$OUT/train-scnet-torch-graph-threads-$threads.out" \
-        "$OUT/train-scnet-torch-graph-threads-$threads.json" 2>/dev/null
-done
-# 2. the CUDA tests of both ways of building ahead (equality, and no synchronisation)
-#    and of the captured step (equal to the eager one)
+#    a step; 2026-11-28: 1,229.6 images/s with one loader thread and the tables in torch
+#    operations, the loader the limit): now with the tables' Triton kernels, with one
+#    loader thread and three, and three with Adam as one fused kernel
+train_graph() {  # train_graph NAME SETTINGS...
+    local name=$1; shift
+    local sets=() kv
+    for kv in "$@"; do sets+=(--set "$kv"); done
+    part "$name" "$PY" -m lartpc bench train --ranks 1 --backend none --device "$DEVICE" \
+        --data "$EV" --downsample "$EVDS" --seconds "$SECS" --model scnet --loader sparse \
+        --set model.sparse=torch --set data.rulebooks=loader --set train.cuda_graph=true \
+        "${BOUND[@]}" "${sets[@]}"
+    cp "$OUT/$name.out" "$OUT/$name.json" 2>/dev/null
+}
+train_graph train-scnet-torch-graph-threads-1 data.prefetch_threads=1
+train_graph train-scnet-torch-graph-threads-3 data.prefetch_threads=3
+train_graph train-scnet-torch-graph-threads-3-fused-adam data.prefetch_threads=3 \
+    train.optimizer_impl=fused
+# 2. the CUDA tests: both ways of building ahead (equality, no synchronisation), the
+#    tables' kernels, the captured step (equal to the eager one), the fused stages
 part gpu-tests "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_sparse_torch.py \
-    tests/test_table_kernels.py tests/test_graphed_step.py tests/test_rulebooks.py tests/test_fused_stage2.py \
-    tests/test_fused_stem.py
-# 3. issue 35: the fused second stage, accuracy and timing with both backwards
-#    (stem_check --stage 2)
+    tests/test_table_kernels.py tests/test_graphed_step.py tests/test_rulebooks.py \
+    tests/test_fused_stage2.py tests/test_fused_stem.py
+# 3. issue 35: JishNet at its defaults (since 2026-11-28 the launches that lease picked:
+#    stem 64:4 with its taps as one matrix product, stage 2 library), stage by stage,
+#    with its peak memory
+if [ "$DEVICE" = cuda ]; then
+    part model-jishnet-stages "$PY" -m lartpc bench model --model jishnet --device cuda \
+        --batch-per-rank 7 --elu-after-pool --cudnn-benchmark --amp bf16 --channels-last \
+        --stages --repeats 10
+fi
+# 4. issue 36's own command (spconv, implicit GEMM: 719.6 images/s on the H200 on
+#    2026-11-28), the baseline on this machine
+bench 'train-scnet-sparse'
+# 5. issue 35's kernel checks again (accuracy and launches of both fused stages; the
+#    picks of 2026-11-28 are the defaults now), and the bare SCNet benches
 if [ "$DEVICE" = cuda ]; then
     part stage2-check "$PY" -m lartpc.jobs.local.stem_check --out "$OUT/stage2-check" \
         --stage 2
-    # 4. the first stage's taps as one matrix product (fused_stem.DOT, never timed) against
-    #    the default per-tap sums: accuracy, then the stem alone and the training step
     part stem-check "$PY" -m lartpc.jobs.local.stem_check --out "$OUT/stem-check"
-    # 4b. JishNet with both stages at their fastest accurate launch (fastest_kernels, from
-    #    parts 3 and 4; a part that failed leaves that stage at the model's default),
-    #    stage by stage, with its peak memory
     part fastest-kernels "$PY" -m lartpc.jobs.local.fastest_kernels \
         "$OUT/stem-check/stem-check.json" "$OUT/stage2-check/stage2-check.json"
     cp "$OUT/fastest-kernels.out" "$OUT/fastest-kernels.json" 2>/dev/null
-    read -r -a FASTEST < <("$PY" -c 'import json, sys; print(json.load(sys.stdin)["flags"])' \
-        < "$OUT/fastest-kernels.json" 2>/dev/null || echo "")  # none: the model's defaults
-    echo "fastest kernels: ${FASTEST[*]}" | tee -a "$OUT/parts.txt"
-    part model-jishnet-fastest-stages "$PY" -m lartpc bench model --model jishnet \
-        --device cuda --batch-per-rank 7 --elu-after-pool --cudnn-benchmark --amp bf16 \
-        --channels-last "${FASTEST[@]}" --stages --repeats 10
 fi
-# 5. the issue's own command (spconv, implicit GEMM: the baseline, 719.6 images/s on the
-#    H200 on 2026-11-28), the torch layers eager and graphed (gpu_bench's own events),
-#    SCNet's bare forward+backward both ways (tables built in the timed step), and the
-#    torch layers' whole step (Adam included) as one CUDA graph against eager
-bench 'train-scnet-sparse,train-scnet-sparse-torch-graph,train-scnet-sparse-torch'
 bench 'model-scnet-default,model-scnet-implicit-gemm,model-scnet-torch,model-scnet-torch-graph'
 # 6. with SCAN_TOO=1: the minibatch scan, spconv (implicit GEMM) then the torch layers
 #    (~5 min each on a GPU)

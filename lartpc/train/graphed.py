@@ -205,12 +205,15 @@ class GraphedStep:
         self.loss.backward()
 
     def _load(self, batch, maps) -> None:
+        """This batch into the static buffers: one multi-tensor copy of the labels,
+        features and tables (on a GPU a launch or two for the ~15 tensors, each of
+        which is otherwise an operation of the step's thread), then the features' rows
+        past this batch's set to zero."""
         n = len(batch.features)
+        torch._foreach_copy_([self.labels, self.features[:n], *_inputs(self.maps)],
+                             [batch.labels, batch.features, *_inputs(maps)],
+                             non_blocking=True)
         self.features[n:].zero_()
-        self.features[:n].copy_(batch.features, non_blocking=True)
-        self.labels.copy_(batch.labels, non_blocking=True)
-        for mine, theirs in zip(_inputs(self.maps), _inputs(maps), strict=True):
-            mine.copy_(theirs, non_blocking=True)
 
     def _allocate(self, key: tuple, batch, maps) -> bool:
         """Static buffers for ``key`` (this batch's copies) and, on CUDA, the graph;

@@ -84,6 +84,38 @@ def test_where_the_kernels_do_not_serve_the_torch_path_builds(monkeypatch, train
     assert sparse_torch._table_kernels(torch.device("cpu"), shape, POOLS, KERNEL, 7) is None
 
 
+def test_kernels_that_fail_at_their_first_use_fall_back_once(monkeypatch, train_events_dir,
+                                                             caplog):
+    """``auto`` on a device whose Triton cannot run the kernels (here a stand-in that
+    writes into the index image, then fails): a warning, the torch path's tables (from
+    a clean index image), and the torch path from then on."""
+    from lartpc.models import table_kernels
+
+    coords, shape = _coords(train_events_dir, 0, 7)
+    want = _build(monkeypatch, "torch", coords, 7, shape)
+
+    class Broken:
+        calls = 0
+
+        @staticmethod
+        def level(keys, shape, size, kernel, grid, offsets, mirror):
+            Broken.calls += 1
+            grid[:len(keys)] = 5  # rows left behind, as a kernel that died half-way would
+            raise RuntimeError("no kernel image is available for execution on the device")
+
+    monkeypatch.setattr(sparse_torch, "_KERNELS_FAILED", set())
+    monkeypatch.setattr(sparse_torch, "_KERNELS_WORKED", set())
+    monkeypatch.setattr(sparse_torch, "_table_kernels",
+                        lambda device, *a: None if str(device) in sparse_torch._KERNELS_FAILED
+                        else Broken)
+    with caplog.at_level("WARNING", logger="lartpc.models.sparse_torch"):
+        _same(_build(monkeypatch, "auto", coords, 7, shape), want)
+        _same(_build(monkeypatch, "auto", coords, 7, shape), want)
+    assert Broken.calls == 1 and sparse_torch._KERNELS_FAILED == {str(coords.device)}
+    assert "table kernels failed" in caplog.text and "no kernel image" in caplog.text
+    assert table_kernels.level is not Broken.level  # the real module was left alone
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_auto_uses_the_kernels_on_cuda_with_the_same_tables(monkeypatch, full_res_events_dir):

@@ -34,10 +34,13 @@ against spconv.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from dataclasses import dataclass
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -206,6 +209,13 @@ def pool_slots(keys: torch.Tensor, shape: tuple[int, int], size: int, parts=None
 TABLES = "auto"
 
 
+#: devices (``str(device)``) where ``auto``'s kernels failed at their first use (a GPU
+#: this Triton does not compile for, say): their tables are built with torch operations
+#: from then on; and those where they worked
+_KERNELS_FAILED: set[str] = set()
+_KERNELS_WORKED: set[str] = set()
+
+
 @functools.lru_cache(maxsize=1)
 def _triton_imports() -> bool:
     try:
@@ -217,8 +227,8 @@ def _triton_imports() -> bool:
 
 def _table_kernels(device: torch.device, shape, pools, kernel: int, images: int):
     """The kernel module where :data:`TABLES` and the batch allow it, else None."""
-    if TABLES == "torch" or (TABLES == "auto" and (device.type != "cuda"
-                                                   or not _triton_imports())):
+    if TABLES == "torch" or (TABLES == "auto" and (
+            device.type != "cuda" or not _triton_imports() or str(device) in _KERNELS_FAILED)):
         return None
     from lartpc.models import table_kernels
 
@@ -241,11 +251,36 @@ def build_maps(coords: torch.Tensor, batch_size: int, spatial_shape, kernel: int
         order = torch.arange(len(keys), device=keys.device)
     else:
         keys, order = torch.sort(keys)
-    levels = []
-    fast = _table_kernels(keys.device, shape, pools, kernel, int(batch_size))
+    images = int(batch_size)
+    fast = _table_kernels(keys.device, shape, pools, kernel, images)
+    where = str(keys.device)
+    if fast is not None and TABLES == "auto" and where not in _KERNELS_WORKED:
+        try:  # their first use on this device: a failure to compile falls back, once
+            levels, keys, shape = _levels(keys, shape, kernel, pools, images, fast)
+        except Exception as e:  # noqa: BLE001 - whatever Triton raises on this device
+            _KERNELS_FAILED.add(where)
+            _grids.__dict__.get("by_device", {}).pop(where, None)  # it may hold their rows
+            log.warning("SCNet's table kernels failed on %s (%s: %s); its tables are built "
+                        "with torch operations", where, type(e).__name__,
+                        (str(e).splitlines() or [""])[0])
+            levels, keys, shape = _levels(keys, shape, kernel, pools, images, None)
+        else:
+            _KERNELS_WORKED.add(where)
+    else:
+        levels, keys, shape = _levels(keys, shape, kernel, pools, images, fast)
+    return SiteMaps(coords, int(batch_size), tuple(spatial_shape), order, levels, keys,
+                    shape, training)
+
+
+def _levels(keys: torch.Tensor, shape: tuple[int, int], kernel: int, pools, images: int,
+            fast) -> tuple[list[Level], torch.Tensor, tuple[int, int]]:
+    """Every level's tables from the first level's sorted keys (:func:`build_maps`), by
+    ``fast`` (:mod:`lartpc.models.table_kernels`) or, for None, torch operations; with
+    the last pool's sites and their image shape."""
+    levels: list[Level] = []
     if fast is not None:  # one index image for every level: the first is the largest
         r = kernel // 2
-        grid = _grid(int(batch_size) * (shape[0] + 2 * r) * (shape[1] + 2 * r), keys.device)
+        grid = _grid(images * (shape[0] + 2 * r) * (shape[1] + 2 * r), keys.device)
     for size in pools:
         if fast is not None:
             offsets = _window_offsets(kernel // 2, shape[1] + 2 * (kernel // 2), keys.device)
@@ -256,14 +291,13 @@ def build_maps(coords: torch.Tensor, batch_size: int, spatial_shape, kernel: int
         else:
             parts = split_keys(keys, shape)  # once for both (each part is a launch on a GPU)
             slots, out_keys, out_shape = pool_slots(keys, shape, size, parts)
-            table = neighbour_table(keys, shape, kernel, int(batch_size), parts)
+            table = neighbour_table(keys, shape, kernel, images, parts)
             levels.append(Level(keys, shape, table, slots, len(out_keys),
                                 mirror(table) if levels else None))
         keys, shape = out_keys, out_shape
         if len(keys) == 0:
             break
-    return SiteMaps(coords, int(batch_size), tuple(spatial_shape), order, levels, keys,
-                    shape, training)
+    return levels, keys, shape
 
 
 class _SubmConv(torch.autograd.Function):

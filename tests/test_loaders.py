@@ -19,7 +19,6 @@ from lartpc.data.loaders import build_loader
 from lartpc.data.prefetch import n_slots, prefetch
 from lartpc.data.sharding import ShardPlan, epoch_batches
 from lartpc.errors import ConfigError, LartpcError
-from lartpc.train.parts import prefetch_threads
 
 
 @pytest.fixture(scope="module")
@@ -265,9 +264,6 @@ def test_several_prefetch_threads_make_the_same_sparse_batches(store):
     for mode in ("blosc", "device-dense"):
         with pytest.raises(LartpcError, match="prefetch_threads=2: the .* loader prepares"):
             build_loader(store, mode, np.arange(len(store)), 3, prefetch_threads=2)
-    cfg = load_config("tiny-scnet", ["data.prefetch_threads=2"])  # a JishNet on sparse
-    with pytest.raises(ConfigError, match="data.prefetch_threads=2: the blosc loader"):
-        prefetch_threads(cfg, "blosc")  # the loader the model resolved to, at the start
     for sets in (["data.prefetch_threads=0"], ["data.prefetch_threads=2000"],
                  ["data.prefetch_threads=2", "data.loader=blosc"]):
         with pytest.raises(ConfigError, match="data.prefetch_threads"):

@@ -268,8 +268,8 @@ def build_maps(coords: torch.Tensor, batch_size: int, spatial_shape, kernel: int
             _KERNELS_WORKED.add(where)
     else:
         levels, keys, shape = _levels(keys, shape, kernel, pools, images, fast)
-    return SiteMaps(coords, int(batch_size), tuple(spatial_shape), order, levels, keys,
-                    shape, training)
+    return SiteMaps(coords, images, tuple(spatial_shape), order, levels, keys, shape,
+                    training)
 
 
 def _levels(keys: torch.Tensor, shape: tuple[int, int], kernel: int, pools, images: int,

@@ -34,10 +34,11 @@ import torch
 import triton
 import triton.language as tl
 
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 #: sites per program; the interpreter, slow per operation, is quicker with large blocks
-BLOCK = 4096 if os.environ.get("TRITON_INTERPRET") == "1" else 256
+BLOCK = 4096 if _INTERPRETED else 256
 #: sites per program of the neighbour kernel (each reads a row of k*k cells)
-ROWS = 1024 if os.environ.get("TRITON_INTERPRET") == "1" else 64
+ROWS = 1024 if _INTERPRETED else 64
 
 
 @triton.jit

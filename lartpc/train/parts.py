@@ -76,15 +76,6 @@ def rulebook_builder(cfg: Config, model: torch.nn.Module | None, mode: str, *, t
     return model.rulebook_builder(training=train)
 
 
-def prefetch_threads(cfg: Config, mode: str) -> int:
-    """``data.prefetch_threads``, refused for a loader that prepares in one thread."""
-    if cfg.data.prefetch_threads > 1 and mode != "sparse":
-        raise ConfigError(f"data.prefetch_threads={cfg.data.prefetch_threads}: the {mode} "
-                          f"loader prepares its batches in one thread (the sparse loader "
-                          f"takes several)")
-    return cfg.data.prefetch_threads
-
-
 def make_loader(cfg: Config, store: EventStore, mode: str, indices: np.ndarray,
                 device: torch.device, *, train: bool, steps: int | None = None,
                 model: torch.nn.Module | None = None, capacities=None):
@@ -106,7 +97,7 @@ def make_loader(cfg: Config, store: EventStore, mode: str, indices: np.ndarray,
                         cfg.train.batch_per_rank, device=device, seed=cfg.train.seed,
                         shuffle=train, steps_per_epoch=steps, prefetch_depth=cfg.data.prefetch,
                         blosc=blosc, orient=cfg.data.orient, rulebooks=rulebooks,
-                        prefetch_threads=prefetch_threads(cfg, mode))
+                        prefetch_threads=cfg.data.prefetch_threads)
 
 
 def cpu_mask() -> list[int]:

@@ -56,8 +56,8 @@ class ModelConfig:
     #: (BENCHMARKS.md, issue 35); auto then, as model.stem
     stage2: str = "library"
     #: JishNet's fused kernels' launch on this card (lartpc/models/kernel_settings.py):
-    #: "BLOCK:WARPS[:dot]" for the stem, "BLOCK:WARPS:BLOCK_K[:hybrid|:triton]" for the
-    #: second stage; "" = the kernel's default. The same function (float32 sums in
+    #: "BLOCK:WARPS[:dot|:band|:patch]" for the stem, "BLOCK:WARPS:BLOCK_K[:hybrid|:triton]"
+    #: for the second stage; "" = the kernel's default. The same function (float32 sums in
     #: another order), so free to change on resume
     stem_kernel: str = ""
     stage2_kernel: str = ""

@@ -118,3 +118,23 @@ def test_a_way_no_further_off_than_the_library_is_admitted(library_error, admitt
     assert choice["accuracy"]["per_tap"] == {
         "within_tolerance": True, "largest_relative_error": pytest.approx(2.86e-3, 0.01),
         "within_library": False}
+
+
+def test_band_and_patch_compete_by_their_own_accuracy_rows():
+    """Rows written with ``sums`` (band, patch) beside the H200's rows of 2026-11-28
+    (written with ``dot``): a fast ``band`` launch whose accuracy rows hold is picked;
+    a faster ``patch`` launch without accuracy rows is left out."""
+    check = json.loads((H200.parent / "gpu-2026-11-28-h200-stem-check.json").read_text())
+    dot_rows = [r for r in check["accuracy"] if r.get("dot")]
+    check["accuracy"] += [{**r, "sums": "band"} for r in dot_rows]
+    fused = next(r for r in check["timings"] if r["kernel"] == "64:4:dot")
+    check["timings"] += [{**fused, "sums": "band", "kernel": "64:8:band", "step_ms": 10.0},
+                         {**fused, "sums": "patch", "kernel": "64:8:patch", "step_ms": 9.0}]
+    choice = pick(check, 1)
+    assert (choice["kernel"], choice["step_ms"]) == ("64:8:band", 10.0)
+    assert choice["left_out"] == ["64:8:patch"]
+    assert choice["accuracy"]["band"] == choice["accuracy"]["dot"]
+    assert choice["accuracy"]["patch"]["largest_relative_error"] is None
+    # without the band rows the H200's own pick stands
+    assert pick(json.loads((H200.parent / "gpu-2026-11-28-h200-stem-check.json")
+                           .read_text()), 1)["kernel"] == "64:4:dot"

@@ -19,8 +19,9 @@ from lartpc.models.kernel_settings import (
 
 
 @pytest.mark.parametrize("text,kernel", [
-    ("", None), ("128:4", StemKernel(128, 4)), ("64:4:d", StemKernel(64, 4, True)),
-    ("256:8:dot", StemKernel(256, 8, True)),
+    ("", None), ("128:4", StemKernel(128, 4)), ("64:4:d", StemKernel(64, 4, "dot")),
+    ("256:8:dot", StemKernel(256, 8, "dot")), ("64:8:b", StemKernel(64, 8, "band")),
+    ("32:4:patch", StemKernel(32, 4, "patch")),
 ])
 def test_stem_kernel_parses(text, kernel):
     assert parse_stem_kernel(text) == kernel
@@ -40,11 +41,11 @@ def test_stage2_kernel_parses(text, kernel):
 
 
 @pytest.mark.parametrize("key,text,message", [
-    ("stem_kernel", "fast", "expected BLOCK:WARPS or BLOCK:WARPS:dot"),
+    ("stem_kernel", "fast", "expected BLOCK:WARPS with an optional :dot or :band or :patch"),
     ("stem_kernel", "96:4", "BLOCK = '96' must be a power of two in 16..8192"),
     ("stem_kernel", "8:4", "BLOCK = '8' must be a power of two"),
     ("stem_kernel", "128:3", "WARPS = '3' must be one of 1, 2, 4, 8, 16"),
-    ("stem_kernel", "128:4:x", "expected BLOCK:WARPS or BLOCK:WARPS:dot"),
+    ("stem_kernel", "128:4:x", "expected BLOCK:WARPS with an optional :dot or :band or :patch"),
     ("stage2_kernel", "64:8", "expected BLOCK:WARPS:BLOCK_K"),
     ("stage2_kernel", "64:8:32:", "expected BLOCK:WARPS:BLOCK_K"),
     ("stage2_kernel", "64:8:8", "BLOCK_K = '8' must be a power of two in 16..8192"),
@@ -98,9 +99,9 @@ def test_the_model_passes_its_settings_to_the_launch(monkeypatch):
         for k, shape in ((0, (1, 1, 400, 400)), (1, (1, 10, 80, 80))):
             with pytest.raises(_Launched):
                 model.stage(k, torch.ones(shape))
-    assert launches == [StemKernel(fs.BLOCK, fs.NUM_WARPS, fs.DOT),
+    assert launches == [StemKernel(fs.BLOCK, fs.NUM_WARPS, fs.SUMS),
                         Stage2Kernel(fs2.BLOCK, fs2.NUM_WARPS, fs2.BLOCK_K, fs2.BACKWARD),
-                        StemKernel(1024, 2, True), Stage2Kernel(128, 4, 128, "triton")]
+                        StemKernel(1024, 2, "dot"), Stage2Kernel(128, 4, 128, "triton")]
 
 
 def _forward_backward(fn, x, conv, **kernel):

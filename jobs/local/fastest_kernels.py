@@ -11,16 +11,17 @@ it (``flags``, one string), so that the same lease can time the whole network at
 best setting (``jobs/local/gpu_issues.sh``).
 
 Accuracy held means every relative error that check recorded for that way of computing
-(the stem's ``dot`` on or off; the second stage's ``hybrid`` or ``triton`` backward:
-output and gradients, against the layers in float64, in float32, float32 under bf16
-autocast and bf16) is at most :data:`TOLERANCE`, or no larger than the published layers'
-own error in the same precision and quantity (``stem_check``'s rows with ``way:
-library``; files from before those rows hold to TOLERANCE alone). bf16's own rounding is
-4e-3. On an H200 the default stem's errors were up to 1.7e-3 and the stem's ``dot``
-variant's weight gradient under bf16 autocast 2.8e-2 (TF32 products); the library's own
-weight gradient under bf16 autocast was 6.5e-2 from float64 on this project's CPU
-(oneDNN, 3 events at 3600²; BENCHMARKS.md), so where a GPU's library row says the same,
-``dot`` is no less accurate than the study's own training path and may be picked. The
+(the stem's sums: per tap, ``dot``, ``band`` or ``patch``; the second stage's ``hybrid``
+or ``triton`` backward: output and gradients, against the layers in float64, in float32,
+float32 under bf16 autocast and bf16) is at most :data:`TOLERANCE`, or no larger than
+the published layers' own error in the same precision and quantity (``stem_check``'s
+rows with ``way: library``; files from before those rows hold to TOLERANCE alone).
+bf16's own rounding is 4e-3. On an H200 the default stem's errors were up to 1.7e-3 and
+the stem's ``dot`` variant's weight gradient under bf16 autocast 2.8e-2 (TF32 products);
+the library's own weight gradient under bf16 autocast was 6.5e-2 from float64 on this
+project's CPU (oneDNN, 3 events at 3600²; BENCHMARKS.md), so where a GPU's library row
+says the same, ``dot`` is no less accurate than the study's own training path and may be
+picked. The
 library stage competes too: where it is faster than every accurate fused launch, it is
 the choice.
 """
@@ -39,16 +40,19 @@ ERRORS = ("output_rel", "input_grad_rel", "weight_grad_rel", "bias_grad_rel")
 
 #: how each stage's check names its ways of computing, and the value a row without
 #: the field means (results from before the field existed)
-WAYS = {1: ("dot", (False, True)), 2: ("backward", ("hybrid", "triton"))}
+WAYS = {1: ("sums", ("taps", "dot", "band", "patch")), 2: ("backward", ("hybrid", "triton"))}
 
 
 def _label(value) -> str:
-    """A way's name in the output: the stem's per-tap sums or ``dot``, or the backward."""
-    return {False: "per_tap", True: "dot"}.get(value, value)
+    """A way's name in the output: the stem's sums (``per_tap`` for ``taps``) or the
+    second stage's backward."""
+    return "per_tap" if value == "taps" else value
 
 
 def _way(row: dict, stage: int):
-    name, (default, _) = WAYS[stage]
+    name, (default, *_) = WAYS[stage]
+    if stage == 1 and "sums" not in row and "dot" in row:  # files from before ``sums``
+        return "dot" if row["dot"] else "taps"
     return default if row.get(name) is None else row[name]
 
 
@@ -63,7 +67,7 @@ def kernel_of(row: dict, stage: int) -> str | None:
     elif not row.get("block"):
         return None
     elif stage == 1:
-        text = f"{row['block']}:{row['num_warps']}" + (":dot" if _way(row, 1) else "")
+        text = f"{row['block']}:{row['num_warps']}:{_way(row, 1)}".removesuffix(":taps")
     else:
         text = f"{row['block']}:{row['num_warps']}:{row['block_k']}:{_way(row, 2)}"
     return str((parse_stem_kernel if stage == 1 else parse_stage2_kernel)(text, "kernel"))

@@ -14,7 +14,7 @@
 # Needs gpu-bundle/ beside the tree on the GPU host (`make gpu-bundle` where the package
 # index is reachable). Every part writes into OUT as soon as it ends, so a run cut short
 # keeps what finished; a failing part is noted in OUT/parts.txt and the rest still run.
-# Expected on an H200: ~7 minutes to the end of part 4, ~9 with part 5, without the scan
+# Expected on an H200: ~8 minutes to the end of part 4, ~10 with part 5, without the scan
 # (BENCHMARKS.md, "One call for the open GPU measurements"). PACK must lie outside OUT.
 set -u
 OUT=${1:?usage: gpu_issues.sh OUT}
@@ -101,26 +101,36 @@ train_graph train-scnet-torch-graph-threads-3-fused-adam data.prefetch_threads=3
 part gpu-tests "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_sparse_torch.py \
     tests/test_table_kernels.py tests/test_graphed_step.py tests/test_rulebooks.py \
     tests/test_fused_stage2.py tests/test_fused_stem.py
-# 3. issue 35: JishNet at its defaults (since 2026-11-28 the launches that lease picked:
-#    stem 64:4 with its taps as one matrix product, stage 2 library), stage by stage,
-#    with its peak memory
+# 3. issue 35: the stem's ways of summing its taps (2026-11-28 the fastest was dot at
+#    64:4, now the default; band and patch, which gather 225 and 81 input pixels a
+#    pooled output instead of 625, never timed): accuracy, the stem alone and the step;
+#    then JishNet at the fastest accurate launch (stage 2 library, as measured),
+#    stage by stage, with its peak memory and the largest minibatch that fits
 if [ "$DEVICE" = cuda ]; then
+    part stem-check "$PY" -m lartpc.jobs.local.stem_check --out "$OUT/stem-check"
+    part fastest-kernels "$PY" -m lartpc.jobs.local.fastest_kernels \
+        "$OUT/stem-check/stem-check.json"
+    cp "$OUT/fastest-kernels.out" "$OUT/fastest-kernels.json" 2>/dev/null
+    read -r -a FASTEST < <("$PY" -c 'import json, sys; print(json.load(sys.stdin)["flags"])' \
+        < "$OUT/fastest-kernels.json" 2>/dev/null || echo "")
+    echo "fastest kernels: ${FASTEST[*]}" | tee -a "$OUT/parts.txt"
     part model-jishnet-stages "$PY" -m lartpc bench model --model jishnet --device cuda \
         --batch-per-rank 7 --elu-after-pool --cudnn-benchmark --amp bf16 --channels-last \
-        --stages --repeats 10
+        "${FASTEST[@]}" --stages --repeats 10 --max-batch
 fi
 # 4. issue 36's own command (spconv, implicit GEMM: 719.6 images/s on the H200 on
 #    2026-11-28), the baseline on this machine
 bench 'train-scnet-sparse'
-# 5. issue 35's kernel checks again (accuracy and launches of both fused stages; the
-#    picks of 2026-11-28 are the defaults now), and the bare SCNet benches
+# 5. the fused second stage's check again (its backwards were slower than cuDNN's on
+#    2026-11-28) and its stages with their kernels, and the bare SCNet benches
 if [ "$DEVICE" = cuda ]; then
     part stage2-check "$PY" -m lartpc.jobs.local.stem_check --out "$OUT/stage2-check" \
         --stage 2
-    part stem-check "$PY" -m lartpc.jobs.local.stem_check --out "$OUT/stem-check"
-    part fastest-kernels "$PY" -m lartpc.jobs.local.fastest_kernels \
-        "$OUT/stem-check/stem-check.json" "$OUT/stage2-check/stage2-check.json"
-    cp "$OUT/fastest-kernels.out" "$OUT/fastest-kernels.json" 2>/dev/null
+    # the hybrid's backward took 7 ms against cuDNN's 4.4 in the library stage: which
+    # kernels (each stage's top_kernels, beside part 3's for the library stage)
+    part model-jishnet-stages-stage2-fused "$PY" -m lartpc bench model --model jishnet \
+        --device cuda --batch-per-rank 7 --elu-after-pool --cudnn-benchmark --amp bf16 \
+        --channels-last "${FASTEST[@]}" --stage2 fused --stages --repeats 5
 fi
 bench 'model-scnet-default,model-scnet-implicit-gemm,model-scnet-torch,model-scnet-torch-graph'
 # 6. with SCAN_TOO=1: the minibatch scan, spconv (implicit GEMM) then the torch layers

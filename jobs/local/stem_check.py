@@ -6,15 +6,16 @@
     python -m lartpc.jobs.local.stem_check --out stage2-check --stage 2     # the second stage
 
 On ``--batch`` events generated at ``--size`` (real events, as every bench), for float32
-and bfloat16 input and for float32 under bf16 autocast, with each way of summing the taps
-(``fused_stem.DOT`` off and on): the fused stem's output and weight/bias gradients
-against the published layers computed in float64 (relative norms of the difference, the
-largest absolute output difference, the share of windows whose arg-max ELU moves in the
-reference); then, for each ``BLOCK:WARPS[:d]`` configuration, the stem alone (forward,
-forward+backward) and the whole JishNet training step (bf16 autocast, channels_last,
-ELU after pool) with the library and with the fused stem: medians of wall-clock times,
-the device synchronised around each; and the second stage with 10 and 16 input
-channels. Writes ``stem-check.json`` into ``--out`` and prints a table.
+and bfloat16 input and for float32 under bf16 autocast, with each way of summing the
+taps that a timed configuration uses (``fused_stem.SUMS``): the fused stem's output and
+weight/bias gradients against the published layers computed in float64 (relative norms
+of the difference, the largest absolute output difference, the share of windows whose
+arg-max ELU moves in the reference); then, for each ``BLOCK:WARPS[:SUMS]``
+configuration, the stem alone (forward, forward+backward) and the whole JishNet training
+step (bf16 autocast, channels_last, ELU after pool) with the library and with the fused
+stem: medians of wall-clock times, the device synchronised around each; and the second
+stage with 10 and 16 input channels. Writes ``stem-check.json`` into ``--out`` and
+prints a table.
 
 ``--stage 2`` checks the fused second stage (:mod:`lartpc.models.fused_stage2`) instead,
 on its real input (the events through the library stem, float32): output and input,
@@ -27,9 +28,10 @@ fused stem (its launch: ``--stem-kernel``), with the library's second stage and 
 the fused one. Writes ``stage2-check.json``.
 
 Configurations are spelled as the options ``model.stem_kernel`` and
-``model.stage2_kernel`` (:mod:`lartpc.models.kernel_settings`; ``d`` and ``t`` short for
-``dot`` and ``triton``) and passed to the model as such; each row records its
-``kernel``. ``jobs/local/fastest_kernels.py`` picks the fastest accurate one.
+``model.stage2_kernel`` (:mod:`lartpc.models.kernel_settings`; ``d``, ``b``, ``p`` and
+``t`` short for ``dot``, ``band``, ``patch`` and ``triton``) and passed to the model as
+such; each row records its ``kernel``. ``jobs/local/fastest_kernels.py`` picks the
+fastest accurate one.
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ from pathlib import Path
 
 from lartpc.bench.stages import median_ms
 from lartpc.cliparse import add_batch_per_rank
+
+#: the stem's launches timed by default: the default (64:4:dot, the fastest on an H200
+#: on 2026-11-28) and its neighbours, and band and patch at the launches that compile for
+#: sm_90 without spilling registers (tests/test_fused_stem.py)
+STEM_CONFIGS = "64:4:d,64:8:d,64:4:b,64:8:b,128:8:b,32:4:p,64:8:p,64:16:p"
 
 
 def _events(size: int, batch: int, seed: int):
@@ -144,7 +151,7 @@ def accuracy(x, conv, pool: int, dtype, autocast: bool = False, kernel=None) -> 
         lambda xin, w, b: fused_stem(xin, w, b, pool, conv.padding[0], kernel=kernel),
         x, conv, dtype, autocast, input_grad=False)
     return {**_precision(dtype, autocast),
-            "block": kernel.block, "num_warps": kernel.num_warps, "dot": kernel.dot,
+            "block": kernel.block, "num_warps": kernel.num_warps, "sums": kernel.sums,
             "kernel": str(kernel), **_errors(y, xin, w, b, _reference(xin, conv, pool, g))}
 
 
@@ -228,7 +235,7 @@ def timings(x, labels, size: int, configs: list, repeats: int, device) -> list[d
         step_ms = median_ms(step, repeats, sync)
         rows.append({"stem": stem, "kernel": str(kernel) if kernel else None,
                      "block": kernel and kernel.block, "num_warps": kernel and kernel.num_warps,
-                     "dot": bool(kernel and kernel.dot),
+                     "sums": kernel and kernel.sums,
                      "stem_forward_ms": median_ms(stem_fwd, repeats, sync),
                      "stem_forward_backward_ms": median_ms(stem_fb, repeats, sync),
                      "step_ms": step_ms,
@@ -383,16 +390,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stage", type=int, default=1, choices=(1, 2),
                     help="1: the fused stem (default); 2: the fused second stage")
     ap.add_argument("--configs", default=None,
-                    help="stage 1: BLOCK:WARPS[:d] of the fused stem to time (d: taps as a "
-                         "matrix product; default 128:4,128:4:d,64:4:d,256:8:d); stage 2: "
+                    help="stage 1: BLOCK:WARPS[:d|:b|:p] of the fused stem to time (how the "
+                         "taps are summed: dot, band, patch; default "
+                         f"{STEM_CONFIGS}); stage 2: "
                          "BLOCK:WARPS:BLOCK_K[:t] (t: the triton backward; default "
                          "64:8:32,64:8:64,32:4:64,128:8:32,64:8:32:t,32:4:64:t)")
-    ap.add_argument("--stem-kernel", default="", metavar="BLOCK:WARPS[:dot]",
+    ap.add_argument("--stem-kernel", default="", metavar="BLOCK:WARPS[:SUMS]",
                     help="stage 2: the fused stem's launch in the timed steps (default: "
                          "its own)")
     args = ap.parse_args(argv)
     if args.configs is None:
-        args.configs = "128:4,128:4:d,64:4:d,256:8:d" if args.stage == 1 else \
+        args.configs = STEM_CONFIGS if args.stage == 1 else \
             "64:8:32,64:8:64,32:4:64,128:8:32,64:8:32:t,32:4:64:t"
     from lartpc.errors import ConfigError
 
@@ -419,10 +427,13 @@ def main(argv: list[str] | None = None) -> int:
     from functools import partial
 
     from lartpc.models.fused_stem import default_kernel
+    from lartpc.models.kernel_settings import STEM_SUMS
 
-    # the two ways of summing the taps, then the published layers' own rows
-    ways = [partial(accuracy, kernel=dataclasses.replace(default_kernel(), dot=dot))
-            for dot in (False, True)] + [library_accuracy]
+    # every way of summing the taps that a timed launch uses, then the published
+    # layers' own rows
+    ways = [partial(accuracy, kernel=dataclasses.replace(default_kernel(), sums=sums))
+            for sums in STEM_SUMS if any(k.sums == sums for k in args.parsed_configs)]
+    ways.append(library_accuracy)
     for way in ways:
         for dt, autocast in _precisions():
             result["accuracy"].append(way(x, conv, 5, dt, autocast))
@@ -432,9 +443,9 @@ def main(argv: list[str] | None = None) -> int:
     result["conv2_channels"] = conv2_channels(args.size, args.batch_per_rank, args.repeats, device)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "stem-check.json").write_text(json.dumps(result, indent=2))
-    print("| stem | block | warps | dot | stem fwd ms | stem fwd+bwd ms | step ms | images/s |")
+    print("| stem | block | warps | sums | stem fwd ms | stem fwd+bwd ms | step ms | images/s |")
     for r in result["timings"]:
-        print(f"| {r['stem']} | {r['block']} | {r['num_warps']} | {r['dot']} | "
+        print(f"| {r['stem']} | {r['block']} | {r['num_warps']} | {r['sums']} | "
               f"{r['stem_forward_ms']} | "
               f"{r['stem_forward_backward_ms']} | {r['step_ms']} | {r['images_per_s']} |")
     return 0

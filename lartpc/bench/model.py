@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     speed.add_argument("--stage2", default=None, choices=choices("model.stage2"),
                        help="JishNet: second stage as the published layers (library, the "
                             "default here), a Triton forward kernel (fused), or auto")
-    speed.add_argument("--stem-kernel", default="", metavar="BLOCK:WARPS[:dot]",
+    speed.add_argument("--stem-kernel", default="", metavar="BLOCK:WARPS[:SUMS]",
                        help="JishNet, fused stem: its launch (model.stem_kernel; default: "
                             "the kernel's)")
     speed.add_argument("--stage2-kernel", default="", metavar="BLOCK:WARPS:BLOCK_K[:triton]",

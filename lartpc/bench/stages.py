@@ -9,6 +9,10 @@ does not (its input is the event image). The sum of the stages is close to the w
 step but not equal: the step also runs the optimizer-free bookkeeping of autograd
 across stages.
 
+``top_kernels`` lists what a stage's forward+backward runs, heaviest first: on a GPU its
+device kernels (torch.profiler; where cuDNN fell back to a generic engine or converted a
+layout, its kernels say so), on a CPU its torch operations.
+
 ``max_batch`` finds the largest minibatch whose forward+backward fits on the GPU, by
 doubling and then bisection, with the measured events repeated to fill the batch (the
 dense network's memory does not depend on the pixels).
@@ -90,7 +94,8 @@ def stage_times(model, dense: torch.Tensor, labels: torch.Tensor, loss_fn, autoc
                      "dtype": str(grad.dtype).replace("torch.", ""),
                      "forward_ms": median_ms(forward, repeats, sync, warmup),
                      "forward_backward_ms": median_ms(forward_backward, repeats, sync,
-                                                      warmup)})
+                                                      warmup),
+                     "top_kernels": top_kernels(forward_backward, x_in.device.type)})
     head_in = x.detach().requires_grad_(True)
 
     def head_forward():
@@ -109,6 +114,39 @@ def stage_times(model, dense: torch.Tensor, labels: torch.Tensor, loss_fn, autoc
                  "forward_backward_ms": median_ms(head_forward_backward, repeats, sync,
                                                   warmup)})
     return rows
+
+
+#: calls of a stage profiled by :func:`top_kernels`, and the kernels listed
+PROFILED_CALLS, TOP_KERNELS = 3, 8
+
+
+def top_kernels(fn: Callable[[], object], device_type: str, calls: int = PROFILED_CALLS,
+                top: int = TOP_KERNELS) -> list[dict]:
+    """The ``top`` heaviest device kernels (CUDA) or torch operations (CPU, self time) of
+    ``calls`` calls of ``fn`` (after one untimed): name, launches and milliseconds per
+    call, largest first. A profiler that cannot run here (CUPTI missing, say) gives one
+    row with its ``error`` instead; the stage's timings stand without it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device_type == "cuda"
+    fn()
+    try:
+        with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) \
+                as prof:
+            for _ in range(calls):
+                fn()
+            if cuda:
+                torch.cuda.synchronize()
+    except RuntimeError as e:
+        return [{"error": f"torch.profiler: {str(e).splitlines()[0]}"}]
+
+    def busy(e) -> float:  # microseconds over the calls
+        return (getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
+                ) if cuda else e.self_cpu_time_total
+
+    rows = sorted((e for e in prof.key_averages() if busy(e) > 0), key=busy, reverse=True)
+    return [{"name": e.key[:120], "calls": round(e.count / calls, 2),
+             "ms": round(busy(e) / calls / 1e3, 4)} for e in rows[:top]]
 
 
 def max_batch(train_step_at: Callable[[int], None], start: int) -> tuple[int, int]:

@@ -39,21 +39,59 @@ from lartpc.models.kernel_settings import StemKernel
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 #: pooled outputs per program (of the flattened image, row, column order) and warps per
 #: program, the fastest of those timed on an H200 (BENCHMARKS.md, 2026-11-28: 64 x 4 with
-#: DOT); the interpreter, slow per operation, is quicker with large blocks. A run may set
+#: SUMS=dot); the interpreter, slow per operation, is quicker with large blocks. A run may set
 #: its own (``model.stem_kernel``, :mod:`lartpc.models.kernel_settings`).
 BLOCK = 4096 if _INTERPRETED else 64
 NUM_WARPS = 4
-#: sum each window position's taps as a matrix product (on a GPU's matrix units) instead
-#: of tap by tap: the stem 4.7 against 5.4 ms on the H200, its weight gradient under bf16
-#: autocast 2.8e-2 from float64 against the published layers' own 6.3e-2 (BENCHMARKS.md).
-#: Off under the interpreter, whose tests check the per-tap sums by default and this one
-#: explicitly
-DOT = not _INTERPRETED
+#: how a window's taps are summed (``kernel_settings.STEM_SUMS``): ``taps`` one by one;
+#: on a GPU's matrix units, ``dot`` gathers each window position's k x k taps and
+#: multiplies them by the (taps, channels) weights (the stem 4.7 against 5.4 ms on the
+#: H200, its weight gradient under bf16 autocast 2.8e-2 from float64 against the
+#: published layers' own 6.3e-2; BENCHMARKS.md); ``band`` gathers the k input rows under
+#: each row of window positions once (k x (k + pool - 1) pixels) and multiplies them by
+#: one shifted weight table per column position; ``patch`` gathers the whole
+#: (k + pool - 1)^2 patch under a pooling window once and multiplies it by one table per
+#: window position. Per pooled output at k = pool = 5 they load 625, 225 and 81 input
+#: pixels for 25 x 32, 25 x 64 and 25 x 128 taps' products. ``taps`` under the
+#: interpreter, whose tests check the others explicitly
+SUMS = "taps" if _INTERPRETED else "dot"
+_SUMS_CODE = {"taps": 0, "dot": 1, "band": 2, "patch": 3}
 
 
 def default_kernel() -> StemKernel:
     """The launch ``model.stem_kernel=""`` means: this module's settings as they are now."""
-    return StemKernel(BLOCK, NUM_WARPS, DOT)
+    return StemKernel(BLOCK, NUM_WARPS, SUMS)
+
+
+_TAPS: dict = {}
+
+
+def tap_table(w2: torch.Tensor, k: int, pool: int, sums: str, kp: int, cp: int) -> torch.Tensor:
+    """The weights as ``band`` and ``patch`` multiply them: (entries, kp, cp) float32.
+
+    Tap ``t`` of a gathered tile is input row ``t // s``, column ``t % s`` (s = k +
+    pool - 1) from the tile's corner; entry ``e`` is window position ``(dy, dx)`` =
+    ``divmod(e, pool)`` for ``patch`` (the tile's corner is the pooling window's) and
+    column ``dx = e`` for ``band`` (its corner is row ``dy`` of the window: every row
+    uses the same table). Its value is ``w2[c, (ty - dy) * k + (tx - dx)]`` where that
+    tap lies in the k x k kernel, else 0; padding taps and channels are 0.
+    """
+    s = k + pool - 1
+    key = (k, pool, sums, str(w2.device))
+    if key not in _TAPS:
+        shifts = pool if sums == "patch" else 1
+        dy = torch.arange(shifts).repeat_interleave(pool)
+        dx = torch.arange(pool).repeat(shifts)
+        t = torch.arange((s if sums == "patch" else k) * s)
+        ky, kx = (t // s)[None, :] - dy[:, None], (t % s)[None, :] - dx[:, None]
+        inside = (ky >= 0) & (ky < k) & (kx >= 0) & (kx < k)
+        _TAPS[key] = (torch.where(inside, ky * k + kx, 0).to(w2.device),
+                      inside[..., None].to(w2.device))
+    tap, inside = _TAPS[key]
+    c = w2.shape[0]
+    table = torch.zeros((tap.shape[0], kp, cp), dtype=torch.float32, device=w2.device)
+    table[:, :tap.shape[1], :c] = torch.where(inside, w2.t()[tap], 0.0)
+    return table
 
 
 @triton.jit
@@ -128,10 +166,36 @@ def pooled_gradient(g_ptr, y_ptr, arg_ptr, pm, cm, b, i, j, c, C, HO, WO,
 
 
 @triton.jit
+def _gather(x_img, top, left, pm, t, NT, S, H, W):
+    """The input under each of BLOCK positions as a (BLOCK, len(t)) float32 tile: tap
+    ``t`` is row ``t // S``, column ``t % S`` from (top, left); taps past ``NT`` and
+    pixels outside the image are 0."""
+    r = top[:, None] + (t // S)[None, :]
+    s = left[:, None] + (t % S)[None, :]
+    m = pm[:, None] & (t < NT)[None, :] & (r >= 0) & (r < H) & (s >= 0) & (s < W)
+    return tl.load(x_img[:, None] + r * W + s, mask=m, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _table(w_ptr, e, t, c, KP: tl.constexpr, CP: tl.constexpr):
+    """Entry ``e`` of a band's or patch's weight table (:func:`tap_table`): (KP, CP)."""
+    return tl.load(w_ptr + e * (KP * CP) + t[:, None] * CP + c[None, :])
+
+
+@triton.jit
+def _matmul(a, w, LOWP: tl.constexpr):
+    """(BLOCK, KP) @ (KP, CP) on the matrix units: TF32 where the output or input is
+    half precision (as autocast's convolution, which rounds to bf16), float32 else."""
+    if LOWP:
+        return tl.dot(a, w, input_precision="tf32")
+    return tl.dot(a, w, input_precision="ieee")
+
+
+@triton.jit
 def _stem_forward(x_ptr, w_ptr, b_ptr, y_ptr, arg_ptr, N, H, W, HO, WO,
                   sy_b, sy_c, sy_h, sy_w,
                   C: tl.constexpr, CP: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr,
-                  POOL: tl.constexpr, BLOCK: tl.constexpr, DOT: tl.constexpr,
+                  POOL: tl.constexpr, BLOCK: tl.constexpr, SUMS: tl.constexpr,
                   KP: tl.constexpr, LOWP: tl.constexpr):
     pm, b, i, j, c, cm = pooled_block(N, HO, WO, C, CP, BLOCK)
     bias = tl.load(b_ptr + c, mask=cm, other=0.0)
@@ -141,7 +205,7 @@ def _stem_forward(x_ptr, w_ptr, b_ptr, y_ptr, arg_ptr, N, H, W, HO, WO,
     best = tl.full((BLOCK, CP), float("-inf"), tl.float32)
     arg = tl.zeros((BLOCK, CP), tl.int32)
     # window positions in row-major order, torch's tie order
-    if DOT:
+    if SUMS == 1:  # dot
         # the 25 taps of all BLOCK positions gathered as a (BLOCK, KP) tile and
         # multiplied by the (KP, CP) weights; with a half-precision output or input
         # (autocast) on the matrix units in TF32, which holds bf16/fp16 input exactly
@@ -151,16 +215,24 @@ def _stem_forward(x_ptr, w_ptr, b_ptr, y_ptr, arg_ptr, N, H, W, HO, WO,
         wt = tl.load(w_ptr + c[None, :] * (K * K) + t[:, None], mask=tm[:, None] & cm[None, :],
                      other=0.0)
         for d in range(POOL * POOL):
-            r = (top + d // POOL)[:, None] + (t // K)[None, :]
-            s = (left + d % POOL)[:, None] + (t % K)[None, :]
-            a = tl.load(x_img[:, None] + r * W + s, other=0.0,
-                        mask=pm[:, None] & tm[None, :] & (r >= 0) & (r < H) & (s >= 0) & (s < W))
-            if LOWP:
-                v = tl.dot(a.to(tl.float32), wt, input_precision="tf32") + bias[None, :]
-            else:
-                v = tl.dot(a.to(tl.float32), wt, input_precision="ieee") + bias[None, :]
+            a = _gather(x_img, top + d // POOL, left + d % POOL, pm, t, K * K, K, H, W)
+            v = _matmul(a, wt, LOWP) + bias[None, :]
             best, arg = take_max(v, d, best, arg)
-    else:
+    elif SUMS == 2:  # band: the K input rows under each window row, gathered once
+        t = tl.arange(0, KP)
+        for dy in range(POOL):
+            a = _gather(x_img, top + dy, left, pm, t, K * (K + POOL - 1), K + POOL - 1, H, W)
+            for dx in range(POOL):
+                v = _matmul(a, _table(w_ptr, dx, t, c, KP, CP), LOWP) + bias[None, :]
+                best, arg = take_max(v, dy * POOL + dx, best, arg)
+    elif SUMS == 3:  # patch: the whole input patch under the pooling window, gathered once
+        t = tl.arange(0, KP)
+        a = _gather(x_img, top, left, pm, t, (K + POOL - 1) * (K + POOL - 1), K + POOL - 1,
+                    H, W)
+        for d in range(POOL * POOL):
+            v = _matmul(a, _table(w_ptr, d, t, c, KP, CP), LOWP) + bias[None, :]
+            best, arg = take_max(v, d, best, arg)
+    else:  # taps, one by one
         for d in range(POOL * POOL):
             v = _window(x_img, w_ptr, bias, top + d // POOL, left + d % POOL, pm, c, cm, H, W,
                         CP, K, BLOCK)
@@ -208,7 +280,7 @@ class _FusedStem(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, pool: int, padding: int, out_dtype, channels_last,
                 kernel: StemKernel):
-        block, warps, dot = kernel.block, kernel.num_warps, kernel.dot
+        block, warps, sums = kernel.block, kernel.num_warps, kernel.sums
         b, h, w, c, k, ho, wo = _geometry(x, weight, pool, padding)
         x3 = x.reshape(b, h, w).contiguous()
         w2 = weight.detach().reshape(c, k * k).float().contiguous()
@@ -218,10 +290,14 @@ class _FusedStem(torch.autograd.Function):
         cp = triton.next_power_of_2(c)
         n = b * ho * wo
         grid = (triton.cdiv(n, block),)
+        # taps in a gathered tile (a power of two, at least the matrix units' 16)
+        kp = max(16, triton.next_power_of_2(
+            {"band": k * (k + pool - 1), "patch": (k + pool - 1) ** 2}.get(sums, k * k)))
+        if sums in ("band", "patch"):
+            w2 = tap_table(w2, k, pool, sums, kp, cp)
         _stem_forward[grid](x3, w2, bias.detach().float().contiguous(), y, arg, n, h, w, ho, wo,
                             *y.stride(), C=c, CP=cp, K=k, PAD=padding, POOL=pool,
-                            BLOCK=block, DOT=dot,
-                            KP=max(16, triton.next_power_of_2(k * k)),
+                            BLOCK=block, SUMS=_SUMS_CODE[sums], KP=kp,
                             LOWP=x3.dtype != torch.float32 or out_dtype != torch.float32,
                             num_warps=warps)
         ctx.save_for_backward(x3, y, arg)

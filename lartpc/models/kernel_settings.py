@@ -6,16 +6,19 @@ matrix product slices do not change what a kernel computes, only how fast it run
 given card and the order in which float32 partial sums are added (a last-bit
 difference). The fastest differ from card to card, so they are options:
 
-=========================  =========================================  ==============
-``model.stem_kernel``      ``BLOCK:WARPS[:dot]``                       ``128:4``
-``model.stage2_kernel``    ``BLOCK:WARPS:BLOCK_K[:hybrid|:triton]``    ``64:8:32``
-=========================  =========================================  ==============
+=========================  =========================================  ==================
+option                     spelling                                   e.g.
+=========================  =========================================  ==================
+``model.stem_kernel``      ``BLOCK:WARPS[:dot|:band|:patch]``         ``64:4:dot``
+``model.stage2_kernel``    ``BLOCK:WARPS:BLOCK_K[:hybrid|:triton]``   ``64:8:32:triton``
+=========================  =========================================  ==================
 
 ``""`` (the default) is the kernel module's own setting (``fused_stem.BLOCK``,
-``NUM_WARPS``, ``DOT``; ``fused_stage2.BLOCK``, ``NUM_WARPS``, ``BLOCK_K``,
-``BACKWARD``). Two parts do change the arithmetic: ``dot`` sums the stem's taps on the
-matrix units (TF32: under bf16 autocast it moved near-tied arg-maxes on an H200,
-BENCHMARKS.md), and ``triton`` is the second stage's backward without its map (the
+``NUM_WARPS``, ``SUMS``; ``fused_stage2.BLOCK``, ``NUM_WARPS``, ``BLOCK_K``,
+``BACKWARD``). Two parts do change the arithmetic: the stem's ``dot``, ``band`` and
+``patch`` sum its taps on the matrix units (TF32: under bf16 autocast ``dot`` moved
+near-tied arg-maxes on an H200, BENCHMARKS.md; the three differ in what they gather,
+:mod:`lartpc.models.fused_stem`), and ``triton`` is the second stage's backward without its map (the
 same rounding as ``hybrid``, tested). ``jobs/local/stem_check.py`` times settings on a
 GPU and ``jobs/local/fastest_kernels.py`` picks the fastest of its results.
 """
@@ -30,18 +33,22 @@ from lartpc.errors import ConfigError
 MAX_BLOCK = 8192
 WARPS = (1, 2, 4, 8, 16)
 BACKWARDS = ("hybrid", "triton")
+#: how the fused stem sums a window's taps: one by one (``taps``), or as matrix
+#: products of gathered input (:mod:`lartpc.models.fused_stem`)
+STEM_SUMS = ("taps", "dot", "band", "patch")
 
 
 @dataclass(frozen=True, slots=True)
 class StemKernel:
-    """The fused stem's launch: pooled outputs per program, warps, taps as a product."""
+    """The fused stem's launch: pooled outputs per program, warps, how taps are summed
+    (one of :data:`STEM_SUMS`)."""
 
     block: int
     num_warps: int
-    dot: bool = False
+    sums: str = "taps"
 
     def __str__(self) -> str:
-        return f"{self.block}:{self.num_warps}" + (":dot" if self.dot else "")
+        return f"{self.block}:{self.num_warps}" + ("" if self.sums == "taps" else f":{self.sums}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,17 +81,19 @@ def _warps(key: str, text: str, value: str) -> int:
 
 
 def parse_stem_kernel(text: str, key: str = "model.stem_kernel") -> StemKernel | None:
-    """``"BLOCK:WARPS[:dot]"`` (``d`` for ``dot``) as a :class:`StemKernel`; None for
-    ``""`` (the kernel's default). BLOCK is at least 16. A ConfigError names ``key``
-    and the part at fault."""
+    """``"BLOCK:WARPS[:dot|:band|:patch]"`` (``d``, ``b``, ``p`` for short) as a
+    :class:`StemKernel`; None for ``""`` (the kernel's default). BLOCK is at least 16.
+    A ConfigError names ``key`` and the part at fault."""
     if text == "":
         return None
     parts = text.split(":")
-    if len(parts) not in (2, 3) or parts[2:] not in ([], ["dot"], ["d"]):
-        raise ConfigError(f"{key}={text!r}: expected BLOCK:WARPS or BLOCK:WARPS:dot, "
-                          "e.g. 128:4")
+    names = {s: s for s in STEM_SUMS[1:]} | {s[0]: s for s in STEM_SUMS[1:]}
+    sums = "taps" if len(parts) == 2 else names.get(parts[-1])
+    if len(parts) not in (2, 3) or sums is None:
+        raise ConfigError(f"{key}={text!r}: expected BLOCK:WARPS with an optional "
+                          f":{' or :'.join(STEM_SUMS[1:])}, e.g. 64:4:dot")
     return StemKernel(_power_of_two(key, text, "BLOCK", parts[0], 16, MAX_BLOCK),
-                      _warps(key, text, parts[1]), dot=len(parts) == 3)
+                      _warps(key, text, parts[1]), sums)
 
 
 def parse_stage2_kernel(text: str, key: str = "model.stage2_kernel") -> Stage2Kernel | None:

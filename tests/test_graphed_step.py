@@ -20,6 +20,7 @@ from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError
 from lartpc.models import sparse_torch
 from lartpc.train.graphed import Capacities, GraphedStep
+from lartpc.train.readback import Unread, step_values
 
 pytestmark = pytest.mark.sparse
 
@@ -84,10 +85,16 @@ def test_outputs_are_overwritten_as_a_replay_overwrites_them(train_events_dir):
     caps.fit(sparse_torch.sizes(second.rulebooks))
     graphed = GraphedStep(model, torch.nn.functional.cross_entropy, caps, 7, capture=False)
     logits, loss = graphed(first)
-    held, grad = float(loss), model.convs[0].weight.grad
+    held, grad, values = float(loss), model.convs[0].weight.grad, graphed.values
+    # the step's (loss, accuracy) for the read-back, computed in the step
+    assert torch.equal(values, step_values(loss, logits, first.labels))
+    unread = Unread(values, {})  # taken before the next step overwrites them
     logits2, loss2 = graphed(second)
     assert loss2 is loss and logits2 is logits and model.convs[0].weight.grad is grad
+    assert graphed.values is values
     assert float(loss) != held and graphed.stats["resized"] == 1
+    assert torch.equal(values, step_values(loss, logits, second.labels))
+    assert unread.read()[0] == held
 
 
 def test_loader_pads_to_the_sizes_as_they_stand(train_events_dir):
@@ -176,8 +183,9 @@ def test_refused_on_several_ranks_or_a_distributed_backend():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_captured_step_equals_the_eager_step_on_cuda(train_events_dir):
-    """The captured graph's loss and gradients equal an eager step's on the same padded
-    tables, replay after replay with new batches copied in."""
+    """The captured graph's loss, gradients and read-back values (loss, accuracy) equal
+    an eager step's on the same padded tables, replay after replay with new batches
+    copied in."""
     shape = tuple(EventStore(train_events_dir).geometry.shape)
     _, model = _pair(shape, seed=5)
     model = model.cuda()
@@ -187,13 +195,16 @@ def test_captured_step_equals_the_eager_step_on_cuda(train_events_dir):
     for batch in batches:
         logits, loss = graphed(batch)
         got = [float(loss), *(p.grad.clone() for p in model.parameters())]
+        values = graphed.values.clone()  # (loss, accuracy), computed in the graph
         model.zero_grad()
         maps = graphed.caps.pad(model.rulebook_builder(training=True)(
             batch.coords, batch.data_size))
-        ref = torch.nn.functional.cross_entropy(
-            model.forward_tables(batch.features, maps, batch.data_size), batch.labels)
+        ref_logits = model.forward_tables(batch.features, maps, batch.data_size)
+        ref = torch.nn.functional.cross_entropy(ref_logits, batch.labels)
         ref.backward()
         assert abs(got[0] - float(ref)) <= 1e-5 * max(1.0, float(ref))
+        torch.testing.assert_close(values, step_values(ref, ref_logits, batch.labels),
+                                   rtol=1e-5, atol=0)
         for g, p in zip(got[1:], model.parameters(), strict=True):
             assert (g - p.grad).abs().max() <= 1e-5 * p.grad.abs().max()
     assert graphed.stats["captures"] >= 1 and graphed.stats["replays"] == len(batches)

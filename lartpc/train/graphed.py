@@ -6,7 +6,8 @@ At the paper's minibatch of 7 SCNet's step is host-bound on a GPU: its kernels t
 (``model.sparse = torch``) read nothing back in the step, so with the batch's index
 tables padded to fixed sizes (:func:`~lartpc.models.sparse_torch.pad_maps`: the same
 outputs and gradients) the forward, the loss and the backward can be captured once and
-replayed: the host then launches a handful of copies and one graph per step. The
+replayed: the host then launches a handful of copies and one graph per step; the
+step's loss and accuracy for the read-back are computed in the graph too. The
 optimizer step stays outside the graph (its learning rate changes with the schedule),
 as do evaluation, the loss's read-back and the stop vote.
 
@@ -39,6 +40,7 @@ from dataclasses import replace
 import torch
 
 from lartpc.models import sparse_torch
+from lartpc.train.readback import step_values
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +138,9 @@ class GraphedStep:
     static buffers otherwise.
 
     ``__call__(batch)`` returns (logits, loss) with the gradients in ``.grad``, or None
-    when this batch needs the eager step (the caller runs it).
+    when this batch needs the eager step (the caller runs it); ``values`` then holds the
+    step's (loss, accuracy) (:func:`~lartpc.train.readback.step_values`), computed in
+    the graph: the step's thread launches nothing for them.
     """
 
     def __init__(self, model: torch.nn.Module, loss_fn, capacities: Capacities,
@@ -187,13 +191,14 @@ class GraphedStep:
         for p in self.params:
             p.grad = None
         self._forward_backward()
-        out = [self.logits.detach(), self.loss.detach(), *(p.grad for p in self.params)]
+        out = [self.logits.detach(), self.loss.detach(), self.values,
+               *(p.grad for p in self.params)]
         if not self._outputs:  # the first step on these buffers
             self._outputs = [t.clone() for t in out]
         else:
             for mine, now in zip(self._outputs, out, strict=True):
                 mine.copy_(now)
-        self.logits, self.loss, *self.grads = self._outputs
+        self.logits, self.loss, self.values, *self.grads = self._outputs
 
     def _eager_step(self):
         self.stats["eager_steps"] += 1
@@ -203,6 +208,7 @@ class GraphedStep:
         self.logits = self.model.forward_tables(self.features, self.maps, self.batch_size)
         self.loss = self.loss_fn(self.logits.float(), self.labels)
         self.loss.backward()
+        self.values = step_values(self.loss, self.logits, self.labels)
 
     def _load(self, batch, maps) -> None:
         """This batch into the static buffers: one multi-tensor copy of the labels,

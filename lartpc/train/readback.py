@@ -6,7 +6,9 @@ minibatch 7 the host is the bottleneck, and that wait was paid twice per step. N
 each step's two numbers are copied behind its kernels into pinned host memory (no
 wait; an event marks their arrival) and read once the next step has been queued, when
 they are long there. On the CPU the values are simply kept. The numbers themselves are
-the same float32 values ``float()`` read; only when they are read changes.
+the same float32 values ``float()`` read; only when they are read changes. A graphed
+step (:mod:`lartpc.train.graphed`) computes the pair inside its graph
+(:func:`step_values`), so its step's thread launches none of these operations.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ class Unread:
 
     __slots__ = ("values", "arrived", "fields")
 
-    def __init__(self, loss: torch.Tensor, acc: torch.Tensor, fields: dict):
-        values = torch.stack([loss.detach().float().reshape(()), acc.detach().float()])
+    def __init__(self, values: torch.Tensor, fields: dict):
+        """``values``: the step's (loss, accuracy), :func:`step_values`; copied here (a
+        graph's buffer is overwritten by the next replay)."""
         self.arrived: torch.cuda.Event | None = None
         if values.is_cuda:
             self.values = torch.empty(2, dtype=torch.float32, pin_memory=True)
@@ -29,7 +32,7 @@ class Unread:
             self.arrived = torch.cuda.Event()
             self.arrived.record()
         else:
-            self.values = values
+            self.values = values.clone()
         self.fields = fields
 
     def read(self) -> tuple[float, float]:
@@ -43,3 +46,9 @@ class Unread:
 def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Share of correct predictions, a 0-d float32 tensor on the logits' device."""
     return (logits.detach().argmax(1) == labels).float().mean()
+
+
+def step_values(loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor
+                ) -> torch.Tensor:
+    """A step's (loss, accuracy) as one float32 tensor of 2 on the loss's device."""
+    return torch.stack([loss.detach().float().reshape(()), accuracy(logits, labels)])

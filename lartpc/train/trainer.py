@@ -36,7 +36,7 @@ from lartpc.train.evaluate import evaluate
 from lartpc.train.noise import NoiseMeter
 from lartpc.train.optim import build_optimizer, keep_impl, lr_at, set_lr
 from lartpc.train.parts import autocast_and_scaler, loader_mode, make_loader, model_options
-from lartpc.train.readback import Unread, accuracy
+from lartpc.train.readback import Unread, step_values
 from lartpc.train.segments import Segment
 from lartpc.train.signals import StopRequests
 from lartpc.train.sinks import EvalRecord, StepRecord
@@ -311,13 +311,14 @@ class Trainer:
         static = None if self.graphed is None or self.noise.due(s.global_step) \
             else self.graphed(batch)
         if static is not None:  # train.cuda_graph: the gradients are the graph's buffers
-            logits, loss = static
+            values = self.graphed.values  # (loss, accuracy), computed in the graph
         else:
             self.opt.zero_grad()  # Horovod's wrapper takes no arguments
             logits, loss = self.noise.forward_backward(self.model, self.loss_fn, batch,
                                                        self.autocast, s.global_step)
+            values = step_values(loss, logits, batch.labels)
         comm_s = world.step_optimizer(self.opt, self.scaler)
-        this = Unread(loss, accuracy(logits, batch.labels), {
+        this = Unread(values, {
             "global_step": s.global_step, "epoch": s.epoch, "batchno": s.step_in_epoch,
             "rank": world.rank, "data_size": batch.data_size,
             "images": batch.data_size * world.size, "lr": self.opt.param_groups[0]["lr"],
@@ -370,9 +371,11 @@ class Trainer:
     def _agree(self, local: list[tuple[float, float]], flags: list[float]
                ) -> tuple[list[tuple], list]:
         """Steps' (local loss, local accuracy) and ``flags`` averaged over the ranks in
-        one allreduce: ([(local loss, local acc, loss, acc)] per step, flags)."""
-        g = self.world.allreduce_mean(torch.tensor([v for pair in local for v in pair] + flags,
-                                                   dtype=torch.float64)).tolist()
+        one allreduce: ([(local loss, local acc, loss, acc)] per step, flags). One rank's
+        mean is its own values (no tensor made: the step's thread stays lean)."""
+        values = [float(v) for pair in local for v in pair] + [float(f) for f in flags]
+        g = values if self.world.size == 1 else self.world.allreduce_mean(
+            torch.tensor(values, dtype=torch.float64)).tolist()
         n = 2 * len(local)
         return [(*pair, g[2 * i], g[2 * i + 1]) for i, pair in enumerate(local)], g[n:]
 

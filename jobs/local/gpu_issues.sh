@@ -118,20 +118,19 @@ if [ "$DEVICE" = cuda ]; then
         --batch-per-rank 7 --elu-after-pool --cudnn-benchmark --amp bf16 --channels-last \
         "${FASTEST[@]}" --stages --repeats 10 --max-batch
 fi
-# 4. issue 36's own command (spconv, implicit GEMM: 719.6 images/s on the H200 on
-#    2026-11-28), the baseline on this machine
-bench 'train-scnet-sparse'
-# 5. the fused second stage's check again (its backwards were slower than cuDNN's on
-#    2026-11-28) and its stages with their kernels, and the bare SCNet benches
+# 4. the fused second stage's check again (its hybrid backward is now the library
+#    convolution's own backward call; on 2026-11-28 it took 7 ms against cuDNN's 4.4)
+#    and JishNet's stages with it, each with its heaviest kernels
 if [ "$DEVICE" = cuda ]; then
     part stage2-check "$PY" -m lartpc.jobs.local.stem_check --out "$OUT/stage2-check" \
         --stage 2
-    # the hybrid's backward took 7 ms against cuDNN's 4.4 in the library stage: which
-    # kernels (each stage's top_kernels, beside part 3's for the library stage)
     part model-jishnet-stages-stage2-fused "$PY" -m lartpc bench model --model jishnet \
         --device cuda --batch-per-rank 7 --elu-after-pool --cudnn-benchmark --amp bf16 \
         --channels-last "${FASTEST[@]}" --stage2 fused --stages --repeats 5
 fi
+# 5. issue 36's own command (spconv, implicit GEMM: 719.6 images/s on the H200 on
+#    2026-11-28), the baseline on this machine, and the bare SCNet benches
+bench 'train-scnet-sparse'
 bench 'model-scnet-default,model-scnet-implicit-gemm,model-scnet-torch,model-scnet-torch-graph'
 # 6. with SCAN_TOO=1: the minibatch scan, spconv (implicit GEMM) then the torch layers
 #    (~5 min each on a GPU)

@@ -38,10 +38,15 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _loader(store, builder, device: str, **prefetch):
+    """The sparse loader over the whole store as training builds it (minibatch 7)."""
+    return build_loader(store, "sparse", np.arange(len(store)), 7, device=device, seed=1,
+                        rulebooks=builder, **prefetch)
+
+
 def produce_times(store, builder, device: str, batches: int, warmup: int) -> dict:
     """Median ms to make one batch in this thread, prefetching off."""
-    loader = build_loader(store, "sparse", np.arange(len(store)), 7, device=device, seed=1,
-                          rulebooks=builder, prefetch_depth=0)
+    loader = _loader(store, builder, device, prefetch_depth=0)
     times = []
     for positions in loader._batches(0)[:batches]:
         _sync(device)
@@ -58,8 +63,7 @@ def produce_times(store, builder, device: str, batches: int, warmup: int) -> dic
 
 def pass_rate(store, builder, device: str, threads: int) -> dict:
     """Batches a second over one pass of the loader as training iterates it."""
-    loader = build_loader(store, "sparse", np.arange(len(store)), 7, device=device, seed=1,
-                          rulebooks=builder, prefetch_depth=2, prefetch_threads=threads)
+    loader = _loader(store, builder, device, prefetch_depth=2, prefetch_threads=threads)
     _sync(device)
     t0 = time.perf_counter()
     n = sum(1 for _ in loader)

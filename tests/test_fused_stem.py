@@ -250,12 +250,12 @@ _COMPILE_FOR_SM90 = """
 
     for text in STEM_CONFIGS.split(","):
         k = parse_stem_kernel(text)
-        kp = {"dot": 32, "band": 64, "patch": 128}[k.sums]
         build(fs._stem_forward,
               {"x_ptr": "*bf16", "w_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*bf16",
                "arg_ptr": "*u8"},
               dict(C=10, CP=16, K=5, PAD=2, POOL=5, BLOCK=k.block,
-                   SUMS=fs._SUMS_CODE[k.sums], KP=kp, LOWP=True), text, warps=k.num_warps)
+                   SUMS=fs._SUMS_CODE[k.sums], KP=fs.tile_taps(5, 5, k.sums), LOWP=True), text,
+              warps=k.num_warps)
     build(fs._stem_backward,
           {"x_ptr": "*bf16", "g_ptr": "*bf16", "y_ptr": "*bf16", "arg_ptr": "*u8",
            "part_ptr": "*fp32"},

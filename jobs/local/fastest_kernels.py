@@ -21,9 +21,8 @@ the stem's ``dot`` variant's weight gradient under bf16 autocast 2.8e-2 (TF32 pr
 the library's own weight gradient under bf16 autocast was 6.5e-2 from float64 on this
 project's CPU (oneDNN, 3 events at 3600²; BENCHMARKS.md), so where a GPU's library row
 says the same, ``dot`` is no less accurate than the study's own training path and may be
-picked. The
-library stage competes too: where it is faster than every accurate fused launch, it is
-the choice.
+picked. The library stage competes too: where it is faster than every accurate fused
+launch, it is the choice.
 """
 
 from __future__ import annotations

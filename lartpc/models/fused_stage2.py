@@ -29,13 +29,13 @@ float32 convolutions by default).
   into the convolution map's gradient, each window's value at its arg-max and zero
   elsewhere (a 1-in-p^2 sparse map, written once, dense), and sums the bias gradient per
   program (no atomics); then torch's convolution backward gives the input and weight
-  gradients from that map: the very call autograd makes for the published convolution
-  (the input as it came, the convolution's padding; on a GPU the same cuDNN algorithms
-  as the library stage. Until 2026-11-28 it ran on the padded copy, with zero padding,
-  as two calls: 7 ms against the library stage's 4.4 on an H200). Cost: the map is written once
-  and read twice (B x C_out x H x W, 464 MB per step of 7 at 720 x 720 in bf16: about
-  0.3 ms of an H200's bandwidth) and the two library convolutions do dense work, 25
-  times the nonzero products.
+  gradients from that map in the very call autograd makes for the published
+  convolution (the input as it came, the convolution's padding), so on a GPU cuDNN gets
+  the library stage's own problem. (Until 2026-11-28 these were two calls on the padded
+  copy with zero padding: 7 ms against the library stage's 4.4 on an H200.) Cost: the
+  map is written once and read twice (B x C_out x H x W, 464 MB per step of 7 at 720 x
+  720 in bf16: about 0.3 ms of an H200's bandwidth) and the library's gradient
+  convolutions do dense work, 25 times the nonzero products.
 - ``triton``: the map is never written. The pooled gradients before ELU and the arg-maxes
   are laid out as rows of C_out values (B x H/p x W/p rows, 37 MB in float32 at 3600²);
   the weight gradient is, for each window position d, the (taps x BLOCK) patches (the
@@ -328,7 +328,7 @@ class _FusedStage(torch.autograd.Function):
         ctx.save_for_backward(xp if backward == "triton" else x, weight, y, arg)
         ctx.geom = (pool, hc, wc, cp, block, warps, grid, fmt, (b, cin, h, w), x.dtype,
                     bias.dtype, cdtype, padding)
-        ctx.triton = (toff, kp, padding, lowp) if backward == "triton" else None
+        ctx.triton = (toff, kp, lowp) if backward == "triton" else None
         return y
 
     @staticmethod
@@ -361,8 +361,8 @@ def _triton_backward(ctx, gy):
     """``BACKWARD = "triton"``: the weight and input gradients from the pooled gradients
     and arg-maxes (module docstring), the bias gradient their sum; no map written."""
     xp, weight, y, arg = ctx.saved_tensors
-    pool, _, _, cp, block, _, _, _, (b, cin, h, w), xdtype, bdtype, _, _ = ctx.geom
-    toff, kp, padding, lowp = ctx.triton
+    pool, _, _, cp, block, _, _, _, (b, cin, h, w), xdtype, bdtype, _, padding = ctx.geom
+    toff, kp, lowp = ctx.triton
     c, _, k, _ = weight.shape
     ho, wo = y.shape[2:]
     dm, args = _pooled_rows(gy, y, arg, cp)

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lartpc.models.kernel_settings import StemKernel
+from lartpc.models.kernel_settings import STEM_SUMS, StemKernel
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 #: pooled outputs per program (of the flattened image, row, column order) and warps per
@@ -55,12 +55,20 @@ NUM_WARPS = 4
 #: pixels for 25 x 32, 25 x 64 and 25 x 128 taps' products. ``taps`` under the
 #: interpreter, whose tests check the others explicitly
 SUMS = "taps" if _INTERPRETED else "dot"
-_SUMS_CODE = {"taps": 0, "dot": 1, "band": 2, "patch": 3}
+_SUMS_CODE = {name: code for code, name in enumerate(STEM_SUMS)}  # the kernel's SUMS
 
 
 def default_kernel() -> StemKernel:
     """The launch ``model.stem_kernel=""`` means: this module's settings as they are now."""
     return StemKernel(BLOCK, NUM_WARPS, SUMS)
+
+
+def tile_taps(k: int, pool: int, sums: str) -> int:
+    """Taps in a gathered tile (the kernel's ``KP``): a window position's k x k for
+    ``dot`` (and the per-tap weights' row), the k x (k + pool - 1) band or the whole
+    (k + pool - 1)^2 patch, as a power of two of at least the matrix units' 16."""
+    s = k + pool - 1
+    return max(16, triton.next_power_of_2({"band": k * s, "patch": s * s}.get(sums, k * k)))
 
 
 _TAPS: dict = {}
@@ -204,13 +212,13 @@ def _stem_forward(x_ptr, w_ptr, b_ptr, y_ptr, arg_ptr, N, H, W, HO, WO,
     left = j * POOL - PAD
     best = tl.full((BLOCK, CP), float("-inf"), tl.float32)
     arg = tl.zeros((BLOCK, CP), tl.int32)
+    t = tl.arange(0, KP)  # the taps of a gathered tile (unused by the per-tap sums)
     # window positions in row-major order, torch's tie order
     if SUMS == 1:  # dot
         # the 25 taps of all BLOCK positions gathered as a (BLOCK, KP) tile and
         # multiplied by the (KP, CP) weights; with a half-precision output or input
         # (autocast) on the matrix units in TF32, which holds bf16/fp16 input exactly
         # and rounds the weights to 10 bits (autocast's convolution rounds both to bf16)
-        t = tl.arange(0, KP)
         tm = t < K * K
         wt = tl.load(w_ptr + c[None, :] * (K * K) + t[:, None], mask=tm[:, None] & cm[None, :],
                      other=0.0)
@@ -219,14 +227,12 @@ def _stem_forward(x_ptr, w_ptr, b_ptr, y_ptr, arg_ptr, N, H, W, HO, WO,
             v = _matmul(a, wt, LOWP) + bias[None, :]
             best, arg = take_max(v, d, best, arg)
     elif SUMS == 2:  # band: the K input rows under each window row, gathered once
-        t = tl.arange(0, KP)
         for dy in range(POOL):
             a = _gather(x_img, top + dy, left, pm, t, K * (K + POOL - 1), K + POOL - 1, H, W)
             for dx in range(POOL):
                 v = _matmul(a, _table(w_ptr, dx, t, c, KP, CP), LOWP) + bias[None, :]
                 best, arg = take_max(v, dy * POOL + dx, best, arg)
     elif SUMS == 3:  # patch: the whole input patch under the pooling window, gathered once
-        t = tl.arange(0, KP)
         a = _gather(x_img, top, left, pm, t, (K + POOL - 1) * (K + POOL - 1), K + POOL - 1,
                     H, W)
         for d in range(POOL * POOL):
@@ -290,9 +296,7 @@ class _FusedStem(torch.autograd.Function):
         cp = triton.next_power_of_2(c)
         n = b * ho * wo
         grid = (triton.cdiv(n, block),)
-        # taps in a gathered tile (a power of two, at least the matrix units' 16)
-        kp = max(16, triton.next_power_of_2(
-            {"band": k * (k + pool - 1), "patch": (k + pool - 1) ** 2}.get(sums, k * k)))
+        kp = tile_taps(k, pool, sums)
         if sums in ("band", "patch"):
             w2 = tap_table(w2, k, pool, sums, kp, cp)
         _stem_forward[grid](x3, w2, bias.detach().float().contiguous(), y, arg, n, h, w, ho, wo,

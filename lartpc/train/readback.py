@@ -5,7 +5,7 @@ host could not start step k+1's Python while the GPU finished step k: with SCNet
 minibatch 7 the host is the bottleneck, and that wait was paid twice per step. Now
 each step's two numbers are copied behind its kernels into pinned host memory (no
 wait; an event marks their arrival) and read once the next step has been queued, when
-they are long there. On the CPU the values are simply kept. The numbers themselves are
+they are long there. On the CPU the values are kept as a copy. The numbers themselves are
 the same float32 values ``float()`` read; only when they are read changes. A graphed
 step (:mod:`lartpc.train.graphed`) computes the pair inside its graph
 (:func:`step_values`), so its step's thread launches none of these operations.

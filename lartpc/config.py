@@ -80,6 +80,11 @@ class DataConfig:
     #: order is kept); for a GPU's graphed SCNet step, which one thread building the
     #: tables does not keep up with (BENCHMARKS.md); whether more pay is not measured yet
     prefetch_threads: int = 1
+    #: processes making the sparse loader's training batches, index tables included, on
+    #: the CPU (forked; one buffer per batch, one copy to the device); 0 = none: the
+    #: prefetch threads make them in the training process, sharing its interpreter with
+    #: the step (lartpc/data/processes.py)
+    loader_processes: int = 0
     #: none | mirror: mirror each training event on the wire and/or time axis, chosen
     #: by (train.seed, epoch, event); for isotropic events (lartpc/data/augment.py)
     augment: str = "none"
@@ -202,6 +207,28 @@ CHOICES = {
 }
 
 
+MAX_PROCESSES = 256  #: loader processes per rank
+
+
+def loader_processes_refusal(cfg: Config) -> str:
+    """Why ``data.loader_processes`` cannot be used with ``cfg`` ("" if it can)."""
+    n = cfg.data.loader_processes
+    if n > MAX_PROCESSES:
+        return f"must be at most {MAX_PROCESSES}"
+    if cfg.data.loader not in ("sparse", "auto") or (
+            cfg.data.loader == "auto" and cfg.model.name != "scnet"):
+        return (f"the processes make the sparse loader's batches (here data.loader = "
+                f"{cfg.data.loader!r} with {cfg.model.name})")
+    if cfg.data.prefetch_threads > 1:
+        return (f"with data.prefetch_threads = {cfg.data.prefetch_threads}: one thread drives "
+                "each process; set one of the two")
+    if cfg.data.rulebooks == "loader" and cfg.model.sparse != "torch":
+        return ("with data.rulebooks = loader and model.sparse = spconv: the processes build "
+                "tables on the CPU, and spconv's rulebooks for a GPU are built on the GPU "
+                "(use model.sparse = torch)")
+    return ""
+
+
 def choices(key: str, *, without: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The allowed values of setting ``key`` (``"model.name"``), less ``without``."""
     return tuple(v for v in CHOICES[key] if v not in without)
@@ -211,9 +238,9 @@ POSITIVE = ("data.downsample", "data.prefetch_threads", "train.batch_per_rank", 
             "train.time_limit_s", "train.budget_s", "train.lr", "train.eps",
             "train.eval_every_epochs", "train.log_flush_steps",
             "dist.timeout_s", "train.noise_every_steps")
-NON_NEGATIVE = ("data.max_events", "data.prefetch", "train.seed", "train.weight_decay",
-                "train.momentum", "train.warmup_epochs", "train.checkpoint_every_steps",
-                "train.eval_every_images", "train.eval_every_steps",
+NON_NEGATIVE = ("data.max_events", "data.prefetch", "data.loader_processes", "train.seed",
+                "train.weight_decay", "train.momentum", "train.warmup_epochs",
+                "train.checkpoint_every_steps", "train.eval_every_images", "train.eval_every_steps",
                 "train.checkpoint_every_s", "train.threads", "train.progress_every_s")
 MAX_THREADS = 1024  #: CPU threads per rank; beyond this torch fails to create them
 #: Floats that must be finite (inf passes "> 0"; NaN fails every comparison anyway).
@@ -336,6 +363,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"data.prefetch_threads = {cfg.data.prefetch_threads} with "
                           f"data.loader = {cfg.data.loader!r} and {cfg.model.name}: only the "
                           f"sparse loader prepares batches in several threads")
+    if cfg.data.loader_processes:
+        why = loader_processes_refusal(cfg)
+        if why:
+            raise ConfigError(f"data.loader_processes = {cfg.data.loader_processes}: {why}")
     if cfg.data.prefetch_threads > MAX_THREADS:
         raise ConfigError(f"data.prefetch_threads = {cfg.data.prefetch_threads}: must be at "
                           f"most {MAX_THREADS}")

@@ -1,6 +1,6 @@
 """``jobs/local/loader_probe.py`` on CPU: the loader's time per batch with and without
-SCNet's tables, and whole passes with one and two prefetch threads, each handing over
-every batch of the epoch."""
+SCNet's tables, and whole passes with one and two prefetch threads and with two loader
+processes, each handing over every batch of the epoch."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from lartpc.jobs.local import loader_probe
 
 def test_the_probe_times_batches_and_passes(train_events_dir, capsys):
     assert loader_probe.main([str(train_events_dir), "--device", "cpu", "--threads", "1,2",
-                              "--batches", "6", "--warmup", "2"]) == 0
+                              "--processes", "2", "--batches", "6", "--warmup", "2"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["device"] == "cpu" and out["events"] == 70 and out["shape"] == [400, 400]
     bare = out["produce"]["no_tables"]
@@ -20,5 +20,7 @@ def test_the_probe_times_batches_and_passes(train_events_dir, capsys):
         assert tables["batches"] == bare["batches"] == 4
         assert tables["done_ms"] >= tables["host_ms"] > 0 and bare["host_ms"] > 0
     assert out["threads_tables"] == "auto"
-    assert [p["threads"] for p in out["threads"]] == [1, 2]
-    assert all(p["batches"] == 10 and p["images_per_s"] > 0 for p in out["threads"])
+    assert [(p["threads"], p["processes"]) for p in out["threads"]] == [(1, 0), (2, 0),
+                                                                         (1, 2)]
+    assert all(p["batches"] == 10 and p["images_per_s"] > 0 and p["own_cpu_ms_per_batch"] > 0
+               for p in out["threads"])

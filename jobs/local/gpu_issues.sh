@@ -14,8 +14,9 @@
 # Needs gpu-bundle/ beside the tree on the GPU host (`make gpu-bundle` where the package
 # index is reachable). Every part writes into OUT as soon as it ends, so a run cut short
 # keeps what finished; a failing part is noted in OUT/parts.txt and the rest still run.
-# Expected on an H200: ~8 minutes to the end of part 4, ~10 with part 5, without the scan
-# (BENCHMARKS.md, "One call for the open GPU measurements"). PACK must lie outside OUT.
+# Expected on an H200: ~9 minutes to the end of part 3, ~12 with parts 4-5, without the
+# scan (BENCHMARKS.md, "One call for the open GPU measurements"). PACK must lie outside
+# OUT.
 set -u
 OUT=${1:?usage: gpu_issues.sh OUT}
 DEVICE=${DEVICE:-cuda}
@@ -75,13 +76,16 @@ part events "$PY" -m lartpc simulate --out "$EV" --events "$NEV" --downsample "$
     --workers "$(nproc)" --overwrite
 # 1a. how fast the loader alone hands over batches with their tables (one made in the
 #    caller's thread, the tables by the Triton kernels and by torch operations; a whole
-#    pass with 1, 2 and 3 prefetch threads)
-part loader-probe "$PY" -m lartpc.jobs.local.loader_probe "$EV" --device "$DEVICE"
+#    pass with 1 and 3 prefetch threads, and with 4 and 8 loader processes), and the CPU
+#    time it costs the training process per batch
+part loader-probe "$PY" -m lartpc.jobs.local.loader_probe "$EV" --device "$DEVICE" \
+    --threads 1,3 --processes 4,8
 cp "$OUT/loader-probe.out" "$OUT/loader-probe.json" 2>/dev/null
 # 1b. SCNet's graphed training (torch layers, tables built in the loader, one CUDA graph
 #    a step; 2026-11-28: 1,229.6 images/s with one loader thread and the tables in torch
-#    operations, the loader the limit): now with the tables' Triton kernels, with one
-#    loader thread and three, and three with Adam as one fused kernel
+#    operations, the loader the limit): the batches made in 8 loader processes (alone,
+#    and with Adam as one fused kernel), then in the training process with the tables'
+#    Triton kernels, with one loader thread and three
 train_graph() {  # train_graph NAME SETTINGS...
     local name=$1; shift
     local sets=() kv
@@ -92,15 +96,17 @@ train_graph() {  # train_graph NAME SETTINGS...
         "${BOUND[@]}" "${sets[@]}"
     cp "$OUT/$name.out" "$OUT/$name.json" 2>/dev/null
 }
+train_graph train-scnet-torch-graph-processes-8 data.loader_processes=8
+train_graph train-scnet-torch-graph-processes-8-fused-adam data.loader_processes=8 \
+    train.optimizer_impl=fused
 train_graph train-scnet-torch-graph-threads-1 data.prefetch_threads=1
 train_graph train-scnet-torch-graph-threads-3 data.prefetch_threads=3
-train_graph train-scnet-torch-graph-threads-3-fused-adam data.prefetch_threads=3 \
-    train.optimizer_impl=fused
 # 2. the CUDA tests: both ways of building ahead (equality, no synchronisation), the
-#    tables' kernels, the captured step (equal to the eager one), the fused stages
+#    batches from loader processes, the tables' kernels, the captured step (equal to the
+#    eager one), the fused stages
 part gpu-tests "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_sparse_torch.py \
     tests/test_table_kernels.py tests/test_graphed_step.py tests/test_rulebooks.py \
-    tests/test_fused_stage2.py tests/test_fused_stem.py
+    tests/test_loader_processes.py tests/test_fused_stage2.py tests/test_fused_stem.py
 # 3. issue 35: the stem's ways of summing its taps (2026-11-28 the fastest was dot at
 #    64:4, now the default; band and patch, which gather 225 and 81 input pixels a
 #    pooled output instead of 625, never timed): accuracy, the stem alone and the step;

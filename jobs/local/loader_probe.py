@@ -11,8 +11,10 @@ Two views, on ``EVENTS`` (a store, e.g. ``lartpc simulate --events 700``), minib
   tables, and with them built each way of ``--tables`` (``sparse_torch.TABLES``: ``auto``
   = Triton kernels on a GPU, ``torch`` = torch operations);
 - ``threads``: a whole pass of the loader as training iterates it (prefetching on,
-  ``prefetch_threads`` = each of ``--threads``), nothing else running: batches a second
-  the loader alone sustains, to compare with a step's rate.
+  ``prefetch_threads`` = each of ``--threads``, then ``data.loader_processes`` = each of
+  ``--processes``), nothing else running: batches a second the loader alone sustains, to
+  compare with a step's rate, and the CPU time its threads take in the training process
+  per batch (``own_cpu_ms_per_batch``: what the step's thread competes with).
 
 Prints one JSON object. On a GPU the first view showed the loader's thread at 2.9 ms a
 batch with the torch operations against a graphed step's 1.7 ms (BENCHMARKS.md,
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import time
 
 import numpy as np
@@ -61,16 +64,27 @@ def produce_times(store, builder, device: str, batches: int, warmup: int) -> dic
             "done_ms": float(np.median(t[:, 1]))}
 
 
-def pass_rate(store, builder, device: str, threads: int) -> dict:
-    """Batches a second over one pass of the loader as training iterates it."""
-    loader = _loader(store, builder, device, prefetch_depth=2, prefetch_threads=threads)
+def _cpu_s() -> float:
+    """CPU seconds this process (every thread of it, not its children) has used."""
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
+
+
+def pass_rate(store, builder, device: str, threads: int = 1, processes: int = 0) -> dict:
+    """Batches a second over one pass of the loader as training iterates it, and the CPU
+    time the loading costs the training process itself per batch (its threads'; with
+    loader processes, theirs is not counted: it is spent outside the interpreter the
+    step runs in)."""
+    loader = _loader(store, builder, device, prefetch_depth=2, prefetch_threads=threads,
+                     processes=processes)
     _sync(device)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu_s()
     n = sum(1 for _ in loader)
     _sync(device)
-    seconds = time.perf_counter() - t0
-    return {"threads": threads, "batches": n, "seconds": seconds,
-            "batches_per_s": n / seconds, "images_per_s": 7 * n / seconds}
+    seconds, cpu = time.perf_counter() - t0, _cpu_s() - c0
+    return {"threads": threads, "processes": processes, "batches": n, "seconds": seconds,
+            "batches_per_s": n / seconds, "images_per_s": 7 * n / seconds,
+            "own_cpu_ms_per_batch": 1e3 * cpu / n}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("events", help="event store (folder of events-*.h5)")
     ap.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
     ap.add_argument("--threads", default="1,2,3", help="prefetch_threads to pass over")
+    ap.add_argument("--processes", default="2,4,8",
+                    help="data.loader_processes to pass over (the tables on the CPU)")
     ap.add_argument("--batches", type=int, default=60, help="batches timed one by one")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--tables", default="auto,torch",
@@ -96,8 +112,11 @@ def main(argv: list[str] | None = None) -> int:
             sparse_torch.TABLES = way
             produce[f"tables_{way}"] = produce_times(store, builder, args.device,
                                                      args.batches, args.warmup)
-        passes = [pass_rate(store, builder, args.device, int(t))
+        passes = [pass_rate(store, builder, args.device, threads=int(t))
                   for t in args.threads.split(",")]
+        sparse_torch.TABLES = "torch"  # the processes build on the CPU: torch operations
+        passes += [pass_rate(store, builder, args.device, processes=int(p))
+                   for p in args.processes.split(",") if int(p) > 0]
     finally:
         sparse_torch.TABLES = before
     out = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",

@@ -186,6 +186,9 @@ class Loader:
     def resident_bytes(self) -> int:
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Release what outlives an iteration (the sparse loader's processes)."""
+
     # -- shared
     def __len__(self) -> int:
         return self.steps_per_epoch

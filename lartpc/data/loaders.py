@@ -23,6 +23,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import torch
@@ -31,6 +32,8 @@ from lartpc.data import LOADERS
 from lartpc.data.batch import Batch
 from lartpc.data.blosc_cache import BloscConfig, BloscImageCache
 from lartpc.data.loader_base import Loader, SparseEvents
+from lartpc.data.packing import unpack
+from lartpc.data.processes import Processes, copy_out
 from lartpc.data.store import Event, EventStore
 from lartpc.errors import ConfigError
 
@@ -143,23 +146,41 @@ class SparseLoader(Loader):
     the prefetch thread also builds each batch's spconv rulebooks, handed over in
     ``batch.rulebooks``; on CUDA it copies the coordinates to the device and builds them
     there on a stream of its own, and the consumer's stream waits for that stream.
+
+    With ``processes`` (``data.loader_processes``) each batch, tables included, is made on
+    the CPU by one of that many forked processes (:mod:`lartpc.data.processes`) and comes
+    back as one buffer: on CUDA pinned and copied to the device in one copy on the
+    prefetch thread's stream; one prefetch thread drives each process.
     """
 
     mode = "sparse"
     dense_batches = False
     threads_allowed = True  # a batch is a pure function of its positions
 
-    def __init__(self, *args, rulebooks: Callable | None = None, **kw):
+    def __init__(self, *args, rulebooks: Callable | None = None, processes: int = 0, **kw):
         self._rulebooks = rulebooks
         self._streams = threading.local()  # each prefetch thread builds on its own stream
+        self.processes = processes
+        self._pool: Processes | None = None  # started by _prepare
+        if processes:  # one prefetch thread drives each process
+            kw["prefetch_threads"] = processes
         super().__init__(*args, **kw)
 
     def _prepare(self, events: list[Event]) -> None:
         self.pixels = SparseEvents(events, self.shape)
+        if self.processes:  # forked here, from the constructor's thread, with the events
+            self._pool = Processes(self._made_elsewhere, self.processes,
+                                   name=f"{self.mode}-loader")
 
     def _rb_stream(self) -> torch.cuda.Stream | None:
         """This thread's CUDA stream for building rulebooks; None off CUDA or without."""
-        if self._rulebooks is None or self.device.type != "cuda":
+        if self._rulebooks is None:
+            return None
+        return self._stream()
+
+    def _stream(self) -> torch.cuda.Stream | None:
+        """This thread's CUDA stream (None off CUDA)."""
+        if self.device.type != "cuda":
             return None
         if getattr(self._streams, "stream", None) is None:
             self._streams.stream = torch.cuda.Stream(device=self.device)
@@ -169,12 +190,54 @@ class SparseLoader(Loader):
     def resident_bytes(self) -> int:
         return self.pixels.nbytes
 
-    def _produce(self, positions: np.ndarray, slot: int) -> Batch:
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+
+    def _coords(self, positions: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch's coords int32 (P, 3) and features float32 (P, 1), on the host."""
         bidx, row, col, charge = self.pixels.gather(positions)
         coords = np.empty((len(row), 3), np.int32)
         coords[:, 0], coords[:, 1], coords[:, 2] = bidx, row, col
-        batch = self._host_batch(positions, coords=torch.from_numpy(coords),
-                                 features=torch.from_numpy(charge.reshape(-1, 1)))
+        return torch.from_numpy(coords), torch.from_numpy(charge.reshape(-1, 1))
+
+    def _made_elsewhere(self, positions: np.ndarray, state) -> tuple:
+        """What a loader process makes of one batch (on the CPU): labels, coords,
+        features and, with a builder, its tables (built with the builder's ``state`` as
+        the loader had it when it asked: the graph's padded sizes)."""
+        coords, features = self._coords(positions)
+        tables = None
+        if self._rulebooks is not None:
+            if state is not None:
+                self._rulebooks.restore(state)  # this process's own copy of the builder
+            tables = self._rulebooks(coords, len(positions))
+        return torch.from_numpy(self.labels[positions]), coords, features, tables
+
+    def _produce_elsewhere(self, positions: np.ndarray) -> Batch | _Copied:
+        """One batch made by a loader process: on CUDA, its one buffer pinned and copied
+        to the device on this thread's stream, every tensor a view of the copy."""
+        snapshot = getattr(self._rulebooks, "snapshot", None)
+        state = snapshot() if snapshot else None
+        stream = self._stream()
+        if stream is None:
+            buffer, skeleton = self._pool(positions, state)
+            labels, coords, features, tables = unpack(buffer, skeleton)
+            return replace(self._host_batch(positions), labels=labels, coords=coords,
+                           features=features, rulebooks=tables)
+        pinned, skeleton = self._pool(positions, state, take=partial(copy_out, pin=True))
+        with torch.cuda.device(self.device), torch.cuda.stream(stream):
+            copy = pinned.to(self.device, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(stream)
+        labels, coords, features, tables = unpack(copy, skeleton)
+        return _Copied(replace(self._host_batch(positions), labels=labels, coords=coords,
+                               features=features, rulebooks=tables), done)
+
+    def _produce(self, positions: np.ndarray, slot: int) -> Batch | _Copied:
+        if self.processes:
+            return self._produce_elsewhere(positions)
+        coords, features = self._coords(positions)
+        batch = self._host_batch(positions, coords=coords, features=features)
         if self.device.type == "cuda":
             # Pinned here, in the prefetch thread: the consumer's non-blocking copy is then
             # queued behind the step in flight; from pageable memory the driver may first
@@ -200,9 +263,12 @@ class SparseLoader(Loader):
         stream = torch.cuda.current_stream(self.device)
         stream.wait_event(item.done)  # the step's kernels start once the rulebooks are built
         rb = item.batch.rulebooks
-        for t in [item.batch.coords, *(rb.tensors() if rb is not None else [])]:
+        # allocated on the loader's stream, used on this one; from a loader process every
+        # tensor is a view of one copy, and marking one view marks the copy
+        held = [] if self.processes or rb is None else rb.tensors()
+        for t in [item.batch.coords, *held]:
             if t.is_cuda:
-                t.record_stream(stream)  # allocated on the loader's stream, used on this one
+                t.record_stream(stream)
         return item.batch.to(self.device, non_blocking=True)
 
 
@@ -276,7 +342,8 @@ def build_loader(store: EventStore, mode: str, indices: np.ndarray, batch_per_ra
                  device: torch.device | str = "cpu", seed: int = 0, shuffle: bool = True,
                  steps_per_epoch: int | None = None, prefetch_depth: int = 1,
                  blosc: BloscConfig | None = None, orient: str = "none",
-                 rulebooks: Callable | None = None, prefetch_threads: int = 1) -> Loader:
+                 rulebooks: Callable | None = None, prefetch_threads: int = 1,
+                 processes: int = 0) -> Loader:
     """Build the loader of one rank.
 
     Parameters
@@ -300,6 +367,10 @@ def build_loader(store: EventStore, mode: str, indices: np.ndarray, batch_per_ra
     prefetch_threads : ``sparse`` mode only: threads preparing batches, each a whole
         batch in turn (the order is kept); more than one pays where one thread cannot
         keep up with the step (tables built on a GPU, ``data.prefetch_threads``).
+    processes : ``sparse`` mode only: forked processes making the batches and their
+        tables on the CPU (``data.loader_processes``; 0 = none, the prefetch threads
+        make them); one prefetch thread drives each, ``prefetch_threads`` unused. The
+        tables must be the torch layers' (spconv's pair builders for a GPU run there).
 
     Returns
     -------
@@ -314,6 +385,15 @@ def build_loader(store: EventStore, mode: str, indices: np.ndarray, batch_per_ra
             raise ConfigError(f"rulebooks built in the loader need the sparse loader, not "
                               f"{mode!r}")
         kw["rulebooks"] = rulebooks
+    if processes:
+        if mode != "sparse":
+            raise ConfigError(f"loader processes ({processes}) make the sparse loader's "
+                              f"batches, not the {mode!r} loader's")
+        if prefetch_threads > 1:
+            raise ConfigError(f"loader processes ({processes}) with prefetch_threads="
+                              f"{prefetch_threads}: one thread drives each process; set one "
+                              "of the two")
+        kw["processes"] = processes
     return _CLASSES[mode](store, indices, batch_per_rank, device=device, seed=seed, shuffle=shuffle,
                           steps_per_epoch=steps_per_epoch, prefetch_depth=prefetch_depth,
                           orient=orient, prefetch_threads=prefetch_threads, **kw)

@@ -93,12 +93,29 @@ class Capacities:
             return maps
         return maps if sparse_torch.sizes(maps) == want else sparse_torch.pad_maps(maps, want)
 
-    def padding(self, builder):
+    def padding(self, builder) -> Padding:
         """``builder`` (a model's ``f(coords, batch_size)``, in the loader's thread) with
         its tables padded to the capacities as they stand."""
-        def build(coords: torch.Tensor, batch_size: int):
-            return self.pad(builder(coords, batch_size), grow=False)
-        return build
+        return Padding(self, builder)
+
+
+class Padding:
+    """A table builder whose tables come padded to the capacities as they stand
+    (:meth:`Capacities.padding`). A loader process holds a copy of it made when the
+    process started: :meth:`snapshot` is what the loader sends with each batch it asks
+    for, :meth:`restore` what the process sets its copy to before building."""
+
+    def __init__(self, capacities: Capacities, builder):
+        self.capacities, self.builder = capacities, builder
+
+    def __call__(self, coords: torch.Tensor, batch_size: int):
+        return self.capacities.pad(self.builder(coords, batch_size), grow=False)
+
+    def snapshot(self) -> tuple[int, ...] | None:
+        return self.capacities.rows
+
+    def restore(self, rows: tuple[int, ...] | None) -> None:
+        self.capacities.rows = rows
 
 
 def check_graphable(cfg, world) -> None:

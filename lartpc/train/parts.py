@@ -97,7 +97,8 @@ def make_loader(cfg: Config, store: EventStore, mode: str, indices: np.ndarray,
                         cfg.train.batch_per_rank, device=device, seed=cfg.train.seed,
                         shuffle=train, steps_per_epoch=steps, prefetch_depth=cfg.data.prefetch,
                         blosc=blosc, orient=cfg.data.orient, rulebooks=rulebooks,
-                        prefetch_threads=cfg.data.prefetch_threads)
+                        prefetch_threads=cfg.data.prefetch_threads,
+                        processes=cfg.data.loader_processes if train else 0)
 
 
 def cpu_mask() -> list[int]:

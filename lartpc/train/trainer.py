@@ -448,6 +448,9 @@ class Trainer:
         between ranks (0.0, as the distributed optimizer must keep them identical)."""
         if self.noise is not None:
             self.noise.close()
+        for loader in (self.train_loader, self.eval_loader):
+            if loader is not None:
+                loader.close()  # its processes, where it has them
         divergence = self.world.param_divergence(unwrap_model(self.model))
         # DDP's reducer (held by the model and the parameters' hooks) goes before the
         # process group

@@ -1,0 +1,185 @@
+"""Batches made in worker processes, handed back as one packed buffer each.
+
+The sparse loader's threads share the training process's interpreter with the step: on a
+GPU the graphed SCNet step waited 65 % of its time for a loader thread that built each
+batch's index tables with the GIL taken in turn (BENCHMARKS.md, 2026-11-28). With
+``data.loader_processes = N`` the batches, their tables included, are made on the CPU
+in N processes forked from the loader, each with one torch thread, and come back packed
+(:mod:`lartpc.data.packing`): one buffer per batch, one copy to the device, views of it
+for every tensor.
+
+:class:`Processes` is the pool: a call hands its arguments to a free process and waits
+(the GIL released) for the result; as many calls may run at once as there are
+processes, each from its own thread (the loader's prefetch threads, one per process).
+An exception in a process is raised in the caller; a process that dies (killed, out of
+memory) is an error naming it and its exit code. A process ends when the loader's end
+of its pipe closes or, failing that (a later fork of the loader's process holds a copy
+of that end), when the loader's process is gone. A process ignores the signals that stop
+a training (a cluster's SIGTERM reaches every process of the job): the training stops
+at its next step boundary and the processes end when its pipes close.
+
+Forked, not spawned: a process starts in milliseconds with the loader's events already
+in its memory (copy on write), where a spawned one would import torch again and be sent
+the events. A forked process must not touch CUDA, and does not: it makes CPU tensors
+only.
+
+How a batch travels: each process has one slot of shared memory, mapped before the fork
+so both sides see it without a name or a file descriptor; the process packs the batch
+into its slot and sends back the skeleton, and the caller copies the slot out
+(:func:`copy_out`: into pinned memory for a GPU) before the process may make another
+batch. Sending each batch as a torch tensor between processes instead costs a new
+shared-memory file per batch, its descriptor passed over a socket and its pages faulted
+in. A batch larger than the slot (:data:`SLOT_BYTES`, ~10x a 3600 x 3600 batch of 7)
+comes through the pipe instead, slower, and is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import multiprocessing
+import os
+import queue
+import signal
+import traceback
+import weakref
+from collections.abc import Callable
+
+import torch
+
+from lartpc.data.packing import pack
+from lartpc.errors import LartpcError
+from lartpc.train.signals import STOP_SIGNALS
+
+log = logging.getLogger(__name__)
+
+
+#: seconds between a waiting process's checks that the loader's process is still there
+PARENT_POLL_S = 1.0
+#: bytes of each process's slot: virtual memory, only what a batch writes is ever
+#: touched (a batch of 7 at 3600 x 3600 with its tables is ~6 MB)
+SLOT_BYTES = 64 << 20
+
+
+def _serve(make: Callable, conn, slot: mmap.mmap, loaders_ends: list, parent: int) -> None:
+    """A process's loop: make one result per message received and pack it into the slot
+    (or, too large for it, send it through the pipe), until the loader's end of the pipe
+    closes or the loader's process is gone."""
+    for sig in STOP_SIGNALS:  # the loader decides when to stop: the pipe's end says so
+        signal.signal(sig, signal.SIG_IGN)
+    for end in loaders_ends:  # the loader's ends of this and the earlier pipes, inherited
+        end.close()
+    torch.set_num_threads(1)
+    into = torch.frombuffer(slot, dtype=torch.uint8)
+    while True:
+        try:  # another fork of the loader's process may hold this pipe open: look up
+            while not conn.poll(PARENT_POLL_S):
+                if os.getppid() != parent:
+                    return
+            args = conn.recv()
+        except (EOFError, OSError):  # the loader is gone
+            return
+        try:
+            buffer, skeleton = pack(make(*args), into=into)
+        except BaseException as e:  # noqa: BLE001 - every failure goes back to the caller
+            conn.send((False, None, _sendable(e)))
+            continue
+        if buffer.numel() == 0 or buffer.data_ptr() == into.data_ptr():
+            conn.send((True, buffer.numel(), skeleton))
+        else:
+            conn.send((True, None, skeleton))
+            conn.send_bytes(buffer.numpy())
+
+
+def copy_out(view: torch.Tensor, pin: bool = False) -> torch.Tensor:
+    """A copy of ``uint8`` ``view`` (in pinned memory with ``pin``), made in this thread
+    alone: torch's own copy wakes its thread pool, whose threads then spin waiting for
+    more work (~10 ms of CPU per 6 MB batch on the project's VM, against ~1 here)."""
+    out = torch.empty(view.numel(), dtype=torch.uint8, pin_memory=pin)
+    out.numpy()[:] = view.numpy()
+    return out
+
+
+def _sendable(e: BaseException) -> BaseException:
+    """``e`` if it pickles, else a RuntimeError with its traceback."""
+    import pickle
+
+    try:
+        pickle.dumps(e)
+        return e
+    except Exception:  # noqa: BLE001 - whatever pickling raises
+        return RuntimeError("".join(traceback.format_exception(e)))
+
+
+def _stop(procs: list) -> None:
+    for _, conn in procs:
+        conn.close()
+    for proc, _ in procs:
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.terminate()
+
+
+class Processes:
+    """``n`` forked processes each running ``make(*args)`` for :meth:`__call__`."""
+
+    def __init__(self, make: Callable, n: int, name: str = "loader",
+                 slot_bytes: int = SLOT_BYTES):
+        if n < 1:
+            raise LartpcError(f"{name}: {n} processes; at least 1")
+        ctx = multiprocessing.get_context("fork")
+        self.name = name
+        self._procs = []
+        self._slots = []
+        self._free: queue.Queue = queue.Queue()
+        self._overflowed = False
+        for j in range(n):
+            slot = mmap.mmap(-1, slot_bytes, flags=mmap.MAP_SHARED)  # before the fork
+            mine, theirs = ctx.Pipe()
+            loaders_ends = [mine, *(c for _, c in self._procs)]  # closed in the process
+            proc = ctx.Process(target=_serve, args=(make, theirs, slot, loaders_ends,
+                                                    os.getpid()),
+                               name=f"{name}-{j}", daemon=True)
+            proc.start()
+            theirs.close()
+            self._procs.append((proc, mine))
+            self._slots.append(torch.frombuffer(slot, dtype=torch.uint8))
+            self._free.put(j)
+        self._finalizer = weakref.finalize(self, _stop, list(self._procs))
+
+    def __len__(self) -> int:
+        return len(self._procs)
+
+    def __call__(self, *args, take: Callable = copy_out) -> tuple[torch.Tensor, object]:
+        """``make(*args)`` in a free process: (``take`` of its packed buffer, the
+        skeleton; :func:`~lartpc.data.packing.unpack` rebuilds the result). ``take``
+        must copy: the slot is the process's again once this returns."""
+        j = self._free.get()
+        proc, conn = self._procs[j]
+        try:
+            try:
+                conn.send(args)
+                ok, nbytes, value = conn.recv()
+                if ok and nbytes is None:
+                    raw = torch.frombuffer(bytearray(conn.recv_bytes()), dtype=torch.uint8)
+            except (EOFError, OSError) as e:
+                proc.join(timeout=1)
+                raise LartpcError(f"{self.name}: process {proc.name} (pid {proc.pid}) ended "
+                                  f"with exit code {proc.exitcode} while making a batch "
+                                  f"(killed, or out of memory?)") from e
+            if not ok:
+                raise value
+            if nbytes is None:
+                if not self._overflowed:
+                    self._overflowed = True
+                    log.warning("%s: a batch of %.1f MB is larger than the processes' "
+                                "slots (%.1f MB): such batches come through a pipe, slower",
+                                self.name, raw.numel() / 1e6, self._slots[j].numel() / 1e6)
+                return raw, value
+            return take(self._slots[j][:nbytes]), value
+        finally:
+            self._free.put(j)
+
+    def close(self) -> None:
+        """End the processes (also done when the pool is garbage or the program ends)."""
+        self._finalizer()

@@ -1,0 +1,198 @@
+"""``data.loader_processes`` (issue 36): the sparse loader's batches, index tables
+included, made in forked processes and handed back as one packed buffer. The batches are
+the threads' own, tensor for tensor; a training with them is the same training; the
+graph's padded sizes reach the processes; failures in a process are the caller's errors.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+from test_sparse_torch import _pair
+from test_step_overlap import _fit, _same
+
+from lartpc.config import load_config
+from lartpc.data.loaders import build_loader
+from lartpc.data.packing import pack, unpack, walk
+from lartpc.data.processes import Processes
+from lartpc.data.store import EventStore
+from lartpc.errors import ConfigError, LartpcError
+from lartpc.models import sparse_torch
+from lartpc.train.graphed import Capacities
+
+pytestmark = pytest.mark.sparse
+
+TORCH = "model.sparse=torch"
+
+
+def _tensors(obj) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for v in (obj if isinstance(obj, tuple) else (obj,)):
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, sparse_torch.SiteMaps):
+            out += v.tensors()
+    return out
+
+
+def test_pack_and_unpack_keep_values_types_and_shared_tensors():
+    a = torch.arange(7, dtype=torch.int32).reshape(7, 1)  # 28 bytes: the next is aligned
+    b = torch.tensor([1.5, -2.0], dtype=torch.float64)
+    tree = {"a": a, "again": a, "pair": (b, [a[2:5], 3]), "none": None}
+    buffer, skeleton = pack(tree)
+    assert buffer.dtype == torch.uint8 and buffer.numel() == 32 + 16 + 16
+    out = unpack(buffer, skeleton)
+    assert torch.equal(out["a"], a) and out["a"].dtype == torch.int32
+    assert out["again"] is out["a"]  # one tensor held twice stays one
+    assert torch.equal(out["pair"][0], b) and torch.equal(out["pair"][1][0], a[2:5])
+    assert out["pair"][1][1] == 3 and out["none"] is None
+    assert out["a"].untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+    again, _ = pack(tree)
+    assert torch.equal(again, buffer)  # the alignment gaps are zeros, not leftovers
+    into = torch.full((100,), 255, dtype=torch.uint8)
+    there, _ = pack(tree, into=into)
+    assert there.data_ptr() == into.data_ptr() and torch.equal(there, buffer)
+    small = torch.empty(10, dtype=torch.uint8)
+    assert pack(tree, into=small)[0].data_ptr() != small.data_ptr()  # did not fit
+
+
+def _loader(data, builder, **kw):
+    store = EventStore(data)
+    return build_loader(store, "sparse", np.arange(len(store)), 7, seed=1, rulebooks=builder,
+                        prefetch_depth=2, **kw)
+
+
+CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device")])
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_batches_made_in_processes_equal_the_threads(train_events_dir, device):
+    """Every tensor of every batch of an epoch (labels, coordinates, charges, each
+    level's tables, padded to the graph's sizes) equals the prefetch thread's on the CPU,
+    and the tables are built for the batch's very coordinate tensor (the model checks
+    that); on CUDA every tensor is a view of one copy on the device."""
+    shape = tuple(EventStore(train_events_dir).geometry.shape)
+    _, model = _pair(shape)
+    caps = Capacities()
+    build = caps.padding(model.rulebook_builder(training=True))
+    threads = list(_loader(train_events_dir, build))
+    caps.fit(tuple(max(n) for n in zip(*(sparse_torch.sizes(b.rulebooks) for b in threads),
+                                       strict=True)))
+    threads = list(_loader(train_events_dir, build))
+    elsewhere = _loader(train_events_dir, build, processes=2, device=device)
+    assert elsewhere.prefetch_threads == 2 and len(elsewhere._pool) == 2
+    made = list(elsewhere)
+    assert len(made) == len(threads) > 5
+    for a, b in zip(threads, made, strict=True):
+        assert b.rulebooks.fits(b.coords, b.data_size, shape, True)
+        assert sparse_torch.sizes(b.rulebooks) == caps.rows  # padded in the process
+        got = (b.labels, b.coords, b.features, b.rulebooks)
+        if device == "cuda":
+            held = _tensors(got)
+            assert {t.device.type for t in held} == {"cuda"}
+            assert len({t.untyped_storage().data_ptr() for t in held}) == 1
+            torch.cuda.synchronize()
+            got = walk(got, lambda t: t.cpu())
+        assert torch.equal(a.labels, got[0]) and list(a.event_ids) == list(b.event_ids)
+        ta = _tensors((a.coords, a.features, a.rulebooks))
+        tb = _tensors(got[1:])
+        assert len(ta) == len(tb) > 10
+        assert all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(ta, tb,
+                                                                              strict=True))
+    elsewhere._pool.close()
+
+
+def test_the_sizes_as_they_stand_reach_the_processes(train_events_dir):
+    """Sizes set after the processes were forked pad their next batches."""
+    shape = tuple(EventStore(train_events_dir).geometry.shape)
+    _, model = _pair(shape)
+    caps = Capacities()
+    loader = _loader(train_events_dir, caps.padding(model.rulebook_builder(training=True)),
+                     processes=1)
+    first = next(iter(loader))
+    assert first.rulebooks.unpadded is None  # no sizes yet
+    caps.fit(tuple(n + 40 for n in sparse_torch.sizes(first.rulebooks)))
+    later = list(loader)[3]
+    assert sparse_torch.sizes(later.rulebooks) == caps.rows
+    loader._pool.close()
+
+
+def _double(x):
+    if x < 0:
+        raise ValueError(f"negative: {x}")
+    return {"x": torch.full((x,), 2 * x, dtype=torch.int64)}
+
+
+def test_a_failure_in_a_process_is_the_callers_error(caplog):
+    pool = Processes(_double, 2, name="probe", slot_bytes=64)
+    buffer, skeleton = pool(3)
+    assert unpack(buffer, skeleton)["x"].tolist() == [6, 6, 6]
+    with caplog.at_level(logging.WARNING, logger="lartpc.data.processes"):
+        buffer, skeleton = pool(100)  # 800 bytes: larger than the slot, through the pipe
+    assert unpack(buffer, skeleton)["x"].tolist() == [200] * 100
+    assert "larger than the processes' slots" in caplog.text
+    with pytest.raises(ValueError, match="negative: -1"):
+        pool(-1)
+    assert unpack(*pool(2))["x"].tolist() == [4, 4]  # and it goes on working
+    pool.close()
+
+
+def test_a_process_ignores_stop_signals_and_a_killed_one_is_named():
+    pool = Processes(_double, 1, name="probe")
+    proc = pool._procs[0][0]
+    assert unpack(*pool(2))["x"].tolist() == [4, 4]  # started: its handlers are set
+    os.kill(proc.pid, signal.SIGTERM)  # the training decides when to stop, not the process
+    assert unpack(*pool(1))["x"].tolist() == [2]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(timeout=10)
+    with pytest.raises(LartpcError, match=r"probe: process probe-0 \(pid \d+\) ended with "
+                                          r"exit code -9"):
+        pool(1)
+    pool.close()
+
+
+def test_training_with_loader_processes_is_the_same_training(world, train_events_dir,
+                                                             tmp_path):
+    """Two epochs through the loop: with the batches made in two processes, the rank log
+    and the final parameters are bit for bit those of the loader's thread; with the
+    graph's padded static step too, to rounding (which batches the loader pads depends on
+    how far ahead it is, in either way)."""
+    thread = _fit(world, train_events_dir, tmp_path / "thread", "tiny-scnet", TORCH)
+    _same(thread, _fit(world, train_events_dir, tmp_path / "processes", "tiny-scnet", TORCH,
+                       "data.loader_processes=2"))
+    (pe, le) = thread
+    pg, lg = _fit(world, train_events_dir, tmp_path / "graph", "tiny-scnet", TORCH,
+                  "train.cuda_graph=true", "data.loader_processes=2")
+    assert len(le) == len(lg) > 0
+    for a, b in zip(le, lg, strict=True):
+        want = float(a["global_loss"])
+        assert abs(float(b["global_loss"]) - want) <= 1e-4 * max(1.0, want)
+    for a, b in zip(pe, pg, strict=True):
+        assert (a - b).abs().max() <= 1e-3 * a.abs().max()
+
+
+@pytest.mark.parametrize("preset,sets,why", [
+    ("tiny-jishnet", (), "the processes make the sparse loader's batches"),
+    ("tiny-scnet", ("data.loader=device-dense",), "the processes make the sparse loader's"),
+    ("tiny-scnet", ("data.prefetch_threads=2",), "one thread drives each process"),
+    ("tiny-scnet", ("data.rulebooks=loader",), "spconv's rulebooks for a GPU are built on"),
+    ("tiny-scnet", ("data.loader_processes=1000",), "must be at most 256"),
+    ("tiny-scnet", ("data.loader_processes=-1",), "must be >= 0"),
+])
+def test_config_refusals_name_the_option(preset, sets, why):
+    with pytest.raises(ConfigError, match=rf"^data.loader_processes = -?\d+: .*{why}"):
+        load_config(preset, ["data.loader_processes=2", *sets])
+
+
+def test_only_the_sparse_loader_takes_processes(train_events_dir):
+    store = EventStore(train_events_dir)
+    for mode, kw, why in [("blosc", {}, "not the 'blosc' loader's"),
+                          ("sparse", {"prefetch_threads": 2}, "set one of the two")]:
+        with pytest.raises(ConfigError, match=why):
+            build_loader(store, mode, np.arange(len(store)), 7, processes=2, **kw)

@@ -208,6 +208,14 @@ CHOICES = {
 
 
 MAX_PROCESSES = 256  #: loader processes per rank
+#: the loader ``data.loader = auto`` gives each model: the one its ``input_kind`` needs
+#: (``lartpc.train.parts.loader_mode``; ``tests/test_loader_processes.py`` checks the two agree)
+AUTO_LOADER = {"scnet": "sparse", "jishnet": "blosc"}
+
+
+def loader_of(cfg: Config) -> str:
+    """The loader ``cfg`` trains with: ``data.loader``, ``auto`` resolved by model."""
+    return AUTO_LOADER[cfg.model.name] if cfg.data.loader == "auto" else cfg.data.loader
 
 
 def loader_processes_refusal(cfg: Config) -> str:
@@ -215,8 +223,7 @@ def loader_processes_refusal(cfg: Config) -> str:
     n = cfg.data.loader_processes
     if n > MAX_PROCESSES:
         return f"must be at most {MAX_PROCESSES}"
-    if cfg.data.loader not in ("sparse", "auto") or (
-            cfg.data.loader == "auto" and cfg.model.name != "scnet"):
+    if loader_of(cfg) != "sparse":
         return (f"the processes make the sparse loader's batches (here data.loader = "
                 f"{cfg.data.loader!r} with {cfg.model.name})")
     if cfg.data.prefetch_threads > 1:
@@ -357,9 +364,7 @@ def validate(cfg: Config) -> None:
                           "events (data.downsample = 1)")
     if not 0 <= cfg.data.blosc_clevel <= 9:
         raise ConfigError(f"data.blosc_clevel = {cfg.data.blosc_clevel}: must be in 0..9")
-    one_thread = cfg.data.loader in ("blosc", "device-dense") or (
-        cfg.data.loader == "auto" and cfg.model.name == "jishnet")  # auto: JishNet's blosc
-    if cfg.data.prefetch_threads > 1 and one_thread:
+    if cfg.data.prefetch_threads > 1 and loader_of(cfg) != "sparse":
         raise ConfigError(f"data.prefetch_threads = {cfg.data.prefetch_threads} with "
                           f"data.loader = {cfg.data.loader!r} and {cfg.model.name}: only the "
                           f"sparse loader prepares batches in several threads")

@@ -190,6 +190,18 @@ def test_config_refusals_name_the_option(preset, sets, why):
         load_config(preset, ["data.loader_processes=2", *sets])
 
 
+def test_the_configs_auto_loader_is_the_one_each_model_needs():
+    """``config.loader_of`` (the config's checks) and ``parts.loader_mode`` (what a
+    training builds) resolve ``data.loader = auto`` alike."""
+    from lartpc.config import AUTO_LOADER, loader_of
+    from lartpc.models import build
+    from lartpc.train.parts import loader_mode
+
+    for name in AUTO_LOADER:
+        cfg = load_config(f"tiny-{name}", ["data.loader=auto"])
+        assert loader_of(cfg) == loader_mode(cfg, build(name, image_size=(400, 400)))
+
+
 def test_only_the_sparse_loader_takes_processes(train_events_dir):
     store = EventStore(train_events_dir)
     for mode, kw, why in [("blosc", {}, "not the 'blosc' loader's"),

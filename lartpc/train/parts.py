@@ -93,12 +93,17 @@ def make_loader(cfg: Config, store: EventStore, mode: str, indices: np.ndarray,
     rulebooks = rulebook_builder(cfg, model, mode, train=train)
     if rulebooks is not None and capacities is not None:
         rulebooks = capacities.padding(rulebooks)
+    processes = cfg.data.loader_processes if train else 0
+    if processes and processes >= usable_cores():
+        log.warning("data.loader_processes = %d on %d usable cores: the processes and the "
+                    "training share them (leave at least one core to the training)",
+                    processes, usable_cores())
     return build_loader(store, mode, indices,
                         cfg.train.batch_per_rank, device=device, seed=cfg.train.seed,
                         shuffle=train, steps_per_epoch=steps, prefetch_depth=cfg.data.prefetch,
                         blosc=blosc, orient=cfg.data.orient, rulebooks=rulebooks,
                         prefetch_threads=cfg.data.prefetch_threads,
-                        processes=cfg.data.loader_processes if train else 0)
+                        processes=processes)
 
 
 def cpu_mask() -> list[int]:

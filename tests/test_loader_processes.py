@@ -41,20 +41,27 @@ def _tensors(obj) -> list[torch.Tensor]:
 
 
 def test_pack_and_unpack_keep_values_types_and_shared_tensors():
-    a = torch.arange(7, dtype=torch.int32).reshape(7, 1)  # 28 bytes: the next is aligned
+    a = torch.arange(7, dtype=torch.int32).reshape(7, 1)
     b = torch.tensor([1.5, -2.0], dtype=torch.float64)
-    tree = {"a": a, "again": a, "pair": (b, [a[2:5], 3]), "none": None}
+    empty = torch.zeros((0, 3), dtype=torch.int64)
+    tree = {"a": a, "again": a, "pair": (b, [a[2:5], 3]), "none": None, "empty": empty,
+            "odd": torch.tensor([7], dtype=torch.int16)}
     buffer, skeleton = pack(tree)
-    assert buffer.dtype == torch.uint8 and buffer.numel() == 32 + 16 + 16
+    # int32 a and a[2:5] back to back (40 bytes), float64 b (16), int64 empty (0), int16
+    # (2, then zeros to a multiple of 8)
+    assert buffer.dtype == torch.uint8 and buffer.numel() == 40 + 16 + 8
+    assert buffer[58:].eq(0).all()
     out = unpack(buffer, skeleton)
     assert torch.equal(out["a"], a) and out["a"].dtype == torch.int32
     assert out["again"] is out["a"]  # one tensor held twice stays one
     assert torch.equal(out["pair"][0], b) and torch.equal(out["pair"][1][0], a[2:5])
     assert out["pair"][1][1] == 3 and out["none"] is None
+    assert out["empty"].shape == (0, 3) and out["empty"].dtype == torch.int64
+    assert out["odd"].tolist() == [7] and out["odd"].dtype == torch.int16
     assert out["a"].untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
     again, _ = pack(tree)
     assert torch.equal(again, buffer)  # the alignment gaps are zeros, not leftovers
-    into = torch.full((100,), 255, dtype=torch.uint8)
+    into = torch.full((100,), 255, dtype=torch.uint8)  # the gaps are written too
     there, _ = pack(tree, into=into)
     assert there.data_ptr() == into.data_ptr() and torch.equal(there, buffer)
     small = torch.empty(10, dtype=torch.uint8)

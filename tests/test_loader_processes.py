@@ -215,3 +215,49 @@ def test_only_the_sparse_loader_takes_processes(train_events_dir):
                           ("sparse", {"prefetch_threads": 2}, "set one of the two")]:
         with pytest.raises(ConfigError, match=why):
             build_loader(store, mode, np.arange(len(store)), 7, processes=2, **kw)
+
+
+ORPHAN = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from test_loader_processes import _double
+from lartpc.data.processes import Processes
+pool = Processes(_double, 2, name="orphan")
+pool(1)
+print(" ".join(str(p.pid) for p, _ in pool._procs), flush=True)
+time.sleep(600)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Is ``pid`` a live process (not gone, not a zombie waiting to be reaped)?"""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc (Linux)")
+def test_the_processes_end_when_the_loaders_process_is_killed():
+    """A training killed outright (SIGKILL: no cleanup runs) leaves no process behind:
+    each notices within a few of its one-second checks that the loader's process is
+    gone."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    code = ORPHAN.format(tests=str(Path(__file__).parent))
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2 and all(_running(p) for p in pids)
+        parent.kill()
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while any(_running(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_running(p) for p in pids)
+    finally:
+        parent.kill()

@@ -21,7 +21,9 @@ at its next step boundary and the processes end when its pipes close.
 Forked, not spawned: a process starts in milliseconds with the loader's events already
 in its memory (copy on write), where a spawned one would import torch again and be sent
 the events. A forked process must not touch CUDA, and does not: it makes CPU tensors
-only.
+only. As with torch's own DataLoader workers, forking after a library has registered
+host memory with InfiniBand (an MPI under Horovod, say) may need the verbs library told
+(``RDMAV_FORK_SAFE=1`` in the job's environment; not tried on such a cluster).
 
 How a batch travels: each process has one slot of shared memory, mapped before the fork
 so both sides see it without a name or a file descriptor; the process packs the batch

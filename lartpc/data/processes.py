@@ -177,7 +177,7 @@ class Processes:
                     log.warning("%s: a batch of %.1f MB is larger than the processes' "
                                 "slots (%.1f MB): such batches come through a pipe, slower",
                                 self.name, raw.numel() / 1e6, self._slots[j].numel() / 1e6)
-                return raw, value
+                return take(raw), value  # (pinned, on the way to a GPU)
             return take(self._slots[j][:nbytes]), value
         finally:
             self._free.put(j)

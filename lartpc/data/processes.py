@@ -51,7 +51,7 @@ import torch
 
 from lartpc.data.packing import pack
 from lartpc.errors import LartpcError
-from lartpc.train.signals import STOP_SIGNALS
+from lartpc.stopsignals import STOP_SIGNALS
 
 log = logging.getLogger(__name__)
 

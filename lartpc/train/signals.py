@@ -14,8 +14,9 @@ import logging
 import signal
 import threading
 
+from lartpc.stopsignals import STOP_SIGNALS
+
 log = logging.getLogger(__name__)
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
 
 
 class StopRequests:

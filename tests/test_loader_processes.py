@@ -94,6 +94,8 @@ def test_batches_made_in_processes_equal_the_threads(train_events_dir, device):
     threads = list(_loader(train_events_dir, build))
     elsewhere = _loader(train_events_dir, build, processes=2, device=device)
     assert elsewhere.prefetch_threads == 2 and len(elsewhere._pool) == 2
+    # on CUDA the slots are page-locked once, so a batch is one DMA from its slot
+    assert len(elsewhere._pool._locked) == (2 if device == "cuda" else 0)
     made = list(elsewhere)
     assert len(made) == len(threads) > 5
     for a, b in zip(threads, made, strict=True):
@@ -182,6 +184,41 @@ def test_training_with_loader_processes_is_the_same_training(world, train_events
         assert abs(float(b["global_loss"]) - want) <= 1e-4 * max(1.0, want)
     for a, b in zip(pe, pg, strict=True):
         assert (a - b).abs().max() <= 1e-3 * a.abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_loader_streams_are_never_a_stream_the_training_captures_on(train_events_dir):
+    """torch hands out its pool's streams in turn: with new prefetch threads each epoch,
+    each with a stream of its own, a loader once got the stream a CUDA graph was being
+    captured on (H200, 2026-11-28). Loader streams come from the other pool."""
+    import threading
+
+    loader = _loader(train_events_dir, None, device="cuda")
+    mine = []
+    for _ in range(40):  # forty threads asking, as forty epochs' prefetch threads would
+        t = threading.Thread(target=lambda: mine.append(loader._stream().cuda_stream))
+        t.start()
+        t.join()
+    theirs = {torch.cuda.Stream().cuda_stream for _ in range(64)}
+    theirs.add(torch.cuda.current_stream().cuda_stream)
+    assert len(mine) == 40 and not set(mine) & theirs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_graphed_cuda_training_with_eight_processes_over_many_epochs(train_events_dir,
+                                                                        tmp_path):
+    """Eight processes for six epochs: 48 prefetch threads' streams (more than torch's
+    pool holds) while the step is captured; the training ends, its losses finite."""
+    from lartpc import dist
+
+    stats: dict = {}
+    _, log_rows = _fit(dist.init("none", "cuda"), train_events_dir, tmp_path, "tiny-scnet",
+                       TORCH, "train.device=cuda", "train.cuda_graph=true", "train.epochs=6",
+                       "data.loader_processes=8", graph_stats=stats)
+    assert stats["captures"] >= 1 and stats["replays"] > 0
+    assert len(log_rows) > 0 and all(np.isfinite(float(r["global_loss"])) for r in log_rows)
 
 
 @pytest.mark.parametrize("preset,sets,why", [

@@ -9,7 +9,8 @@
 #   DEADLINE_S=540 PACK=$OUT/gpu-issues.tar.gz bash jobs/local/gpu_issues.sh /tmp/gi
 # DEADLINE_S: seconds from the start after which no part runs on (the running one is
 # stopped and noted as such); PACK: a .tar.gz of OUT written at the end, also when the
-# deadline cut the run short.
+# deadline cut the run short; ONLY: the names of the parts to run (as OUT/parts.txt
+# names them; the others are skipped); TRAIN_SECONDS: part 1b's trainings' length (40).
 #
 # Needs gpu-bundle/ beside the tree on the GPU host (`make gpu-bundle` where the package
 # index is reachable). Every part writes into OUT as soon as it ends, so a run cut short
@@ -22,6 +23,7 @@ OUT=${1:?usage: gpu_issues.sh OUT}
 DEVICE=${DEVICE:-cuda}
 DEADLINE_S=${DEADLINE_S:-0}  # 0: no deadline
 PACK=${PACK:-}
+ONLY=${ONLY:-}  # space-separated part names: run only those (a rerun in a short lease)
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 if [ -n "$PACK" ]; then
@@ -42,6 +44,7 @@ fi
 PY=${PYTHON:-python3}
 part() {  # part NAME COMMAND...: run one part, log it, keep going on failure
     local name=$1; shift
+    if [ -n "$ONLY" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
     local t0=$SECONDS rc limit=()
     if [ "$DEADLINE_S" -gt 0 ]; then  # stopped (with its children) at the deadline
         limit=(timeout -k 5 $((DEADLINE_S - SECONDS)))
@@ -70,7 +73,7 @@ part env "$PY" -m lartpc env
 EV=${EVENTS_DIR:-$(mktemp -d)}/events
 # (the CPU smoke run bounds its trainings by epochs: under load a short wall-clock limit,
 # which counts the start-up too, left one step)
-if [ "$DEVICE" = cuda ]; then NEV=700 EVDS=1 SECS=40 BOUND=()
+if [ "$DEVICE" = cuda ]; then NEV=700 EVDS=1 SECS=${TRAIN_SECONDS:-40} BOUND=()
 else NEV=70 EVDS=8 SECS=300 BOUND=(--set train.epochs=2); fi
 part events "$PY" -m lartpc simulate --out "$EV" --events "$NEV" --downsample "$EVDS" \
     --workers "$(nproc)" --overwrite

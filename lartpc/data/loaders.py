@@ -33,7 +33,7 @@ from lartpc.data.batch import Batch
 from lartpc.data.blosc_cache import BloscConfig, BloscImageCache
 from lartpc.data.loader_base import Loader, SparseEvents
 from lartpc.data.packing import unpack
-from lartpc.data.processes import Processes, copy_out
+from lartpc.data.processes import Processes
 from lartpc.data.store import Event, EventStore
 from lartpc.errors import ConfigError
 
@@ -63,7 +63,7 @@ class DenseBloscLoader(Loader):
             self.cache.reserve(len(events))
             self._pending = list(events)
         self._copied: dict[int, torch.cuda.Event] = {}  # slot -> its host-to-device copy
-        self._copy_stream = (torch.cuda.Stream(device=self.device)
+        self._copy_stream = (loader_stream(self.device)
                              if self.device.type == "cuda" else None)
 
     def _new_buffer(self) -> torch.Tensor:
@@ -130,6 +130,27 @@ class DenseBloscLoader(Loader):
         return item.batch
 
 
+def loader_stream(device: torch.device) -> torch.cuda.Stream:
+    """A CUDA stream for a loader's copies and tables: from torch's pool of high-priority
+    streams. torch hands out its pool's streams in turn, the default-priority ones to
+    anyone who asks (the CUDA graph's capture stream among them): a loader thread's
+    stream could be the very stream a graph was being captured on, its copies then
+    recorded into the graph (seen on the H200, 2026-11-28, with 8 prefetch threads a
+    loader: new threads each epoch, new streams). No stream of the other pool is ever
+    one the training captures on."""
+    return torch.cuda.Stream(device=device, priority=-1)
+
+
+def _to_device(stream: torch.cuda.Stream, view: torch.Tensor) -> torch.Tensor:
+    """``view`` copied to ``stream``'s device on ``stream``, back once the copy is done
+    (``view`` may then be overwritten): one DMA from page-locked memory, else staged by
+    the driver; no pinned memory of torch's is allocated."""
+    with torch.cuda.device(stream.device), torch.cuda.stream(stream):
+        copy = view.to(stream.device, non_blocking=True)
+    stream.synchronize()
+    return copy
+
+
 class _Copied:
     """A batch on its way to the GPU on the loader's copy stream; ``done`` marks arrival."""
 
@@ -149,8 +170,8 @@ class SparseLoader(Loader):
 
     With ``processes`` (``data.loader_processes``) each batch, tables included, is made on
     the CPU by one of that many forked processes (:mod:`lartpc.data.processes`) and comes
-    back as one buffer: on CUDA pinned and copied to the device in one copy on the
-    prefetch thread's stream; one prefetch thread drives each process.
+    back as one buffer, on CUDA copied to the device in one copy on the prefetch thread's
+    stream; one prefetch thread drives each process.
     """
 
     mode = "sparse"
@@ -171,6 +192,9 @@ class SparseLoader(Loader):
         if self.processes:  # forked here, from the constructor's thread, with the events
             self._pool = Processes(self._made_elsewhere, self.processes,
                                    name=f"{self.mode}-loader")
+            if self.device.type == "cuda":
+                with torch.cuda.device(self.device):
+                    self._pool.page_lock()
 
     def _rb_stream(self) -> torch.cuda.Stream | None:
         """This thread's CUDA stream for building rulebooks; None off CUDA or without."""
@@ -183,7 +207,7 @@ class SparseLoader(Loader):
         if self.device.type != "cuda":
             return None
         if getattr(self._streams, "stream", None) is None:
-            self._streams.stream = torch.cuda.Stream(device=self.device)
+            self._streams.stream = loader_stream(self.device)
         return self._streams.stream
 
     @property
@@ -214,8 +238,9 @@ class SparseLoader(Loader):
         return torch.from_numpy(self.labels[positions]), coords, features, tables
 
     def _produce_elsewhere(self, positions: np.ndarray) -> Batch | _Copied:
-        """One batch made by a loader process: on CUDA, its one buffer pinned and copied
-        to the device on this thread's stream, every tensor a view of the copy."""
+        """One batch made by a loader process: on CUDA, its one buffer copied to the
+        device on this thread's stream straight from the process's (page-locked) slot,
+        every tensor a view of the copy."""
         snapshot = getattr(self._rulebooks, "snapshot", None)
         state = snapshot() if snapshot else None
         stream = self._stream()
@@ -224,11 +249,9 @@ class SparseLoader(Loader):
             labels, coords, features, tables = unpack(buffer, skeleton)
             return replace(self._host_batch(positions), labels=labels, coords=coords,
                            features=features, rulebooks=tables)
-        pinned, skeleton = self._pool(positions, state, take=partial(copy_out, pin=True))
-        with torch.cuda.device(self.device), torch.cuda.stream(stream):
-            copy = pinned.to(self.device, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(stream)
+        copy, skeleton = self._pool(positions, state, take=partial(_to_device, stream))
+        done = torch.cuda.Event()
+        done.record(stream)  # already reached (the copy was waited for): no wait
         labels, coords, features, tables = unpack(copy, skeleton)
         return _Copied(replace(self._host_batch(positions), labels=labels, coords=coords,
                                features=features, rulebooks=tables), done)

@@ -27,12 +27,14 @@ host memory with InfiniBand (an MPI under Horovod, say) may need the verbs libra
 
 How a batch travels: each process has one slot of shared memory, mapped before the fork
 so both sides see it without a name or a file descriptor; the process packs the batch
-into its slot and sends back the skeleton, and the caller copies the slot out
-(:func:`copy_out`: into pinned memory for a GPU) before the process may make another
-batch. Sending each batch as a torch tensor between processes instead costs a new
-shared-memory file per batch, its descriptor passed over a socket and its pages faulted
-in. A batch larger than the slot (:data:`SLOT_BYTES`, ~10x a 3600 x 3600 batch of 7)
-comes through the pipe instead, slower, and is logged.
+into its slot and sends back the skeleton, and the caller copies the slot out before the
+process may make another batch: on the CPU with :func:`copy_out`; for a GPU straight to
+the device, the first :data:`LOCKED_BYTES` of every slot page-locked with CUDA once
+(:meth:`Processes.page_lock`), so the copy is one DMA from the slot, with no host copy
+and no pinned memory allocated per batch. Sending each batch as a torch tensor between
+processes instead costs a new shared-memory file per batch, its descriptor passed over a
+socket and its pages faulted in. A batch larger than the slot (:data:`SLOT_BYTES`, ~10x
+a 3600 x 3600 batch of 7) comes through the pipe instead, slower, and is logged.
 """
 
 from __future__ import annotations
@@ -61,6 +63,10 @@ PARENT_POLL_S = 1.0
 #: bytes of each process's slot: virtual memory, only what a batch writes is ever
 #: touched (a batch of 7 at 3600 x 3600 with its tables is ~6 MB)
 SLOT_BYTES = 64 << 20
+#: bytes at the start of each slot page-locked for a GPU (:meth:`Processes.page_lock`):
+#: locked memory is resident, so not the whole slot; a larger batch is copied from
+#: pageable memory (the driver stages it), correct but slower
+LOCKED_BYTES = 16 << 20
 
 
 def _serve(make: Callable, conn, slot: mmap.mmap, loaders_ends: list, parent: int) -> None:
@@ -93,11 +99,11 @@ def _serve(make: Callable, conn, slot: mmap.mmap, loaders_ends: list, parent: in
             conn.send_bytes(buffer.numpy())
 
 
-def copy_out(view: torch.Tensor, pin: bool = False) -> torch.Tensor:
-    """A copy of ``uint8`` ``view`` (in pinned memory with ``pin``), made in this thread
-    alone: torch's own copy wakes its thread pool, whose threads then spin waiting for
-    more work (~10 ms of CPU per 6 MB batch on the project's VM, against ~1 here)."""
-    out = torch.empty(view.numel(), dtype=torch.uint8, pin_memory=pin)
+def copy_out(view: torch.Tensor) -> torch.Tensor:
+    """A copy of ``uint8`` ``view`` on the CPU, made in this thread alone: torch's own copy
+    wakes its thread pool, whose threads then spin waiting for more work (~10 ms of CPU
+    per 6 MB batch on the project's VM, against ~1 here)."""
+    out = torch.empty(view.numel(), dtype=torch.uint8)
     out.numpy()[:] = view.numpy()
     return out
 
@@ -113,7 +119,22 @@ def _sendable(e: BaseException) -> BaseException:
         return RuntimeError("".join(traceback.format_exception(e)))
 
 
-def _stop(procs: list) -> None:
+def _unlock(locked: list) -> None:
+    """Unregister the page-locked slots at ``locked`` (emptied), once no copy from them
+    can still be on its way."""
+    if not locked:
+        return
+    try:
+        torch.cuda.synchronize()
+        for ptr in locked:
+            torch.cuda.cudart().cudaHostUnregister(ptr)
+    except RuntimeError as e:  # CUDA already torn down (the program's end): nothing to undo
+        log.debug("unlocking the loader processes' slots: %s", e)
+    locked.clear()
+
+
+def _stop(procs: list, locked: list) -> None:
+    _unlock(locked)
     for _, conn in procs:
         conn.close()
     for proc, _ in procs:
@@ -135,6 +156,7 @@ class Processes:
         self._slots = []
         self._free: queue.Queue = queue.Queue()
         self._overflowed = False
+        self._locked: list[int] = []  # data pointers of the slots page-locked for CUDA
         for j in range(n):
             slot = mmap.mmap(-1, slot_bytes, flags=mmap.MAP_SHARED)  # before the fork
             mine, theirs = ctx.Pipe()
@@ -147,7 +169,7 @@ class Processes:
             self._procs.append((proc, mine))
             self._slots.append(torch.frombuffer(slot, dtype=torch.uint8))
             self._free.put(j)
-        self._finalizer = weakref.finalize(self, _stop, list(self._procs))
+        self._finalizer = weakref.finalize(self, _stop, list(self._procs), self._locked)
 
     def __len__(self) -> int:
         return len(self._procs)
@@ -177,11 +199,29 @@ class Processes:
                     log.warning("%s: a batch of %.1f MB is larger than the processes' "
                                 "slots (%.1f MB): such batches come through a pipe, slower",
                                 self.name, raw.numel() / 1e6, self._slots[j].numel() / 1e6)
-                return take(raw), value  # (pinned, on the way to a GPU)
+                return take(raw), value
             return take(self._slots[j][:nbytes]), value
         finally:
             self._free.put(j)
 
+    def page_lock(self) -> bool:
+        """Page-lock the first :data:`LOCKED_BYTES` of every slot with CUDA
+        (``cudaHostRegister``), so that a copy to a GPU reads them by DMA; False, with a
+        warning, where CUDA refuses (the copies then go through the driver's staging)."""
+        cudart = torch.cuda.cudart()
+        for slot in self._slots:
+            nbytes = min(LOCKED_BYTES, slot.numel())
+            err = int(cudart.cudaHostRegister(slot.data_ptr(), nbytes, 0))
+            if err != 0:
+                log.warning("%s: CUDA did not page-lock the processes' slots (cudaError "
+                            "%d); batches reach the GPU from pageable memory, slower",
+                            self.name, err)
+                _unlock(self._locked)
+                return False
+            self._locked.append(slot.data_ptr())
+        return True
+
     def close(self) -> None:
-        """End the processes (also done when the pool is garbage or the program ends)."""
+        """End the processes (also done when the pool is garbage or the program ends)
+        and unlock the slots."""
         self._finalizer()

@@ -86,9 +86,13 @@ def test_two_bench_trainings_under_torchrun_at_once(train_events_dir, tmp_path):
         with open(log, "w") as f:
             procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.PIPE, text=True,
                                           env=clean_env()))
+    errs = []
     for p in procs:
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-3000:]
-    for log in logs:
+        errs.append(err)
+    for log, err in zip(logs, errs, strict=True):
         (point,) = json.loads(log.read_text())["points"]
         assert point["ranks"] == 2 and point["backend"] == "torch" and point["steps"] > 1
+        # one epoch is a few steps: the point says its rates are those few steps'
+        assert point["few_steps"] and f"{point['steps'] - 1} step(s) measured" in err

@@ -57,7 +57,7 @@ def test_main_writes_flags_bench_model_takes(tmp_path, capsys):
     stem.write_text(json.dumps(_lease(1)))
     assert main([str(stem), str(tmp_path / "absent.json")]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["stage2"] is None  # no check: the model's default (library)
+    assert out["stage2"] is None  # no check: bench model's default (library)
     assert out["flags"] == "--stem fused --stem-kernel 128:4"
     from lartpc.bench.model import add_arguments
 

@@ -253,7 +253,8 @@ _COMPILE_FOR_SM90 = """
         build(fs2._stage_forward,
               {"x_ptr": "*" + dt, "toff_ptr": "*i32", "w_ptr": "*" + dt, "b_ptr": "*fp32",
                "y_ptr": "*" + dt, "arg_ptr": "*u8"},
-              dict(C=64, CP=64, POOL=5, BLOCK=fs2.BLOCK, KP=256, BLOCK_K=fs2.BLOCK_K,
+              dict(C=64, CP=64, POOL=5, BLOCK=fs2.BLOCK, KP=256,
+                   BLOCK_K=min(fs2.BLOCK_K, fs2.BLOCK_K_FLOAT) if dt == "fp32" else fs2.BLOCK_K,
                    LOWP=dt != "fp32", NATIVE_HALF_DOT=True), dt, warps=fs2.NUM_WARPS)
         build(fs2._stage_scatter,
               {"g_ptr": "*" + dt, "y_ptr": "*" + dt, "arg_ptr": "*u8", "d_ptr": "*" + dt,

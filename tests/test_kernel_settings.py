@@ -66,7 +66,7 @@ def test_settings_belong_to_a_fused_jishnet_stage():
                                           "launch; model.stem=library runs none"):
         jish.options(ModelConfig(stem="library", stem_kernel="128:4"), "none", "cpu")
     with pytest.raises(ConfigError, match="model.stage2=library runs none"):
-        jish.options(ModelConfig(stage2_kernel="64:8:32"), "none", "cpu")
+        jish.options(ModelConfig(stage2="library", stage2_kernel="64:8:32"), "none", "cpu")
     with pytest.raises(ConfigError, match="model.stage2_kernel=64:8:32 is a JishNet option"):
         sc.options(ModelConfig(name="scnet", stage2_kernel="64:8:32"), "none", "cpu")
     # auto resolving to the library on a CPU keeps the setting (a GPU config run here)

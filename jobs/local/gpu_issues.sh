@@ -85,10 +85,10 @@ part loader-probe "$PY" -m lartpc.jobs.local.loader_probe "$EV" --device "$DEVIC
     --threads 1,3 --processes 4,8
 cp "$OUT/loader-probe.out" "$OUT/loader-probe.json" 2>/dev/null
 # 1b. SCNet's graphed training (torch layers, tables built in the loader, one CUDA graph
-#    a step; 2026-11-28: 1,229.6 images/s with one loader thread and the tables in torch
-#    operations, the loader the limit): the batches made in 8 loader processes (alone,
-#    and with Adam as one fused kernel), then in the training process with the tables'
-#    Triton kernels, with one loader thread and three
+#    a step; second lease of 2026-11-28: 1,972.7 images/s with one loader thread and the
+#    tables' Triton kernels, 2,063.7 with three; the 8-process trainings failed, fixed
+#    since): the batches made in 8 loader processes, then three loader threads, each
+#    alone and with Adam as one fused kernel
 train_graph() {  # train_graph NAME SETTINGS...
     local name=$1; shift
     local sets=() kv
@@ -100,25 +100,29 @@ train_graph() {  # train_graph NAME SETTINGS...
     cp "$OUT/$name.out" "$OUT/$name.json" 2>/dev/null
 }
 train_graph train-scnet-torch-graph-processes-8 data.loader_processes=8
+train_graph train-scnet-torch-graph-threads-3 data.prefetch_threads=3
 train_graph train-scnet-torch-graph-processes-8-fused-adam data.loader_processes=8 \
     train.optimizer_impl=fused
-train_graph train-scnet-torch-graph-threads-1 data.prefetch_threads=1
-train_graph train-scnet-torch-graph-threads-3 data.prefetch_threads=3
+train_graph train-scnet-torch-graph-threads-3-fused-adam data.prefetch_threads=3 \
+    train.optimizer_impl=fused
 # 2. the CUDA tests: both ways of building ahead (equality, no synchronisation), the
 #    batches from loader processes, the tables' kernels, the captured step (equal to the
 #    eager one), the fused stages
 part gpu-tests "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_sparse_torch.py \
     tests/test_table_kernels.py tests/test_graphed_step.py tests/test_rulebooks.py \
     tests/test_loader_processes.py tests/test_fused_stage2.py tests/test_fused_stem.py
-# 3. issue 35: the stem's ways of summing its taps (2026-11-28 the fastest was dot at
-#    64:4, now the default; band and patch, which gather 225 and 81 input pixels a
-#    pooled output instead of 625, never timed): accuracy, the stem alone and the step;
-#    then JishNet at the fastest accurate launch (stage 2 library, as measured),
-#    stage by stage, with its peak memory and the largest minibatch that fits
+# 3. issue 35: the stem's launches and ways of summing its taps (second lease of
+#    2026-11-28: dot at 64:4 the fastest, band and patch slower), the fused second
+#    stage's (64:8:64 hybrid the fastest, 4.9 ms against cuDNN's 6.9: now the default):
+#    accuracy, the stage alone and the step; then JishNet at the fastest accurate
+#    launches of both, stage by stage (each with its heaviest kernels), with its peak
+#    memory and the largest minibatch that fits
 if [ "$DEVICE" = cuda ]; then
     part stem-check "$PY" -m lartpc.jobs.local.stem_check --out "$OUT/stem-check"
+    part stage2-check "$PY" -m lartpc.jobs.local.stem_check --out "$OUT/stage2-check" \
+        --stage 2
     part fastest-kernels "$PY" -m lartpc.jobs.local.fastest_kernels \
-        "$OUT/stem-check/stem-check.json"
+        "$OUT/stem-check/stem-check.json" "$OUT/stage2-check/stage2-check.json"
     cp "$OUT/fastest-kernels.out" "$OUT/fastest-kernels.json" 2>/dev/null
     read -r -a FASTEST < <("$PY" -c 'import json, sys; print(json.load(sys.stdin)["flags"])' \
         < "$OUT/fastest-kernels.json" 2>/dev/null || echo "")
@@ -127,16 +131,7 @@ if [ "$DEVICE" = cuda ]; then
         --batch-per-rank 7 --elu-after-pool --cudnn-benchmark --amp bf16 --channels-last \
         "${FASTEST[@]}" --stages --repeats 10 --max-batch
 fi
-# 4. the fused second stage's check again (its hybrid backward is now the library
-#    convolution's own backward call; on 2026-11-28 it took 7 ms against cuDNN's 4.4)
-#    and JishNet's stages with it, each with its heaviest kernels
-if [ "$DEVICE" = cuda ]; then
-    part stage2-check "$PY" -m lartpc.jobs.local.stem_check --out "$OUT/stage2-check" \
-        --stage 2
-    part model-jishnet-stages-stage2-fused "$PY" -m lartpc bench model --model jishnet \
-        --device cuda --batch-per-rank 7 --elu-after-pool --cudnn-benchmark --amp bf16 \
-        --channels-last "${FASTEST[@]}" --stage2 fused --stages --repeats 5
-fi
+# 4. (since the second lease of 2026-11-28 part of 3)
 # 5. issue 36's own command (spconv, implicit GEMM: 719.6 images/s on the H200 on
 #    2026-11-28), the baseline on this machine, and the bare SCNet benches
 bench 'train-scnet-sparse'

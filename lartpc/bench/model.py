@@ -108,7 +108,8 @@ def _model_options(args) -> dict:
     cfg = ModelConfig(name=args.model, channels_last=args.channels_last,
                       elu_after_pool=args.elu_after_pool, algo=args.algo or "auto",
                       stem=(args.stem or "library") if args.model == "jishnet" else "auto",
-                      stage2=args.stage2 or "library",  # the config's default for either model
+                      # the published layers unless asked for (as --stem)
+                      stage2=(args.stage2 or "library") if args.model == "jishnet" else "auto",
                       sparse=args.sparse or "spconv", stem_kernel=args.stem_kernel,
                       stage2_kernel=args.stage2_kernel)
     # the model's own checks, as in training (SCNet's --half is its fp16 trunk)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -26,6 +27,13 @@ from pathlib import Path
 from lartpc.cliparse import add_batch_per_rank, int_list
 from lartpc.config import choices
 from lartpc.errors import LartpcError
+
+log = logging.getLogger(__name__)
+
+#: fewer measured steps than this and a point's rates are flagged (``few_steps``): a run
+#: whose start-up took most of ``--seconds`` (a GPU lease of 2026-11-28 reported 1,879
+#: images/s from two steps)
+FEW_STEPS = 50
 
 DEVICES = choices("train.device", without=("auto",))
 
@@ -102,11 +110,15 @@ def measure_run(out: Path, threshold: float = 1.2) -> dict:
     m = run_metrics(run, threshold=threshold)
     n = int(run.meta["world_size"])
     steps = run.steps[0].iloc[1:]
+    if len(steps) < FEW_STEPS:
+        log.warning("%s: %d step(s) measured (start-up %.1f s of the run): its rates are "
+                    "those few steps'; give it more --seconds", out, len(steps),
+                    m.dlt_s or 0.0)
     step_s = (steps["data_s"] + steps["compute_s"] + steps["comm_s"])
     return {
         "ranks": n, "backend": run.meta.get("backend"),
         "threads_per_rank": run.meta.get("threads_per_rank"),
-        "steps": m.n_steps, "dlt_s": m.dlt_s,
+        "steps": m.n_steps, "few_steps": len(steps) < FEW_STEPS, "dlt_s": m.dlt_s,
         "epoch_rate_per_min": m.epoch_rate_per_min,
         "images_per_s": (m.images_per_s_per_gpu or 0.0) * n,
         "step_s_median": float(step_s.median()),

@@ -75,14 +75,18 @@ from lartpc.models.fused_stem import pooled_block, pooled_gradient, store_pooled
 from lartpc.models.kernel_settings import Stage2Kernel
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-#: pooled outputs per program, taps per matrix-product slice and warps per program:
-#: chosen so that Triton 3.9's code for sm_90 keeps everything in registers (64:32 with 8
-#: warps: 180 registers, no spills; 64:64 with 4 warps spills ~900 bytes a thread), not
-#: yet timed (``jobs/local/stem_check.py --stage 2`` sweeps them); the interpreter, slow
-#: per operation, is quicker with large blocks. A run may set its own, backward
-#: included (``model.stage2_kernel``, :mod:`lartpc.models.kernel_settings`).
+#: pooled outputs per program, taps per matrix-product slice and warps per program: the
+#: fastest of ``jobs/local/stem_check.py --stage 2``'s sweep on the H200 (2026-11-28,
+#: 64:8:64 with the hybrid backward: stage 2 in 4.90 ms a step of 7, 64:8:32 4.96,
+#: cuDNN 6.90; BENCHMARKS.md), compiled by Triton for sm_90 without spills (64:64 with 4
+#: warps spills ~900 bytes a thread); the interpreter, slow per operation, is quicker
+#: with large blocks. A run may set its own, backward included
+#: (``model.stage2_kernel``, :mod:`lartpc.models.kernel_settings`).
 BLOCK = 256 if _INTERPRET else 64
-BLOCK_K = 256 if _INTERPRET else 32
+BLOCK_K = 256 if _INTERPRET else 64
+#: at most this many taps a slice in float32 (whose products take more registers: 64
+#: spill 168 bytes a thread at 64:8 on sm_90), whatever the launch asks
+BLOCK_K_FLOAT = 256 if _INTERPRET else 32
 NUM_WARPS = 8
 #: half-precision products on the matrix units; off under the interpreter, whose bf16
 #: ``tl.dot`` returns garbage (Triton 3.9: errors of 1e10 on a 16 x 16 product), so there
@@ -308,7 +312,7 @@ class _FusedStage(torch.autograd.Function):
         sx_b, sx_c, sx_h, sx_w = xp.stride()
         cp = max(16, triton.next_power_of_2(c))  # tl.dot's smallest tile side
         kp = max(16, triton.next_power_of_2(cin * k * k))
-        block_k = min(block_k, kp)
+        block_k = min(block_k, kp, block_k if lowp else BLOCK_K_FLOAT)
         toff = _tap_offsets(x.device, k, cin, kp, sx_c, sx_h, sx_w)
         # the weights as (taps, channels), taps in the same order, zero-padded
         wt = torch.zeros((kp, cp), dtype=cdtype, device=x.device)

@@ -99,7 +99,7 @@ class SCNet(nn.Module):
             raise ConfigError("model.channels_last is a JishNet option (model.name=scnet)")
         if cfg.stem != "auto":
             raise ConfigError(f"model.stem={cfg.stem} is a JishNet option (model.name=scnet)")
-        if cfg.stage2 != "library":  # its default (until a GPU has timed the fused stage)
+        if cfg.stage2 != "auto":
             raise ConfigError(f"model.stage2={cfg.stage2} is a JishNet option "
                               "(model.name=scnet)")
         for key in ("stem_kernel", "stage2_kernel"):

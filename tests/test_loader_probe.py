@@ -15,8 +15,10 @@ def test_the_probe_times_batches_and_passes(train_events_dir, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["device"] == "cpu" and out["events"] == 70 and out["shape"] == [400, 400]
     bare = out["produce"]["no_tables"]
-    assert set(out["produce"]) == {"no_tables", "tables_auto", "tables_torch"}
-    for tables in (out["produce"]["tables_auto"], out["produce"]["tables_torch"]):
+    ways = [f"tables_{way}{pad}" for way in ("auto", "torch")
+            for pad in ("", "_pad_after", "_pad_in_place")]
+    assert set(out["produce"]) == {"no_tables", *ways}
+    for tables in (out["produce"][way] for way in ways):
         assert tables["batches"] == bare["batches"] == 4
         assert tables["done_ms"] >= tables["host_ms"] > 0 and bare["host_ms"] > 0
     assert out["threads_tables"] == "auto"

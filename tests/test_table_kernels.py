@@ -56,6 +56,47 @@ def test_the_kernels_build_the_torch_paths_tables(monkeypatch, train_events_dir,
     assert got.levels[1].mirrored is not None and got.levels[0].mirrored is None
 
 
+def _same_padded(a: sparse_torch.SiteMaps, b: sparse_torch.SiteMaps) -> None:
+    _same(a, b)
+    assert a.unpadded == b.unpadded is not None and a.indices is b.indices
+
+
+@pytest.mark.parametrize("way", ["torch", "triton"])
+def test_tables_built_padded_are_the_padded_tables(monkeypatch, train_events_dir, way):
+    """``build_maps(rows=...)`` writes the tables padded (a CUDA graph's loader: no
+    padding pass after the build) and they equal ``pad_maps`` of the unpadded ones,
+    integer for integer, by either way of building; with rows the batch does not fit
+    (the first level, a later one) or with no rows, the unpadded tables."""
+    coords, shape = _coords(train_events_dir, 0, 7)
+    monkeypatch.setattr(sparse_torch, "TABLES", way)
+    plain = sparse_torch.build_maps(coords, 7, shape, KERNEL, POOLS)
+    have = sparse_torch.sizes(plain)
+    for rows in ([n + 37 for n in have], list(have), [n + (i % 2) for i, n in enumerate(have)]):
+        got = sparse_torch.build_maps(coords, 7, shape, KERNEL, POOLS, rows=tuple(rows))
+        assert sparse_torch.sizes(got) == tuple(rows)
+        _same_padded(got, sparse_torch.pad_maps(plain, rows))
+    for short in (0, 2, len(have) - 1):  # one level short of rows: as if not asked
+        rows = tuple(n - (i == short) for i, n in enumerate(have))
+        got = sparse_torch.build_maps(coords, 7, shape, KERNEL, POOLS, rows=rows)
+        assert got.unpadded is None and sparse_torch.sizes(got) == have
+        _same(got, plain)
+
+
+def test_padded_tables_with_sites_a_pool_drops(monkeypatch, train_events_dir):
+    """An image side the pools do not divide (the torch path: sites in its last rows are
+    dropped, their slot the dropped row, which padding moves to the capacity)."""
+    coords, shape = _coords(train_events_dir, 0, 7)
+    shape = (shape[0] + 3, shape[1] + 2)  # sites in the added last row: dropped
+    extra = torch.tensor([[0, shape[0] - 1, x] for x in range(10, 15)], dtype=coords.dtype)
+    coords = torch.cat([coords, extra.to(coords.device)])
+    monkeypatch.setattr(sparse_torch, "TABLES", "torch")
+    plain = sparse_torch.build_maps(coords, 7, shape, KERNEL, POOLS)
+    assert any(bool((lv.slots == lv.n_out).any()) for lv in plain.levels)
+    rows = tuple(n + 5 for n in sparse_torch.sizes(plain))
+    _same_padded(sparse_torch.build_maps(coords, 7, shape, KERNEL, POOLS, rows=rows),
+                 sparse_torch.pad_maps(plain, rows))
+
+
 def test_an_empty_image_in_the_batch_and_full_resolution(monkeypatch, full_res_events_dir):
     """3600 x 3600, 7 images of which the fourth has no site (a batch's image index
     skips it), with the index image a GPU's size (one pass holds the batch)."""

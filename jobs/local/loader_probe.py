@@ -9,7 +9,9 @@ Two views, on ``EVENTS`` (a store, e.g. ``lartpc simulate --events 700``), minib
   batches after the first ``--warmup``: ``host_ms`` until ``_produce`` returns (on a GPU
   its launches), ``done_ms`` until its tables are built on the device too; without the
   tables, and with them built each way of ``--tables`` (``sparse_torch.TABLES``: ``auto``
-  = Triton kernels on a GPU, ``torch`` = torch operations);
+  = Triton kernels on a GPU, ``torch`` = torch operations), unpadded and padded as a
+  graphed training pads them (``_pad_after``: built, then copied padded; ``_pad_in_place``:
+  built padded);
 - ``threads``: a whole pass of the loader as training iterates it (prefetching on,
   ``prefetch_threads`` = each of ``--threads``, then ``data.loader_processes`` = each of
   ``--processes``), nothing else running: batches a second the loader alone sustains, to
@@ -98,6 +100,23 @@ def pass_rate(store, builder, device: str, threads: int = 1, processes: int = 0,
             "own_cpu_ms_per_batch": 1e3 * cpu / n}
 
 
+def padded_builders(store, builder, device: str, batches: int) -> dict:
+    """The two ways a graphed training's loader pads the tables to its capacities (here
+    the rounded sizes of the largest of the first ``batches`` batches): built unpadded
+    then copied padded (``sparse_torch.pad_maps``, the loader's way until 2026-11-28),
+    and built padded in place (``build_maps(rows=...)``, its way since)."""
+    from lartpc.train.graphed import Capacities
+
+    loader = _loader(store, None, device, prefetch_depth=0)
+    caps = Capacities()
+    for positions in loader._batches(0)[:batches]:
+        coords, _ = loader._coords(positions)
+        caps.fit(sparse_torch.sizes(builder(coords.to(device), len(positions))))
+    rows = caps.rows
+    return {"pad_after": lambda c, n: sparse_torch.pad_maps(builder(c, n), rows),
+            "pad_in_place": lambda c, n: builder(c, n, rows=rows)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lartpc.jobs.local.loader_probe",
                                  description=__doc__.split("\n")[0])
@@ -123,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
             sparse_torch.TABLES = way
             produce[f"tables_{way}"] = produce_times(store, builder, args.device,
                                                      args.batches, args.warmup)
+            for name, padded in padded_builders(store, builder, args.device,
+                                                args.batches).items():
+                produce[f"tables_{way}_{name}"] = produce_times(
+                    store, padded, args.device, args.batches, args.warmup)
         passes = [pass_rate(store, builder, args.device, threads=int(t))
                   for t in args.threads.split(",")]
         sparse_torch.TABLES = "torch"  # the processes build on the CPU: torch operations

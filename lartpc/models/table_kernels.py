@@ -58,21 +58,24 @@ def _sites(keys_ptr, okey_ptr, cell_ptr, grid_ptr, n, h, w, oh, ow, wp, image_ce
 
 
 @triton.jit
-def _neighbours(cell_ptr, offsets_ptr, grid_ptr, table_ptr, mirrored_ptr, n,
+def _neighbours(cell_ptr, offsets_ptr, grid_ptr, table_ptr, mirrored_ptr, n, rows,
                 KK: tl.constexpr, KK_POW2: tl.constexpr, ROWS: tl.constexpr,
                 MIRROR: tl.constexpr):
+    # rows >= n: the table's rows; a row past the sites (padding) reads no cell, so
+    # every entry of it is the zero row, ``rows``, as is every missing neighbour
     i = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
     o = tl.arange(0, KK_POW2)[None, :]
-    inside = (i < n) & (o < KK)
+    inside = (i < rows) & (o < KK)
+    site = (i < n) & (o < KK)
     cell = tl.load(cell_ptr + i, mask=i < n, other=0)
     row = tl.load(grid_ptr + cell + tl.load(offsets_ptr + o, mask=o < KK, other=0),
-                  mask=inside, other=-1)
-    tl.store(table_ptr + i * KK + o, tl.where(row < 0, n, row), mask=inside)
+                  mask=site, other=-1)
+    tl.store(table_ptr + i * KK + o, tl.where(row < 0, rows, row), mask=inside)
     if MIRROR:  # entry o of the mirror: the neighbour at offset KK-1-o, as row * KK + o
         back = tl.load(grid_ptr + cell + tl.load(offsets_ptr + (KK - 1 - o), mask=o < KK,
                                                  other=0),
-                       mask=inside, other=-1)
-        tl.store(mirrored_ptr + i * KK + o, tl.where(back < 0, n, back) * KK + o,
+                       mask=site, other=-1)
+        tl.store(mirrored_ptr + i * KK + o, tl.where(back < 0, rows, back) * KK + o,
                  mask=inside)
 
 
@@ -97,25 +100,30 @@ def usable(shape: tuple[int, int], pools, kernel: int, images: int, cells: int) 
 
 
 def level(keys: torch.Tensor, shape: tuple[int, int], size: int, kernel: int,
-          grid: torch.Tensor, offsets: torch.Tensor, mirror: bool):
+          grid: torch.Tensor, offsets: torch.Tensor, mirror: bool,
+          capacity: int | None = None):
     """One level's tables from its sorted int64 ``keys`` (non-empty): the neighbour table
     (P, k*k) int32, the mirrored gather (P*k*k,) int32 or None, each site's pool slot
     (int64) and the pooled level's sorted keys. ``grid``: an all -1 int32 index image
     of at least (images, h + 2r, w + 2r) cells, left all -1; ``offsets``: the window's
-    int64 offsets in it (``sparse_torch._window_offsets``)."""
+    int64 offsets in it (``sparse_torch._window_offsets``). With ``capacity`` (at least
+    P) the table and the mirror have that many rows, padded as
+    ``sparse_torch.pad_maps`` pads them, in the same launch; the slots are not."""
     h, w = shape
     n, r, kk = len(keys), kernel // 2, kernel * kernel
+    rows = n if capacity is None else capacity
     hp, wp = h + 2 * r, w + 2 * r
     okey = torch.empty_like(keys)
     cell = torch.empty_like(keys)
-    table = torch.empty((n, kk), dtype=torch.int32, device=keys.device)
-    mirrored = torch.empty(n * kk, dtype=torch.int32, device=keys.device) if mirror else table
+    table = torch.empty((rows, kk), dtype=torch.int32, device=keys.device)
+    mirrored = (torch.empty(rows * kk, dtype=torch.int32, device=keys.device) if mirror
+                else table)
     sites = (triton.cdiv(n, BLOCK),)
     _sites[sites](keys, okey, cell, grid, n, h, w, h // size, w // size, wp, hp * wp, r, size,
                   BLOCK=BLOCK)
-    _neighbours[(triton.cdiv(n, ROWS),)](cell, offsets, grid, table, mirrored, n, KK=kk,
-                                         KK_POW2=triton.next_power_of_2(kk), ROWS=ROWS,
-                                         MIRROR=mirror)
+    _neighbours[(triton.cdiv(rows, ROWS),)](cell, offsets, grid, table, mirrored, n, rows,
+                                            KK=kk, KK_POW2=triton.next_power_of_2(kk),
+                                            ROWS=ROWS, MIRROR=mirror)
     _clear[sites](cell, grid, n, BLOCK=BLOCK)
     out_keys, slots = torch.unique(okey, sorted=True, return_inverse=True)
     return table, (mirrored if mirror else None), slots, out_keys

@@ -109,7 +109,11 @@ class Padding:
         self.capacities, self.builder = capacities, builder
 
     def __call__(self, coords: torch.Tensor, batch_size: int):
-        return self.capacities.pad(self.builder(coords, batch_size), grow=False)
+        rows = self.capacities.rows
+        if rows is None:
+            return self.builder(coords, batch_size)
+        # built padded in place (sparse_torch.build_maps); unpadded where they do not fit
+        return self.capacities.pad(self.builder(coords, batch_size, rows=rows), grow=False)
 
     def snapshot(self) -> tuple[int, ...] | None:
         return self.capacities.rows

@@ -139,7 +139,7 @@ def test_kernels_that_fail_at_their_first_use_fall_back_once(monkeypatch, train_
         calls = 0
 
         @staticmethod
-        def level(keys, shape, size, kernel, grid, offsets, mirror):
+        def level(keys, shape, size, kernel, grid, offsets, mirror, capacity=None):
             Broken.calls += 1
             grid[:len(keys)] = 5  # rows left behind, as a kernel that died half-way would
             raise RuntimeError("no kernel image is available for execution on the device")

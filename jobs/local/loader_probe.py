@@ -100,11 +100,9 @@ def pass_rate(store, builder, device: str, threads: int = 1, processes: int = 0,
             "own_cpu_ms_per_batch": 1e3 * cpu / n}
 
 
-def padded_builders(store, builder, device: str, batches: int) -> dict:
-    """The two ways a graphed training's loader pads the tables to its capacities (here
-    the rounded sizes of the largest of the first ``batches`` batches): built unpadded
-    then copied padded (``sparse_torch.pad_maps``, the loader's way until 2026-11-28),
-    and built padded in place (``build_maps(rows=...)``, its way since)."""
+def capacities(store, builder, device: str, batches: int) -> tuple[int, ...]:
+    """A graphed training's padded sizes for the first ``batches`` batches: the rounded
+    sizes of the largest of their tables."""
     from lartpc.train.graphed import Capacities
 
     loader = _loader(store, None, device, prefetch_depth=0)
@@ -112,7 +110,14 @@ def padded_builders(store, builder, device: str, batches: int) -> dict:
     for positions in loader._batches(0)[:batches]:
         coords, _ = loader._coords(positions)
         caps.fit(sparse_torch.sizes(builder(coords.to(device), len(positions))))
-    rows = caps.rows
+    return caps.rows
+
+
+def padded_builders(builder, rows: tuple[int, ...]) -> dict:
+    """The two ways a graphed training's loader pads the tables to its capacities
+    ``rows``: built unpadded then copied padded (``sparse_torch.pad_maps``, the loader's
+    way until 2026-11-28), and built padded in place (``build_maps(rows=...)``, its way
+    since)."""
     return {"pad_after": lambda c, n: sparse_torch.pad_maps(builder(c, n), rows),
             "pad_in_place": lambda c, n: builder(c, n, rows=rows)}
 
@@ -136,14 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     ways = args.tables.split(",")
     produce = {"no_tables": produce_times(store, None, args.device, args.batches,
                                           args.warmup)}
+    rows = capacities(store, builder, args.device, args.batches)  # the same either way
     before = sparse_torch.TABLES
     try:
         for way in reversed(ways):  # the first last: the passes below build that way
             sparse_torch.TABLES = way
             produce[f"tables_{way}"] = produce_times(store, builder, args.device,
                                                      args.batches, args.warmup)
-            for name, padded in padded_builders(store, builder, args.device,
-                                                args.batches).items():
+            for name, padded in padded_builders(builder, rows).items():
                 produce[f"tables_{way}_{name}"] = produce_times(
                     store, padded, args.device, args.batches, args.warmup)
         passes = [pass_rate(store, builder, args.device, threads=int(t))

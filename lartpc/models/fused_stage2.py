@@ -312,7 +312,7 @@ class _FusedStage(torch.autograd.Function):
         sx_b, sx_c, sx_h, sx_w = xp.stride()
         cp = max(16, triton.next_power_of_2(c))  # tl.dot's smallest tile side
         kp = max(16, triton.next_power_of_2(cin * k * k))
-        block_k = min(block_k, kp, block_k if lowp else BLOCK_K_FLOAT)
+        block_k = min(block_k, kp) if lowp else min(block_k, kp, BLOCK_K_FLOAT)
         toff = _tap_offsets(x.device, k, cin, kp, sx_c, sx_h, sx_w)
         # the weights as (taps, channels), taps in the same order, zero-padded
         wt = torch.zeros((kp, cp), dtype=cdtype, device=x.device)

@@ -268,60 +268,60 @@ def build_maps(coords: torch.Tensor, batch_size: int, spatial_shape, kernel: int
     images = int(batch_size)
     fast = _table_kernels(keys.device, shape, pools, kernel, images)
     where = str(keys.device)
-    if rows is not None and (len(rows) != len(pools) + 1 or rows[0] < len(keys)):
-        rows = None  # not these levels' capacities, or too few rows: unpadded
-    build = functools.partial(_padded_levels if rows is not None else _levels, keys, shape,
-                              kernel, pools, images)
-    if rows is not None:
-        build = functools.partial(build, rows=rows)
+    if rows is not None and len(rows) != len(pools) + 1:
+        rows = None  # not these levels' capacities: unpadded
     if fast is not None and TABLES == "auto" and where not in _KERNELS_WORKED:
         try:  # their first use on this device: a failure to compile falls back, once
-            built = build(fast)
+            built = _levels(keys, shape, kernel, pools, images, fast, rows)
         except Exception as e:  # noqa: BLE001 - whatever Triton raises on this device
             _KERNELS_FAILED.add(where)
             _grids.__dict__.get("by_device", {}).pop(where, None)  # it may hold their rows
             log.warning("SCNet's table kernels failed on %s (%s: %s); its tables are built "
                         "with torch operations", where, type(e).__name__,
                         (str(e).splitlines() or [""])[0])
-            built = build(None)
+            built = _levels(keys, shape, kernel, pools, images, None, rows)
         else:
             _KERNELS_WORKED.add(where)
     else:
-        built = build(fast)
+        built = _levels(keys, shape, kernel, pools, images, fast, rows)
     if built is None:  # the batch outgrew the capacities at some level: unpadded
         return build_maps(coords, batch_size, spatial_shape, kernel, pools, training)
-    levels, keys, shape, *unpadded = built
+    levels, keys, shape, unpadded = built
     if rows is None:
         return SiteMaps(coords, images, tuple(spatial_shape), order, levels, keys, shape,
                         training)
     n, (h, w) = len(order), shape
     return SiteMaps(coords, images, tuple(spatial_shape), _fill(order, rows[0], n), levels,
-                    _fill(keys, rows[-1], images * h * w), shape, training, unpadded[0])
+                    _fill(keys, rows[-1], images * h * w), shape, training, unpadded)
 
 
 def _fill(t: torch.Tensor, rows: int, value: int) -> torch.Tensor:
-    """``t`` (1-d) followed by ``value`` up to ``rows`` entries: one new tensor, one copy."""
-    out = t.new_full((rows,), value)
+    """``t`` followed by rows of ``value`` up to ``rows`` rows: one new tensor, one copy."""
+    out = t.new_full((rows, *t.shape[1:]), value)
     out[:len(t)] = t
     return out
 
 
-def _padded_levels(keys: torch.Tensor, shape: tuple[int, int], kernel: int, pools,
-                   images: int, fast, rows: tuple[int, ...]):
-    """:func:`_levels` with every level padded to ``rows`` as :func:`pad_maps` pads
-    (the keys' padding sorts last, a padding row's neighbours and pool slot are the
-    zero and dropped rows, ``n_out`` is the capacity), the tables written padded; the
-    last level's keys unpadded, as :func:`_levels` returns them, and the unpadded
-    :func:`sizes`; None where the batch does not fit ``rows`` or a pool leaves no
-    site."""
+def _levels(keys: torch.Tensor, shape: tuple[int, int], kernel: int, pools, images: int,
+            fast, rows: tuple[int, ...] | None = None):
+    """Every level's tables from the first level's sorted keys (:func:`build_maps`), by
+    ``fast`` (:mod:`lartpc.models.table_kernels`) or, for None, torch operations: (the
+    levels, the last pool's sites and their image shape, the unpadded :func:`sizes`).
+
+    With ``rows`` every level is written padded to them as :func:`pad_maps` pads (the
+    keys' padding sorts last, a padding row's neighbours and pool slot are the zero and
+    dropped rows, ``n_out`` is the capacity; the last pool's sites stay unpadded); None
+    where the batch does not fit them or a pool leaves no site. Without, a pool that
+    leaves no site ends the levels."""
     levels: list[Level] = []
     counts: list[int] = []
     r = kernel // 2
-    if fast is not None:
+    if fast is not None:  # one index image for every level: the first is the largest
         grid = _grid(images * (shape[0] + 2 * r) * (shape[1] + 2 * r), keys.device)
     for i, size in enumerate(pools):
-        n, cap, out_cap = len(keys), rows[i], rows[i + 1]
-        if n > cap:
+        n = len(keys)
+        cap, out_cap = (None, None) if rows is None else (rows[i], rows[i + 1])
+        if cap is not None and n > cap:
             return None
         if fast is not None:
             offsets = _window_offsets(r, shape[1] + 2 * r, keys.device)
@@ -329,51 +329,27 @@ def _padded_levels(keys: torch.Tensor, shape: tuple[int, int], kernel: int, pool
                                                           offsets, mirror=bool(levels),
                                                           capacity=cap)
             out_shape = (shape[0] // size, shape[1] // size)
-            n_out = len(out_keys)
-        else:
-            parts = split_keys(keys, shape)
-            slots, out_keys, out_shape = pool_slots(keys, shape, size, parts)
-            n_out = len(out_keys)
-            table = neighbour_table(keys, shape, kernel, images, parts, capacity=cap)
-            mirrored = mirror(table) if levels else None
-        if n_out == 0 or n_out > out_cap:
-            return None
-        padded_slots = _fill(slots, cap, out_cap)
-        if shape[0] % size or shape[1] % size:  # dropped sites: the dropped row moves too
-            padded_slots[:n].masked_fill_(slots == n_out, out_cap)
-        levels.append(Level(_fill(keys, cap, torch.iinfo(torch.int64).max), shape, table,
-                            padded_slots, out_cap, mirrored))
-        counts.append(n)
-        keys, shape = out_keys, out_shape
-    return levels, keys, shape, (*counts, len(keys))
-
-
-def _levels(keys: torch.Tensor, shape: tuple[int, int], kernel: int, pools, images: int,
-            fast) -> tuple[list[Level], torch.Tensor, tuple[int, int]]:
-    """Every level's tables from the first level's sorted keys (:func:`build_maps`), by
-    ``fast`` (:mod:`lartpc.models.table_kernels`) or, for None, torch operations; with
-    the last pool's sites and their image shape."""
-    levels: list[Level] = []
-    if fast is not None:  # one index image for every level: the first is the largest
-        r = kernel // 2
-        grid = _grid(images * (shape[0] + 2 * r) * (shape[1] + 2 * r), keys.device)
-    for size in pools:
-        if fast is not None:
-            offsets = _window_offsets(kernel // 2, shape[1] + 2 * (kernel // 2), keys.device)
-            table, mirrored, slots, out_keys = fast.level(keys, shape, size, kernel, grid,
-                                                          offsets, mirror=bool(levels))
-            out_shape = (shape[0] // size, shape[1] // size)
-            levels.append(Level(keys, shape, table, slots, len(out_keys), mirrored))
         else:
             parts = split_keys(keys, shape)  # once for both (each part is a launch on a GPU)
             slots, out_keys, out_shape = pool_slots(keys, shape, size, parts)
-            table = neighbour_table(keys, shape, kernel, images, parts)
-            levels.append(Level(keys, shape, table, slots, len(out_keys),
-                                mirror(table) if levels else None))
+            table = neighbour_table(keys, shape, kernel, images, parts, capacity=cap)
+            mirrored = mirror(table) if levels else None
+        n_out = len(out_keys)
+        if cap is None:
+            levels.append(Level(keys, shape, table, slots, n_out, mirrored))
+        elif n_out == 0 or n_out > out_cap:
+            return None
+        else:
+            padded_slots = _fill(slots, cap, out_cap)
+            if shape[0] % size or shape[1] % size:  # dropped sites: the dropped row moves
+                padded_slots[:n].masked_fill_(slots == n_out, out_cap)
+            levels.append(Level(_fill(keys, cap, torch.iinfo(torch.int64).max), shape, table,
+                                padded_slots, out_cap, mirrored))
+        counts.append(n)
         keys, shape = out_keys, out_shape
-        if len(keys) == 0:
+        if n_out == 0:
             break
-    return levels, keys, shape
+    return levels, keys, shape, (*counts, len(keys))
 
 
 class _SubmConv(torch.autograd.Function):
@@ -487,21 +463,16 @@ def pad_maps(maps: SiteMaps, capacities) -> SiteMaps:
                                                                    strict=True)):
         raise ValueError(f"capacities {tuple(capacities)} do not hold the sizes {have}")
     n_in = len(maps.order)
-
-    def fill(t: torch.Tensor, rows: int, value: int) -> torch.Tensor:
-        extra = t.new_full((rows - len(t), *t.shape[1:]), value)
-        return torch.cat([t, extra])
-
     levels = []
     for level, rows, out in zip(maps.levels, capacities, capacities[1:], strict=False):
         slots = torch.where(level.slots == level.n_out, out, level.slots)  # dropped
-        keys = fill(level.keys, rows, torch.iinfo(torch.int64).max)  # stays sorted
+        keys = _fill(level.keys, rows, torch.iinfo(torch.int64).max)  # stays sorted
         none = torch.where(level.neighbours == len(level.keys), rows, level.neighbours)
-        table = fill(none, rows, rows)
-        levels.append(Level(keys, level.shape, table, fill(slots, rows, out), out,
+        table = _fill(none, rows, rows)
+        levels.append(Level(keys, level.shape, table, _fill(slots, rows, out), out,
                             None if level.mirrored is None else mirror(table)))
     h, w = maps.out_shape
     return SiteMaps(maps.indices, maps.batch_size, maps.spatial_shape,
-                    fill(maps.order, capacities[0], n_in), levels,
-                    fill(maps.dense_index, capacities[-1], maps.batch_size * h * w),
+                    _fill(maps.order, capacities[0], n_in), levels,
+                    _fill(maps.dense_index, capacities[-1], maps.batch_size * h * w),
                     maps.out_shape, maps.training, maps.unpadded or have)

@@ -73,22 +73,27 @@ part env "$PY" -m lartpc env
 EV=${EVENTS_DIR:-$(mktemp -d)}/events
 # (the CPU smoke run bounds its trainings by epochs: under load a short wall-clock limit,
 # which counts the start-up too, left one step)
+# (the Triton kernels need a GPU or the interpreter: on a CPU the probe times the graph's
+# operations eagerly instead)
 if [ "$DEVICE" = cuda ]; then NEV=700 EVDS=1 SECS=${TRAIN_SECONDS:-40} BOUND=()
-else NEV=70 EVDS=8 SECS=300 BOUND=(--set train.epochs=2); fi
+    WAYS=auto,triton,torch
+else NEV=70 EVDS=8 SECS=300 BOUND=(--set train.epochs=2) WAYS=auto,graph,torch; fi
 part events "$PY" -m lartpc simulate --out "$EV" --events "$NEV" --downsample "$EVDS" \
     --workers "$(nproc)" --overwrite
 # 1a. how fast the loader alone hands over batches with their tables (one made in the
-#    caller's thread, the tables by the Triton kernels and by torch operations; a whole
+#    caller's thread, the tables by one replayed CUDA graph where padded (auto), by the
+#    Triton kernels and by torch operations; a whole
 #    pass with 1 and 3 prefetch threads, and with 4 and 8 loader processes), and the CPU
 #    time it costs the training process per batch
 part loader-probe "$PY" -m lartpc.jobs.local.loader_probe "$EV" --device "$DEVICE" \
-    --threads 1,3 --processes 4,8
+    --threads 1,3 --processes 4,8 --tables "$WAYS"
 cp "$OUT/loader-probe.out" "$OUT/loader-probe.json" 2>/dev/null
 # 1b. SCNet's graphed training (torch layers, tables built in the loader, one CUDA graph
 #    a step; second lease of 2026-11-28: 1,972.7 images/s with one loader thread and the
 #    tables' Triton kernels, 2,063.7 with three; the 8-process trainings failed, fixed
-#    since): the batches made in 8 loader processes, then three loader threads, each
-#    alone and with Adam as one fused kernel
+#    since; the padded tables now by one replayed CUDA graph a batch): three loader
+#    threads, one, the batches made in 8 loader processes, and three threads with Adam
+#    as one fused kernel
 train_graph() {  # train_graph NAME SETTINGS...
     local name=$1; shift
     local sets=() kv
@@ -99,10 +104,9 @@ train_graph() {  # train_graph NAME SETTINGS...
         "${BOUND[@]}" "${sets[@]}"
     cp "$OUT/$name.out" "$OUT/$name.json" 2>/dev/null
 }
-train_graph train-scnet-torch-graph-processes-8 data.loader_processes=8
 train_graph train-scnet-torch-graph-threads-3 data.prefetch_threads=3
-train_graph train-scnet-torch-graph-processes-8-fused-adam data.loader_processes=8 \
-    train.optimizer_impl=fused
+train_graph train-scnet-torch-graph-threads-1 data.prefetch_threads=1
+train_graph train-scnet-torch-graph-processes-8 data.loader_processes=8
 train_graph train-scnet-torch-graph-threads-3-fused-adam data.prefetch_threads=3 \
     train.optimizer_impl=fused
 # 2. the CUDA tests: both ways of building ahead (equality, no synchronisation), the
@@ -110,7 +114,8 @@ train_graph train-scnet-torch-graph-threads-3-fused-adam data.prefetch_threads=3
 #    eager one), the fused stages
 part gpu-tests "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_sparse_torch.py \
     tests/test_table_kernels.py tests/test_graphed_step.py tests/test_rulebooks.py \
-    tests/test_loader_processes.py tests/test_fused_stage2.py tests/test_fused_stem.py
+    tests/test_loader_processes.py tests/test_fused_stage2.py tests/test_fused_stem.py \
+    tests/test_table_graph.py
 # 3. issue 35: the stem's launches and ways of summing its taps (second lease of
 #    2026-11-28: dot at 64:4 the fastest, band and patch slower), the fused second
 #    stage's (64:8:64 hybrid the fastest, 4.9 ms against cuDNN's 6.9: now the default):

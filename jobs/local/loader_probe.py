@@ -9,9 +9,10 @@ Two views, on ``EVENTS`` (a store, e.g. ``lartpc simulate --events 700``), minib
   batches after the first ``--warmup``: ``host_ms`` until ``_produce`` returns (on a GPU
   its launches), ``done_ms`` until its tables are built on the device too; without the
   tables, and with them built each way of ``--tables`` (``sparse_torch.TABLES``: ``auto``
-  = Triton kernels on a GPU, ``torch`` = torch operations), unpadded and padded as a
-  graphed training pads them (``_pad_after``: built, then copied padded; ``_pad_in_place``:
-  built padded);
+  = Triton kernels on a GPU, and for padded tables one replayed CUDA graph, ``triton`` =
+  the kernels alone, ``torch`` = torch operations, ``graph`` = the graph's operations,
+  eagerly off a GPU), unpadded and padded as a graphed training pads them
+  (``_pad_after``: built, then copied padded; ``_pad_in_place``: built padded);
 - ``threads``: a whole pass of the loader as training iterates it (prefetching on,
   ``prefetch_threads`` = each of ``--threads``, then ``data.loader_processes`` = each of
   ``--processes``), nothing else running: batches a second the loader alone sustains, to

@@ -212,8 +212,11 @@ def pool_slots(keys: torch.Tensor, shape: tuple[int, int], size: int, parts=None
 
 #: how each level's tables are built: ``auto`` = with :mod:`lartpc.models.table_kernels`
 #: (three Triton kernels a level) on CUDA where Triton imports and the batch allows
-#: (:func:`table_kernels.usable`), torch operations otherwise; ``torch``; ``triton``
-#: (on any device: the tests run it on CPU under Triton's interpreter)
+#: (:func:`table_kernels.usable`), torch operations otherwise, and a CUDA graph's padded
+#: tables (``rows``) on CUDA by one replayed graph (:mod:`lartpc.models.table_graph`);
+#: ``torch``; ``triton`` (on any device: the tests run it on CPU under Triton's
+#: interpreter); ``graph``: padded tables by :mod:`~lartpc.models.table_graph` on any
+#: device (eagerly off CUDA: the tests), the rest as ``auto``
 TABLES = "auto"
 
 
@@ -233,9 +236,12 @@ def _triton_imports() -> bool:
     return True
 
 
-def _table_kernels(device: torch.device, shape, pools, kernel: int, images: int):
-    """The kernel module where :data:`TABLES` and the batch allow it, else None."""
-    if TABLES == "torch" or (TABLES == "auto" and (
+def _table_kernels(device: torch.device, shape, pools, kernel: int, images: int,
+                   tables: str | None = None):
+    """The kernel module where ``tables`` (default :data:`TABLES`) and the batch allow
+    it, else None."""
+    tables = TABLES if tables is None else tables
+    if tables == "torch" or (tables in ("auto", "graph") and (
             device.type != "cuda" or not _triton_imports() or str(device) in _KERNELS_FAILED)):
         return None
     from lartpc.models import table_kernels
@@ -245,8 +251,8 @@ def _table_kernels(device: torch.device, shape, pools, kernel: int, images: int)
 
 
 def build_maps(coords: torch.Tensor, batch_size: int, spatial_shape, kernel: int,
-               pools, training: bool = True, rows: tuple[int, ...] | None = None
-               ) -> SiteMaps | None:
+               pools, training: bool = True, rows: tuple[int, ...] | None = None, *,
+               tables: str | None = None) -> SiteMaps | None:
     """Every level's tables for int (P, 3) ``coords`` (b, y, x) of a batch (a pure
     function of them; ``training`` is recorded only), on their device; None for no
     sites. A pool that leaves no site ends the levels (the model stops there too).
@@ -254,11 +260,25 @@ def build_maps(coords: torch.Tensor, batch_size: int, spatial_shape, kernel: int
     With ``rows`` (capacities, one per entry of :func:`sizes`) the tables come padded
     to them, equal to :func:`pad_maps` of the unpadded ones, but built in place (a
     CUDA graph's loader: ~60 operations a batch fewer, each a launch from Python on a
-    GPU); unpadded where the batch does not fit them or leaves no site."""
+    GPU; on CUDA one replayed graph, :mod:`~lartpc.models.table_graph`); unpadded
+    where the batch does not fit them or leaves no site. ``tables``: the way (see
+    :data:`TABLES`, the default)."""
     if kernel % 2 == 0:
         raise ValueError(f"kernel={kernel}: a submanifold convolution needs an odd kernel")
     if coords.shape[0] == 0:
         return None
+    tables = TABLES if tables is None else tables
+    if rows is not None and len(rows) != len(pools) + 1:
+        rows = None  # not these levels' capacities: unpadded
+    if rows is not None and _graph_tables(coords.device, tables):
+        from lartpc.models import table_graph
+
+        first = tables == "auto" and str(coords.device) not in table_graph.WORKED
+        maps = table_graph.build(coords, batch_size, spatial_shape, kernel, pools,
+                                 training, tuple(rows), check=first,
+                                 fall_back=tables == "auto")
+        if maps is not None:
+            return maps
     shape = (int(spatial_shape[0]), int(spatial_shape[1]))
     keys = site_keys(coords, shape)
     if bool((keys[1:] > keys[:-1]).all()):  # the loaders' order already (one read-back)
@@ -266,11 +286,9 @@ def build_maps(coords: torch.Tensor, batch_size: int, spatial_shape, kernel: int
     else:
         keys, order = torch.sort(keys)
     images = int(batch_size)
-    fast = _table_kernels(keys.device, shape, pools, kernel, images)
+    fast = _table_kernels(keys.device, shape, pools, kernel, images, tables)
     where = str(keys.device)
-    if rows is not None and len(rows) != len(pools) + 1:
-        rows = None  # not these levels' capacities: unpadded
-    if fast is not None and TABLES == "auto" and where not in _KERNELS_WORKED:
+    if fast is not None and tables in ("auto", "graph") and where not in _KERNELS_WORKED:
         try:  # their first use on this device: a failure to compile falls back, once
             built = _levels(keys, shape, kernel, pools, images, fast, rows)
         except Exception as e:  # noqa: BLE001 - whatever Triton raises on this device
@@ -285,7 +303,8 @@ def build_maps(coords: torch.Tensor, batch_size: int, spatial_shape, kernel: int
     else:
         built = _levels(keys, shape, kernel, pools, images, fast, rows)
     if built is None:  # the batch outgrew the capacities at some level: unpadded
-        return build_maps(coords, batch_size, spatial_shape, kernel, pools, training)
+        return build_maps(coords, batch_size, spatial_shape, kernel, pools, training,
+                          tables=tables)
     levels, keys, shape, unpadded = built
     if rows is None:
         return SiteMaps(coords, images, tuple(spatial_shape), order, levels, keys, shape,
@@ -293,6 +312,18 @@ def build_maps(coords: torch.Tensor, batch_size: int, spatial_shape, kernel: int
     n, (h, w) = len(order), shape
     return SiteMaps(coords, images, tuple(spatial_shape), _fill(order, rows[0], n), levels,
                     _fill(keys, rows[-1], images * h * w), shape, training, unpadded)
+
+
+def _graph_tables(device: torch.device, tables: str) -> bool:
+    """Whether ``tables`` builds padded tables by :mod:`~lartpc.models.table_graph`
+    on ``device``: ``graph`` anywhere, ``auto`` on CUDA unless it failed there."""
+    if tables == "graph":
+        return True
+    if tables != "auto" or device.type != "cuda":
+        return False
+    from lartpc.models import table_graph
+
+    return str(device) not in table_graph.FAILED
 
 
 def _fill(t: torch.Tensor, rows: int, value: int) -> torch.Tensor:
@@ -388,14 +419,18 @@ class _SubmConv(torch.autograd.Function):
         return grad_features, None, grad_weight, None
 
 
-def mirror(neighbours: torch.Tensor) -> torch.Tensor:
+def mirror(neighbours: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
     """The rows of ``z`` = (output gradient @ weight) viewed as (P * k*k, C) plus k*k zero
     rows that each (site, offset) of the input gradient sums: its neighbour at the
     mirrored offset ``k*k-1-o``, row ``neighbour * k*k + o``. No neighbour (row P)
     reads ``P * k*k + o``, a zero row. Flat int32 (P * k*k,); a pure function of the
-    table, so built with it (in the loader's thread), not in the backward."""
+    table, so built with it (in the loader's thread), not in the backward. ``offsets``:
+    ``arange(k*k)`` in the table's dtype where the caller makes its own (a CUDA graph,
+    which must not read a cached tensor it does not hold)."""
     kk = neighbours.shape[1]
-    return (neighbours.flip(1) * kk + _arange(kk, neighbours.dtype, neighbours.device)).view(-1)
+    if offsets is None:
+        offsets = _arange(kk, neighbours.dtype, neighbours.device)
+    return (neighbours.flip(1) * kk + offsets).view(-1)
 
 
 @functools.lru_cache(maxsize=16)

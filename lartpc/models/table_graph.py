@@ -51,6 +51,13 @@ log = logging.getLogger(__name__)
 
 MAX = torch.iinfo(torch.int64).max
 
+#: held while any CUDA graph of this process is captured (here and by the training's
+#: step, :mod:`lartpc.train.graphed`): torch's capture context synchronises the device
+#: and empties the allocator's cache (``cudaFree``) as it begins, which must not happen
+#: while another thread captures; the two captures come together when the capacities
+#: grow (the step's new graph, then the loader's for its next batch)
+CAPTURE_LOCK = threading.Lock()
+
 #: devices (``str(device)``) where the graph's tables failed (the capture raised, or its
 #: first batch's tables were not ``build_maps``'): built as before from then on; and
 #: those where its first batch's tables matched
@@ -212,7 +219,7 @@ class TableGraph:
         if here == torch.cuda.default_stream(here.device):
             stream = torch.cuda.Stream(device=here.device, priority=-1)
             stream.wait_stream(here)
-        with torch.cuda.stream(stream):
+        with torch.cuda.stream(stream), CAPTURE_LOCK:
             self._run()
             graph = torch.cuda.CUDAGraph()
             graph.capture_begin(capture_error_mode="thread_local")

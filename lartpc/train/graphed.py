@@ -40,6 +40,7 @@ from dataclasses import replace
 import torch
 
 from lartpc.models import sparse_torch
+from lartpc.models.table_graph import CAPTURE_LOCK
 from lartpc.train.readback import step_values
 
 log = logging.getLogger(__name__)
@@ -274,7 +275,12 @@ class GraphedStep:
 
     def _capture(self) -> None:
         """Warm up on a side stream (as torch asks), then capture forward, loss and
-        backward with the gradients as the graph's own buffers."""
+        backward with the gradients as the graph's own buffers; never while the loader's
+        thread captures its tables' graph (``table_graph.CAPTURE_LOCK``)."""
+        with CAPTURE_LOCK:
+            self._capture_now()
+
+    def _capture_now(self) -> None:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

@@ -205,8 +205,11 @@ def test_cuda_loader_rulebooks_give_the_same_forward_and_gradients(train_events_
     model = build("scnet", image_size=store.geometry.shape, algo=algo).cuda()
     loader = build_loader(store, "sparse", np.arange(len(store)), 7, device="cuda", seed=1,
                           rulebooks=model.rulebook_builder(training=True))
-    for b in loader:
+    on_cpu = build_loader(store, "sparse", np.arange(len(store)), 7, device="cpu", seed=1)
+    for b, c in zip(loader, on_cpu, strict=True):
         assert b.coords.is_cuda and b.rulebooks.indices is b.coords
+        for name in ("labels", "coords", "features"):  # copied on the loader's stream
+            assert torch.equal(getattr(b, name).cpu(), getattr(c, name)), name
         got = []
         for rb in (None, b.rulebooks):
             model.zero_grad()

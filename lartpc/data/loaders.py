@@ -274,11 +274,14 @@ class SparseLoader(Loader):
         if stream is None:
             return replace(batch, rulebooks=self._rulebooks(batch.coords, batch.data_size))
         with torch.cuda.device(self.device), torch.cuda.stream(stream):
-            coords = batch.coords.to(self.device, non_blocking=True)
+            # labels and features too: the step's thread then copies nothing (issue 36)
+            labels, coords, features = (t.to(self.device, non_blocking=True) for t in (
+                batch.labels, batch.coords, batch.features))
             rulebooks = self._rulebooks(coords, batch.data_size)
             done = torch.cuda.Event()
             done.record(stream)
-        return _Copied(replace(batch, coords=coords, rulebooks=rulebooks), done)
+        return _Copied(replace(batch, labels=labels, coords=coords, features=features,
+                               rulebooks=rulebooks), done)
 
     def _finish(self, item: Batch | _Copied) -> Batch:
         if not isinstance(item, _Copied):
@@ -288,8 +291,10 @@ class SparseLoader(Loader):
         rb = item.batch.rulebooks
         # allocated on the loader's stream, used on this one; from a loader process every
         # tensor is a view of one copy, and marking one view marks the copy
-        held = [] if self.processes or rb is None else rb.tensors()
-        for t in [item.batch.coords, *held]:
+        b = item.batch
+        held = [b.coords] if self.processes else [  # (the processes': views of one copy)
+            b.labels, b.coords, b.features, *([] if rb is None else rb.tensors())]
+        for t in held:
             if t.is_cuda:
                 t.record_stream(stream)
         return item.batch.to(self.device, non_blocking=True)

@@ -257,3 +257,36 @@ def test_a_graphed_training_with_the_graphs_tables_is_the_same_training(
                graph_stats=stats)
     assert stats["steps"] > 0 and len(calls) >= stats["steps"] - 2  # bar the first
     _same(want, got)
+
+
+def test_a_replayed_batch_is_a_handful_of_launches(train_events_dir):
+    """What the loader's thread launches per batch around a replay (the replay stood in
+    by a call that does nothing, as no CPU can replay): the coordinates in, two copies
+    of the outputs, the counts' read-back; against ~130 for ``build_maps`` in one pass.
+    Counted as ``host_profile`` counts a step's launches (aten calls that compute)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from lartpc.jobs.local.host_profile import main_thread_work
+
+    coords, shape = _coords(train_events_dir, 0, 7)
+    rows = tuple(n + 8 for n in sparse_torch.sizes(_torch(coords, shape)))
+    graph = table_graph.TableGraph(table_graph.Plan(7, shape, KERNEL, POOLS, rows),
+                                   coords.device, capture=False)
+    want = graph(coords, shape, True)  # the outputs the stand-in "replays" leave
+
+    class Replay:
+        def replay(self):
+            pass
+
+    graph.graph = Replay()
+
+    def launches(build) -> float:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(3):
+                build()
+        return main_thread_work(prof.events(), 3)[1]
+
+    replayed = launches(lambda: graph(coords, shape, True))
+    assert replayed <= 8 and graph.replays == 3
+    assert table_graph.same(graph(coords, shape, True), want)
+    assert launches(lambda: _torch(coords, shape, rows)) > 10 * replayed

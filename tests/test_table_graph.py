@@ -264,9 +264,8 @@ def test_a_replayed_batch_is_a_handful_of_launches(train_events_dir):
     by a call that does nothing, as no CPU can replay): the coordinates in, two copies
     of the outputs, the counts' read-back; against ~130 for ``build_maps`` in one pass.
     Counted as ``host_profile`` counts a step's launches (aten calls that compute)."""
-    from torch.profiler import ProfilerActivity, profile
-
     from lartpc.jobs.local.host_profile import main_thread_work
+    from torch.profiler import ProfilerActivity, profile
 
     coords, shape = _coords(train_events_dir, 0, 7)
     rows = tuple(n + 8 for n in sparse_torch.sizes(_torch(coords, shape)))

@@ -48,7 +48,7 @@ from lartpc.cliparse import add_batch_per_rank
 #: the stem's launches timed by default: the default (64:4:dot, the fastest on an H200
 #: on 2026-11-28) and its neighbours, and band and patch at the launches that compile for
 #: sm_90 without spilling registers (tests/test_fused_stem.py)
-STEM_CONFIGS = "64:4:d,64:8:d,64:4:b,64:8:b,128:8:b,32:4:p,64:8:p,64:16:p"
+STEM_CONFIGS = "64:4:d,64:8:d,64:4:h,64:8:h,128:4:h,64:4:b,64:8:p"
 
 
 def _events(size: int, batch: int, seed: int):
@@ -365,8 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stage", type=int, default=1, choices=(1, 2),
                     help="1: the fused stem (default); 2: the fused second stage")
     ap.add_argument("--configs", default=None,
-                    help="stage 1: BLOCK:WARPS[:d|:b|:p] of the fused stem to time (how the "
-                         "taps are summed: dot, band, patch; default "
+                    help="stage 1: BLOCK:WARPS[:d|:b|:p|:h] of the fused stem to time (how the "
+                         "taps are summed: dot, band, patch, hoist; default "
                          f"{STEM_CONFIGS}); stage 2: "
                          "BLOCK:WARPS:BLOCK_K[:t] (t: the triton backward; default "
                          "64:8:32,64:8:64,32:4:64,128:8:32,64:8:32:t,32:4:64:t)")

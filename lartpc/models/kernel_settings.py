@@ -9,15 +9,15 @@ difference). The fastest differ from card to card, so they are options:
 =========================  =========================================  ==================
 option                     spelling                                   e.g.
 =========================  =========================================  ==================
-``model.stem_kernel``      ``BLOCK:WARPS[:dot|:band|:patch]``         ``64:4:dot``
+``model.stem_kernel``      ``BLOCK:WARPS[:dot|:band|:patch|:hoist]``  ``64:4:dot``
 ``model.stage2_kernel``    ``BLOCK:WARPS:BLOCK_K[:hybrid|:triton]``   ``64:8:32:triton``
 =========================  =========================================  ==================
 
 ``""`` (the default) is the kernel module's own setting (``fused_stem.BLOCK``,
 ``NUM_WARPS``, ``SUMS``; ``fused_stage2.BLOCK``, ``NUM_WARPS``, ``BLOCK_K``,
-``BACKWARD``). Two parts do change the arithmetic: the stem's ``dot``, ``band`` and
-``patch`` sum its taps on the matrix units (TF32: under bf16 autocast ``dot`` moved
-near-tied arg-maxes on an H200, BENCHMARKS.md; the three differ in what they gather,
+``BACKWARD``). Two parts do change the arithmetic: the stem's ``dot``, ``band``,
+``patch`` and ``hoist`` sum its taps on the matrix units (TF32: under bf16 autocast ``dot`` moved
+near-tied arg-maxes on an H200, BENCHMARKS.md; they differ in what they gather,
 :mod:`lartpc.models.fused_stem`), and ``triton`` is the second stage's backward without its map (the
 same rounding as ``hybrid``, tested). ``jobs/local/stem_check.py`` times settings on a
 GPU and ``jobs/local/fastest_kernels.py`` picks the fastest of its results.
@@ -35,7 +35,7 @@ WARPS = (1, 2, 4, 8, 16)
 BACKWARDS = ("hybrid", "triton")
 #: how the fused stem sums a window's taps: one by one (``taps``), or as matrix
 #: products of gathered input (:mod:`lartpc.models.fused_stem`)
-STEM_SUMS = ("taps", "dot", "band", "patch")
+STEM_SUMS = ("taps", "dot", "band", "patch", "hoist")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +81,7 @@ def _warps(key: str, text: str, value: str) -> int:
 
 
 def parse_stem_kernel(text: str, key: str = "model.stem_kernel") -> StemKernel | None:
-    """``"BLOCK:WARPS[:dot|:band|:patch]"`` (``d``, ``b``, ``p`` for short) as a
+    """``"BLOCK:WARPS[:dot|:band|:patch|:hoist]"`` (``d``, ``b``, ``p``, ``h`` for short) as a
     :class:`StemKernel`; None for ``""`` (the kernel's default). BLOCK is at least 16.
     A ConfigError names ``key`` and the part at fault."""
     if text == "":

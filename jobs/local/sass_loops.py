@@ -1,0 +1,85 @@
+"""The loops of the fused stem's forward as an H100/H200 would run them, without a GPU.
+
+    python -m lartpc.jobs.local.sass_loops [--configs 64:4:d,64:4:h]
+
+Compiles ``fused_stem._stem_forward`` for sm_90 at each launch (bf16 input, as under
+autocast; Triton's bundled ptxas) and reads its machine code (``cuobjdump -sass``): for
+every loop (a branch back), its length in instructions and the count of each opcode.
+A window position of the stem is one pass of its loop, so where the kernel is bound by
+issuing instructions (its gathers' address arithmetic and bounds checks: BENCHMARKS.md,
+issue 35) a shorter loop is a faster kernel. A static count, not a timing: the GPU's
+``stem_check`` times the same launches. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import tempfile
+
+#: a SASS line: its address and its instruction
+_LINE = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+
+
+def stem_sass(text: str) -> str:
+    """The sm_90 machine code of the stem's forward at launch ``text`` (BLOCK:WARPS:SUMS)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    import lartpc.models.fused_stem as fs
+    from lartpc.models.kernel_settings import parse_stem_kernel
+
+    k = parse_stem_kernel(text, "--configs")
+    consts = dict(C=10, CP=16, K=5, PAD=2, POOL=5, BLOCK=k.block, SUMS=fs._SUMS_CODE[k.sums],
+                  KP=fs.tile_taps(5, 5, k.sums), LOWP=True)
+    pointers = {"x_ptr": "*bf16", "w_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*bf16",
+                "arg_ptr": "*u8"}
+    fn = fs._stem_forward
+    sig = {n: "constexpr" if n in consts else pointers.get(n, "i32") for n in fn.arg_names}
+    built = triton.compile(ASTSource(fn, sig, constexprs=consts),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": k.num_warps})
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                        "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(built.asm["cubin"])
+        f.flush()
+        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def loops(sass: str) -> list[dict]:
+    """Each loop of ``sass`` (from a branch's target back to the branch): its first
+    address, its length and its opcodes (predicates and modifiers dropped), most first."""
+    code = [(int(m.group(1), 16), m.group(2)) for m in map(_LINE.match, sass.splitlines())
+            if m]
+    where = {address: i for i, (address, _) in enumerate(code)}
+    out = []
+    for i, (address, ins) in enumerate(code):
+        target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", ins)
+        if target and int(target.group(1), 16) < address and int(target.group(1), 16) in where:
+            body = [x for _, x in code[where[int(target.group(1), 16)]:i + 1]]
+            ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", x).split()[0].split(".")[0]
+                                      for x in body)
+            out.append({"start": hex(int(target.group(1), 16)), "instructions": len(body),
+                        "opcodes": dict(ops.most_common())})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lartpc.jobs.local.sass_loops",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("--configs", default="64:4:d,64:4:h",
+                    help="stem launches BLOCK:WARPS:SUMS, comma-separated")
+    args = ap.parse_args(argv)
+    os.environ.pop("TRITON_INTERPRET", None)  # the interpreter compiles nothing
+    print(json.dumps({text: loops(stem_sass(text)) for text in args.configs.split(",")}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -98,9 +98,9 @@ def test_matrix_product_variants(monkeypatch, sums, dtype):
 
 def test_hoisted_taps_inside_the_image_and_on_its_edges(monkeypatch):
     """``hoist`` loads a block's tiles without bounds checks where every window of the
-    block lies inside the image: with blocks of 16 pooled outputs on a 120 x 200 crop a
-    third do (counted here as the kernel decides), the rest are on the edges; every
-    output and gradient as the published layers'."""
+    block lies inside the image, and so does the backward (any way): with blocks of 16
+    pooled outputs on a 120 x 200 crop a third do (counted here as the kernels decide),
+    the rest are on the edges; every output and gradient as the published layers'."""
     import lartpc.models.fused_stem as fs
 
     monkeypatch.setattr(fs, "SUMS", "hoist")

@@ -7,7 +7,8 @@ outputs for all channels at once: for every pooling-window position the k x k ta
 accumulated in float32 from the input (any of float32 / bfloat16 / float16), the
 window's maximum and its position are kept, and only ``ELU(max)`` (C x H/p x W/p) and the
 position (one byte) are written. The backward needs the input only at each window's
-arg-max pixel, so the weight and bias gradients are one gather per tap; partial sums
+arg-max pixel, so the weight and bias gradients are one gather per tap (each an offset
+from the arg-max's first tap, unchecked in blocks whose windows lie inside the image); partial sums
 per program are written out and summed by torch, so the result does not depend on
 scheduling (no atomics). The input gets no gradient (it is the event image).
 
@@ -204,6 +205,15 @@ def _matmul(a, w, LOWP: tl.constexpr):
 
 
 @triton.jit
+def _inside(pm, top, left, H, W, REACH: tl.constexpr):
+    """Whether every pixel of every window of the block lies in the image: the windows'
+    corners (``top``, ``left``, for the block's outputs in ``pm``) and up to ``REACH``
+    pixels past them."""
+    return (tl.min(tl.where(pm, top, 0)) >= 0) & (tl.min(tl.where(pm, left, 0)) >= 0) \
+        & (tl.max(tl.where(pm, top, 0)) + REACH < H) & (tl.max(tl.where(pm, left, 0)) + REACH < W)
+
+
+@triton.jit
 def _stem_forward(x_ptr, w_ptr, b_ptr, y_ptr, arg_ptr, N, H, W, HO, WO,
                   sy_b, sy_c, sy_h, sy_w,
                   C: tl.constexpr, CP: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr,
@@ -238,14 +248,9 @@ def _stem_forward(x_ptr, w_ptr, b_ptr, y_ptr, arg_ptr, N, H, W, HO, WO,
         s0 = left[:, None] + (t % K)[None, :]
         at = x_img[:, None] + r0 * W + s0
         m0 = pm[:, None] & tm[None, :]
-        # inside: every tap of every window position of the block lies in the image, so
-        # a position's tile is one load at a fixed offset with the same mask (most
-        # blocks); the blocks on the image's edges check each pixel as dot does
-        reach = POOL + K - 2
-        inside = (tl.min(tl.where(pm, top, 0)) >= 0) & (tl.min(tl.where(pm, left, 0)) >= 0) \
-            & (tl.max(tl.where(pm, top, 0)) + reach < H) \
-            & (tl.max(tl.where(pm, left, 0)) + reach < W)
-        if inside:
+        # inside: a position's tile is one load at a fixed offset with the same mask
+        # (most blocks); the blocks on the image's edges check each pixel as dot does
+        if _inside(pm, top, left, H, W, POOL + K - 2):
             for d in range(POOL * POOL):
                 a = tl.load(at + ((d // POOL) * W + d % POOL), mask=m0,
                             other=0.0).to(tl.float32)
@@ -291,17 +296,25 @@ def _stem_backward(x_ptr, g_ptr, y_ptr, arg_ptr, part_ptr, N, H, W, HO, WO,
                                 sg_b, sg_c, sg_h, sg_w, sy_b, sy_c, sy_h, sy_w)
     r0 = (i * POOL - PAD)[:, None] + a // POOL
     s0 = (j * POOL - PAD)[:, None] + a % POOL
-    x_img = x_ptr + (b * H * W)[:, None]
+    at = x_ptr + (b * H * W)[:, None] + r0 * W + s0  # each arg-max's first tap
     out = part_ptr + tl.program_id(0).to(tl.int64) * ((K * K + 1) * CP)
     tl.store(out + (K * K) * CP + c, tl.sum(dm, axis=0))
-    for ky in tl.static_range(K):
-        r = r0 + ky
-        row_ok = (r >= 0) & (r < H)
-        for kx in tl.static_range(K):
-            s = s0 + kx
-            xv = tl.load(x_img + r * W + s, mask=m2 & row_ok & (s >= 0) & (s < W),
-                         other=0.0).to(tl.float32)
-            tl.store(out + (ky * K + kx) * CP + c, tl.sum(xv * dm, axis=0))
+    # as the forward's hoist: a tap is one offset from the arg-max's first, and blocks
+    # whose windows lie inside the image need no bounds checks
+    if _inside(pm, i * POOL - PAD, j * POOL - PAD, H, W, POOL + K - 2):
+        for ky in tl.static_range(K):
+            for kx in tl.static_range(K):
+                xv = tl.load(at + (ky * W + kx), mask=m2, other=0.0).to(tl.float32)
+                tl.store(out + (ky * K + kx) * CP + c, tl.sum(xv * dm, axis=0))
+    else:
+        for ky in tl.static_range(K):
+            r = r0 + ky
+            row_ok = (r >= 0) & (r < H)
+            for kx in tl.static_range(K):
+                s = s0 + kx
+                xv = tl.load(at + (ky * W + kx), mask=m2 & row_ok & (s >= 0) & (s < W),
+                             other=0.0).to(tl.float32)
+                tl.store(out + (ky * K + kx) * CP + c, tl.sum(xv * dm, axis=0))
 
 
 def _geometry(x: torch.Tensor, weight: torch.Tensor, pool: int, padding: int):

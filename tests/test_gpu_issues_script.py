@@ -38,9 +38,9 @@ def test_every_part_runs_and_a_failure_is_logged(tmp_path):
     parts, calls, pack = _run(tmp_path, FAKE_RC="3")
     names = [p.split(":")[0] for p in parts]
     assert names == ["env", "events", "loader-probe", "train-scnet-torch-graph-threads-3",
-                     "train-scnet-torch-graph-threads-1",
+                     "train-scnet-torch-graph-threads-1", "gpu-tests",
+                     "train-scnet-torch-graph-threads-3-fused-adam",
                      "train-scnet-torch-graph-processes-8",
-                     "train-scnet-torch-graph-threads-3-fused-adam", "gpu-tests",
                      "gpu-bench-train-scnet-sparse", "gpu-bench-model-scnet-default", "done"]
     assert "gpu-bench-train-scnet-sparse: exit 3" in "\n".join(parts)
     assert "env: exit 0" in "\n".join(parts)
@@ -50,9 +50,9 @@ def test_every_part_runs_and_a_failure_is_logged(tmp_path):
     assert sum(events in c for c in calls) == 6
     trainings = [c for c in calls if "bench train" in c]
     assert [c.split("data.")[-1].split()[0] for c in trainings] == [
-        "prefetch_threads=3", "prefetch_threads=1", "loader_processes=8", "prefetch_threads=3"]
+        "prefetch_threads=3", "prefetch_threads=1", "prefetch_threads=3", "loader_processes=8"]
     assert all("train.cuda_graph=true" in c for c in trainings)
-    assert ["train.optimizer_impl=fused" in c for c in trainings] == [False, False, False, True]
+    assert ["train.optimizer_impl=fused" in c for c in trainings] == [False, False, True, False]
     with tarfile.open(pack) as tar:
         assert "gi/parts.txt" in tar.getnames()
 

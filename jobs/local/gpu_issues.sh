@@ -92,8 +92,8 @@ cp "$OUT/loader-probe.out" "$OUT/loader-probe.json" 2>/dev/null
 #    a step; second lease of 2026-11-28: 1,972.7 images/s with one loader thread and the
 #    tables' Triton kernels, 2,063.7 with three; the 8-process trainings failed, fixed
 #    since; the padded tables now by one replayed CUDA graph a batch): three loader
-#    threads, one, the batches made in 8 loader processes, and three threads with Adam
-#    as one fused kernel
+#    threads, then one (8 loader processes and Adam as one fused kernel in 3b, after
+#    issue 35's parts)
 train_graph() {  # train_graph NAME SETTINGS...
     local name=$1; shift
     local sets=() kv
@@ -106,9 +106,6 @@ train_graph() {  # train_graph NAME SETTINGS...
 }
 train_graph train-scnet-torch-graph-threads-3 data.prefetch_threads=3
 train_graph train-scnet-torch-graph-threads-1 data.prefetch_threads=1
-train_graph train-scnet-torch-graph-processes-8 data.loader_processes=8
-train_graph train-scnet-torch-graph-threads-3-fused-adam data.prefetch_threads=3 \
-    train.optimizer_impl=fused
 # 2. the CUDA tests: both ways of building ahead (equality, no synchronisation), the
 #    batches from loader processes, the tables' kernels, the captured step (equal to the
 #    eager one), the fused stages
@@ -117,7 +114,7 @@ part gpu-tests "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_sparse_t
     tests/test_loader_processes.py tests/test_fused_stage2.py tests/test_fused_stem.py \
     tests/test_table_graph.py
 # 3. issue 35: the stem's launches and ways of summing its taps (second lease of
-#    2026-11-28: dot at 64:4 the fastest, band and patch slower), the fused second
+#    2026-11-28: dot at 64:4 the fastest, band and patch slower; hoist since), the fused second
 #    stage's (64:8:64 hybrid the fastest, 4.9 ms against cuDNN's 6.9: now the default):
 #    accuracy, the stage alone and the step; then JishNet at the fastest accurate
 #    launches of both, stage by stage (each with its heaviest kernels), with its peak
@@ -136,6 +133,11 @@ if [ "$DEVICE" = cuda ]; then
         --batch-per-rank 7 --elu-after-pool --cudnn-benchmark --amp bf16 --channels-last \
         "${FASTEST[@]}" --stages --repeats 10 --max-batch
 fi
+# 3b. issue 36 again: the graphed training with Adam as one fused kernel (three loader
+#    threads), and with the batches made in 8 loader processes (tables on their CPUs)
+train_graph train-scnet-torch-graph-threads-3-fused-adam data.prefetch_threads=3 \
+    train.optimizer_impl=fused
+train_graph train-scnet-torch-graph-processes-8 data.loader_processes=8
 # 4. (since the second lease of 2026-11-28 part of 3)
 # 5. issue 36's own command (spconv, implicit GEMM: 719.6 images/s on the H200 on
 #    2026-11-28), the baseline on this machine, and the bare SCNet benches

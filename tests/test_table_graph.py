@@ -115,6 +115,10 @@ def test_one_graph_serves_batches_without_overwriting_them(monkeypatch, train_ev
                                                 sparse_torch.sizes(_torch(b, shape)),
                                                 strict=True))
     first = _graph(a, shape, rows)
+    views = [first.order, first.dense_index, *(t for lv in first.levels for t in (
+        lv.keys, lv.neighbours, lv.slots, lv.mirrored) if t is not None)]
+    held = {t.untyped_storage().data_ptr() for t in first.tensors()[1:]}
+    assert len(held) == 2 and {t.untyped_storage().data_ptr() for t in views} == held
     snapshot = [t.clone() for t in first.tensors()[1:]]
     second = _graph(b, shape, rows)
     assert len(table_graph.POOL.free[str(a.device)]) == 1  # one graph object for both

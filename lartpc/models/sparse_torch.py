@@ -74,6 +74,9 @@ class SiteMaps:
     training: bool = True  #: unused: the tables are the same for either mode
     #: :func:`sizes` before :func:`pad_maps` padded them (None: not padded)
     unpadded: tuple[int, ...] | None = None
+    #: the buffers every table above is a view of, where they are (the table graph's
+    #: two copies, :mod:`~lartpc.models.table_graph`): marking them marks every table
+    held: tuple[torch.Tensor, ...] | None = None
 
     def fits(self, indices: torch.Tensor, batch_size: int, spatial_shape, training: bool) -> bool:
         """Built for this very coordinate tensor (identity), batch size and shape."""
@@ -81,7 +84,10 @@ class SiteMaps:
                 and tuple(spatial_shape) == tuple(self.spatial_shape))
 
     def tensors(self) -> list[torch.Tensor]:
-        """Every tensor held (to mark them used on another CUDA stream)."""
+        """Every tensor held (to mark them used on another CUDA stream; the buffers
+        where the tables are views of a few: a step's thread marks 3 tensors, not 27)."""
+        if self.held is not None:
+            return [self.indices, *self.held]
         out = [self.indices, self.order, self.dense_index]
         for level in self.levels:
             out += [level.keys, level.neighbours, level.slots]

@@ -256,7 +256,8 @@ class TableGraph:
                         plan.rows[i + 1], t.get(f"mirrored{i}"))
                   for i in range(len(plan.pools))]
         return SiteMaps(coords, plan.images, tuple(spatial_shape), t["order"], levels,
-                        t["dense_index"], shapes[-1], training, tuple(counts))
+                        t["dense_index"], shapes[-1], training, tuple(counts),
+                        held=(flat32, flat64))
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -258,7 +258,7 @@ class GraphedStep:
             maps, order=maps.order.clone(), dense_index=maps.dense_index.clone(),
             levels=[replace(lv, neighbours=lv.neighbours.clone(), slots=lv.slots.clone(),
                             mirrored=None if lv.mirrored is None else lv.mirrored.clone())
-                    for lv in maps.levels])
+                    for lv in maps.levels], held=None)
         if not self.capture:
             return True
         try:

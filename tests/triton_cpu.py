@@ -96,24 +96,10 @@ def assert_trained_alike(grads: dict, params: dict, x: torch.Tensor, moved: str)
 #: GPU, as a launch there would: ``build(fn, pointers, consts, *label, warps=4)`` prints
 #: the kernel's name, the label and its registers and spilled bytes a thread
 _SM90_BUILD = textwrap.dedent("""
-    import os, subprocess, tempfile
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                             "cuobjdump")
+    from lartpc.jobs.local.sass_loops import cuobjdump, sm90_cubin
 
     def build(fn, pointers, consts, *label, warps=4):
-        sig = {n: "constexpr" if n in consts else pointers.get(n, "i32")
-               for n in fn.arg_names}
-        k = triton.compile(ASTSource(fn, sig, constexprs=consts),
-                           target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(k.asm["cubin"])
-            f.flush()
-            usage = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True,
-                                   text=True, check=True).stdout
+        usage = cuobjdump(sm90_cubin(fn, pointers, consts, warps), "-res-usage")
         print(fn.__name__, *label, [w for w in usage.split() if w.startswith(("REG:", "STACK:"))])
 """)
 

@@ -25,12 +25,36 @@ import tempfile
 _LINE = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 
 
-def stem_sass(text: str) -> str:
-    """The sm_90 machine code of the stem's forward at launch ``text`` (BLOCK:WARPS:SUMS)."""
+def sm90_cubin(fn, pointers: dict, consts: dict, warps: int = 4) -> bytes:
+    """Triton kernel ``fn`` compiled for sm_90 (an H100/H200) as a launch there would
+    compile it: its pointer arguments' types (``pointers``; other arguments int32), its
+    constants and warps. Needs no GPU, only Triton's bundled ptxas."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    sig = {n: "constexpr" if n in consts else pointers.get(n, "i32") for n in fn.arg_names}
+    built = triton.compile(ASTSource(fn, sig, constexprs=consts),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    return built.asm["cubin"]
+
+
+def cuobjdump(cubin: bytes, flag: str) -> str:
+    """What Triton's bundled ``cuobjdump FLAG`` prints of ``cubin`` (``-sass``: the
+    machine code; ``-res-usage``: registers and stack a thread)."""
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                        "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([tool, flag, f.name], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def stem_sass(text: str) -> str:
+    """The sm_90 machine code of the stem's forward at launch ``text`` (BLOCK:WARPS:SUMS)."""
     import lartpc.models.fused_stem as fs
     from lartpc.models.kernel_settings import parse_stem_kernel
 
@@ -39,17 +63,7 @@ def stem_sass(text: str) -> str:
                   KP=fs.tile_taps(5, 5, k.sums), LOWP=True)
     pointers = {"x_ptr": "*bf16", "w_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*bf16",
                 "arg_ptr": "*u8"}
-    fn = fs._stem_forward
-    sig = {n: "constexpr" if n in consts else pointers.get(n, "i32") for n in fn.arg_names}
-    built = triton.compile(ASTSource(fn, sig, constexprs=consts),
-                           target=GPUTarget("cuda", 90, 32), options={"num_warps": k.num_warps})
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                        "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(built.asm["cubin"])
-        f.flush()
-        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True,
-                              check=True).stdout
+    return cuobjdump(sm90_cubin(fs._stem_forward, pointers, consts, k.num_warps), "-sass")
 
 
 def loops(sass: str) -> list[dict]:

@@ -192,6 +192,12 @@ def _window_offsets(r: int, wp: int, device: torch.device) -> torch.Tensor:
     return (d[:, None] * wp + d).reshape(-1)
 
 
+def pooled_shape(shape: tuple[int, int], size: int) -> tuple[int, int]:
+    """The image shape after a max-pool of kernel = stride = ``size``, no padding
+    (spconv's floor: rows and columns that do not fill a window are left out)."""
+    return (shape[0] - size) // size + 1, (shape[1] - size) // size + 1
+
+
 def pool_slots(keys: torch.Tensor, shape: tuple[int, int], size: int, parts=None):
     """A max-pool of kernel = stride = ``size`` without padding: (each site's output
     row, the output sites' sorted keys, the output shape). Sites in the last rows or
@@ -203,7 +209,7 @@ def pool_slots(keys: torch.Tensor, shape: tuple[int, int], size: int, parts=None
     key sorts after every kept one, so its row is the last; only where the image's side
     is not a multiple of ``size`` does that cost a read-back (whether any was dropped)."""
     h, w = shape
-    oh, ow = (h - size) // size + 1, (w - size) // size + 1
+    oh, ow = pooled_shape(shape, size)
     b, y, x = split_keys(keys, shape) if parts is None else parts
     oy, ox = y // size, x // size
     okey = (b * oh + oy) * ow + ox

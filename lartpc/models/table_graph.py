@@ -39,13 +39,14 @@ GPU uses it by default (``auto``).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from dataclasses import dataclass
 
 import torch
 
 from lartpc.models import sparse_torch
-from lartpc.models.sparse_torch import Level, SiteMaps, mirror, site_keys, split_keys
+from lartpc.models.sparse_torch import Level, SiteMaps, mirror, pooled_shape, site_keys, split_keys
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +80,7 @@ class Plan:
         """Each level's image shape, then the last pool's output shape."""
         out = [self.shape]
         for size in self.pools:
-            h, w = out[-1]
-            out.append(((h - size) // size + 1, (w - size) // size + 1))
+            out.append(pooled_shape(out[-1], size))
         return out
 
     def grid_cells(self) -> int:
@@ -169,8 +169,8 @@ def _neighbours(valid, b, y, x, shape, plan: Plan, cap: int, grid) -> torch.Tens
     cell = torch.where(valid, b * (hp * wp) + y * wp + x + reach,
                        plan.images * hp * wp + reach + at)
     grid.index_copy_(0, cell, at.to(torch.int32))
-    d = torch.arange(-r, r + 1, device=b.device)
-    offsets = (d[:, None] * wp + d).reshape(-1)
+    # made here, not taken from the cache: a graph must hold every tensor it reads
+    offsets = sparse_torch._window_offsets.__wrapped__(r, wp, b.device)
     table = torch.index_select(grid, 0, (cell[:, None] + offsets).view(-1)).view(cap, -1)
     grid.index_fill_(0, cell, -1)
     return torch.where((table < 0) | ~valid[:, None], cap, table)
@@ -187,10 +187,11 @@ class TableGraph:
         self.coords = torch.full((plan.rows[0], 3), -1, dtype=torch.int64, device=device)
         self.grid = torch.full((plan.grid_cells(),), -1, dtype=torch.int32, device=device)
         self.marks = torch.zeros(plan.mark_cells(), dtype=torch.int32, device=device)
-        i32, i64 = plan.layout()
-        self.flat32 = torch.empty(sum(_numel(s) for _, s in i32), dtype=torch.int32,
+        self.layout, self.shapes = plan.layout(), plan.shapes()  # once, not per batch
+        i32, i64 = self.layout
+        self.flat32 = torch.empty(sum(math.prod(s) for _, s in i32), dtype=torch.int32,
                                   device=device)
-        self.flat64 = torch.empty(sum(_numel(s) for _, s in i64), dtype=torch.int64,
+        self.flat64 = torch.empty(sum(math.prod(s) for _, s in i64), dtype=torch.int64,
                                   device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.replays = 0
@@ -202,7 +203,7 @@ class TableGraph:
     def _run(self) -> None:
         """The tables of the coordinate buffer into the two output buffers."""
         out = static_tables(self.coords, self.plan, self.grid, self.marks)
-        i32, i64 = self.plan.layout()
+        i32, i64 = self.layout
         torch.cat([out[name].reshape(-1) for name, _ in i32], out=self.flat32)
         torch.cat([out[name].reshape(-1) for name, _ in i64], out=self.flat64)
 
@@ -250,8 +251,8 @@ class TableGraph:
         if min(counts) == 0 or any(c > cap for c, cap in zip(counts, self.plan.rows,
                                                                strict=True)):
             return None
-        t = _views(flat32, self.plan.layout()[0]) | _views(flat64, self.plan.layout()[1])
-        plan, shapes = self.plan, self.plan.shapes()
+        t = _views(flat32, self.layout[0]) | _views(flat64, self.layout[1])
+        plan, shapes = self.plan, self.shapes
         levels = [Level(t[f"keys{i}"], shapes[i], t[f"neighbours{i}"], t[f"slots{i}"],
                         plan.rows[i + 1], t.get(f"mirrored{i}"))
                   for i in range(len(plan.pools))]
@@ -260,16 +261,9 @@ class TableGraph:
                         held=(flat32, flat64))
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
 def _views(flat: torch.Tensor, layout) -> dict[str, torch.Tensor]:
     """The named tensors of one output buffer, as views of it."""
-    parts = torch.split(flat, [_numel(s) for _, s in layout])
+    parts = torch.split(flat, [math.prod(s) for _, s in layout])
     return {name: part.view(shape) for (name, shape), part in zip(layout, parts, strict=True)}
 
 

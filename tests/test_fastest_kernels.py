@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from lartpc.jobs.local.fastest_kernels import flags, main, pick
 
+from lartpc.models.kernel_settings import BACKWARDS, STEM_SUMS
+
 H200 = Path(__file__).parents[1] / "docs/results/gpu-2026-11-26-h200-stem-check.json"
 
 
@@ -138,3 +140,20 @@ def test_band_and_patch_compete_by_their_own_accuracy_rows():
     # without the band rows the H200's own pick stands
     assert pick(json.loads((H200.parent / "gpu-2026-11-28-h200-stem-check.json")
                            .read_text()), 1)["kernel"] == "64:4:dot"
+
+
+@pytest.mark.parametrize("stage, way", [(1, w) for w in STEM_SUMS[1:]]
+                         + [(2, w) for w in BACKWARDS])
+def test_every_way_the_options_accept_is_judged(stage, way):
+    """A timing row of any way ``model.stem_kernel`` / ``model.stage2_kernel`` accept
+    (``hoist`` was once missing here: the lease's pick would have stopped on a KeyError)
+    is judged by its own accuracy rows and picked when fastest."""
+    name = "sums" if stage == 1 else "backward"
+    kernel = f"64:4:{way}" if stage == 1 else f"64:8:32:{way}"
+    accuracy = [{"dtype": "float32", "autocast_bf16": False, name: way, "output_rel": 1e-6,
+                 "weight_grad_rel": 1e-5, "bias_grad_rel": 1e-6}]
+    timings = [{"kernel": None, "step_ms": 12.0},
+               {"kernel": kernel, name: way, "step_ms": 9.0}]
+    choice = pick({"accuracy": accuracy, "timings": timings}, stage)
+    assert (choice["way"], choice["kernel"], choice["step_ms"]) == ("fused", kernel, 9.0)
+    assert choice["accuracy"][way]["within_tolerance"]

@@ -1,6 +1,7 @@
 """The fused second stage (a Triton forward kernel for JishNet's conv 10->64 + ELU + pool;
-its backward either through torch's convolution gradients, ``hybrid``, or as two Triton
-kernels, ``triton``) against the published layers, on CPU under Triton's interpreter;
+its backward through torch's convolution gradients, ``hybrid``, the same with the input's
+gradient by a Triton kernel, ``igrad``, or as two Triton kernels, ``triton``) against the
+published layers, on CPU under Triton's interpreter;
 and ``model.stage2``'s choices and refusals.
 
 As in tests/test_fused_stem.py, this module sets ``TRITON_INTERPRET=1`` when no GPU is
@@ -83,7 +84,7 @@ def _compare(x, dtype=torch.float32, autocast=False, channels_last=False, seed=0
             ties)
 
 
-BACKWARDS = pytest.mark.parametrize("backward", ["hybrid", "triton"])
+BACKWARDS = pytest.mark.parametrize("backward", ["hybrid", "igrad", "triton"])
 
 
 @pytest.fixture
@@ -116,8 +117,8 @@ def test_same_function_as_published_layers_float32(backward, backward_kind):
 def test_gpu_block_sizes(monkeypatch, backward, backward_kind):
     """With the GPU's default blocks (64 outputs, the 250 taps in slices of 32, not the
     interpreter's one slice; the triton backward's weight gradient summing 3 blocks per
-    program in slices of 16 taps, its input gradient 128 pixels each): many programs,
-    partial sums, a padded last slice, a last program with fewer blocks."""
+    program in slices of 16 taps, its input gradient 128 pixels each, as igrad's):
+    many programs, partial sums, a padded last slice, a last program with fewer blocks."""
     import lartpc.models.fused_stage2 as fs2
 
     monkeypatch.setattr(fs2, "BLOCK", 64)
@@ -125,6 +126,7 @@ def test_gpu_block_sizes(monkeypatch, backward, backward_kind):
     monkeypatch.setattr(fs2, "WGRAD_BLOCKS", 3)
     monkeypatch.setattr(fs2, "WGRAD_BLOCK_K_FLOAT", 16)
     monkeypatch.setattr(fs2, "IGRAD_BLOCK", 128)
+    monkeypatch.setattr(fs2, "MAP_IGRAD_BLOCK", 128)
     x = torch.randn(2, 10, 41, 37, device=DEVICE)
     x[0, :, :25, :25] = 0
     out, gx, gw, gb, ties = _compare(x)
@@ -209,20 +211,21 @@ def test_bench_model_stage2_refused_for_scnet(capsys):
 @pytest.mark.slow
 def test_stem_check_stage2_runs_on_cpu(tmp_path, capsys):
     """``stem_check --stage 2`` (the GPU check of this stage) runs end to end on CPU
-    under the interpreter, both backwards, and its float32 accuracy rows are float32
+    under the interpreter, every backward, and its float32 accuracy rows are float32
     rounding."""
     from lartpc.jobs.local.stem_check import main
 
     assert main(["--out", str(tmp_path), "--size", "300", "--device", "cpu",
                  "--batch-per-rank", "1", "--repeats", "1", "--stage", "2",
-                 "--configs", "256:4:256,256:4:256:t"]) == 0
+                 "--configs", "256:4:256,256:4:256:i,256:4:256:t"]) == 0
     res = json.loads((tmp_path / "stage2-check.json").read_text())
     assert [(r["stage2"], r["backward"]) for r in res["timings"]] == \
-        [("library", None), ("fused", "hybrid"), ("fused", "triton")]
+        [("library", None), ("fused", "hybrid"), ("fused", "igrad"), ("fused", "triton")]
     assert all(r["step_ms"] > 0 and r["stage2_forward_backward_ms"] > 0
                for r in res["timings"])
     fp32 = [r for r in res["accuracy"] if r["dtype"] == "float32" and not r["autocast_bf16"]]
-    assert [r.get("backward", r.get("way")) for r in fp32] == ["hybrid", "triton", "library"]
+    assert [r.get("backward", r.get("way")) for r in fp32] == \
+        ["hybrid", "igrad", "triton", "library"]
     assert max(r[k] for r in fp32 for k in ("output_rel", "input_grad_rel", "weight_grad_rel",
                                             "bias_grad_rel")) < 1e-5
     # the published layers' own rows, one per precision, against the same reference
@@ -231,7 +234,7 @@ def test_stem_check_stage2_runs_on_cpu(tmp_path, capsys):
         [("float32", False), ("float32", True), ("bfloat16", False)]
     assert all(0 < r["output_rel"] < 2e-2 and r["input_grad_rel"] > 0 for r in library)
     out = capsys.readouterr().out
-    assert all(f"| fused | 256 | 4 | 256 | {b} |" in out for b in ("hybrid", "triton"))
+    assert all(f"| fused | 256 | 4 | 256 | {b} |" in out for b in ("hybrid", "igrad", "triton"))
     # the pick of the fastest accurate launch reads this file
     from lartpc.jobs.local.fastest_kernels import pick
 
@@ -271,16 +274,23 @@ _COMPILE_FOR_SM90 = """
               {"dm_ptr": "*fp32", "arg_ptr": "*u8", "w_ptr": "*" + dt, "gx_ptr": "*" + dt},
               dict(CIN=10, CIP=16, CP=64, K=5, PAD=2, POOL=5, BLOCK=fs2.IGRAD_BLOCK,
                    LOWP=dt != "fp32", NATIVE_HALF_DOT=True), dt, warps=fs2.BACKWARD_WARPS)
+        # the igrad backward's input gradient from the map (channels-last, bf16 or float32)
+        # (its pointers and the map's strides aligned, as a launch finds them)
+        build(fs2._map_igrad, {"d_ptr": "*" + dt, "w_ptr": "*" + dt, "gx_ptr": "*" + dt},
+              dict(C=64, CP=64, CIN=10, CIP=16, K=5, PAD=2, BLOCK=fs2.MAP_IGRAD_BLOCK,
+                   LOWP=dt != "fp32", NATIVE_HALF_DOT=True), dt, warps=fs2.MAP_IGRAD_WARPS,
+              aligned=("d_ptr", "w_ptr", "gx_ptr", "sd_b", "sd_h", "sd_w"))
 """
 
 
 @pytest.mark.slow
 def test_kernels_compile_for_sm90_without_spills():
     """The interpreter runs no GPU compiler: here Triton compiles the forward (bf16 on
-    the matrix units, and float32), the hybrid backward's scatter and the triton
-    backward's weight- and input-gradient kernels for sm_90, as a launch on an H100/H200
+    the matrix units, and float32), the hybrid backward's scatter, the igrad backward's
+    input gradient and the triton backward's weight- and input-gradient kernels for
+    sm_90, as a launch on an H100/H200
     would at JishNet's sizes and the module's block sizes, and none spills registers to
     local memory (Triton's bundled ptxas; skipped where Triton has none)."""
     lines = compile_for_sm90(_COMPILE_FOR_SM90)
-    assert len(lines) == 8, lines
+    assert len(lines) == 10, lines
     assert all("STACK:0" in line for line in lines), lines

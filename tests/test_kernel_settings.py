@@ -33,6 +33,8 @@ def test_stem_kernel_parses(text, kernel):
     ("", None), ("64:8:32", Stage2Kernel(64, 8, 32, "hybrid")),
     ("32:4:64:t", Stage2Kernel(32, 4, 64, "triton")),
     ("64:8:32:triton", Stage2Kernel(64, 8, 32, "triton")),
+    ("64:8:64:i", Stage2Kernel(64, 8, 64, "igrad")),
+    ("64:8:64:igrad", Stage2Kernel(64, 8, 64, "igrad")),
 ])
 def test_stage2_kernel_parses(text, kernel):
     assert parse_stage2_kernel(text) == kernel
@@ -50,7 +52,7 @@ def test_stage2_kernel_parses(text, kernel):
     ("stage2_kernel", "64:8:32:", "expected BLOCK:WARPS:BLOCK_K"),
     ("stage2_kernel", "64:8:8", "BLOCK_K = '8' must be a power of two in 16..8192"),
     ("stage2_kernel", "64:32:32", "WARPS = '32' must be one of"),
-    ("stage2_kernel", "64:8:32:cudnn", "optional :hybrid or :triton"),
+    ("stage2_kernel", "64:8:32:cudnn", "optional :hybrid or :igrad or :triton"),
 ])
 def test_a_bad_setting_names_the_key(key, text, message):
     with pytest.raises(ConfigError) as bad:

@@ -98,8 +98,8 @@ def assert_trained_alike(grads: dict, params: dict, x: torch.Tensor, moved: str)
 _SM90_BUILD = textwrap.dedent("""
     from lartpc.jobs.local.sass_loops import cuobjdump, sm90_cubin
 
-    def build(fn, pointers, consts, *label, warps=4):
-        usage = cuobjdump(sm90_cubin(fn, pointers, consts, warps), "-res-usage")
+    def build(fn, pointers, consts, *label, warps=4, aligned=()):
+        usage = cuobjdump(sm90_cubin(fn, pointers, consts, warps, aligned), "-res-usage")
         print(fn.__name__, *label, [w for w in usage.split() if w.startswith(("REG:", "STACK:"))])
 """)
 

@@ -11,8 +11,8 @@ it (``flags``, one string), so that the same lease can time the whole network at
 best setting (``jobs/local/gpu_issues.sh``).
 
 Accuracy held means every relative error that check recorded for that way of computing
-(the stem's sums: per tap, ``dot``, ``band`` or ``patch``; the second stage's ``hybrid``
-or ``triton`` backward: output and gradients, against the layers in float64, in float32,
+(the stem's sums: per tap, ``dot``, ``band``, ``patch`` or ``hoist``; the second stage's
+``hybrid`` or ``triton`` backward: output and gradients, against the layers in float64, in float32,
 float32 under bf16 autocast and bf16) is at most :data:`TOLERANCE`, or no larger than
 the published layers' own error in the same precision and quantity (``stem_check``'s
 rows with ``way: library``; files from before those rows hold to TOLERANCE alone).
@@ -32,14 +32,22 @@ import json
 import sys
 from pathlib import Path
 
+from lartpc.models.kernel_settings import (
+    BACKWARDS,
+    STEM_SUMS,
+    parse_stage2_kernel,
+    parse_stem_kernel,
+)
+
 #: the largest relative error (output, gradients) a way of computing may show
 TOLERANCE = 1e-2
 ERRORS = ("output_rel", "input_grad_rel", "weight_grad_rel", "bias_grad_rel")
 
 
-#: how each stage's check names its ways of computing, and the value a row without
-#: the field means (results from before the field existed)
-WAYS = {1: ("sums", ("taps", "dot", "band", "patch")), 2: ("backward", ("hybrid", "triton"))}
+#: how each stage's check names its ways of computing (the first: the value a row
+#: without the field means, from before the field existed): every way the options
+#: accept, so that a way added there is judged here too
+WAYS = {1: ("sums", STEM_SUMS), 2: ("backward", BACKWARDS)}
 
 
 def _label(value) -> str:
@@ -59,8 +67,6 @@ def kernel_of(row: dict, stage: int) -> str | None:
     """The launch a timing row measured, spelled as ``model.stem_kernel`` or
     ``model.stage2_kernel`` (rows from before stem_check wrote ``kernel`` carry its
     parts); None for the library's row."""
-    from lartpc.models.kernel_settings import parse_stage2_kernel, parse_stem_kernel
-
     if row.get("kernel"):
         text = row["kernel"]
     elif not row.get("block"):

@@ -25,16 +25,20 @@ import tempfile
 _LINE = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 
 
-def sm90_cubin(fn, pointers: dict, consts: dict, warps: int = 4) -> bytes:
+def sm90_cubin(fn, pointers: dict, consts: dict, warps: int = 4,
+               aligned: tuple[str, ...] = ()) -> bytes:
     """Triton kernel ``fn`` compiled for sm_90 (an H100/H200) as a launch there would
     compile it: its pointer arguments' types (``pointers``; other arguments int32), its
-    constants and warps. Needs no GPU, only Triton's bundled ptxas."""
+    constants and warps; ``aligned``: arguments a launch finds divisible by 16 (torch's
+    allocations, strides of 16 or more channels), which Triton then compiles for as it
+    would there (wider loads). Needs no GPU, only Triton's bundled ptxas."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     sig = {n: "constexpr" if n in consts else pointers.get(n, "i32") for n in fn.arg_names}
-    built = triton.compile(ASTSource(fn, sig, constexprs=consts),
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    built = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs),
                            target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     return built.asm["cubin"]
 

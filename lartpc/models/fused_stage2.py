@@ -22,8 +22,8 @@ units, as autocast's convolution does (which also rounds the bias to bf16; here 
 added in float32); float32 runs them in IEEE float32 (not TF32, which cuDNN uses for
 float32 convolutions by default).
 
-**Backward**, two ways (:data:`BACKWARD`; both tested, neither timed on a GPU yet:
-``jobs/local/stem_check.py --stage 2`` times them side by side):
+**Backward**, three ways (:data:`BACKWARD`; all tested; ``jobs/local/stem_check.py
+--stage 2`` times them side by side on a GPU):
 
 - ``hybrid`` (the default): a Triton kernel turns the pooled gradient times ELU'(output)
   into the convolution map's gradient, each window's value at its arg-max and zero
@@ -36,6 +36,14 @@ float32 convolutions by default).
   map is written once and read twice (B x C_out x H x W, 464 MB per step of 7 at 720 x
   720 in bf16: about 0.3 ms of an H200's bandwidth) and the library's gradient
   convolutions do dense work, 25 times the nonzero products.
+- ``igrad``: the hybrid's map, its input gradient by a Triton kernel instead of the
+  library's, the weight gradient still the library's. On the H200 (2026-11-28) cuDNN's
+  input gradient took 1.37 ms a step of 7 (plus 0.26 ms padding its 10 input channels)
+  in a kernel whose 64-wide tiles compute 64 columns for the 10 wanted; here it is an
+  implicit GEMM whose columns are the input channels padded to 16 only: per tap, the
+  (pixels x C_out) rows of the map the tap reaches (contiguous runs in channels-last
+  order) times the tap's (C_out x C_in) weights, 186 GFLOP of matrix work a step at 3600²
+  against the library tiles' ~740. Not yet timed.
 - ``triton``: the map is never written. The pooled gradients before ELU and the arg-maxes
   are laid out as rows of C_out values (B x H/p x W/p rows, 37 MB in float32 at 3600²);
   the weight gradient is, for each window position d, the (taps x BLOCK) patches (the
@@ -92,7 +100,8 @@ NUM_WARPS = 8
 #: ``tl.dot`` returns garbage (Triton 3.9: errors of 1e10 on a 16 x 16 product), so there
 #: the same products are formed in float32 from the rounded operands (exact either way)
 NATIVE_HALF_DOT = not _INTERPRET
-#: the backward, ``hybrid`` or ``triton`` (module docstring); read when the forward runs
+#: the backward, ``hybrid``, ``igrad`` or ``triton`` (module docstring); read when the
+#: forward runs
 BACKWARD = "hybrid"
 
 #: ``triton`` backward: blocks of pooled outputs each weight-gradient program sums (fewer
@@ -106,6 +115,13 @@ WGRAD_BLOCKS = 1 if _INTERPRET else 16
 WGRAD_BLOCK_K_HALF = 256 if _INTERPRET else 64
 WGRAD_BLOCK_K_FLOAT = 256 if _INTERPRET else 16
 IGRAD_BLOCK = 2048 if _INTERPRET else 32
+#: ``igrad`` backward: input pixels and warps per program of the input gradient from the
+#: map, not yet timed. Triton 3.9's sm_90 code at 128:8: the map's rows by 16-byte
+#: asynchronous copies, the bf16 products as 64x16x16 warpgroup matrix instructions, 88
+#: registers a thread (154 in float32, whose IEEE products run on the CUDA cores; 4
+#: warps spilled there)
+MAP_IGRAD_BLOCK = 2048 if _INTERPRET else 128
+MAP_IGRAD_WARPS = 8
 
 
 def default_kernel() -> Stage2Kernel:
@@ -254,6 +270,46 @@ def _stage_igrad(dm_ptr, arg_ptr, w_ptr, gx_ptr, M, H, W, HO, WO, sg_b, sg_c, sg
              mask=pm[:, None] & (ci < CIN)[None, :])
 
 
+@triton.jit
+def _map_igrad(d_ptr, w_ptr, gx_ptr, M, H, W, HC, WC, sd_b, sd_h, sd_w,
+               sg_b, sg_c, sg_h, sg_w, C: tl.constexpr, CP: tl.constexpr, CIN: tl.constexpr,
+               CIP: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr, BLOCK: tl.constexpr,
+               LOWP: tl.constexpr, NATIVE_HALF_DOT: tl.constexpr):
+    """``igrad`` backward: the input gradient of BLOCK pixels from the convolution map's
+    gradient (``_stage_scatter``'s, dense, channels-last: channel stride 1) as an
+    implicit GEMM with C_in padded only to 16 columns: for each tap, the (BLOCK x C_out)
+    rows of the map the tap reaches (one contiguous run a pixel) times the tap's
+    (C_out x C_in) weights."""
+    p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    pm = p < M
+    q = tl.minimum(p, M - 1)
+    b = (q // (H * W)).to(tl.int64)
+    y = (q // W) % H
+    x = q % W
+    c = tl.arange(0, CP)
+    cm = c < C
+    ci = tl.arange(0, CIP)
+    img = d_ptr + b * sd_b
+    acc = tl.zeros((BLOCK, CIP), tl.float32)
+    for ky in range(K):
+        oy = y + PAD - ky  # the map's row this tap reaches
+        row_ok = pm & (oy >= 0) & (oy < HC)
+        for kx in range(K):
+            ox = x + PAD - kx
+            ok = row_ok & (ox >= 0) & (ox < WC)
+            if C == CP:  # no padding channel: a mask uniform along each run
+                m = ok[:, None]
+            else:
+                m = ok[:, None] & cm[None, :]
+            g = tl.load(img[:, None] + (oy * sd_h + ox * sd_w)[:, None] + c[None, :],
+                        mask=m, other=0.0)
+            wt = tl.load(w_ptr + ((ky * K + kx) * CP + c)[:, None] * CIP + ci[None, :])
+            acc = _half_dot(g, wt, acc, LOWP, NATIVE_HALF_DOT)
+    off = (b * sg_b + y * sg_h + x * sg_w)[:, None] + ci[None, :] * sg_c
+    tl.store(gx_ptr + off, acc.to(gx_ptr.dtype.element_ty),
+             mask=pm[:, None] & (ci < CIN)[None, :])
+
+
 def _pooled_rows(gy: torch.Tensor, y: torch.Tensor, arg: torch.Tensor, cp: int):
     """The gradient before ELU at each window's arg-max (float32, as the kernels'
     ``pooled_gradient``) and the arg-maxes, as (B * H' * W', cp) rows, channels zero-padded."""
@@ -333,6 +389,7 @@ class _FusedStage(torch.autograd.Function):
         ctx.geom = (pool, hc, wc, cp, block, warps, grid, fmt, (b, cin, h, w), x.dtype,
                     bias.dtype, cdtype, padding)
         ctx.triton = (toff, kp, lowp) if backward == "triton" else None
+        ctx.map_igrad = backward == "igrad"
         return y
 
     @staticmethod
@@ -342,6 +399,8 @@ class _FusedStage(torch.autograd.Function):
         x, weight, y, arg = ctx.saved_tensors
         pool, hc, wc, cp, block, warps, grid, fmt, _, _, bdtype, cdtype, padding = ctx.geom
         b, c, ho, wo = y.shape
+        # (igrad's kernel reads the map's rows: channels-last whatever the output's order)
+        fmt = torch.channels_last if ctx.map_igrad else fmt
         dconv = torch.empty((b, c, hc, wc), dtype=cdtype, device=x.device, memory_format=fmt)
         if hc != ho * pool or wc != wo * pool:
             dconv.zero_()  # rows and columns past the last full window get no gradient
@@ -351,14 +410,46 @@ class _FusedStage(torch.autograd.Function):
                              BLOCK=block, num_warps=warps)
         gx = gw = None
         want_x, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if want_x and ctx.map_igrad:  # the input's gradient from the map by Triton
+            gx, want_x = _map_input_grad(dconv, weight, x, padding, cdtype), False
         if want_x or want_w:  # the call autograd makes for the published convolution
-            gx, gw, _ = torch.ops.aten.convolution_backward(
+            gx2, gw, _ = torch.ops.aten.convolution_backward(
                 dconv, x.detach().to(cdtype), weight.detach().to(cdtype), None, [1, 1],
                 [padding, padding], [1, 1], False, [0, 0], 1, [want_x, want_w, False])
-            gx = None if gx is None else gx.to(x.dtype)
+            gx = gx if gx2 is None else gx2.to(x.dtype)
             gw = None if gw is None else gw.to(weight.dtype)
         gb = part.sum(0)[:c].to(bdtype) if ctx.needs_input_grad[2] else None
         return gx, gw, gb, None, None, None, None, None
+
+
+def _tap_weights(weight: torch.Tensor, cp: int, cip: int, dtype) -> torch.Tensor:
+    """The weights as (tap, C_out, C_in) matrices, zero-padded to (cp, cip): what the
+    input-gradient kernels multiply each tap's gradient rows by."""
+    c, cin, k, _ = weight.shape
+    wt = torch.zeros((k * k, cp, cip), dtype=dtype, device=weight.device)
+    wt[:, :c, :cin] = weight.detach().permute(2, 3, 0, 1).reshape(k * k, c, cin)
+    return wt
+
+
+def _map_input_grad(dconv: torch.Tensor, weight: torch.Tensor, x: torch.Tensor,
+                    padding: int, cdtype) -> torch.Tensor:
+    """``igrad`` backward: the input's gradient (x's shape and dtype, channels-last) from
+    the convolution map's gradient ``dconv`` (:func:`_map_igrad`)."""
+    b, cin, h, w = x.shape
+    c, _, k, _ = weight.shape
+    if dconv.stride(1) != 1:
+        dconv = dconv.contiguous(memory_format=torch.channels_last)
+    sd_b, _, sd_h, sd_w = dconv.stride()
+    cp, cip = max(16, triton.next_power_of_2(c)), max(16, triton.next_power_of_2(cin))
+    gx = torch.empty((b, cin, h, w), dtype=x.dtype, device=x.device,
+                     memory_format=torch.channels_last)
+    m = b * h * w
+    _map_igrad[(triton.cdiv(m, MAP_IGRAD_BLOCK),)](
+        dconv, _tap_weights(weight, cp, cip, cdtype), gx, m, h, w, *dconv.shape[2:],
+        sd_b, sd_h, sd_w, *gx.stride(), C=c, CP=cp, CIN=cin, CIP=cip, K=k, PAD=padding,
+        BLOCK=MAP_IGRAD_BLOCK, LOWP=cdtype != torch.float32,
+        NATIVE_HALF_DOT=NATIVE_HALF_DOT, num_warps=MAP_IGRAD_WARPS)
+    return gx
 
 
 def _triton_backward(ctx, gy):
@@ -373,8 +464,7 @@ def _triton_backward(ctx, gy):
     gx = gw = None
     if ctx.needs_input_grad[0]:
         cip = max(16, triton.next_power_of_2(cin))
-        wt = torch.zeros((k * k, cp, cip), dtype=xp.dtype, device=xp.device)  # tap, C', C
-        wt[:, :c, :cin] = weight.detach().permute(2, 3, 0, 1).reshape(k * k, c, cin)
+        wt = _tap_weights(weight, cp, cip, xp.dtype)
         gx = torch.empty((b, cin, h, w), dtype=xdtype, device=xp.device,
                          memory_format=torch.channels_last)
         m = b * h * w

@@ -6,21 +6,24 @@ matrix product slices do not change what a kernel computes, only how fast it run
 given card and the order in which float32 partial sums are added (a last-bit
 difference). The fastest differ from card to card, so they are options:
 
-=========================  =========================================  ==================
-option                     spelling                                   e.g.
-=========================  =========================================  ==================
-``model.stem_kernel``      ``BLOCK:WARPS[:dot|:band|:patch|:hoist]``  ``64:4:dot``
-``model.stage2_kernel``    ``BLOCK:WARPS:BLOCK_K[:hybrid|:triton]``   ``64:8:32:triton``
-=========================  =========================================  ==================
+=========================  ===============================================  ==================
+option                     spelling                                         e.g.
+=========================  ===============================================  ==================
+``model.stem_kernel``      ``BLOCK:WARPS[:dot|:band|:patch|:hoist]``        ``64:4:dot``
+``model.stage2_kernel``    ``BLOCK:WARPS:BLOCK_K[:hybrid|:igrad|:triton]``  ``64:8:64:igrad``
+=========================  ===============================================  ==================
 
 ``""`` (the default) is the kernel module's own setting (``fused_stem.BLOCK``,
 ``NUM_WARPS``, ``SUMS``; ``fused_stage2.BLOCK``, ``NUM_WARPS``, ``BLOCK_K``,
 ``BACKWARD``). Two parts do change the arithmetic: the stem's ``dot``, ``band``,
-``patch`` and ``hoist`` sum its taps on the matrix units (TF32: under bf16 autocast ``dot`` moved
-near-tied arg-maxes on an H200, BENCHMARKS.md; they differ in what they gather,
-:mod:`lartpc.models.fused_stem`), and ``triton`` is the second stage's backward without its map (the
-same rounding as ``hybrid``, tested). ``jobs/local/stem_check.py`` times settings on a
-GPU and ``jobs/local/fastest_kernels.py`` picks the fastest of its results.
+``patch`` and ``hoist`` sum its taps on the matrix units (TF32: under bf16 autocast
+``dot`` moved near-tied arg-maxes on an H200, BENCHMARKS.md; they differ in what they
+gather, :mod:`lartpc.models.fused_stem`), and the second stage's backwards sum in their
+own orders: ``hybrid`` (the library's gradients of the convolution map), ``igrad``
+(the input's gradient of the same map by Triton, the weights' by the library) and
+``triton`` (no map), all from operands rounded alike (tested).
+``jobs/local/stem_check.py`` times settings on a GPU and
+``jobs/local/fastest_kernels.py`` picks the fastest of its results.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from lartpc.errors import ConfigError
 #: the largest block of pooled outputs (or taps) a program may take
 MAX_BLOCK = 8192
 WARPS = (1, 2, 4, 8, 16)
-BACKWARDS = ("hybrid", "triton")
+BACKWARDS = ("hybrid", "igrad", "triton")
 #: how the fused stem sums a window's taps: one by one (``taps``), or as matrix
 #: products of gathered input (:mod:`lartpc.models.fused_stem`)
 STEM_SUMS = ("taps", "dot", "band", "patch", "hoist")
@@ -97,14 +100,14 @@ def parse_stem_kernel(text: str, key: str = "model.stem_kernel") -> StemKernel |
 
 
 def parse_stage2_kernel(text: str, key: str = "model.stage2_kernel") -> Stage2Kernel | None:
-    """``"BLOCK:WARPS:BLOCK_K[:hybrid|:triton]"`` (``t`` for ``triton``) as a
-    :class:`Stage2Kernel`; None for ``""``. BLOCK and BLOCK_K are at least 16, the
-    matrix units' smallest tile side."""
+    """``"BLOCK:WARPS:BLOCK_K[:hybrid|:igrad|:triton]"`` (``i`` for ``igrad``, ``t`` for
+    ``triton``) as a :class:`Stage2Kernel`; None for ``""``. BLOCK and BLOCK_K are at
+    least 16, the matrix units' smallest tile side."""
     if text == "":
         return None
     parts = text.split(":")
-    backward = "hybrid" if len(parts) == 3 else \
-        {"hybrid": "hybrid", "triton": "triton", "t": "triton"}.get(parts[-1])
+    names = {s: s for s in BACKWARDS} | {"i": "igrad", "t": "triton"}
+    backward = "hybrid" if len(parts) == 3 else names.get(parts[-1])
     if len(parts) not in (3, 4) or backward is None:
         raise ConfigError(f"{key}={text!r}: expected BLOCK:WARPS:BLOCK_K with an optional "
                           f":{' or :'.join(BACKWARDS)}, e.g. 64:8:32:triton")

@@ -294,3 +294,28 @@ def test_kernels_compile_for_sm90_without_spills():
     lines = compile_for_sm90(_COMPILE_FOR_SM90)
     assert len(lines) == 10, lines
     assert all("STACK:0" in line for line in lines), lines
+
+
+_MAP_IGRAD_SASS = """
+    import re
+
+    import lartpc.models.fused_stage2 as fs2
+
+    cubin = sm90_cubin(fs2._map_igrad, {"d_ptr": "*bf16", "w_ptr": "*bf16", "gx_ptr": "*bf16"},
+                       dict(C=64, CP=64, CIN=10, CIP=16, K=5, PAD=2, BLOCK=fs2.MAP_IGRAD_BLOCK,
+                            LOWP=True, NATIVE_HALF_DOT=True), fs2.MAP_IGRAD_WARPS,
+                       ("d_ptr", "w_ptr", "gx_ptr", "sd_b", "sd_h", "sd_w"))
+    sass = cuobjdump(cubin, "-sass")
+    print(*sorted(set(re.findall(r"\\b(LDGSTS[.\\w]*|HGMMA[.\\w]*|LDG[.\\w]*)", sass))))
+"""
+
+
+@pytest.mark.slow
+def test_igrad_reads_the_map_in_16_byte_copies_through_l1_on_sm90():
+    """What BENCHMARKS says of the igrad kernel's sm_90 code (bf16, the module's launch):
+    the map's rows come by 16-byte asynchronous copies that allocate in L1 (not the
+    ``BYPASS`` kind Triton uses by default), and the products are warpgroup matrix
+    instructions."""
+    ops = compile_for_sm90(_MAP_IGRAD_SASS)[-1].split()
+    assert "LDGSTS.E.128" in ops and not any("BYPASS" in op for op in ops), ops
+    assert any(op.startswith("HGMMA") for op in ops), ops

@@ -117,7 +117,8 @@ WGRAD_BLOCK_K_FLOAT = 256 if _INTERPRET else 16
 IGRAD_BLOCK = 2048 if _INTERPRET else 32
 #: ``igrad`` backward: input pixels and warps per program of the input gradient from the
 #: map, not yet timed. Triton 3.9's sm_90 code at 128:8: the map's rows by 16-byte
-#: asynchronous copies, the bf16 products as 64x16x16 warpgroup matrix instructions, 88
+#: asynchronous copies through L1, the bf16 products as 64x16x16 warpgroup matrix
+#: instructions, 88
 #: registers a thread (154 in float32, whose IEEE products run on the CUDA cores; 4
 #: warps spilled there)
 MAP_IGRAD_BLOCK = 2048 if _INTERPRET else 128
@@ -301,8 +302,10 @@ def _map_igrad(d_ptr, w_ptr, gx_ptr, M, H, W, HC, WC, sd_b, sd_h, sd_w,
                 m = ok[:, None]
             else:
                 m = ok[:, None] & cm[None, :]
+            # through L1 (".ca"; Triton's asynchronous copies bypass it otherwise): the
+            # five taps of a row read runs of the map shifted by one pixel
             g = tl.load(img[:, None] + (oy * sd_h + ox * sd_w)[:, None] + c[None, :],
-                        mask=m, other=0.0)
+                        mask=m, other=0.0, cache_modifier=".ca")
             wt = tl.load(w_ptr + ((ky * K + kx) * CP + c)[:, None] * CIP + ci[None, :])
             acc = _half_dot(g, wt, acc, LOWP, NATIVE_HALF_DOT)
     off = (b * sg_b + y * sg_h + x * sg_w)[:, None] + ci[None, :] * sg_c

@@ -143,17 +143,25 @@ def test_band_and_patch_compete_by_their_own_accuracy_rows():
 
 
 @pytest.mark.parametrize("stage, way", [(1, w) for w in STEM_SUMS[1:]]
-                         + [(2, w) for w in BACKWARDS])
+                         + [(2, w) for w in BACKWARDS]
+                         + [(2, f"{w}:vec") for w in BACKWARDS if w != "triton"])
 def test_every_way_the_options_accept_is_judged(stage, way):
     """A timing row of any way ``model.stem_kernel`` / ``model.stage2_kernel`` accept
     (``hoist`` was once missing here: the lease's pick would have stopped on a KeyError)
-    is judged by its own accuracy rows and picked when fastest."""
+    is judged by its own accuracy rows and picked when fastest; a padded forward
+    (``:vec``) by its own rows, not by its backward's unpadded ones."""
     name = "sums" if stage == 1 else "backward"
     kernel = f"64:4:{way}" if stage == 1 else f"64:8:32:{way}"
-    accuracy = [{"dtype": "float32", "autocast_bf16": False, name: way, "output_rel": 1e-6,
+    value, _, vec = way.partition(":")
+    fields = {name: value} | ({"vec": True} if vec else {})
+    accuracy = [{"dtype": "float32", "autocast_bf16": False, **fields, "output_rel": 1e-6,
                  "weight_grad_rel": 1e-5, "bias_grad_rel": 1e-6}]
     timings = [{"kernel": None, "step_ms": 12.0},
-               {"kernel": kernel, name: way, "step_ms": 9.0}]
+               {"kernel": kernel, **fields, "step_ms": 9.0}]
     choice = pick({"accuracy": accuracy, "timings": timings}, stage)
     assert (choice["way"], choice["kernel"], choice["step_ms"]) == ("fused", kernel, 9.0)
     assert choice["accuracy"][way]["within_tolerance"]
+    if vec:  # without rows of its own the padded launch is left out
+        unpadded = [{**accuracy[0], "vec": False}]
+        choice = pick({"accuracy": unpadded, "timings": timings}, stage)
+        assert choice["way"] == "library" and choice["left_out"] == [kernel]

@@ -17,6 +17,7 @@ product, which ``jobs/local/stem_check.py --stage 2`` checks on a GPU.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -84,15 +85,20 @@ def _compare(x, dtype=torch.float32, autocast=False, channels_last=False, seed=0
             ties)
 
 
-BACKWARDS = pytest.mark.parametrize("backward", ["hybrid", "igrad", "triton"])
+#: each backward, and the hybrid and igrad ones with the forward's channels padded
+#: (``vec``)
+BACKWARDS = pytest.mark.parametrize("backward", ["hybrid", "igrad", "triton", "hybrid:vec",
+                                                 "igrad:vec"])
 
 
 @pytest.fixture
 def backward_kind(request, monkeypatch):
-    """``fused_stage2.BACKWARD`` set to the test's ``backward`` parameter."""
+    """``fused_stage2.BACKWARD`` (and ``VEC``) set to the test's ``backward`` parameter."""
     import lartpc.models.fused_stage2 as fs2
 
-    monkeypatch.setattr(fs2, "BACKWARD", request.getfixturevalue("backward"))
+    backward, _, vec = request.getfixturevalue("backward").partition(":")
+    monkeypatch.setattr(fs2, "BACKWARD", backward)
+    monkeypatch.setattr(fs2, "VEC", vec == "vec")
 
 
 @BACKWARDS
@@ -217,15 +223,18 @@ def test_stem_check_stage2_runs_on_cpu(tmp_path, capsys):
 
     assert main(["--out", str(tmp_path), "--size", "300", "--device", "cpu",
                  "--batch-per-rank", "1", "--repeats", "1", "--stage", "2",
-                 "--configs", "256:4:256,256:4:256:i,256:4:256:t"]) == 0
+                 "--configs", "256:4:256,256:4:256:i,256:4:256:t,256:4:256:i:v"]) == 0
     res = json.loads((tmp_path / "stage2-check.json").read_text())
     assert [(r["stage2"], r["backward"]) for r in res["timings"]] == \
-        [("library", None), ("fused", "hybrid"), ("fused", "igrad"), ("fused", "triton")]
+        [("library", None), ("fused", "hybrid"), ("fused", "igrad"), ("fused", "triton"),
+         ("fused", "igrad")]
+    assert [r["vec"] for r in res["timings"]] == [None, False, False, False, True]
     assert all(r["step_ms"] > 0 and r["stage2_forward_backward_ms"] > 0
                for r in res["timings"])
     fp32 = [r for r in res["accuracy"] if r["dtype"] == "float32" and not r["autocast_bf16"]]
-    assert [r.get("backward", r.get("way")) for r in fp32] == \
-        ["hybrid", "igrad", "triton", "library"]
+    assert [(r.get("backward", r.get("way")), r.get("vec")) for r in fp32] == \
+        [("hybrid", False), ("igrad", False), ("triton", False), ("igrad", True),
+         ("library", None)]
     assert max(r[k] for r in fp32 for k in ("output_rel", "input_grad_rel", "weight_grad_rel",
                                             "bias_grad_rel")) < 1e-5
     # the published layers' own rows, one per precision, against the same reference
@@ -240,6 +249,7 @@ def test_stem_check_stage2_runs_on_cpu(tmp_path, capsys):
 
     choice = pick(res, 2)
     assert choice["accuracy"]["hybrid"]["within_tolerance"]
+    assert choice["accuracy"]["igrad:vec"]["within_tolerance"]
     assert choice["step_ms"] == min(r["step_ms"] for r in res["timings"])
     with pytest.raises(SystemExit) as bad:  # before any event is made
         main(["--out", str(tmp_path), "--stage", "2", "--configs", "64:8:32,64:8:32:x"])
@@ -253,12 +263,20 @@ _COMPILE_FOR_SM90 = """
     import lartpc.models.fused_stage2 as fs2
 
     for dt in ("bf16", "fp32"):
+        block_k = min(fs2.BLOCK_K, fs2.BLOCK_K_FLOAT) if dt == "fp32" else fs2.BLOCK_K
         build(fs2._stage_forward,
               {"x_ptr": "*" + dt, "toff_ptr": "*i32", "w_ptr": "*" + dt, "b_ptr": "*fp32",
                "y_ptr": "*" + dt, "arg_ptr": "*u8"},
-              dict(C=64, CP=64, POOL=5, BLOCK=fs2.BLOCK, KP=256,
-                   BLOCK_K=min(fs2.BLOCK_K, fs2.BLOCK_K_FLOAT) if dt == "fp32" else fs2.BLOCK_K,
+              dict(C=64, CP=64, POOL=5, BLOCK=fs2.BLOCK, KP=256, BLOCK_K=block_k,
                    LOWP=dt != "fp32", NATIVE_HALF_DOT=True), dt, warps=fs2.NUM_WARPS)
+        # vec: runs of 16 channels, 400 taps in whole slices
+        build(fs2._stage_forward,
+              {"x_ptr": "*" + dt, "toff_ptr": "*i32", "w_ptr": "*" + dt, "b_ptr": "*fp32",
+               "y_ptr": "*" + dt, "arg_ptr": "*u8"},
+              dict(C=64, CP=64, POOL=5, BLOCK=fs2.BLOCK, KP=-(-400 // block_k) * block_k,
+                   BLOCK_K=block_k, LOWP=dt != "fp32", NATIVE_HALF_DOT=True, RUN=16, K=5),
+              dt, "vec", warps=fs2.NUM_WARPS,
+              aligned=("x_ptr", "w_ptr", "sx_b", "sx_h", "sx_w"))
         build(fs2._stage_scatter,
               {"g_ptr": "*" + dt, "y_ptr": "*" + dt, "arg_ptr": "*u8", "d_ptr": "*" + dt,
                "part_ptr": "*fp32"},
@@ -286,13 +304,14 @@ _COMPILE_FOR_SM90 = """
 @pytest.mark.slow
 def test_kernels_compile_for_sm90_without_spills():
     """The interpreter runs no GPU compiler: here Triton compiles the forward (bf16 on
-    the matrix units, and float32), the hybrid backward's scatter, the igrad backward's
+    the matrix units, and float32; both also ``vec``), the hybrid backward's scatter,
+    the igrad backward's
     input gradient and the triton backward's weight- and input-gradient kernels for
     sm_90, as a launch on an H100/H200
     would at JishNet's sizes and the module's block sizes, and none spills registers to
     local memory (Triton's bundled ptxas; skipped where Triton has none)."""
     lines = compile_for_sm90(_COMPILE_FOR_SM90)
-    assert len(lines) == 10, lines
+    assert len(lines) == 12, lines
     assert all("STACK:0" in line for line in lines), lines
 
 
@@ -319,3 +338,26 @@ def test_igrad_reads_the_map_in_16_byte_copies_through_l1_on_sm90():
     ops = compile_for_sm90(_MAP_IGRAD_SASS)[-1].split()
     assert "LDGSTS.E.128" in ops and not any("BYPASS" in op for op in ops), ops
     assert any(op.startswith("HGMMA") for op in ops), ops
+
+
+_STAGE2_GATHERS = """
+    import re
+    from collections import Counter
+
+    from lartpc.jobs.local.sass_loops import stage2_sass
+
+    for text in ("64:8:64", "64:8:64:igrad:vec"):
+        sass = stage2_sass(text)
+        print(text, *sorted(Counter(re.findall(r"\\b(LDGSTS[.\\w]*|LDG[.\\w]*)", sass)).items()))
+"""
+
+
+@pytest.mark.slow
+def test_vec_gathers_the_taps_in_16_byte_copies_on_sm90():
+    """``vec`` (the second stage's input copy padded to 16 channels) turns the forward's
+    gathers of single bf16 values (``LDG.E.U16``, one a tap and channel) into 16-byte
+    asynchronous copies through L1 (``LDGSTS.E.128``), in sm_90 code compiled here."""
+    plain, vec = (dict(re.findall(r"\('([\w.]+)', (\d+)\)", line))
+                  for line in compile_for_sm90(_STAGE2_GATHERS)[-2:])
+    assert int(plain.get("LDG.E.U16", 0)) >= 64, plain
+    assert "LDG.E.U16" not in vec and int(vec.get("LDGSTS.E.128", 0)) > 0, vec

@@ -12,7 +12,8 @@ best setting (``jobs/local/gpu_issues.sh``).
 
 Accuracy held means every relative error that check recorded for that way of computing
 (the stem's sums: per tap, ``dot``, ``band``, ``patch`` or ``hoist``; the second stage's
-``hybrid`` or ``triton`` backward: output and gradients, against the layers in float64, in float32,
+``hybrid``, ``igrad`` or ``triton`` backward, the first two also with ``:vec``, the
+forward's channels padded: output and gradients, against the layers in float64, in float32,
 float32 under bf16 autocast and bf16) is at most :data:`TOLERANCE`, or no larger than
 the published layers' own error in the same precision and quantity (``stem_check``'s
 rows with ``way: library``; files from before those rows hold to TOLERANCE alone).
@@ -47,7 +48,8 @@ ERRORS = ("output_rel", "input_grad_rel", "weight_grad_rel", "bias_grad_rel")
 #: how each stage's check names its ways of computing (the first: the value a row
 #: without the field means, from before the field existed): every way the options
 #: accept, so that a way added there is judged here too
-WAYS = {1: ("sums", STEM_SUMS), 2: ("backward", BACKWARDS)}
+WAYS = {1: ("sums", STEM_SUMS),
+        2: ("backward", BACKWARDS + tuple(f"{b}:vec" for b in BACKWARDS if b != "triton"))}
 
 
 def _label(value) -> str:
@@ -57,10 +59,13 @@ def _label(value) -> str:
 
 
 def _way(row: dict, stage: int):
+    """A row's way of computing: the stem's sums, or the second stage's backward with
+    ``:vec`` where its forward's channels were padded (which sums in another order)."""
     name, (default, *_) = WAYS[stage]
     if stage == 1 and "sums" not in row and "dot" in row:  # files from before ``sums``
         return "dot" if row["dot"] else "taps"
-    return default if row.get(name) is None else row[name]
+    way = default if row.get(name) is None else row[name]
+    return f"{way}:vec" if stage == 2 and row.get("vec") else way
 
 
 def kernel_of(row: dict, stage: int) -> str | None:

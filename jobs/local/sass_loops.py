@@ -1,14 +1,17 @@
 """The loops of the fused stem's forward as an H100/H200 would run them, without a GPU.
 
     python -m lartpc.jobs.local.sass_loops [--configs 64:4:d,64:4:h]
+    python -m lartpc.jobs.local.sass_loops --stage 2 [--configs 64:8:64,64:8:64:hybrid:vec]
 
 Compiles ``fused_stem._stem_forward`` for sm_90 at each launch (bf16 input, as under
 autocast; Triton's bundled ptxas) and reads its machine code (``cuobjdump -sass``): for
 every loop (a branch back), its length in instructions and the count of each opcode.
 A window position of the stem is one pass of its loop, so where the kernel is bound by
 issuing instructions (its gathers' address arithmetic and bounds checks: BENCHMARKS.md,
-issue 35) a shorter loop is a faster kernel. A static count, not a timing: the GPU's
-``stem_check`` times the same launches. Prints one JSON object.
+issue 35) a shorter loop is a faster kernel. ``--stage 2``: the same of the fused
+second stage's forward, one loop pass a window position (its taps' slices unrolled).
+A static count, not a timing: the GPU's ``stem_check`` times the same launches. Prints
+one JSON object.
 """
 
 from __future__ import annotations
@@ -70,6 +73,27 @@ def stem_sass(text: str) -> str:
     return cuobjdump(sm90_cubin(fs._stem_forward, pointers, consts, k.num_warps), "-sass")
 
 
+def stage2_sass(text: str) -> str:
+    """The sm_90 machine code of the second stage's forward at launch ``text``
+    (``model.stage2_kernel``'s spelling; ``:vec`` pads the input's 10 channels to 16),
+    bf16, its pointers and the padded input's strides aligned as a launch finds them."""
+    import lartpc.models.fused_stage2 as fs2
+    from lartpc.models.kernel_settings import parse_stage2_kernel
+
+    k = parse_stage2_kernel(text, "--configs")
+    run = 16 if k.vec else 0
+    taps = 25 * (run or 10)
+    kp = -(-taps // k.block_k) * k.block_k if k.vec else max(16, 1 << (taps - 1).bit_length())
+    consts = dict(C=64, CP=64, POOL=5, BLOCK=k.block, KP=kp, BLOCK_K=min(k.block_k, kp),
+                  LOWP=True, NATIVE_HALF_DOT=True, RUN=run, K=5)
+    pointers = {"x_ptr": "*bf16", "toff_ptr": "*i32", "w_ptr": "*bf16", "b_ptr": "*fp32",
+                "y_ptr": "*bf16", "arg_ptr": "*u8"}
+    # (unpadded, a row of 724 pixels of 10 channels is not a multiple of 16 values)
+    aligned = (*pointers, "sx_b") + (("sx_h", "sx_w") if k.vec else ())
+    return cuobjdump(sm90_cubin(fs2._stage_forward, pointers, consts, k.num_warps, aligned),
+                     "-sass")
+
+
 def loops(sass: str) -> list[dict]:
     """Each loop of ``sass`` (from a branch's target back to the branch): its first
     address, its length and its opcodes (predicates and modifiers dropped), most first."""
@@ -91,11 +115,18 @@ def loops(sass: str) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lartpc.jobs.local.sass_loops",
                                  description=__doc__.split("\n")[0])
-    ap.add_argument("--configs", default="64:4:d,64:4:h",
-                    help="stem launches BLOCK:WARPS:SUMS, comma-separated")
+    ap.add_argument("--stage", type=int, default=1, choices=(1, 2),
+                    help="1: the stem's forward (default); 2: the second stage's")
+    ap.add_argument("--configs", default=None,
+                    help="launches, comma-separated: stage 1 BLOCK:WARPS:SUMS (default "
+                         "64:4:d,64:4:h), stage 2 as model.stage2_kernel (default "
+                         "64:8:64,64:8:64:hybrid:vec)")
     args = ap.parse_args(argv)
+    configs = args.configs or ("64:4:d,64:4:h" if args.stage == 1 else
+                               "64:8:64,64:8:64:hybrid:vec")
     os.environ.pop("TRITON_INTERPRET", None)  # the interpreter compiles nothing
-    print(json.dumps({text: loops(stem_sass(text)) for text in args.configs.split(",")}))
+    sass = stem_sass if args.stage == 1 else stage2_sass
+    print(json.dumps({text: loops(sass(text)) for text in configs.split(",")}))
     return 0
 
 

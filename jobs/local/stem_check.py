@@ -51,9 +51,10 @@ from lartpc.cliparse import add_batch_per_rank
 #: sm_90 without spilling registers (tests/test_fused_stem.py)
 STEM_CONFIGS = "64:4:d,64:8:d,64:4:h,64:8:h,128:4:h,64:4:b,64:8:p"
 #: the second stage's: the two fastest hybrid launches on an H200 (2026-11-28; 64:8:64
-#: the default) and the igrad backward at those and a smaller one (the triton backward,
-#: 2.7x slower there, is still checked for accuracy, no longer timed by default)
-STAGE2_CONFIGS = "64:8:64,64:8:32,64:8:64:i,64:8:32:i,32:4:64:i"
+#: the default), the igrad backward at the default and a smaller one, and igrad with
+#: the forward's channels padded (``vec``) at the two (the triton backward, 2.7x
+#: slower there, is still checked for accuracy, no longer timed by default)
+STAGE2_CONFIGS = "64:8:64,64:8:32,64:8:64:i,32:4:64:i,64:8:64:i:v,64:8:32:i:v"
 
 
 def _events(size: int, batch: int, seed: int):
@@ -263,7 +264,7 @@ def stage2_accuracy(x, conv, pool: int, dtype, autocast: bool = False, kernel=No
     rounding = _stage2_rounding(dtype, autocast)
     return {**_precision(dtype, autocast),
             "block": kernel.block, "num_warps": kernel.num_warps, "block_k": kernel.block_k,
-            "backward": kernel.backward, "kernel": str(kernel),
+            "backward": kernel.backward, "vec": kernel.vec, "kernel": str(kernel),
             **_errors(y, xin, w, b, _reference(xin, conv, pool, g, rounding))}
 
 
@@ -299,7 +300,7 @@ def stage2_timings(x, labels, size: int, configs: list, repeats: int, device,
                      "block": kernel and kernel.block,
                      "num_warps": kernel and kernel.num_warps,
                      "block_k": kernel and kernel.block_k,
-                     "backward": kernel and kernel.backward,
+                     "backward": kernel and kernel.backward, "vec": kernel and kernel.vec,
                      "stage2_forward_ms": median_ms(fwd, repeats, sync),
                      "stage2_forward_backward_ms": median_ms(fb, repeats, sync),
                      "step_ms": step_ms,
@@ -337,10 +338,13 @@ def stage2_main(args, x, labels, device) -> int:
     import dataclasses
     from functools import partial
 
-    # every backward, then the published layers' own rows
+    # every backward (and with the forward's channels padded where a timed launch pads
+    # them), then the published layers' own rows
+    kinds = [(b, False) for b in BACKWARDS] + sorted(
+        {(k.backward, True) for k in configs if k.vec}, key=lambda bv: BACKWARDS.index(bv[0]))
     ways = [partial(stage2_accuracy,
-                    kernel=dataclasses.replace(fs2.default_kernel(), backward=backward))
-            for backward in BACKWARDS] + [partial(library_accuracy, stage=2)]
+                    kernel=dataclasses.replace(fs2.default_kernel(), backward=b, vec=vec))
+            for b, vec in kinds] + [partial(library_accuracy, stage=2)]
     for way in ways:
         for dt, autocast in _precisions():
             result["accuracy"].append(way(x2, conv, 5, dt, autocast))
@@ -374,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="stage 1: BLOCK:WARPS[:d|:b|:p|:h] of the fused stem to time (how the "
                          "taps are summed: dot, band, patch, hoist; default "
                          f"{STEM_CONFIGS}); stage 2: "
-                         "BLOCK:WARPS:BLOCK_K[:i|:t] (the igrad or triton backward; "
+                         "BLOCK:WARPS:BLOCK_K[:i|:t[:v]] (the igrad or triton backward, "
+                         "the forward's channels padded; "
                          f"default {STAGE2_CONFIGS})")
     ap.add_argument("--stem-kernel", default="", metavar="BLOCK:WARPS[:SUMS]",
                     help="stage 2: the fused stem's launch in the timed steps (default: "

@@ -22,6 +22,14 @@ units, as autocast's convolution does (which also rounds the bias to bf16; here 
 added in float32); float32 runs them in IEEE float32 (not TF32, which cuDNN uses for
 float32 convolutions by default).
 
+``vec`` (``model.stage2_kernel=...:vec``; not with the triton backward): the copy holds
+16 channels a pixel (the input's 10, then zeros), the taps ordered (ky, kx, channel of
+16), 448 of them (zero weights past the 250 real ones), and each tap's offset computed
+from its number instead of read from a table, so the compiler sees each tap's 16 values
+as one aligned run and gathers them as two 16-byte copies instead of 16 single values
+(sm_90 code: ``jobs/local/sass_loops.py --stage 2``), at 1.75x the matrix work. Same
+products, summed in another order. Not yet timed.
+
 **Backward**, three ways (:data:`BACKWARD`; all tested; ``jobs/local/stem_check.py
 --stage 2`` times them side by side on a GPU):
 
@@ -100,6 +108,9 @@ NUM_WARPS = 8
 #: ``tl.dot`` returns garbage (Triton 3.9: errors of 1e10 on a 16 x 16 product), so there
 #: the same products are formed in float32 from the rounded operands (exact either way)
 NATIVE_HALF_DOT = not _INTERPRET
+#: the forward's input copy with its channels padded to runs of 8 (``vec``, module
+#: docstring); not with the triton backward
+VEC = False
 #: the backward, ``hybrid``, ``igrad`` or ``triton`` (module docstring); read when the
 #: forward runs
 BACKWARD = "hybrid"
@@ -127,7 +138,7 @@ MAP_IGRAD_WARPS = 8
 
 def default_kernel() -> Stage2Kernel:
     """The launch ``model.stage2_kernel=""`` means: this module's settings as they are now."""
-    return Stage2Kernel(BLOCK, NUM_WARPS, BLOCK_K, BACKWARD)
+    return Stage2Kernel(BLOCK, NUM_WARPS, BLOCK_K, BACKWARD, VEC)
 
 
 @triton.jit
@@ -135,9 +146,13 @@ def _stage_forward(x_ptr, toff_ptr, w_ptr, b_ptr, y_ptr, arg_ptr, N, HO, WO,
                    sx_b, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w,
                    C: tl.constexpr, CP: tl.constexpr, POOL: tl.constexpr, BLOCK: tl.constexpr,
                    KP: tl.constexpr, BLOCK_K: tl.constexpr, LOWP: tl.constexpr,
-                   NATIVE_HALF_DOT: tl.constexpr):
+                   NATIVE_HALF_DOT: tl.constexpr, RUN: tl.constexpr = 0, K: tl.constexpr = 0):
     """On the input padded in memory, so that no load needs a mask: past-the-end outputs
-    read the last one's pixels, padding taps (zero weights) pixel 0 of their window."""
+    read the last one's pixels, padding taps (zero weights) pixel 0 of their window.
+    RUN = 0: the taps' offsets from ``toff_ptr``; RUN > 0 (``vec``): the copy holds RUN
+    channels a pixel (the input's, then zeros), tap ``t // RUN`` of the K x K window
+    (past the last: the last again, zero weights), so each tap's channels are a run the
+    compiler sees as contiguous and aligned and loads as vectors."""
     p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     pm = p < N
     q = tl.minimum(p, N - 1)
@@ -156,7 +171,14 @@ def _stage_forward(x_ptr, toff_ptr, w_ptr, b_ptr, y_ptr, arg_ptr, N, HO, WO,
         acc = tl.zeros((BLOCK, CP), tl.float32)
         for k0 in range(0, KP, BLOCK_K):
             t = k0 + tl.arange(0, BLOCK_K)  # tap = (ky * K + kx) * C_in + channel
-            a = tl.load(x_img[:, None] + (pos[:, None] + tl.load(toff_ptr + t)[None, :]))
+            if RUN > 0:  # through L1 (".ca"): the runs load as asynchronous copies,
+                # which Triton otherwise sends past it, and the positions' patches overlap
+                tap = tl.minimum(t // RUN, K * K - 1)
+                toff = (tap // K) * sx_h + (tap % K) * sx_w + t % RUN
+                a = tl.load(x_img[:, None] + (pos[:, None] + toff[None, :]),
+                            cache_modifier=".ca")
+            else:
+                a = tl.load(x_img[:, None] + (pos[:, None] + tl.load(toff_ptr + t)[None, :]))
             wt = tl.load(w_ptr + t[:, None] * CP + c[None, :])  # packed, zero-padded
             if LOWP and NATIVE_HALF_DOT:
                 acc += tl.dot(a.to(wt.dtype), wt)
@@ -364,18 +386,25 @@ class _FusedStage(torch.autograd.Function):
         lowp = out_dtype in (torch.bfloat16, torch.float16)
         cdtype = out_dtype if lowp else torch.float32
         # the input in the products' precision, padded in memory (channels-last: a
-        # window's taps are then runs of C_in contiguous values); backward's input too
-        xp = torch.empty((b, cin, h + 2 * padding, w + 2 * padding), dtype=cdtype,
+        # window's taps are then runs of C_in contiguous values; ``vec``: of ``run``, the
+        # channels padded with zeros to a multiple of 8); backward's input too
+        run = -(-cin // 8) * 8 if kernel.vec else cin
+        xp = torch.empty((b, run, h + 2 * padding, w + 2 * padding), dtype=cdtype,
                          device=x.device, memory_format=torch.channels_last).zero_()
-        xp[..., padding: padding + h, padding: padding + w] = x.detach()
+        xp[:, :cin, padding: padding + h, padding: padding + w] = x.detach()
         sx_b, sx_c, sx_h, sx_w = xp.stride()
         cp = max(16, triton.next_power_of_2(c))  # tl.dot's smallest tile side
-        kp = max(16, triton.next_power_of_2(cin * k * k))
+        kp = max(16, triton.next_power_of_2(run * k * k))
         block_k = min(block_k, kp) if lowp else min(block_k, kp, BLOCK_K_FLOAT)
-        toff = _tap_offsets(x.device, k, cin, kp, sx_c, sx_h, sx_w)
+        if kernel.vec:  # whole slices only, not a power of two: 448 taps, not 512
+            kp = -(-run * k * k // block_k) * block_k
+            toff = torch.empty(1, dtype=torch.int32, device=x.device)  # not read
+        else:
+            toff = _tap_offsets(x.device, k, cin, kp, sx_c, sx_h, sx_w)
         # the weights as (taps, channels), taps in the same order, zero-padded
         wt = torch.zeros((kp, cp), dtype=cdtype, device=x.device)
-        wt[: cin * k * k, :c] = weight.detach().permute(2, 3, 1, 0).reshape(-1, c)
+        wt[: run * k * k].view(k, k, run, cp)[:, :, :cin, :c] = \
+            weight.detach().permute(2, 3, 1, 0)
         fmt = torch.channels_last if channels_last else torch.contiguous_format
         y = torch.empty((b, c, ho, wo), dtype=out_dtype, device=x.device, memory_format=fmt)
         arg = torch.empty((b, c, ho, wo), dtype=torch.uint8, device=x.device)
@@ -384,7 +413,8 @@ class _FusedStage(torch.autograd.Function):
         _stage_forward[grid](xp, toff, wt, bias.detach().float().contiguous(), y,
                              arg, n, ho, wo, sx_b, sx_h, sx_w, *y.stride(), C=c, CP=cp,
                              POOL=pool, BLOCK=block, KP=kp, BLOCK_K=block_k, LOWP=lowp,
-                             NATIVE_HALF_DOT=NATIVE_HALF_DOT, num_warps=warps)
+                             NATIVE_HALF_DOT=NATIVE_HALF_DOT, RUN=run if kernel.vec else 0,
+                             K=k, num_warps=warps)
         # the triton backward gathers from the padded copy; the hybrid's gradients are
         # the library's own convolution backward on the input as it came (its shapes,
         # its cuDNN algorithms), so the copy is freed here

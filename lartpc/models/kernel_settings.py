@@ -6,19 +6,21 @@ matrix product slices do not change what a kernel computes, only how fast it run
 given card and the order in which float32 partial sums are added (a last-bit
 difference). The fastest differ from card to card, so they are options:
 
-=========================  ===============================================  ==================
-option                     spelling                                         e.g.
-=========================  ===============================================  ==================
-``model.stem_kernel``      ``BLOCK:WARPS[:dot|:band|:patch|:hoist]``        ``64:4:dot``
-``model.stage2_kernel``    ``BLOCK:WARPS:BLOCK_K[:hybrid|:igrad|:triton]``  ``64:8:64:igrad``
-=========================  ===============================================  ==================
+=========================  ====================================================
+option                     spelling (e.g. ``64:4:dot``, ``64:8:64:igrad:vec``)
+=========================  ====================================================
+``model.stem_kernel``      ``BLOCK:WARPS[:dot|:band|:patch|:hoist]``
+``model.stage2_kernel``    ``BLOCK:WARPS:BLOCK_K[:hybrid|:igrad|:triton[:vec]]``
+=========================  ====================================================
 
 ``""`` (the default) is the kernel module's own setting (``fused_stem.BLOCK``,
 ``NUM_WARPS``, ``SUMS``; ``fused_stage2.BLOCK``, ``NUM_WARPS``, ``BLOCK_K``,
-``BACKWARD``). Two parts do change the arithmetic: the stem's ``dot``, ``band``,
-``patch`` and ``hoist`` sum its taps on the matrix units (TF32: under bf16 autocast
-``dot`` moved near-tied arg-maxes on an H200, BENCHMARKS.md; they differ in what they
-gather, :mod:`lartpc.models.fused_stem`), and the second stage's backwards sum in their
+``BACKWARD``, ``VEC``; ``vec`` pads the second stage's input copy to 16 channels,
+which changes only how its taps are loaded). Two parts do change the arithmetic: the
+stem's ``dot``, ``band``, ``patch`` and ``hoist`` sum its taps on the matrix units
+(TF32: under bf16 autocast ``dot`` moved near-tied arg-maxes on an H200,
+BENCHMARKS.md; they differ in what they gather, :mod:`lartpc.models.fused_stem`), and
+the second stage's backwards sum in their
 own orders: ``hybrid`` (the library's gradients of the convolution map), ``igrad``
 (the input's gradient of the same map by Triton, the weights' by the library) and
 ``triton`` (no map), all from operands rounded alike (tested).
@@ -63,9 +65,13 @@ class Stage2Kernel:
     num_warps: int
     block_k: int
     backward: str = "hybrid"
+    #: the forward's input copy with each pixel's channels padded to a multiple of 8, so
+    #: a tap's channels load as 16-byte vectors (:mod:`lartpc.models.fused_stage2`)
+    vec: bool = False
 
     def __str__(self) -> str:
-        return f"{self.block}:{self.num_warps}:{self.block_k}:{self.backward}"
+        return f"{self.block}:{self.num_warps}:{self.block_k}:{self.backward}" + \
+            (":vec" if self.vec else "")
 
 
 def _power_of_two(key: str, text: str, name: str, value: str, low: int, high: int) -> int:
@@ -100,21 +106,29 @@ def parse_stem_kernel(text: str, key: str = "model.stem_kernel") -> StemKernel |
 
 
 def parse_stage2_kernel(text: str, key: str = "model.stage2_kernel") -> Stage2Kernel | None:
-    """``"BLOCK:WARPS:BLOCK_K[:hybrid|:igrad|:triton]"`` (``i`` for ``igrad``, ``t`` for
-    ``triton``) as a :class:`Stage2Kernel`; None for ``""``. BLOCK and BLOCK_K are at
-    least 16, the matrix units' smallest tile side."""
+    """``"BLOCK:WARPS:BLOCK_K[:hybrid|:igrad|:triton[:vec]]"`` (``i`` for ``igrad``, ``t``
+    for ``triton``, ``v`` for ``vec``; ``vec`` not with ``triton``) as a
+    :class:`Stage2Kernel`; None for ``""``. BLOCK and BLOCK_K are at least 16, the
+    matrix units' smallest tile side."""
     if text == "":
         return None
     parts = text.split(":")
     names = {s: s for s in BACKWARDS} | {"i": "igrad", "t": "triton"}
-    backward = "hybrid" if len(parts) == 3 else names.get(parts[-1])
-    if len(parts) not in (3, 4) or backward is None:
+    vec = len(parts) == 5 and parts[4] in ("vec", "v")
+    backward = "hybrid" if len(parts) == 3 else names.get(parts[3]) if len(parts) > 3 \
+        else None
+    if len(parts) not in (3, 4, 5) or backward is None or (len(parts) == 5 and not vec):
         raise ConfigError(f"{key}={text!r}: expected BLOCK:WARPS:BLOCK_K with an optional "
-                          f":{' or :'.join(BACKWARDS)}, e.g. 64:8:32:triton")
+                          f":{' or :'.join(BACKWARDS)} and then an optional :vec, e.g. "
+                          "64:8:32:triton or 64:8:64:igrad:vec")
+    if vec and backward == "triton":
+        raise ConfigError(f"{key}={text!r}: :vec (the forward's channels padded) goes with "
+                          "the hybrid or igrad backward, not triton (which reads that copy "
+                          "unpadded)")
     return Stage2Kernel(_power_of_two(key, text, "BLOCK", parts[0], 16, MAX_BLOCK),
                         _warps(key, text, parts[1]),
                         _power_of_two(key, text, "BLOCK_K", parts[2], 16, MAX_BLOCK),
-                        backward)
+                        backward, vec)
 
 
 def check(stem_kernel: str, stage2_kernel: str) -> None:

@@ -203,6 +203,25 @@ def test_stem_is_a_jishnet_option():
         model_class("scnet").options(ModelConfig(name="scnet", stage2="fused"), "none", "cpu")
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bench_model_graphs_jishnets_step_on_cuda(capsys):
+    """``bench model --model jishnet --cuda-graph`` on a GPU: the step with both fused
+    stages (forward, backward, capturable Adam) captured and replayed, its loss an eager
+    forward's, and both ways timed back to back."""
+    from lartpc.cli import main
+
+    assert main(["bench", "model", "--model", "jishnet", "--device", "cuda", "--size", "720",
+                 "--batch-per-rank", "2", "--repeats", "2", "--elu-after-pool", "--amp",
+                 "bf16", "--channels-last", "--stem", "fused", "--stage2", "fused",
+                 "--cuda-graph"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert (res["options"]["stem"], res["options"]["stage2"]) == ("fused", "fused")
+    graphed = res["graphed"]
+    assert graphed["graph_loss_matches_eager"], graphed
+    assert graphed["graph_step_ms"] > 0 and graphed["eager_step_ms"] > 0
+
+
 def test_bench_model_stages(capsys):
     """`lartpc bench model --stages`: each stage and the head, timed, shapes chained; each
     conv stage with its heaviest operations (on a CPU torch's, by self time), the

@@ -293,6 +293,6 @@ def test_bench_model_cuda_graph_refusals(capsys):
 
     for argv in (["--model", "scnet", "--sparse", "torch"],  # on the CPU
                  ["--model", "scnet", "--device", "cuda"],  # spconv's layers
-                 ["--model", "jishnet"]):
+                 ["--model", "jishnet"]):  # on the CPU
         assert main(["bench", "model", "--size", "400", "--cuda-graph", *argv]) == 2
         assert "--cuda-graph" in capsys.readouterr().err

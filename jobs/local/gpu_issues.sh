@@ -120,7 +120,8 @@ part gpu-tests "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_sparse_t
 #    the forward's gathers as 16-byte copies):
 #    accuracy, the stage alone and the step; then JishNet at the fastest accurate
 #    launches of both, stage by stage (each with its heaviest kernels), with its peak
-#    memory and the largest minibatch that fits
+#    memory, the largest minibatch that fits, and its step as one CUDA graph against
+#    eager, back to back (how much of the step is the host's)
 if [ "$DEVICE" = cuda ]; then
     part stem-check "$PY" -m lartpc.jobs.local.stem_check --out "$OUT/stem-check"
     part stage2-check "$PY" -m lartpc.jobs.local.stem_check --out "$OUT/stage2-check" \
@@ -133,7 +134,7 @@ if [ "$DEVICE" = cuda ]; then
     echo "fastest kernels: ${FASTEST[*]}" | tee -a "$OUT/parts.txt"
     part model-jishnet-stages "$PY" -m lartpc bench model --model jishnet --device cuda \
         --batch-per-rank 7 --elu-after-pool --cudnn-benchmark --amp bf16 --channels-last \
-        "${FASTEST[@]}" --stages --repeats 10 --max-batch
+        "${FASTEST[@]}" --stages --repeats 10 --max-batch --cuda-graph
 fi
 # 3b. issue 36 again: the graphed training with Adam as one fused kernel (three loader
 #    threads), and with the batches made in 8 loader processes (tables on their CPUs)

@@ -129,9 +129,8 @@ IGRAD_BLOCK = 2048 if _INTERPRET else 32
 #: ``igrad`` backward: input pixels and warps per program of the input gradient from the
 #: map, not yet timed. Triton 3.9's sm_90 code at 128:8: the map's rows by 16-byte
 #: asynchronous copies through L1, the bf16 products as 64x16x16 warpgroup matrix
-#: instructions, 88
-#: registers a thread (154 in float32, whose IEEE products run on the CUDA cores; 4
-#: warps spilled there)
+#: instructions, 88 registers a thread (154 in float32, whose IEEE products run on the
+#: CUDA cores; 4 warps spilled there)
 MAP_IGRAD_BLOCK = 2048 if _INTERPRET else 128
 MAP_IGRAD_WARPS = 8
 
@@ -379,6 +378,9 @@ class _FusedStage(torch.autograd.Function):
                 kernel: Stage2Kernel):
         block, warps, block_k, backward = (kernel.block, kernel.num_warps, kernel.block_k,
                                            kernel.backward)
+        if kernel.vec and backward == "triton":  # (the options refuse it too)
+            raise ValueError("fused stage: vec (the input copy padded) does not go with "
+                             "the triton backward, which reads that copy unpadded")
         b, cin, h, w, c, k, hc, wc = _geometry(x, weight, pool, padding)
         ho, wo = hc // pool, wc // pool
         # the products' precision: the output's when it is half (autocast's convolution

@@ -361,3 +361,29 @@ def test_vec_gathers_the_taps_in_16_byte_copies_on_sm90():
                   for line in compile_for_sm90(_STAGE2_GATHERS)[-2:])
     assert int(plain.get("LDG.E.U16", 0)) >= 64, plain
     assert "LDG.E.U16" not in vec and int(vec.get("LDGSTS.E.128", 0)) > 0, vec
+
+
+_DEFAULT_LAUNCHES = """
+    import lartpc.models.fused_stage2 as fs2
+    from lartpc.jobs.local.stem_check import STAGE2_CONFIGS, parse_configs
+
+    for k in parse_configs(STAGE2_CONFIGS, 2):
+        run = 16 if k.vec else 0
+        kp = -(-25 * run // k.block_k) * k.block_k if k.vec else 256
+        build(fs2._stage_forward,
+              {"x_ptr": "*bf16", "toff_ptr": "*i32", "w_ptr": "*bf16", "b_ptr": "*fp32",
+               "y_ptr": "*bf16", "arg_ptr": "*u8"},
+              dict(C=64, CP=64, POOL=5, BLOCK=k.block, KP=kp, BLOCK_K=min(k.block_k, kp),
+                   LOWP=True, NATIVE_HALF_DOT=True, RUN=run, K=5), str(k), warps=k.num_warps)
+"""
+
+
+@pytest.mark.slow
+def test_the_launches_stem_check_times_compile_for_sm90_without_spills():
+    """Every launch ``stem_check --stage 2`` times by default (``STAGE2_CONFIGS``, parsed
+    as the GPU run parses them) compiles its bf16 forward for sm_90 without spilling."""
+    from lartpc.jobs.local.stem_check import STAGE2_CONFIGS
+
+    lines = compile_for_sm90(_DEFAULT_LAUNCHES)
+    assert len(lines) == len(STAGE2_CONFIGS.split(",")), lines
+    assert all("STACK:0" in line for line in lines), lines

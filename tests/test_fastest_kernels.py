@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from lartpc.jobs.local.fastest_kernels import flags, main, pick
 
-from lartpc.models.kernel_settings import BACKWARDS, STEM_SUMS
+from lartpc.models.kernel_settings import BACKWARDS, STEM_SUMS, VEC_BACKWARDS
 
 H200 = Path(__file__).parents[1] / "docs/results/gpu-2026-11-26-h200-stem-check.json"
 
@@ -144,7 +144,7 @@ def test_band_and_patch_compete_by_their_own_accuracy_rows():
 
 @pytest.mark.parametrize("stage, way", [(1, w) for w in STEM_SUMS[1:]]
                          + [(2, w) for w in BACKWARDS]
-                         + [(2, f"{w}:vec") for w in BACKWARDS if w != "triton"])
+                         + [(2, f"{w}:vec") for w in VEC_BACKWARDS])
 def test_every_way_the_options_accept_is_judged(stage, way):
     """A timing row of any way ``model.stem_kernel`` / ``model.stage2_kernel`` accept
     (``hoist`` was once missing here: the lease's pick would have stopped on a KeyError)

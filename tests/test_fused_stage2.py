@@ -263,18 +263,19 @@ _COMPILE_FOR_SM90 = """
     import lartpc.models.fused_stage2 as fs2
 
     for dt in ("bf16", "fp32"):
-        block_k = min(fs2.BLOCK_K, fs2.BLOCK_K_FLOAT) if dt == "fp32" else fs2.BLOCK_K
+        _, kp, block_k = fs2.forward_taps(10, 5, fs2.BLOCK_K, False, dt != "fp32")
         build(fs2._stage_forward,
               {"x_ptr": "*" + dt, "toff_ptr": "*i32", "w_ptr": "*" + dt, "b_ptr": "*fp32",
                "y_ptr": "*" + dt, "arg_ptr": "*u8"},
-              dict(C=64, CP=64, POOL=5, BLOCK=fs2.BLOCK, KP=256, BLOCK_K=block_k,
+              dict(C=64, CP=64, POOL=5, BLOCK=fs2.BLOCK, KP=kp, BLOCK_K=block_k,
                    LOWP=dt != "fp32", NATIVE_HALF_DOT=True), dt, warps=fs2.NUM_WARPS)
         # vec: runs of 16 channels, 400 taps in whole slices
+        run, kp, block_k = fs2.forward_taps(10, 5, fs2.BLOCK_K, True, dt != "fp32")
         build(fs2._stage_forward,
               {"x_ptr": "*" + dt, "toff_ptr": "*i32", "w_ptr": "*" + dt, "b_ptr": "*fp32",
                "y_ptr": "*" + dt, "arg_ptr": "*u8"},
-              dict(C=64, CP=64, POOL=5, BLOCK=fs2.BLOCK, KP=-(-400 // block_k) * block_k,
-                   BLOCK_K=block_k, LOWP=dt != "fp32", NATIVE_HALF_DOT=True, RUN=16, K=5),
+              dict(C=64, CP=64, POOL=5, BLOCK=fs2.BLOCK, KP=kp, BLOCK_K=block_k,
+                   LOWP=dt != "fp32", NATIVE_HALF_DOT=True, RUN=run, K=5),
               dt, "vec", warps=fs2.NUM_WARPS,
               aligned=("x_ptr", "w_ptr", "sx_b", "sx_h", "sx_w"))
         build(fs2._stage_scatter,
@@ -368,13 +369,13 @@ _DEFAULT_LAUNCHES = """
     from lartpc.jobs.local.stem_check import STAGE2_CONFIGS, parse_configs
 
     for k in parse_configs(STAGE2_CONFIGS, 2):
-        run = 16 if k.vec else 0
-        kp = -(-25 * run // k.block_k) * k.block_k if k.vec else 256
+        run, kp, block_k = fs2.forward_taps(10, 5, k.block_k, k.vec, lowp=True)
         build(fs2._stage_forward,
               {"x_ptr": "*bf16", "toff_ptr": "*i32", "w_ptr": "*bf16", "b_ptr": "*fp32",
                "y_ptr": "*bf16", "arg_ptr": "*u8"},
-              dict(C=64, CP=64, POOL=5, BLOCK=k.block, KP=kp, BLOCK_K=min(k.block_k, kp),
-                   LOWP=True, NATIVE_HALF_DOT=True, RUN=run, K=5), str(k), warps=k.num_warps)
+              dict(C=64, CP=64, POOL=5, BLOCK=k.block, KP=kp, BLOCK_K=block_k, LOWP=True,
+                   NATIVE_HALF_DOT=True, RUN=run if k.vec else 0, K=5), str(k),
+              warps=k.num_warps)
 """
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from lartpc.models.kernel_settings import (
     BACKWARDS,
     STEM_SUMS,
+    VEC_BACKWARDS,
     parse_stage2_kernel,
     parse_stem_kernel,
 )
@@ -49,7 +50,7 @@ ERRORS = ("output_rel", "input_grad_rel", "weight_grad_rel", "bias_grad_rel")
 #: without the field means, from before the field existed): every way the options
 #: accept, so that a way added there is judged here too
 WAYS = {1: ("sums", STEM_SUMS),
-        2: ("backward", BACKWARDS + tuple(f"{b}:vec" for b in BACKWARDS if b != "triton"))}
+        2: ("backward", BACKWARDS + tuple(f"{b}:vec" for b in VEC_BACKWARDS))}
 
 
 def _label(value) -> str:

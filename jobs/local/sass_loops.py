@@ -81,11 +81,9 @@ def stage2_sass(text: str) -> str:
     from lartpc.models.kernel_settings import parse_stage2_kernel
 
     k = parse_stage2_kernel(text, "--configs")
-    run = 16 if k.vec else 0
-    taps = 25 * (run or 10)
-    kp = -(-taps // k.block_k) * k.block_k if k.vec else max(16, 1 << (taps - 1).bit_length())
-    consts = dict(C=64, CP=64, POOL=5, BLOCK=k.block, KP=kp, BLOCK_K=min(k.block_k, kp),
-                  LOWP=True, NATIVE_HALF_DOT=True, RUN=run, K=5)
+    run, kp, block_k = fs2.forward_taps(10, 5, k.block_k, k.vec, lowp=True)
+    consts = dict(C=64, CP=64, POOL=5, BLOCK=k.block, KP=kp, BLOCK_K=block_k,
+                  LOWP=True, NATIVE_HALF_DOT=True, RUN=run if k.vec else 0, K=5)
     pointers = {"x_ptr": "*bf16", "toff_ptr": "*i32", "w_ptr": "*bf16", "b_ptr": "*fp32",
                 "y_ptr": "*bf16", "arg_ptr": "*u8"}
     # (unpadded, a row of 724 pixels of 10 channels is not a multiple of 16 values)

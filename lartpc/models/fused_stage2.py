@@ -88,7 +88,7 @@ import triton
 import triton.language as tl
 
 from lartpc.models.fused_stem import pooled_block, pooled_gradient, store_pooled, take_max
-from lartpc.models.kernel_settings import Stage2Kernel
+from lartpc.models.kernel_settings import VEC_BACKWARDS, Stage2Kernel
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 #: pooled outputs per program, taps per matrix-product slice and warps per program: the
@@ -129,7 +129,7 @@ IGRAD_BLOCK = 2048 if _INTERPRET else 32
 #: ``igrad`` backward: input pixels and warps per program of the input gradient from the
 #: map, not yet timed. Triton 3.9's sm_90 code at 128:8: the map's rows by 16-byte
 #: asynchronous copies through L1, the bf16 products as 64x16x16 warpgroup matrix
-#: instructions, 88 registers a thread (154 in float32, whose IEEE products run on the
+#: instructions, 80 registers a thread (156 in float32, whose IEEE products run on the
 #: CUDA cores; 4 warps spilled there)
 MAP_IGRAD_BLOCK = 2048 if _INTERPRET else 128
 MAP_IGRAD_WARPS = 8
@@ -302,14 +302,8 @@ def _map_igrad(d_ptr, w_ptr, gx_ptr, M, H, W, HC, WC, sd_b, sd_h, sd_w,
     implicit GEMM with C_in padded only to 16 columns: for each tap, the (BLOCK x C_out)
     rows of the map the tap reaches (one contiguous run a pixel) times the tap's
     (C_out x C_in) weights."""
-    p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    pm = p < M
-    q = tl.minimum(p, M - 1)
-    b = (q // (H * W)).to(tl.int64)
-    y = (q // W) % H
-    x = q % W
-    c = tl.arange(0, CP)
-    cm = c < C
+    # (pixels past the end load nothing and store nothing: every access is masked)
+    pm, b, y, x, c, cm = pooled_block(M, H, W, C, CP, BLOCK)
     ci = tl.arange(0, CIP)
     img = d_ptr + b * sd_b
     acc = tl.zeros((BLOCK, CIP), tl.float32)
@@ -347,6 +341,21 @@ def _pooled_rows(gy: torch.Tensor, y: torch.Tensor, arg: torch.Tensor, cp: int):
     return dm_rows.view(-1, cp), arg_rows.view(-1, cp)
 
 
+def forward_taps(cin: int, k: int, block_k: int, vec: bool, lowp: bool
+                 ) -> tuple[int, int, int]:
+    """How the forward lays out a window's taps: channels a pixel in the input's copy
+    (``vec``: ``cin`` padded to a multiple of 8), taps in all (padded with zero
+    weights: to a power of two, or under ``vec`` to whole slices, 448 rather than 512
+    at 10 channels and 64 a slice) and taps a slice (at most :data:`BLOCK_K_FLOAT` in
+    float32, ``lowp`` False)."""
+    run = -(-cin // 8) * 8 if vec else cin
+    kp = max(16, triton.next_power_of_2(run * k * k))
+    block_k = min(block_k, kp) if lowp else min(block_k, kp, BLOCK_K_FLOAT)
+    if vec:
+        kp = -(-run * k * k // block_k) * block_k
+    return run, kp, block_k
+
+
 def _geometry(x: torch.Tensor, weight: torch.Tensor, pool: int, padding: int):
     b, cin, h, w = x.shape
     c, wcin, k, k2 = weight.shape
@@ -378,7 +387,7 @@ class _FusedStage(torch.autograd.Function):
                 kernel: Stage2Kernel):
         block, warps, block_k, backward = (kernel.block, kernel.num_warps, kernel.block_k,
                                            kernel.backward)
-        if kernel.vec and backward == "triton":  # (the options refuse it too)
+        if kernel.vec and backward not in VEC_BACKWARDS:  # (the options refuse it too)
             raise ValueError("fused stage: vec (the input copy padded) does not go with "
                              "the triton backward, which reads that copy unpadded")
         b, cin, h, w, c, k, hc, wc = _geometry(x, weight, pool, padding)
@@ -390,16 +399,13 @@ class _FusedStage(torch.autograd.Function):
         # the input in the products' precision, padded in memory (channels-last: a
         # window's taps are then runs of C_in contiguous values; ``vec``: of ``run``, the
         # channels padded with zeros to a multiple of 8); backward's input too
-        run = -(-cin // 8) * 8 if kernel.vec else cin
+        run, kp, block_k = forward_taps(cin, k, block_k, kernel.vec, lowp)
         xp = torch.empty((b, run, h + 2 * padding, w + 2 * padding), dtype=cdtype,
                          device=x.device, memory_format=torch.channels_last).zero_()
         xp[:, :cin, padding: padding + h, padding: padding + w] = x.detach()
         sx_b, sx_c, sx_h, sx_w = xp.stride()
         cp = max(16, triton.next_power_of_2(c))  # tl.dot's smallest tile side
-        kp = max(16, triton.next_power_of_2(run * k * k))
-        block_k = min(block_k, kp) if lowp else min(block_k, kp, BLOCK_K_FLOAT)
-        if kernel.vec:  # whole slices only, not a power of two: 448 taps, not 512
-            kp = -(-run * k * k // block_k) * block_k
+        if kernel.vec:
             toff = torch.empty(1, dtype=torch.int32, device=x.device)  # not read
         else:
             toff = _tap_offsets(x.device, k, cin, kp, sx_c, sx_h, sx_w)

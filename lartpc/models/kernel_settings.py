@@ -38,6 +38,9 @@ from lartpc.errors import ConfigError
 MAX_BLOCK = 8192
 WARPS = (1, 2, 4, 8, 16)
 BACKWARDS = ("hybrid", "igrad", "triton")
+#: the backwards ``:vec`` goes with (the triton backward reads the forward's copy
+#: unpadded)
+VEC_BACKWARDS = ("hybrid", "igrad")
 #: how the fused stem sums a window's taps: one by one (``taps``), or as matrix
 #: products of gathered input (:mod:`lartpc.models.fused_stem`)
 STEM_SUMS = ("taps", "dot", "band", "patch", "hoist")
@@ -121,7 +124,7 @@ def parse_stage2_kernel(text: str, key: str = "model.stage2_kernel") -> Stage2Ke
         raise ConfigError(f"{key}={text!r}: expected BLOCK:WARPS:BLOCK_K with an optional "
                           f":{' or :'.join(BACKWARDS)} and then an optional :vec, e.g. "
                           "64:8:32:triton or 64:8:64:igrad:vec")
-    if vec and backward == "triton":
+    if vec and backward not in VEC_BACKWARDS:
         raise ConfigError(f"{key}={text!r}: :vec (the forward's channels padded) goes with "
                           "the hybrid or igrad backward, not triton (which reads that copy "
                           "unpadded)")

@@ -145,9 +145,10 @@ class TrainConfig:
     #: kernels), its sparse trunk in float16 on CUDA. fp16 adds dynamic loss scaling.
     amp: str = "none"
     compile: bool = False  #: torch.compile the dense model (aimed at CUDA; runs on CPU)
-    #: SCNet with model.sparse=torch on one rank: forward, loss and backward replayed as
-    #: one CUDA graph on tables padded to fixed sizes (issue 36; lartpc/train/graphed.py).
-    #: On a CPU the same padded step runs without a graph (no faster: for testing)
+    #: one rank: forward, loss and backward replayed as one CUDA graph (SCNet with
+    #: model.sparse=torch on tables padded to fixed sizes, issue 36; JishNet on a copy of
+    #: its minibatch, issue 35; lartpc/train/graphed.py). On a CPU the same static step
+    #: runs without a graph (no faster: for testing)
     cuda_graph: bool = False
     threads: int = 0  #: CPU threads per rank (0 = cores / local ranks; SCNet on CPU: 1)
     #: rank 0 writes TensorBoard scalars into <run>/tb/ (needs the tensorboard extra)
@@ -396,18 +397,22 @@ def validate(cfg: Config) -> None:
 
 def cuda_graph_refusal(cfg: Config) -> str | None:
     """Why the config cannot take ``train.cuda_graph`` (lartpc/train/graphed.py), or
-    None: it needs SCNet's torch layers (spconv waits for the device inside its step),
-    float32 (autocast's cache cannot be captured) and no distributed backend named (the
-    gradient exchange hooks into the backward; the ranks a launcher starts are checked
-    when training starts)."""
+    None: it needs JishNet, or SCNet's torch layers (spconv waits for the device inside
+    its step); float32, or for JishNet bfloat16 too (SCNet's float16 trunk and
+    float16's loss scale are not captured); no ``train.compile`` (the graph replays the
+    plain model) and no distributed backend named (the gradient exchange hooks into the
+    backward; the ranks a launcher starts are checked when training starts)."""
     if not cfg.train.cuda_graph:
         return None
-    if cfg.model.name != "scnet" or cfg.model.sparse != "torch":
-        here = cfg.model.name + (f", model.sparse={cfg.model.sparse}"
-                                 if cfg.model.name == "scnet" else "")
-        return f"it needs model.name=scnet with model.sparse=torch (here {here})"
-    if cfg.train.amp != "none":
-        return f"it needs train.amp=none (here {cfg.train.amp})"
+    name = cfg.model.name
+    if name == "scnet" and cfg.model.sparse != "torch":
+        return ("it needs model.name=jishnet, or scnet with model.sparse=torch (here scnet, "
+                f"model.sparse={cfg.model.sparse})")
+    amps = ("none", "bf16") if name == "jishnet" else ("none",)
+    if cfg.train.amp not in amps:
+        return f"it needs train.amp={' or '.join(amps)} with {name} (here {cfg.train.amp})"
+    if cfg.train.compile:
+        return "it needs train.compile=false (the graph replays the model uncompiled)"
     if cfg.dist.backend in ("horovod", "torch"):
         return (f"it needs one rank with dist.backend=none (here {cfg.dist.backend}): the "
                 "gradient exchange runs inside the backward")

@@ -67,6 +67,13 @@ def test_main_writes_flags_bench_model_takes(tmp_path, capsys):
     add_arguments(parser)
     args = parser.parse_args(["--model", "jishnet", *out["flags"].split()])
     assert (args.stem, args.stem_kernel, args.stage2) == ("fused", "128:4", None)
+    # the same choices for a training (gpu_issues.sh's graphed JishNet training)
+    assert out["train_flags"] == "--set model.stem=fused --set model.stem_kernel=128:4"
+    from lartpc.config import load_config
+
+    sets = out["train_flags"].split()[1::2]
+    model = load_config("tiny-jishnet", sets).model
+    assert (model.stem, model.stem_kernel, model.stage2) == ("fused", "128:4", "auto")
 
 
 def test_a_check_of_the_other_stage_is_refused(tmp_path):

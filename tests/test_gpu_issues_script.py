@@ -1,7 +1,8 @@
 """``jobs/local/gpu_issues.sh``'s own logic, with a stand-in for Python that records its
 calls: every part runs and is logged even when one fails, ``DEADLINE_S`` stops the
-running part and skips the rest, and ``PACK`` packs the folder into one archive (the lent
-GPU machine returns at most 8 files from a call)."""
+running part and skips the rest, ``PACK`` packs the folder into one archive (the lent
+GPU machine returns at most 8 files from a call), and on CUDA JishNet's runs get the
+fastest kernels' flags."""
 
 from __future__ import annotations
 
@@ -13,22 +14,26 @@ from pathlib import Path
 SCRIPT = Path(__file__).parents[1] / "jobs/local/gpu_issues.sh"
 
 FAKE_PYTHON = """#!/usr/bin/env bash
+case "$1" in  # the script's own one-line readers of JSON run as written
+    -c) exec python3 "$@" ;;
+esac
 echo "$*" >> "$FAKE_LOG"
 case "$*" in
     *gpu_bench*) sleep "${FAKE_SLEEP:-0}"; exit "${FAKE_RC:-0}" ;;
 esac
-echo '{"flags": ""}'
+printf '{"flags": "%s", "train_flags": "%s"}\n' "$FAKE_FLAGS" "$FAKE_SETS"
 """
 
 
-def _run(tmp_path: Path, **env) -> tuple[list[str], list[str], Path]:
+def _run(tmp_path: Path, script: Path = SCRIPT, **env) -> tuple[list[str], list[str], Path]:
     fake = tmp_path / "python"
     fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)
     log, out, pack = tmp_path / "calls.log", tmp_path / "gi", tmp_path / "back/gi.tar.gz"
     full = {**os.environ, "DEVICE": "cpu", "PYTHON": str(fake), "FAKE_LOG": str(log),
-            "PACK": str(pack), "EVENTS_DIR": str(tmp_path), **env}
-    subprocess.run(["bash", str(SCRIPT), str(out)], env=full, check=True, timeout=120,
+            "PACK": str(pack), "EVENTS_DIR": str(tmp_path), "FAKE_FLAGS": "",
+            "FAKE_SETS": "", **env}
+    subprocess.run(["bash", str(script), str(out)], env=full, check=True, timeout=120,
                    capture_output=True)
     parts = (out / "parts.txt").read_text().splitlines()
     return parts, log.read_text().splitlines(), pack
@@ -68,3 +73,29 @@ def test_the_deadline_stops_the_running_part_and_skips_the_rest(tmp_path):
     with tarfile.open(pack) as tar:  # packed although the run was cut short
         member = tar.extractfile("gi/parts.txt")
         assert member is not None and b"stopped at the deadline" in member.read()
+
+
+def test_on_cuda_jishnet_runs_at_the_fastest_kernels_in_both_benches(tmp_path):
+    """``DEVICE=cuda`` (the lease): after the kernel checks, JishNet's stage run gets
+    fastest_kernels' ``flags`` and its graphed training the same choices as
+    ``train_flags``. The script runs from a copy of its tree whose bundle installer
+    does nothing."""
+    tree = tmp_path / "tree"
+    (tree / "jobs/local").mkdir(parents=True)
+    (tree / "gpu-bundle").mkdir()
+    (tree / "gpu-bundle/install.sh").write_text("exit 0\n")
+    script = tree / "jobs/local/gpu_issues.sh"
+    script.write_text(SCRIPT.read_text())
+    parts, calls, _ = _run(tmp_path, script, DEVICE="cuda",
+                           FAKE_FLAGS="--stem fused --stem-kernel 64:4:hoist",
+                           FAKE_SETS="--set model.stem=fused --set model.stem_kernel=64:4:hoist")
+    names = [p.split(":")[0] for p in parts]
+    assert names.index("fastest-kernels") < names.index("model-jishnet-stages") \
+        < names.index("train-jishnet-graph") < names.index("done")
+    assert "fastest kernels: --stem fused --stem-kernel 64:4:hoist" in parts
+    stages = next(c for c in calls if "bench model --model jishnet" in c)
+    assert stages.endswith("--stem fused --stem-kernel 64:4:hoist --stages --repeats 10 "
+                           "--max-batch --cuda-graph")
+    train = next(c for c in calls if "bench train" in c and "--model jishnet" in c)
+    assert "--downsample 1 " in train and "--set train.cuda_graph=true" in train
+    assert train.endswith("--set model.stem=fused --set model.stem_kernel=64:4:hoist")

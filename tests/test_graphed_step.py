@@ -1,5 +1,6 @@
-"""``train.cuda_graph`` (issue 36): SCNet's torch layers stepped on tables padded to
-grow-only sizes from static buffers, what a captured CUDA graph replays. On a CPU the
+"""``train.cuda_graph`` (issues 36 and 35): SCNet's torch layers stepped on tables
+padded to grow-only sizes from static buffers, what a captured CUDA graph replays, and
+JishNet's step on a static copy of its minibatch. On a CPU the
 same padded static step runs without a graph, so these tests check everything but the
 capture: the padded step trains as the unpadded one (to rounding), the sizes grow in
 step order and are kept by a checkpoint, an eager step in between leaves the
@@ -145,10 +146,14 @@ def test_killed_run_resumes_exactly_with_its_padded_sizes(train_events_dir, tmp_
 
 
 @pytest.mark.parametrize("preset,sets,why", [
-    ("tiny-jishnet", (), "model.name=scnet with model.sparse=torch (here jishnet)"),
-    ("tiny-scnet", (), "model.sparse=torch (here scnet, model.sparse=spconv)"),
-    ("tiny-scnet", (GRAPH[0], "train.amp=fp16"), "train.amp=none (here fp16)"),
+    ("tiny-scnet", (), "jishnet, or scnet with model.sparse=torch (here scnet, "
+     "model.sparse=spconv)"),
+    ("tiny-scnet", (GRAPH[0], "train.amp=fp16"), "train.amp=none with scnet (here fp16)"),
+    ("tiny-scnet", (GRAPH[0], "train.amp=bf16"), "train.amp=none with scnet (here bf16)"),
+    ("tiny-jishnet", ("train.amp=fp16",), "train.amp=none or bf16 with jishnet (here fp16)"),
+    ("tiny-jishnet", ("train.compile=true",), "train.compile=false"),
     ("tiny-scnet", (GRAPH[0], "dist.backend=horovod"), "dist.backend=none (here horovod)"),
+    ("tiny-jishnet", ("dist.backend=torch",), "dist.backend=none (here torch)"),
 ])
 def test_config_refusals_name_the_option(preset, sets, why):
     from lartpc.config import load_config
@@ -211,22 +216,27 @@ def test_captured_step_equals_the_eager_step_on_cuda(train_events_dir):
     assert not graphed.stats["fallback"]
 
 
-CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA device")])
+ON_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                reason="needs a CUDA device")]
 
 
-@pytest.mark.parametrize("device", ["cpu", CUDA])
+@pytest.mark.parametrize("device,preset,sets", [
+    ("cpu", "tiny-scnet", GRAPH[:1]),
+    pytest.param("cuda", "tiny-scnet", GRAPH[:1], marks=ON_CUDA),
+    # (on a CPU: the next two tests; bfloat16 convolutions there take minutes)
+    pytest.param("cuda", "tiny-jishnet", ("train.amp=bf16",), marks=ON_CUDA)])
 def test_training_with_the_option_follows_the_eager_one(request, train_events_dir, tmp_path,
-                                                        device):
-    """Two epochs through the loop (tables padded in the loader's thread, on CUDA on its
-    stream): losses and parameters as without the option, to rounding; on CUDA every
+                                                        device, preset, sets):
+    """Two epochs through the loop (SCNet: tables padded in the loader's thread, on CUDA
+    on its stream; JishNet: bfloat16, on CUDA its fused stages' Triton kernels in the
+    graph): losses and parameters as without the option, to rounding; on CUDA every
     full minibatch replays a captured graph, on a CPU none is captured."""
     from lartpc import dist
 
     world = request.getfixturevalue("world") if device == "cpu" else dist.init("none", device)
     stats: dict = {}
-    pe, le = _fit(world, train_events_dir, tmp_path / "eager", "tiny-scnet", GRAPH[0])
-    pg, lg = _fit(world, train_events_dir, tmp_path / "graph", "tiny-scnet", *GRAPH,
+    pe, le = _fit(world, train_events_dir, tmp_path / "eager", preset, *sets)
+    pg, lg = _fit(world, train_events_dir, tmp_path / "graph", preset, *sets, GRAPH[1],
                   graph_stats=stats)
     assert not stats["fallback"] and stats["steps"] + stats["eager_steps"] == len(lg)
     if device == "cuda":
@@ -239,3 +249,64 @@ def test_training_with_the_option_follows_the_eager_one(request, train_events_di
         assert abs(got - want) <= 1e-4 * max(1.0, want)
     for a, b in zip(pe, pg, strict=True):
         assert (a - b).abs().max() <= 1e-3 * a.abs().max()
+
+
+def test_jishnets_static_step_trains_bit_for_bit_as_the_eager_one(world, train_events_dir,
+                                                                  tmp_path):
+    """Through the loop, JishNet's step on the static copy of each minibatch (what its
+    graph replays; on a CPU run eagerly) computes what the eager step computes, to the
+    bit: the same rank log and the same parameters after two epochs; an epoch's short
+    last batch steps eagerly."""
+    from test_step_overlap import _same
+
+    stats: dict = {}
+    eager = _fit(world, train_events_dir, tmp_path / "eager", "tiny-jishnet")
+    static = _fit(world, train_events_dir, tmp_path / "static", "tiny-jishnet", GRAPH[1],
+                  graph_stats=stats)
+    _same(eager, static)
+    assert stats["steps"] > 0 and stats["steps"] + stats["eager_steps"] == len(static[1])
+    assert stats["resized"] == 1 and stats["captures"] == 0 and not stats["fallback"]
+
+
+@pytest.mark.parametrize("amp", ["none", "bf16"])
+def test_jishnets_static_step_overwrites_its_outputs_and_skips_a_short_batch(
+        train_events_dir, amp):
+    """Step by step on real events: the static step's logits, loss and gradients live
+    in the same tensors from step to step (as a replay's) and equal an eager step's to
+    the bit, in float32 and under bfloat16 autocast (whose casts the static step does
+    not cache); its (loss, accuracy) are the step's; a batch of another size is left to
+    the eager step."""
+    from contextlib import nullcontext
+
+    import numpy as np
+
+    from lartpc.data.loaders import build_loader
+    from lartpc.models.jishnet import JishNet
+    from lartpc.train.graphed import DenseGraphedStep
+
+    store = EventStore(train_events_dir)
+    loader = build_loader(store, "device-dense", np.arange(11), 4, seed=1, shuffle=False)
+    loader.set_epoch(0)
+    first, second, short = list(loader.iterate())  # 4, 4 and 3 events
+    torch.manual_seed(0)
+    model = JishNet(image_size=tuple(store.geometry.shape))
+    autocast = nullcontext if amp == "none" else (
+        lambda cache=True: torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache))
+    step = DenseGraphedStep(model, torch.nn.functional.cross_entropy, 4, capture=False,
+                            autocast=lambda: autocast(False) if amp != "none" else autocast())
+    logits, loss = step(first)
+    held, grad, values = float(loss), model.convs[0].weight.grad, step.values
+    assert torch.equal(values, step_values(loss, logits, first.labels))
+    logits2, loss2 = step(second)
+    assert logits2 is logits and loss2 is loss and model.convs[0].weight.grad is grad
+    assert step.values is values and float(loss) != held
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    with autocast():  # the trainer's eager step
+        want = torch.nn.functional.cross_entropy(model(second).float(), second.labels)
+    want.backward()
+    assert float(loss) == float(want.detach())
+    assert all(torch.equal(g, p.grad) for g, p in zip(got, model.parameters(), strict=True))
+    assert step(short) is None
+    assert step.stats == {"steps": 2, "captures": 0, "replays": 0, "resized": 1,
+                          "eager_steps": 1, "fallback": None}

@@ -120,19 +120,30 @@ def pick(check: dict, stage: int) -> dict:
                          if k and not verdict[_way(r, stage)]["within_tolerance"]]}
 
 
-def flags(stem: dict | None, stage2: dict | None) -> list[str]:
-    """``lartpc bench model`` flags for the choices. A stage without a check (its part
-    failed or did not run) gets no flag and so the model's default (``model.stem=auto``,
-    ``model.stage2=library``): a kernel that broke its check is not run again in the
-    network's timing."""
+def _options(stem: dict | None, stage2: dict | None) -> list[tuple[str, str]]:
+    """The model options (``model.`` keys, values) for the choices. A stage without a
+    check (its part failed or did not run) gets none and so the model's default: a
+    kernel that broke its check is not run again in the network's timing."""
     out = []
     for name, choice in (("stem", stem), ("stage2", stage2)):
         if choice is None:
             continue
-        out += [f"--{name}", choice["way"]]
+        out.append((name, choice["way"]))
         if choice["way"] == "fused":
-            out += [f"--{name}-kernel", choice["kernel"]]
+            out.append((f"{name}_kernel", choice["kernel"]))
     return out
+
+
+def flags(stem: dict | None, stage2: dict | None) -> list[str]:
+    """``lartpc bench model`` flags for the choices (:func:`_options`)."""
+    return [a for key, value in _options(stem, stage2)
+            for a in (f"--{key.replace('_', '-')}", value)]
+
+
+def settings(stem: dict | None, stage2: dict | None) -> list[str]:
+    """The same choices as ``--set`` overrides of a training (``lartpc train``,
+    ``lartpc bench train``)."""
+    return [a for key, value in _options(stem, stage2) for a in ("--set", f"model.{key}={value}")]
 
 
 def _read(path: Path | None, stage: int) -> dict | None:
@@ -161,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     stem, stage2 = (None if c is None else pick(c, s)
                     for s, c in zip((1, 2), checks, strict=True))
     print(json.dumps({"tolerance": TOLERANCE, "stem": stem, "stage2": stage2,
-                      "flags": " ".join(flags(stem, stage2))}, indent=2))
+                      "flags": " ".join(flags(stem, stage2)),
+                      "train_flags": " ".join(settings(stem, stage2))}, indent=2))
     return 0
 
 

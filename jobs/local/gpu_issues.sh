@@ -121,7 +121,8 @@ part gpu-tests "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_sparse_t
 #    accuracy, the stage alone and the step; then JishNet at the fastest accurate
 #    launches of both, stage by stage (each with its heaviest kernels), with its peak
 #    memory, the largest minibatch that fits, and its step as one CUDA graph against
-#    eager, back to back (how much of the step is the host's)
+#    eager, back to back (how much of the step is the host's); then its training with
+#    the step as one graph (3a)
 if [ "$DEVICE" = cuda ]; then
     part stem-check "$PY" -m lartpc.jobs.local.stem_check --out "$OUT/stem-check"
     part stage2-check "$PY" -m lartpc.jobs.local.stem_check --out "$OUT/stage2-check" \
@@ -129,12 +130,24 @@ if [ "$DEVICE" = cuda ]; then
     part fastest-kernels "$PY" -m lartpc.jobs.local.fastest_kernels \
         "$OUT/stem-check/stem-check.json" "$OUT/stage2-check/stage2-check.json"
     cp "$OUT/fastest-kernels.out" "$OUT/fastest-kernels.json" 2>/dev/null
-    read -r -a FASTEST < <("$PY" -c 'import json, sys; print(json.load(sys.stdin)["flags"])' \
-        < "$OUT/fastest-kernels.json" 2>/dev/null || echo "")
+    fastest() {  # fastest KEY: that field of fastest-kernels.json ("" without it)
+        "$PY" -c "import json, sys; print(json.load(sys.stdin)['$1'])" \
+            < "$OUT/fastest-kernels.json" 2>/dev/null || echo ""
+    }
+    read -r -a FASTEST < <(fastest flags)
+    read -r -a FASTEST_SETS < <(fastest train_flags)
     echo "fastest kernels: ${FASTEST[*]}" | tee -a "$OUT/parts.txt"
     part model-jishnet-stages "$PY" -m lartpc bench model --model jishnet --device cuda \
         --batch-per-rank 7 --elu-after-pool --cudnn-benchmark --amp bf16 --channels-last \
         "${FASTEST[@]}" --stages --repeats 10 --max-batch --cuda-graph
+    # 3a. issue 35 in training: JishNet through the loop (device-dense loader, 3600 x
+    #    3600, bf16, NHWC, the fastest accurate launches), its step one CUDA graph
+    #    (train.cuda_graph), beside the bare eager step of the same batches
+    part train-jishnet-graph "$PY" -m lartpc bench train --ranks 1 --backend none \
+        --device cuda --data "$EV" --downsample 1 --seconds "$SECS" --model jishnet \
+        --set train.amp=bf16 --set model.channels_last=true --set model.elu_after_pool=true \
+        --set train.cuda_graph=true "${FASTEST_SETS[@]}"
+    cp "$OUT/train-jishnet-graph.out" "$OUT/train-jishnet-graph.json" 2>/dev/null
 fi
 # 3b. issue 36 again: the graphed training with Adam as one fused kernel (three loader
 #    threads), and with the batches made in 8 loader processes (tables on their CPUs)

@@ -91,7 +91,8 @@ def measure(model, batch, loss_fn, repeats: int, warmup: int, multiple: int = 25
 
 def measure_dense(model, batch, loss_fn, autocast, repeats: int, warmup: int) -> dict:
     """The same for JishNet (``lartpc bench model --model jishnet --cuda-graph``): its
-    training step (forward under ``autocast``, loss, backward, capturable Adam) on a
+    training step (forward under ``autocast``, which must not cache its casts of the
+    weights: ``cache_enabled=False``; loss, backward, capturable Adam) on a
     static copy of the batch's images, captured as one CUDA graph, against the same step
     run eagerly, both back to back: how much of the eager step is the host's. The fused
     stages' Triton kernels are captured as launched; their backward allocates from the

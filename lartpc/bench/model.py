@@ -263,8 +263,9 @@ def run(args) -> int:
         model = torch.compile(model)
     amp = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.amp]
 
-    def autocast():
-        return torch.autocast(dev.type, dtype=amp or torch.float32, enabled=amp is not None)
+    def autocast(cache: bool = True):  # no cache of weight casts in a CUDA graph's capture
+        return torch.autocast(dev.type, dtype=amp or torch.float32, enabled=amp is not None,
+                              cache_enabled=cache)
 
     def forward():
         with autocast():
@@ -339,7 +340,8 @@ def run(args) -> int:
         try:
             result["graphed"] = measure(plain, batch, loss_fn, repeats, args.warmup) \
                 if args.model == "scnet" else \
-                measure_dense(plain, batch, loss_fn, autocast, repeats, args.warmup)
+                measure_dense(plain, batch, loss_fn, lambda: autocast(cache=False), repeats,
+                              args.warmup)
         except RuntimeError as e:  # a capture that fails keeps the measurements above
             first = str(e).splitlines()[0] if str(e) else ""
             result["graphed"] = {"error": f"{type(e).__name__}: {first}"}

@@ -1,5 +1,6 @@
-"""SCNet's forward, loss and backward replayed as one CUDA graph (``train.cuda_graph``,
-issue 36).
+"""A training step's forward, loss and backward replayed as one CUDA graph
+(``train.cuda_graph``): SCNet's with its torch layers (issue 36) and JishNet's (issue
+35, :class:`DenseGraphedStep`, below).
 
 At the paper's minibatch of 7 SCNet's step is host-bound on a GPU: its kernels take
 ~1.5 ms of a step the host needs several times as long to launch. The torch layers
@@ -29,12 +30,21 @@ batch whose pooling left no site; a noise-scale step) runs eagerly. On a CPU the
 no graph: the same padded static step runs eagerly, writing logits, loss and
 gradients into the same tensors every step as a replay does (what the tests check
 against the unpadded step); it is no faster there.
+
+JishNet: its step has fixed shapes and reads nothing back (the fused stages' Triton
+kernels included), so nothing is padded: each full minibatch's images and labels are
+copied into the graph's buffers and the step replays. Under ``train.amp = bf16`` the
+graph's autocast does not cache its casts of the weights (a capture cannot hold that
+cache); the casts are the same, so the numbers are. On a GPU the graph takes away the
+host's time launching the step's kernels (``lartpc bench model --model jishnet
+--cuda-graph`` measures how much that is); the kernels themselves are unchanged.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from contextlib import nullcontext
 from dataclasses import replace
 
 import torch
@@ -154,24 +164,25 @@ def _inputs(maps) -> list[torch.Tensor]:
     return out
 
 
-class GraphedStep:
-    """Forward, loss and backward of an SCNet with the torch layers on padded tables;
-    captured as a CUDA graph on a CUDA device (``capture``), run eagerly on the same
-    static buffers otherwise.
+class StaticStep:
+    """What both graphed steps share: forward, loss and backward on static buffers,
+    captured as a CUDA graph on a CUDA device (``capture``) and replayed, run eagerly
+    on the same buffers otherwise; a capture that fails leaves the rest of the segment
+    to the eager step. A subclass loads each batch into the buffers and says what the
+    forward is (``_logits``)."""
 
-    ``__call__(batch)`` returns (logits, loss) with the gradients in ``.grad``, or None
-    when this batch needs the eager step (the caller runs it); ``values`` then holds the
-    step's (loss, accuracy) (:func:`~lartpc.train.readback.step_values`), computed in
-    the graph: the step's thread launches nothing for them.
-    """
+    #: the training loader's padding (SCNet's tables; None: nothing to pad)
+    caps: Capacities | None = None
+    #: the forward's and the loss's autocast (a factory of contexts)
+    autocast = nullcontext
 
-    def __init__(self, model: torch.nn.Module, loss_fn, capacities: Capacities,
-                 minibatch: int, capture: bool, warmup: int = 3):
-        self.model, self.loss_fn, self.caps = model, loss_fn, capacities
+    def __init__(self, model: torch.nn.Module, loss_fn, minibatch: int, capture: bool,
+                 warmup: int = 3):
+        self.model, self.loss_fn = model, loss_fn
         self.minibatch = minibatch
         self.capture, self.warmup = capture, warmup
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.key: tuple | None = None  # the padded sizes of the buffers
+        self.key: tuple | None = None  # what the buffers were made for
         self.graph: torch.cuda.CUDAGraph | None = None
         #: without a graph: the "replayed" outputs of these buffers (none yet: [])
         self._outputs: list[torch.Tensor] = []
@@ -180,22 +191,12 @@ class GraphedStep:
         self.stats = {"steps": 0, "captures": 0, "replays": 0, "resized": 0,
                       "eager_steps": 0, "fallback": None}
 
-    def __call__(self, batch):
-        if self.stats["fallback"] or batch.data_size != self.minibatch:
-            return self._eager_step()  # a short last batch of an epoch, say
-        maps = batch.rulebooks
-        if not isinstance(maps, sparse_torch.SiteMaps) or not maps.fits(
-                batch.coords, batch.data_size, batch.shape, True):
-            maps = self.model.rulebook_builder(training=True)(batch.coords, batch.data_size)
-        maps = self.caps.pad(maps)
-        if not graphable(maps):
-            return self._eager_step()
-        key = sparse_torch.sizes(maps)
-        if key != self.key:
-            if not self._allocate(key, batch, maps):
-                return self._eager_step()
-        else:
-            self._load(batch, maps)
+    def _logits(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _replay(self):
+        """The step on the buffers as loaded: (logits, loss), the gradients in
+        ``.grad``."""
         self.stats["steps"] += 1
         if self.graph is not None:
             self.graph.replay()
@@ -227,38 +228,23 @@ class GraphedStep:
         return None
 
     def _forward_backward(self) -> None:
-        self.logits = self.model.forward_tables(self.features, self.maps, self.batch_size)
-        self.loss = self.loss_fn(self.logits.float(), self.labels)
+        with self.autocast():  # as the eager step (lartpc.train.noise.forward_backward)
+            self.logits = self._logits()
+            self.loss = self.loss_fn(self.logits.float(), self.labels)
         self.loss.backward()
         self.values = step_values(self.loss, self.logits, self.labels)
 
-    def _load(self, batch, maps) -> None:
-        """This batch into the static buffers: one multi-tensor copy of the labels,
-        features and tables (on a GPU a launch or two for the ~15 tensors, each of
-        which is otherwise an operation of the step's thread), then the features' rows
-        past this batch's set to zero."""
-        n = len(batch.features)
-        torch._foreach_copy_([self.labels, self.features[:n], *_inputs(self.maps)],
-                             [batch.labels, batch.features, *_inputs(maps)],
-                             non_blocking=True)
-        self.features[n:].zero_()
-
-    def _allocate(self, key: tuple, batch, maps) -> bool:
-        """Static buffers for ``key`` (this batch's copies) and, on CUDA, the graph;
-        False when the capture failed (this run then steps eagerly)."""
-        self.graph = None  # the old graph's memory pool goes with it
-        self.key, self.batch_size = key, batch.data_size
+    def _renew(self, key: tuple) -> None:
+        """New buffers for ``key`` follow (the subclass makes them): the old graph, its
+        memory pool and its outputs go."""
+        self.graph = None
+        self.key = key
         self._outputs = []
         self.stats["resized"] += 1
-        rows = len(maps.order)
-        self.features = batch.features.new_zeros(rows, batch.features.shape[1])
-        self.features[:len(batch.features)].copy_(batch.features)
-        self.labels = batch.labels.clone()
-        self.maps = replace(  # copies of the tensors the step reads (_inputs)
-            maps, order=maps.order.clone(), dense_index=maps.dense_index.clone(),
-            levels=[replace(lv, neighbours=lv.neighbours.clone(), slots=lv.slots.clone(),
-                            mirrored=None if lv.mirrored is None else lv.mirrored.clone())
-                    for lv in maps.levels], held=None)
+
+    def _try_capture(self) -> bool:
+        """On CUDA, the graph of the step on the new buffers; False when the capture
+        failed (this segment then steps eagerly)."""
         if not self.capture:
             return True
         try:
@@ -299,22 +285,123 @@ class GraphedStep:
         self.grads = [p.grad for p in self.params]
         self.graph = graph
         self.stats["captures"] += 1
-        log.info("train.cuda_graph: captured for padded sizes %s", self.key)
+        log.info("train.cuda_graph: captured for %s", self.key)
+
+
+class GraphedStep(StaticStep):
+    """Forward, loss and backward of an SCNet with the torch layers on padded tables
+    (:class:`StaticStep`).
+
+    ``__call__(batch)`` returns (logits, loss) with the gradients in ``.grad``, or None
+    when this batch needs the eager step (the caller runs it); ``values`` then holds the
+    step's (loss, accuracy) (:func:`~lartpc.train.readback.step_values`), computed in
+    the graph: the step's thread launches nothing for them.
+    """
+
+    def __init__(self, model: torch.nn.Module, loss_fn, capacities: Capacities,
+                 minibatch: int, capture: bool, warmup: int = 3):
+        super().__init__(model, loss_fn, minibatch, capture, warmup)
+        self.caps = capacities
+
+    def __call__(self, batch):
+        if self.stats["fallback"] or batch.data_size != self.minibatch:
+            return self._eager_step()  # a short last batch of an epoch, say
+        maps = batch.rulebooks
+        if not isinstance(maps, sparse_torch.SiteMaps) or not maps.fits(
+                batch.coords, batch.data_size, batch.shape, True):
+            maps = self.model.rulebook_builder(training=True)(batch.coords, batch.data_size)
+        maps = self.caps.pad(maps)
+        if not graphable(maps):
+            return self._eager_step()
+        key = sparse_torch.sizes(maps)
+        if key != self.key:
+            if not self._allocate(key, batch, maps):
+                return self._eager_step()
+        else:
+            self._load(batch, maps)
+        return self._replay()
+
+    def _logits(self) -> torch.Tensor:
+        return self.model.forward_tables(self.features, self.maps, self.batch_size)
+
+    def _load(self, batch, maps) -> None:
+        """This batch into the static buffers: one multi-tensor copy of the labels,
+        features and tables (on a GPU a launch or two for the ~15 tensors, each of
+        which is otherwise an operation of the step's thread), then the features' rows
+        past this batch's set to zero."""
+        n = len(batch.features)
+        torch._foreach_copy_([self.labels, self.features[:n], *_inputs(self.maps)],
+                             [batch.labels, batch.features, *_inputs(maps)],
+                             non_blocking=True)
+        self.features[n:].zero_()
+
+    def _allocate(self, key: tuple, batch, maps) -> bool:
+        """Static buffers for padded sizes ``key`` (this batch's copies) and, on CUDA,
+        the graph; False when the capture failed."""
+        self._renew(key)
+        self.batch_size = batch.data_size
+        rows = len(maps.order)
+        self.features = batch.features.new_zeros(rows, batch.features.shape[1])
+        self.features[:len(batch.features)].copy_(batch.features)
+        self.labels = batch.labels.clone()
+        self.maps = replace(  # copies of the tensors the step reads (_inputs)
+            maps, order=maps.order.clone(), dense_index=maps.dense_index.clone(),
+            levels=[replace(lv, neighbours=lv.neighbours.clone(), slots=lv.slots.clone(),
+                            mirrored=None if lv.mirrored is None else lv.mirrored.clone())
+                    for lv in maps.levels], held=None)
+        return self._try_capture()
+
+
+class DenseGraphedStep(StaticStep):
+    """JishNet's forward (under ``autocast``), loss and backward on a static copy of the
+    minibatch's images (issue 35): its shapes are fixed and it reads nothing back, so
+    nothing needs padding; each step copies the images and labels in and replays.
+    ``__call__`` as :class:`GraphedStep`'s. ``autocast`` must not cache its casts (a
+    capture cannot hold them: ``cache_enabled=False``)."""
+
+    def __init__(self, model: torch.nn.Module, loss_fn, minibatch: int, capture: bool,
+                 autocast=nullcontext, warmup: int = 3):
+        super().__init__(model, loss_fn, minibatch, capture, warmup)
+        self.autocast = autocast
+
+    def __call__(self, batch):
+        x = batch.dense
+        if self.stats["fallback"] or batch.data_size != self.minibatch or x is None:
+            return self._eager_step()
+        key = (tuple(x.shape), x.dtype, x.device)
+        if key != self.key:
+            self._renew(key)
+            self.x, self.labels = x.clone(), batch.labels.clone()
+            if not self._try_capture():
+                return self._eager_step()
+        else:
+            torch._foreach_copy_([self.labels, self.x], [batch.labels, x], non_blocking=True)
+        return self._replay()
+
+    def _logits(self) -> torch.Tensor:
+        return self.model.forward_tensor(self.x)
 
 
 def from_config(cfg, world, model: torch.nn.Module, loss_fn,
-                resume: dict | None = None) -> GraphedStep | None:
+                resume: dict | None = None) -> StaticStep | None:
     """The graphed step ``train.cuda_graph`` asks for (None when it does not), its
-    checks passed (:func:`check_graphable`) and a resumed run's padded sizes restored;
-    its ``caps`` go to the training loader."""
+    checks passed (:func:`check_graphable`): JishNet's (:class:`DenseGraphedStep`) or
+    SCNet's (:class:`GraphedStep`, a resumed run's padded sizes restored; its ``caps``
+    go to the training loader)."""
     if not cfg.train.cuda_graph:
         return None
     check_graphable(cfg, world)
+    cuda = world.device.type == "cuda"
+    if not cuda:
+        log.warning("train.cuda_graph on %s: no graph is captured there; the static step "
+                    "runs eagerly (for testing, no faster)", world.device.type)
+    minibatch = cfg.train.batch_per_rank
+    if model.input_kind == "dense":
+        autocast = nullcontext if cfg.train.amp == "none" else (
+            lambda: torch.autocast(world.device.type, dtype=torch.bfloat16,
+                                   cache_enabled=False))
+        return DenseGraphedStep(model, loss_fn, minibatch, capture=cuda, autocast=autocast)
     caps = Capacities()
     if resume is not None and resume.get("padded_sizes"):
         caps.rows = tuple(resume["padded_sizes"])  # pad as the run before did
-    cuda = world.device.type == "cuda"
-    if not cuda:
-        log.warning("train.cuda_graph on %s: no graph is captured there; the padded step "
-                    "runs eagerly (for testing, no faster)", world.device.type)
-    return GraphedStep(model, loss_fn, caps, cfg.train.batch_per_rank, capture=cuda)
+    return GraphedStep(model, loss_fn, caps, minibatch, capture=cuda)

@@ -169,7 +169,7 @@ class Trainer:
         self.saved_step = -1  #: global step of the last checkpoint (written or loaded)
         self._unread: Unread | None = None  #: the last step, its numbers not read yet
         #: train.cuda_graph: the captured step and the sizes its loader pads to
-        self.graphed: graphed.GraphedStep | None = None
+        self.graphed: graphed.StaticStep | None = None
 
     @classmethod
     def build(cls, seg: Segment, *, stops: StopRequests | None = None) -> Trainer:
@@ -228,8 +228,13 @@ class Trainer:
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None,
                 "store": self.store_id, "rng": checkpoint.rng_state(),
                 # train.cuda_graph's padded sizes: a resumed run pads its steps alike
-                "padded_sizes": None if self.graphed is None or self.graphed.caps.rows is None
-                else list(self.graphed.caps.rows)}
+                "padded_sizes": self._padded_sizes()}
+
+    def _padded_sizes(self) -> list[int] | None:
+        """``train.cuda_graph`` with SCNet: the sizes its tables are padded to (None:
+        no option, JishNet's step, or none yet)."""
+        caps = None if self.graphed is None else self.graphed.caps
+        return None if caps is None or caps.rows is None else list(caps.rows)
 
     def load_state_dict(self, state: dict) -> None:
         """Weights, optimizer, loss scale and counters of a checkpoint (not the RNGs).

@@ -44,7 +44,7 @@ def test_every_part_runs_and_a_failure_is_logged(tmp_path):
     names = [p.split(":")[0] for p in parts]
     assert names == ["env", "events", "loader-probe", "train-scnet-torch-graph-threads-3",
                      "train-scnet-torch-graph-threads-1", "gpu-tests",
-                     "train-scnet-torch-graph-threads-3-fused-adam",
+                     "train-jishnet-graph", "train-scnet-torch-graph-threads-3-fused-adam",
                      "train-scnet-torch-graph-processes-8",
                      "gpu-bench-train-scnet-sparse", "gpu-bench-model-scnet-default", "done"]
     assert "gpu-bench-train-scnet-sparse: exit 3" in "\n".join(parts)
@@ -52,12 +52,15 @@ def test_every_part_runs_and_a_failure_is_logged(tmp_path):
     assert sum("gpu_bench" in c for c in calls) == 2
     events = str(tmp_path / "events")  # one store, made once, read by 1a and both trainings
     assert [c for c in calls if events in c][0].startswith("-m lartpc simulate")
-    assert sum(events in c for c in calls) == 6
-    trainings = [c for c in calls if "bench train" in c]
+    assert sum(events in c for c in calls) == 7
+    trainings = [c for c in calls if "bench train" in c and "--model scnet" in c]
     assert [c.split("data.")[-1].split()[0] for c in trainings] == [
         "prefetch_threads=3", "prefetch_threads=1", "prefetch_threads=3", "loader_processes=8"]
     assert all("train.cuda_graph=true" in c for c in trainings)
     assert ["train.optimizer_impl=fused" in c for c in trainings] == [False, False, True, False]
+    jishnet = next(c for c in calls if "bench train" in c and "--model jishnet" in c)
+    assert "--device cpu" in jishnet and "train.cuda_graph=true" in jishnet
+    assert "train.epochs=2" in jishnet and "train.amp" not in jishnet  # float32 on a CPU
     with tarfile.open(pack) as tar:
         assert "gi/parts.txt" in tar.getnames()
 
@@ -98,4 +101,5 @@ def test_on_cuda_jishnet_runs_at_the_fastest_kernels_in_both_benches(tmp_path):
                            "--max-batch --cuda-graph")
     train = next(c for c in calls if "bench train" in c and "--model jishnet" in c)
     assert "--downsample 1 " in train and "--set train.cuda_graph=true" in train
+    assert "--set train.amp=bf16" in train and "--set model.channels_last=true" in train
     assert train.endswith("--set model.stem=fused --set model.stem_kernel=64:4:hoist")

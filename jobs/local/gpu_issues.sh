@@ -143,8 +143,8 @@ if [ "$DEVICE" = cuda ]; then
 fi
 # 3a. issue 35 in training: JishNet through the loop (device-dense loader, 3600 x 3600,
 #    bf16, NHWC, the fastest accurate launches), its step one CUDA graph
-#    (train.cuda_graph), beside the bare eager step of the same batches (on a CPU:
-#    float32 at the model's default layers, the static step without a graph)
+#    (train.cuda_graph), beside the bare step, graphed too, of the same batches (on a
+#    CPU: float32 at the model's default layers, the static step without a graph)
 if [ "$DEVICE" = cuda ]; then JISH=(--set train.amp=bf16 --set model.channels_last=true)
 else JISH=(); FASTEST_SETS=(); fi
 part train-jishnet-graph "$PY" -m lartpc bench train --ranks 1 --backend none \

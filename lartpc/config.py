@@ -399,8 +399,8 @@ def cuda_graph_refusal(cfg: Config) -> str | None:
     """Why the config cannot take ``train.cuda_graph`` (lartpc/train/graphed.py), or
     None: it needs JishNet, or SCNet's torch layers (spconv waits for the device inside
     its step); float32, or for JishNet bfloat16 too (SCNet's float16 trunk and
-    float16's loss scale are not captured); no ``train.compile`` (the graph replays the
-    plain model) and no distributed backend named (the gradient exchange hooks into the
+    float16's loss scale are not captured); for JishNet no ``train.compile`` (the graph
+    replays the plain model); no distributed backend named (the gradient exchange hooks into the
     backward; the ranks a launcher starts are checked when training starts)."""
     if not cfg.train.cuda_graph:
         return None
@@ -411,7 +411,7 @@ def cuda_graph_refusal(cfg: Config) -> str | None:
     amps = ("none", "bf16") if name == "jishnet" else ("none",)
     if cfg.train.amp not in amps:
         return f"it needs train.amp={' or '.join(amps)} with {name} (here {cfg.train.amp})"
-    if cfg.train.compile:
+    if cfg.train.compile and name == "jishnet":  # (compile leaves SCNet as it is)
         return "it needs train.compile=false (the graph replays the model uncompiled)"
     if cfg.dist.backend in ("horovod", "torch"):
         return (f"it needs one rank with dist.backend=none (here {cfg.dist.backend}): the "

@@ -223,7 +223,7 @@ def test_jishnets_captured_step_equals_the_eager_step_on_cuda(train_events_dir, 
     """JishNet's captured graph (fused stem and second stage, as on a GPU by default):
     loss, gradients and read-back values equal an eager step's on the same batch (under
     bf16, the eager step's autocast caching its casts as the trainer's does), replay
-    after replay with new batches copied in from the loader's rotating buffers."""
+    after replay, each graph reading one of the loader's rotating buffers in place."""
     from contextlib import nullcontext
 
     import numpy as np
@@ -262,7 +262,8 @@ def test_jishnets_captured_step_equals_the_eager_step_on_cuda(train_events_dir, 
                                    rtol=tol, atol=0)
         for g, p in zip(got[1:], model.parameters(), strict=True):
             assert (g - p.grad).abs().max() <= tol * p.grad.abs().max()
-    assert step.stats["captures"] == 1 and step.stats["replays"] == 4
+    # one graph for each of the loader's three buffers (0, 1, 2, then 0 again)
+    assert step.stats["captures"] == 3 and step.stats["replays"] == 4
     assert not step.stats["fallback"]
 
 
@@ -306,11 +307,15 @@ def test_training_with_the_option_follows_the_eager_one(request, train_events_di
 
 def test_jishnets_static_step_trains_bit_for_bit_as_the_eager_one(world, train_events_dir,
                                                                   tmp_path):
-    """Through the loop, JishNet's step on the static copy of each minibatch (what its
-    graph replays; on a CPU run eagerly) computes what the eager step computes, to the
-    bit: the same rank log and the same parameters after two epochs; an epoch's short
-    last batch steps eagerly."""
+    """Through the loop, JishNet's static step (what its graphs replay; on a CPU run
+    eagerly) on the device-dense loader's buffers computes what the eager step
+    computes, to the bit: the same rank log and the same parameters after two epochs;
+    one graph for each of the loader's rotating buffers; an epoch's short last batch
+    steps eagerly."""
     from test_step_overlap import _same
+
+    from lartpc.config import load_config
+    from lartpc.data.prefetch import n_slots
 
     stats: dict = {}
     eager = _fit(world, train_events_dir, tmp_path / "eager", "tiny-jishnet")
@@ -318,48 +323,120 @@ def test_jishnets_static_step_trains_bit_for_bit_as_the_eager_one(world, train_e
                   graph_stats=stats)
     _same(eager, static)
     assert stats["steps"] > 0 and stats["steps"] + stats["eager_steps"] == len(static[1])
-    assert stats["resized"] == 1 and stats["captures"] == 0 and not stats["fallback"]
+    buffers = n_slots(load_config("tiny-jishnet").data.prefetch)  # 4: all read in place
+    assert stats["resized"] == buffers and stats["captures"] == 0 and not stats["fallback"]
 
 
-@pytest.mark.parametrize("amp", ["none", "bf16"])
-def test_jishnets_static_step_overwrites_its_outputs_and_skips_a_short_batch(
-        train_events_dir, amp):
-    """Step by step on real events: the static step's logits, loss and gradients live
-    in the same tensors from step to step (as a replay's) and equal an eager step's to
-    the bit, in float32 and under bfloat16 autocast (whose casts the static step does
-    not cache); its (loss, accuracy) are the step's; a batch of another size is left to
-    the eager step."""
+def _jishnet_step(store, amp="none"):
+    """A JishNet and its static step on a CPU (no capture), minibatch 4; the eager
+    step's autocast (caching its casts, as the trainer's)."""
     from contextlib import nullcontext
 
-    import numpy as np
-
-    from lartpc.data.loaders import build_loader
     from lartpc.models.jishnet import JishNet
     from lartpc.train.graphed import DenseGraphedStep
 
-    store = EventStore(train_events_dir)
-    loader = build_loader(store, "device-dense", np.arange(11), 4, seed=1, shuffle=False)
-    loader.set_epoch(0)
-    first, second, short = list(loader.iterate())  # 4, 4 and 3 events
     torch.manual_seed(0)
     model = JishNet(image_size=tuple(store.geometry.shape))
-    autocast = nullcontext if amp == "none" else (
-        lambda cache=True: torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache))
+
+    def autocast(cache=True):
+        return nullcontext() if amp == "none" else torch.autocast(
+            "cpu", dtype=torch.bfloat16, cache_enabled=cache)
+
     step = DenseGraphedStep(model, torch.nn.functional.cross_entropy, 4, capture=False,
-                            autocast=lambda: autocast(False) if amp != "none" else autocast())
-    logits, loss = step(first)
-    held, grad, values = float(loss), model.convs[0].weight.grad, step.values
-    assert torch.equal(values, step_values(loss, logits, first.labels))
-    logits2, loss2 = step(second)
-    assert logits2 is logits and loss2 is loss and model.convs[0].weight.grad is grad
-    assert step.values is values and float(loss) != held
-    got = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    with autocast():  # the trainer's eager step
-        want = torch.nn.functional.cross_entropy(model(second).float(), second.labels)
-    want.backward()
-    assert float(loss) == float(want.detach())
-    assert all(torch.equal(g, p.grad) for g, p in zip(got, model.parameters(), strict=True))
-    assert step(short) is None
-    assert step.stats == {"steps": 2, "captures": 0, "replays": 0, "resized": 1,
+                            autocast=lambda: autocast(cache=False))
+    return model, step, autocast
+
+
+def _device_dense(store, n: int):
+    """The device-dense loader's batches of 4 (on a CPU) of the first ``n`` events, in
+    order: full ones in its rotating buffers 0, 1, 2, 0, ..., a short one last."""
+    import numpy as np
+
+    from lartpc.data.loaders import build_loader
+
+    loader = build_loader(store, "device-dense", np.arange(n), 4, seed=1, shuffle=False)
+    loader.set_epoch(0)
+    return loader.iterate()
+
+
+@pytest.mark.parametrize("amp", ["none", "bf16"])
+def test_jishnets_static_step_reads_the_loaders_buffers_and_skips_a_short_batch(
+        train_events_dir, amp):
+    """Step by step on real events from the device-dense loader: each of its rotating
+    buffers is read where it lies (no copy) by a graph of its own, whose logits, loss
+    and gradients live in the same tensors from one use of the buffer to the next (as a
+    replay's) and equal an eager step's to the bit, in float32 and under bfloat16
+    autocast (whose casts the static step does not cache); its (loss, accuracy) are the
+    step's; a batch of another size is left to the eager step."""
+    store = EventStore(train_events_dir)
+    model, step, autocast = _jishnet_step(store, amp)
+    outs = []
+    for batch in _device_dense(store, 19):  # 4 full batches (buffers 0, 1, 2, 0), 3 events
+        out = step(batch)
+        if batch.data_size < 4:
+            assert out is None
+            continue
+        # read where it lies (each batch is a new view of the buffer)
+        assert batch.dense_reused and step.x.data_ptr() == batch.dense.data_ptr()
+        logits, loss = out
+        outs.append((logits, loss, model.convs[0].weight.grad, step.values))
+        assert torch.equal(step.values, step_values(loss, logits, batch.labels))
+        got = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        with autocast():  # the trainer's eager step
+            want = torch.nn.functional.cross_entropy(model(batch).float(), batch.labels)
+        want.backward()
+        assert float(loss) == float(want.detach())
+        assert all(torch.equal(g, p.grad) for g, p in zip(got, model.parameters(), strict=True))
+    first, second, _, again = outs
+    assert all(a is b for a, b in zip(first, again, strict=True))  # buffer 0's graph again
+    assert not any(a is b for a, b in zip(first, second, strict=True))
+    assert step.stats == {"steps": 4, "captures": 0, "replays": 0, "resized": 3,
                           "eager_steps": 1, "fallback": None}
+
+
+def test_jishnets_static_step_copies_other_images_into_its_own_buffer(train_events_dir,
+                                                                      monkeypatch):
+    """Images in no reused buffer (a copy, here as mirroring makes one), and those of
+    a reused buffer past ``MAX_BUFFERS``, are copied into the step's own buffer: one
+    more graph, shared by all of them, computing what the eager step does."""
+    from dataclasses import replace
+
+    from lartpc.train import graphed
+
+    monkeypatch.setattr(graphed, "MAX_BUFFERS", 2)
+    store = EventStore(train_events_dir)
+    model, step, _ = _jishnet_step(store)
+    batches = _device_dense(store, 16)  # buffers 0, 1, 2, 0
+    for k, batch in enumerate(batches):
+        if k == 1:  # first a batch of its own, not in the loader's buffer
+            own = replace(batch, dense=batch.dense.clone(), dense_reused=False)
+            _, loss = step(own)
+            assert step.x.data_ptr() != own.dense.data_ptr() and step.key[0] == "copy"
+            held = step.x
+        _, loss = step(batch)
+        in_place = step.x.data_ptr() == batch.dense.data_ptr()
+        assert in_place == (k != 2)  # buffer 2: past MAX_BUFFERS
+        if k == 2:
+            assert step.x is held and torch.equal(held, batch.dense)
+        model.zero_grad()
+        want = torch.nn.functional.cross_entropy(model(batch), batch.labels)
+        assert float(loss) == float(want.detach())
+    assert step.stats["steps"] == 5 and step.stats["resized"] == 3  # 2 buffers, 1 copy
+
+
+def test_only_the_loaders_own_buffers_are_marked_reused(train_events_dir):
+    """``Batch.dense_reused`` (a graph may read the images in place) holds for the
+    device-dense loader's batches and for nothing made from them: a mirrored copy, a
+    noise-scale half (a view at an offset), a bare-step copy."""
+    from lartpc.bench.bare_step import _copy
+    from lartpc.data.augment import mirror
+    from lartpc.train.noise import split_batch
+
+    store = EventStore(train_events_dir)
+    batch = next(iter(_device_dense(store, 8)))
+    assert batch.dense_reused and batch.to("cpu").dense_reused  # not moved: still it
+    seed = next(s for s in range(100) if mirror(batch, s, 0) is not batch)
+    assert not mirror(batch, seed, 0).dense_reused
+    assert not any(half.dense_reused for half in split_batch(batch))
+    assert not _copy(batch, torch.device("cpu")).dense_reused

@@ -38,7 +38,7 @@ def _copy(batch: Batch, device: torch.device) -> Batch:
     # of the batch's own (never a rotating buffer): kept, so that they still fit
     coords = batch.coords if batch.rulebooks is not None else own(batch.coords)
     return replace(batch, labels=own(batch.labels), dense=own(batch.dense),
-                   coords=coords, features=own(batch.features))
+                   coords=coords, features=own(batch.features), dense_reused=False)
 
 
 def _nbytes(batch: Batch) -> int:

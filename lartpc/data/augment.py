@@ -58,7 +58,7 @@ def mirror(batch: Batch, seed: int, epoch: int) -> Batch:
     if batch.dense is not None:
         dense = torch.stack([_flip(img, bool(fw), bool(ft))
                              for img, fw, ft in zip(batch.dense, wire, time, strict=True)])
-        return dataclasses.replace(batch, dense=dense)
+        return dataclasses.replace(batch, dense=dense, dense_reused=False)
     c = batch.coords
     b = c[:, 0].long()
     fw = torch.from_numpy(wire).to(c.device)[b]

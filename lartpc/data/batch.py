@@ -29,6 +29,9 @@ class Batch:
     rulebooks : spconv rulebooks (:mod:`lartpc.models.rulebooks`) or the torch layers'
         index tables (:mod:`lartpc.models.sparse_torch`) built ahead for ``coords``
         (``data.rulebooks = loader``), or None: the model builds them.
+    dense_reused : ``dense`` is one of the few buffers the loader rewrites in turn (the
+        device-dense loader's), not a tensor of this batch's own: a CUDA graph may read
+        it where it lies (``train.cuda_graph``). False for a copy or a new tensor.
     """
 
     labels: torch.Tensor
@@ -39,6 +42,7 @@ class Batch:
     event_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     truth: dict[str, np.ndarray] = field(default_factory=dict)
     rulebooks: object | None = None
+    dense_reused: bool = False
 
     @property
     def data_size(self) -> int:
@@ -51,5 +55,7 @@ class Batch:
         def mv(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to(device, non_blocking=non_blocking)
 
-        return replace(self, labels=mv(self.labels), dense=mv(self.dense),
-                       coords=mv(self.coords), features=mv(self.features))
+        dense = mv(self.dense)
+        return replace(self, labels=mv(self.labels), dense=dense,
+                       coords=mv(self.coords), features=mv(self.features),
+                       dense_reused=self.dense_reused and dense is self.dense)

@@ -324,7 +324,8 @@ class DeviceDenseLoader(SparseLoader):
         bidx, row, col, charge = self.pixels.gather(positions)
         h, w = self.shape
         flat = torch.from_numpy(bidx * (h * w) + row.astype(np.int64) * w + col)
-        batch = self._host_batch(positions, dense=self._slot_buffer(slot)[: len(positions)])
+        batch = self._host_batch(positions, dense=self._slot_buffer(slot)[: len(positions)],
+                                 dense_reused=True)
         job = _Scatter(self, slot, batch, flat, torch.from_numpy(charge))
         if self.device.type == "cpu":  # all host work: do it here, in the prefetch thread
             job.run()

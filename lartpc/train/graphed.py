@@ -32,8 +32,11 @@ gradients into the same tensors every step as a replay does (what the tests chec
 against the unpadded step); it is no faster there.
 
 JishNet: its step has fixed shapes and reads nothing back (the fused stages' Triton
-kernels included), so nothing is padded: each full minibatch's images and labels are
-copied into the graph's buffers and the step replays. Under ``train.amp = bf16`` the
+kernels included), so nothing is padded. The device-dense loader writes its batches
+into a few buffers in turn; each of them gets a graph of its own that reads the images
+where they lie, so a step copies only its labels before the replay (other images are
+copied into one buffer of the step's own; :class:`DenseGraphedStep`). Under
+``train.amp = bf16`` the
 graph's autocast does not cache its casts of the weights (a capture cannot hold that
 cache); the casts are the same, so the numbers are. On a GPU the graph takes away the
 host's time launching the step's kernels (``lartpc bench model --model jishnet
@@ -352,31 +355,71 @@ class GraphedStep(StaticStep):
         return self._try_capture()
 
 
+#: JishNet's graphs: at most this many input buffers get a graph that reads each where
+#: it lies (the device-dense loader rewrites 3 in turn by default); a batch in another
+#: one, or one not in a reused buffer, is copied into the step's own buffer
+MAX_BUFFERS = 4
+#: what a graph of JishNet's step holds (kept per input buffer)
+_GRAPH_STATE = ("x", "graph", "grads", "logits", "loss", "values", "_outputs")
+
+
 class DenseGraphedStep(StaticStep):
-    """JishNet's forward (under ``autocast``), loss and backward on a static copy of the
-    minibatch's images (issue 35): its shapes are fixed and it reads nothing back, so
-    nothing needs padding; each step copies the images and labels in and replays.
-    ``__call__`` as :class:`GraphedStep`'s. ``autocast`` must not cache its casts (a
-    capture cannot hold them: ``cache_enabled=False``)."""
+    """JishNet's forward (under ``autocast``), loss and backward on the minibatch's images
+    (issue 35): its shapes are fixed and it reads nothing back, so nothing needs
+    padding. ``__call__`` as :class:`GraphedStep`'s. ``autocast`` must not cache its
+    casts (a capture cannot hold them: ``cache_enabled=False``).
+
+    The images: a batch whose ``dense`` is one of the loader's reused buffers
+    (``Batch.dense_reused``: the device-dense loader's, 3 by default) is read where it
+    lies, by a graph of that buffer's own (up to :data:`MAX_BUFFERS`), so a step copies
+    only its labels; any other is copied into the step's own buffer (one copy of the
+    minibatch, 363 MB at 3600², before the replay). Each graph has its own memory pool:
+    3 graphs hold about 3 times one step's activations.
+    """
 
     def __init__(self, model: torch.nn.Module, loss_fn, minibatch: int, capture: bool,
                  autocast=nullcontext, warmup: int = 3):
         super().__init__(model, loss_fn, minibatch, capture, warmup)
         self.autocast = autocast
+        self.labels: torch.Tensor | None = None  # one static buffer, read by every graph
+        self._graphs: dict[tuple, dict] = {}  # the state of each graph but the current
 
     def __call__(self, batch):
         x = batch.dense
         if self.stats["fallback"] or batch.data_size != self.minibatch or x is None:
             return self._eager_step()
-        key = (tuple(x.shape), x.dtype, x.device)
-        if key != self.key:
-            self._renew(key)
-            self.x, self.labels = x.clone(), batch.labels.clone()
-            if not self._try_capture():
-                return self._eager_step()
+        key = ("reused", x.data_ptr(), tuple(x.shape), x.stride(), x.dtype, x.device)
+        known = key == self.key or key in self._graphs
+        if not batch.dense_reused or (not known and self._reused() >= MAX_BUFFERS):
+            key = ("copy", tuple(x.shape), x.dtype, x.device)
+        if self.labels is None:
+            self.labels = batch.labels.clone()
         else:
-            torch._foreach_copy_([self.labels, self.x], [batch.labels, x], non_blocking=True)
+            self.labels.copy_(batch.labels, non_blocking=True)
+        if key != self.key and not self._switch(key, x):
+            return self._eager_step()
+        if key[0] == "copy":
+            self.x.copy_(x, non_blocking=True)
         return self._replay()
+
+    def _reused(self) -> int:
+        """Graphs made for reused buffers of the loader."""
+        return sum(k is not None and k[0] == "reused" for k in (self.key, *self._graphs))
+
+    def _switch(self, key: tuple, x: torch.Tensor) -> bool:
+        """Make ``key``'s graph the current one: one made before, or a new one for
+        ``x`` (the loader's buffer itself, or a copy); False when its capture failed."""
+        if self.key is not None:
+            self._graphs[self.key] = {a: getattr(self, a, None) for a in _GRAPH_STATE}
+        known = self._graphs.pop(key, None)
+        if known is not None:
+            for a, v in known.items():
+                setattr(self, a, v)
+            self.key = key
+            return True
+        self._renew(key)
+        self.x = x if key[0] == "reused" else x.clone()
+        return self._try_capture()
 
     def _logits(self) -> torch.Tensor:
         return self.model.forward_tensor(self.x)

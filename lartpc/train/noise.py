@@ -266,7 +266,7 @@ def split_batch(batch):
     for lo, hi in ((0, h), (h, n)):
         kw = {"labels": batch.labels[lo:hi]}
         if batch.dense is not None:
-            kw["dense"] = batch.dense[lo:hi]
+            kw.update(dense=batch.dense[lo:hi], dense_reused=False)  # (a view at an offset)
         if batch.coords is not None:
             keep = (batch.coords[:, 0] >= lo) & (batch.coords[:, 0] < hi)
             coords = batch.coords[keep].clone()

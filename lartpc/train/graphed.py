@@ -356,8 +356,8 @@ class GraphedStep(StaticStep):
 
 
 #: JishNet's graphs: at most this many input buffers get a graph that reads each where
-#: it lies (the device-dense loader rewrites 3 in turn by default); a batch in another
-#: one, or one not in a reused buffer, is copied into the step's own buffer
+#: it lies (the device-dense loader rewrites 4 in turn in training, data.prefetch=2); a
+#: batch in another one, or one not in a reused buffer, is copied into the step's own
 MAX_BUFFERS = 4
 #: what a graph of JishNet's step holds (kept per input buffer)
 _GRAPH_STATE = ("x", "graph", "grads", "logits", "loss", "values", "_outputs")
@@ -370,11 +370,11 @@ class DenseGraphedStep(StaticStep):
     casts (a capture cannot hold them: ``cache_enabled=False``).
 
     The images: a batch whose ``dense`` is one of the loader's reused buffers
-    (``Batch.dense_reused``: the device-dense loader's, 3 by default) is read where it
-    lies, by a graph of that buffer's own (up to :data:`MAX_BUFFERS`), so a step copies
-    only its labels; any other is copied into the step's own buffer (one copy of the
-    minibatch, 363 MB at 3600², before the replay). Each graph has its own memory pool:
-    3 graphs hold about 3 times one step's activations.
+    (``Batch.dense_reused``: the device-dense loader's, 4 in training by default) is read
+    where it lies, by a graph of that buffer's own (up to :data:`MAX_BUFFERS`), so a
+    step copies only its labels; any other is copied into the step's own buffer (one
+    copy of the minibatch, 363 MB at 3600², before the replay). Each graph has its own
+    memory pool: 4 graphs hold about 4 times one step's activations.
     """
 
     def __init__(self, model: torch.nn.Module, loss_fn, minibatch: int, capture: bool,
@@ -440,9 +440,9 @@ def from_config(cfg, world, model: torch.nn.Module, loss_fn,
                     "runs eagerly (for testing, no faster)", world.device.type)
     minibatch = cfg.train.batch_per_rank
     if model.input_kind == "dense":
-        autocast = nullcontext if cfg.train.amp == "none" else (
-            lambda: torch.autocast(world.device.type, dtype=torch.bfloat16,
-                                   cache_enabled=False))
+        from lartpc.train.parts import autocast_and_scaler
+
+        autocast, _ = autocast_and_scaler(cfg, world.device.type, cache=False)
         return DenseGraphedStep(model, loss_fn, minibatch, capture=cuda, autocast=autocast)
     caps = Capacities()
     if resume is not None and resume.get("padded_sizes"):

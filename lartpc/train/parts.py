@@ -27,17 +27,19 @@ def model_options(cfg: Config, device_type: str) -> dict:
     return model_class(cfg.model.name).options(cfg.model, cfg.train.amp, device_type)
 
 
-def autocast_and_scaler(cfg: Config, device_type: str):
+def autocast_and_scaler(cfg: Config, device_type: str, cache: bool = True):
     """The forward pass's autocast context factory and the fp16 loss scaler (or None).
 
     SCNet runs its own float16 trunk (``half``), so it gets no outer autocast.
+    ``cache=False``: autocast keeps no cache of its weight casts, as a CUDA graph's
+    capture needs (``train.cuda_graph``); the casts, and so the numbers, are the same.
     """
     amp = cfg.train.amp
     scaler = torch.amp.GradScaler(device_type) if amp == "fp16" else None
     if amp == "none" or cfg.model.name == "scnet":
         return nullcontext, scaler
     dtype = torch.bfloat16 if amp == "bf16" else torch.float16
-    return (lambda: torch.autocast(device_type, dtype=dtype)), scaler
+    return (lambda: torch.autocast(device_type, dtype=dtype, cache_enabled=cache)), scaler
 
 
 def loader_mode(cfg: Config, model: torch.nn.Module) -> str:

@@ -145,6 +145,30 @@ def test_killed_run_resumes_exactly_with_its_padded_sizes(train_events_dir, tmp_
     assert not graph["fallback"]
 
 
+@pytest.mark.slow
+def test_killed_jishnet_run_resumes_exactly_with_its_graphs(train_events_dir, tmp_path):
+    """``lartpc train`` with JishNet's graphed step: killed after 11 steps (checkpoints
+    every 3), resumed, it ends with the uninterrupted run's parameters bit for bit (the
+    resumed segment makes its graphs afresh; nothing of them is in the checkpoint)."""
+    import json
+
+    from lartpc.train import checkpoint
+
+    sets = (GRAPH[1], "train.checkpoint_every_steps=3")
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    r = run(train_cmd(train_events_dir, whole, *sets))
+    assert r.returncode == 0, r.stderr
+    kill_after_steps(train_cmd(train_events_dir, cut, *sets), cut, 11)
+    state = checkpoint.read(cut / "checkpoint.pt")
+    assert 0 < state["global_step"] < 16 and state["padded_sizes"] is None
+    r = run(train_cmd(train_events_dir, cut, *sets))
+    assert r.returncode == 0, r.stderr
+    pa, pb = final_params(whole), final_params(cut)
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+    graph = json.loads((whole / "run.json").read_text())["cuda_graph"]
+    assert graph["steps"] > 0 and graph["resized"] >= 1 and not graph["fallback"]
+
+
 @pytest.mark.parametrize("preset,sets,why", [
     ("tiny-scnet", (), "jishnet, or scnet with model.sparse=torch (here scnet, "
      "model.sparse=spconv)"),

@@ -248,19 +248,54 @@ def test_a_graphed_training_with_the_graphs_tables_is_the_same_training(
         monkeypatch, world, train_events_dir, tmp_path):
     """Two epochs through the loop with ``train.cuda_graph`` (tables padded in the
     loader's thread): built by the graph's way, the same losses and parameters, bit for
-    bit, as built by torch operations."""
+    bit, as built by torch operations.
+
+    Both runs start from the padded sizes a first run ended with (as a resumed run
+    does), so that every batch the loader's thread builds is padded: how many batches
+    it builds before the first step sets the sizes depends on the threads' timing."""
     from test_step_overlap import _fit, _same
 
+    from lartpc.train import graphed
+
     sets = ("model.sparse=torch", "data.rulebooks=loader", "train.cuda_graph=true")
+    real, made, rows = graphed.from_config, [], []
+
+    def preset(*a, **k):
+        step = real(*a, **k)
+        if rows:
+            step.caps.rows = rows[0]
+        made.append(step)
+        return step
+
+    monkeypatch.setattr(graphed, "from_config", preset)
     monkeypatch.setattr(sparse_torch, "TABLES", "torch")
+    _fit(world, train_events_dir, tmp_path / "sizing", "tiny-scnet", *sets)
+    rows.append(made[-1].caps.rows)
     want = _fit(world, train_events_dir, tmp_path / "torch", "tiny-scnet", *sets)
+    assert made[-1].caps.rows == rows[0]  # no batch outgrew them
+    builds = _spy_padding(monkeypatch)
     calls = _spy(monkeypatch)
     monkeypatch.setattr(sparse_torch, "TABLES", "graph")
     stats: dict = {}
     got = _fit(world, train_events_dir, tmp_path / "graph", "tiny-scnet", *sets,
                graph_stats=stats)
-    assert stats["steps"] > 0 and len(calls) >= stats["steps"] - 2  # bar the first
+    # 2 epochs of 8 batches (the last one short), every one padded, by the graph's way
+    assert stats["steps"] == 14 and builds == [rows[0]] * 16 and len(calls) == 16
     _same(want, got)
+
+
+def _spy_padding(monkeypatch) -> list:
+    """The capacities each table build in the loader's thread was padded to."""
+    from lartpc.train import graphed
+
+    builds, real = [], graphed.Padding.__call__
+
+    def call(self, coords, batch_size):
+        builds.append(self.capacities.rows)
+        return real(self, coords, batch_size)
+
+    monkeypatch.setattr(graphed.Padding, "__call__", call)
+    return builds
 
 
 def test_a_replayed_batch_is_a_handful_of_launches(train_events_dir):

@@ -110,6 +110,35 @@ def test_stop_vote(vote, reason):
     assert vote.stop == reason
 
 
+def test_time_left_reserves_the_slowest_recent_step_evaluation_and_save():
+    """The time-limit check reserves each duration at its slowest recent value: one
+    slow step among fast ones (a loaded host) stops the run as if every step were that
+    slow; a quicker evaluation or save after a slow one does not shrink the reserve."""
+    from types import SimpleNamespace
+
+    from lartpc.train.trainer import RECENT_STEPS, Timing
+
+    def left(timing: Timing, elapsed: float, limit: float = 30.0) -> bool:
+        t = SimpleNamespace(timing=timing, process_start=time.time() - elapsed,
+                            cfg=SimpleNamespace(train=SimpleNamespace(time_limit_s=limit)),
+                            plan=None)
+        return Trainer.time_left(t)
+
+    timing = Timing()
+    timing.evaluated(2.0)
+    timing.evaluated(0.5)
+    timing.saved(0.2)  # the first save replaces the 1 s guess
+    timing.saved(0.1)
+    assert (timing.eval_s, timing.checkpoint_s) == (2.0, 0.2)
+    timing.step_times.extend([0.1] * (RECENT_STEPS - 1))
+    # reserve 1.5 * (2 * 0.1 + 2.0 + 0.2) + 2 = 5.6 s
+    assert left(timing, 24.3) and not left(timing, 24.5)
+    timing.step_times.append(3.0)  # reserve 1.5 * (6 + 2.2) + 2 = 14.3 s
+    assert left(timing, 15.6) and not left(timing, 15.8)
+    timing.step_times.extend([0.1] * RECENT_STEPS)  # the slow step has left the window
+    assert left(timing, 24.3)
+
+
 def test_time_limit_stops_and_evaluates(world, train_events_dir, tmp_path):
     out = tmp_path / "run"
     out.mkdir()

@@ -306,16 +306,16 @@ class Checkpointer:
             error = e
         self._agree(error, "its logs")
         if self.world.is_root:
-            t0 = time.time()
             try:
                 write(self.run, trainer.state_dict())
             except RunFolderError as e:
                 error = e
-            trainer.timing.checkpoint_s = time.time() - t0
         self._agree(error, CHECKPOINT)
         self.last_time = time.time()
         trainer.saved_step = trainer.state.global_step
-        trainer.state.checkpoint_time_s += time.perf_counter() - t_start
+        took = time.perf_counter() - t_start
+        trainer.state.checkpoint_time_s += took
+        trainer.timing.saved(took)  # every rank: each votes on its own clock
 
     def _agree(self, error: RunFolderError | None, what: str) -> None:
         """Raise on every rank when any rank failed to write."""

@@ -21,6 +21,7 @@ import logging
 import math
 import statistics
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -133,13 +134,27 @@ def _vote_loss(done: list[tuple], last: float) -> float:
     return next((x for x in losses if not math.isfinite(x)), losses[-1] if losses else last)
 
 
+#: how many of the last steps the time-limit check looks at
+RECENT_STEPS = 20
+
+
 @dataclass
 class Timing:
-    """Recent durations the time-limit check needs."""
+    """Recent durations the time-limit check needs: the slowest of each, as a loaded
+    host (a busy node, a file system that stalls) slows one step or save now and then,
+    and the limit is a hard one."""
 
-    step_times: list[float] = field(default_factory=list)
-    eval_s: float = 0.0
-    checkpoint_s: float = 1.0  #: the checkpointer's last save
+    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
+    eval_s: float = 0.0  #: the slowest evaluation so far (0: none yet)
+    checkpoint_s: float = 1.0  #: the slowest save of this segment (1 s until the first)
+    saves: int = 0
+
+    def evaluated(self, seconds: float) -> None:
+        self.eval_s = max(self.eval_s, seconds)
+
+    def saved(self, seconds: float) -> None:
+        self.checkpoint_s = seconds if self.saves == 0 else max(self.checkpoint_s, seconds)
+        self.saves += 1
 
 
 class Trainer:
@@ -385,9 +400,11 @@ class Trainer:
         return [(*pair, g[2 * i], g[2 * i + 1]) for i, pair in enumerate(local)], g[n:]
 
     def time_left(self) -> bool:
-        """True while another step, an evaluation and a checkpoint still fit the limit."""
+        """True while another step, an evaluation and a checkpoint still fit the limit,
+        each taken at its slowest recent duration (the vote that stops comes a step
+        late: two steps), with half as much again and 2 s for closing the segment."""
         times = self.timing.step_times
-        step = statistics.median(times[-20:]) if times else 0.0
+        step = max(times) if times else 0.0
         eval_s = self.timing.eval_s or 0.5 * step * max(
             1, len(self.plan.eval_indices(0)) / self.plan.batch_per_rank)
         reserve = 1.5 * (2 * step + eval_s + self.timing.checkpoint_s) + 2.0
@@ -396,7 +413,7 @@ class Trainer:
     def budget_left(self) -> bool:
         """True while another step fits ``train.budget_s`` (training time, all segments)."""
         times = self.timing.step_times
-        step = statistics.median(times[-20:]) if times else 0.0
+        step = statistics.median(times) if times else 0.0
         return self.state.train_time_s + step < self.cfg.train.budget_s
 
     def evaluate(self) -> EvalRecord:
@@ -404,9 +421,10 @@ class Trainer:
         t0 = time.time()
         res = evaluate(self.model, self.eval_loader, self.world, self.loss_fn, self.autocast,
                        self.classes)
-        self.timing.eval_s = time.time() - t0
+        took = time.time() - t0
+        self.timing.evaluated(took)
         s = self.state
-        s.eval_time_s += self.timing.eval_s
+        s.eval_time_s += took
         row = {"epoch": s.epoch, "time": time.time(), **res.row(), "step": s.global_step,
                "images": self.plan.images_seen(s.global_step)}
         # by epochs one row per epoch (an early stop's row gives way to the epoch end's);
@@ -414,7 +432,7 @@ class Trainer:
         same = "step" if self.by_count else "epoch"
         s.eval_rows = [r for r in s.eval_rows if r.get(same) != row[same]] + [row]
         return EvalRecord(global_step=s.global_step - 1, row=row, rows=s.eval_rows,
-                          confusion=res.confusion, seconds=self.timing.eval_s,
+                          confusion=res.confusion, seconds=took,
                           classes=res.classes)
 
     @property

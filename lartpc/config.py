@@ -145,10 +145,11 @@ class TrainConfig:
     #: kernels), its sparse trunk in float16 on CUDA. fp16 adds dynamic loss scaling.
     amp: str = "none"
     compile: bool = False  #: torch.compile the dense model (aimed at CUDA; runs on CPU)
-    #: one rank: forward, loss and backward replayed as one CUDA graph (SCNet with
-    #: model.sparse=torch on tables padded to fixed sizes, issue 36; JishNet on a copy of
-    #: its minibatch, issue 35; lartpc/train/graphed.py). On a CPU the same static step
-    #: runs without a graph (no faster: for testing)
+    #: forward, loss and backward replayed as one CUDA graph (SCNet with
+    #: model.sparse=torch on tables padded to fixed sizes, issue 36; JishNet, issue 35;
+    #: lartpc/train/graphed.py); one rank or the torch backend (gradients averaged after
+    #: the replay), not Horovod. On a CPU the same static step runs without a graph (no
+    #: faster: for testing)
     cuda_graph: bool = False
     threads: int = 0  #: CPU threads per rank (0 = cores / local ranks; SCNet on CPU: 1)
     #: rank 0 writes TensorBoard scalars into <run>/tb/ (needs the tensorboard extra)
@@ -400,8 +401,8 @@ def cuda_graph_refusal(cfg: Config) -> str | None:
     None: it needs JishNet, or SCNet's torch layers (spconv waits for the device inside
     its step); float32, or for JishNet bfloat16 too (SCNet's float16 trunk and
     float16's loss scale are not captured); for JishNet no ``train.compile`` (the graph
-    replays the plain model); no distributed backend named (the gradient exchange hooks into the
-    backward; the ranks a launcher starts are checked when training starts)."""
+    replays the plain model); not Horovod (its gradient exchange hooks into the
+    backward; the backend a launcher gives is checked when training starts)."""
     if not cfg.train.cuda_graph:
         return None
     name = cfg.model.name
@@ -413,9 +414,9 @@ def cuda_graph_refusal(cfg: Config) -> str | None:
         return f"it needs train.amp={' or '.join(amps)} with {name} (here {cfg.train.amp})"
     if cfg.train.compile and name == "jishnet":  # (compile leaves SCNet as it is)
         return "it needs train.compile=false (the graph replays the model uncompiled)"
-    if cfg.dist.backend in ("horovod", "torch"):
-        return (f"it needs one rank with dist.backend=none (here {cfg.dist.backend}): the "
-                "gradient exchange runs inside the backward")
+    if cfg.dist.backend == "horovod":
+        return ("it needs dist.backend=torch or none (here horovod): Horovod's gradient "
+                "exchange hooks into the backward, which a replay does not run")
     return None
 
 

@@ -127,6 +127,13 @@ class World:
         check_compression(compression)
         return opt
 
+    def average_gradients(self, grads: list[torch.Tensor], compression: str = "none"
+                          ) -> float:
+        """Average ``grads`` (a step's gradients, computed without the backend's hooks:
+        ``train.cuda_graph``'s replayed backward) over the ranks in place, as the
+        backend's own exchange would; its seconds. One rank: nothing to do."""
+        return 0.0
+
     def watch_local_gradients(self, observer) -> bool:
         """Have ``observer(param, grad)`` called with each parameter's gradient on this
         rank as its bucket goes to be averaged (False when this backend has no such

@@ -31,6 +31,11 @@ no graph: the same padded static step runs eagerly, writing logits, loss and
 gradients into the same tensors every step as a replay does (what the tests check
 against the unpadded step); it is no faster there.
 
+Several ranks (the torch backend): a replay runs none of DDP's gradient hooks, so with
+the option every step but a noise-scale one runs the plain model and the trainer
+averages its gradients after the backward (:meth:`World.average_gradients
+<lartpc.dist.world.World.average_gradients>`, DDP's arithmetic); Horovod is refused.
+
 JishNet: its step has fixed shapes and reads nothing back (the fused stages' Triton
 kernels included), so nothing is padded. The device-dense loader writes its batches
 into a few buffers in turn; each of them gets a graph of its own that reads the images
@@ -138,15 +143,18 @@ class Padding:
 
 def check_graphable(cfg, world) -> None:
     """Raise ConfigError where ``train.cuda_graph`` cannot run: the config's own rules
-    (:func:`~lartpc.config.cuda_graph_refusal`), then one rank with no distributed
-    backend (the gradient averaging hooks into the backward)."""
+    (:func:`~lartpc.config.cuda_graph_refusal`), then the backend the launcher gave:
+    one rank, or ranks of the torch backend (whose exchange the trainer makes after a
+    replay, :meth:`~lartpc.dist.world.World.average_gradients`); not Horovod's, whose
+    hooks would run inside the capture."""
     from lartpc.config import cuda_graph_refusal
     from lartpc.errors import ConfigError
 
     why = cuda_graph_refusal(cfg)
-    if not why and (world.size != 1 or world.backend != "none"):
-        why = (f"it needs one rank with dist.backend=none (here {world.size} rank(s), "
-               f"{world.backend}): the gradient exchange runs inside the backward")
+    if not why and world.backend not in ("none", "torch"):
+        why = (f"it needs dist.backend=torch or none (here {world.size} rank(s), "
+               f"{world.backend}): Horovod's gradient exchange hooks into the backward, "
+               "which a replay does not run")
     if why:
         raise ConfigError(f"train.cuda_graph=true: {why}")
 

@@ -122,6 +122,15 @@ def _check_optimizer_shapes(opt: torch.optim.Optimizer) -> None:
                                      f"its parameter {tuple(p.shape)}")
 
 
+def _gradients(params: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The parameters' gradients, zeros set where a step gave one none (every rank
+    sends one of each)."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    return [p.grad for p in params]
+
+
 def _records(steps: list[Unread], done: list[tuple]) -> list[StepRecord]:
     return [StepRecord(**u.fields, local_loss=ll, local_acc=la, global_loss=gl, global_acc=ga)
             for u, (ll, la, gl, ga) in zip(steps, done, strict=True)]
@@ -328,16 +337,23 @@ class Trainer:
         s, tc, world = self.state, self.cfg.train, self.world
         t0 = time.perf_counter()
         set_lr(self.opt, lr_at(tc, world.size, s.global_step, self.plan.steps_per_epoch))
-        static = None if self.graphed is None or self.noise.due(s.global_step) \
-            else self.graphed(batch)
-        if static is not None:  # train.cuda_graph: the gradients are the graph's buffers
+        # train.cuda_graph: every step but a noise-scale one (the same steps on every
+        # rank) goes without DDP's hooks, which a replay does not run, and is averaged
+        # after its backward; a step the graph leaves (a rank's short last batch) too,
+        # so that every rank makes the same exchange whichever way it stepped
+        own = self.graphed is not None and not self.noise.due(s.global_step)
+        static = self.graphed(batch) if own else None
+        if static is not None:  # the gradients are the graph's buffers
             values = self.graphed.values  # (loss, accuracy), computed in the graph
         else:
             self.opt.zero_grad()  # Horovod's wrapper takes no arguments
-            logits, loss = self.noise.forward_backward(self.model, self.loss_fn, batch,
+            model = unwrap_model(self.model) if own else self.model
+            logits, loss = self.noise.forward_backward(model, self.loss_fn, batch,
                                                        self.autocast, s.global_step)
             values = step_values(loss, logits, batch.labels)
-        comm_s = world.step_optimizer(self.opt, self.scaler)
+        exchanged = world.average_gradients(_gradients(self.graphed.params),
+                                            tc.grad_compression) if own else 0.0
+        comm_s = exchanged + world.step_optimizer(self.opt, self.scaler)
         this = Unread(values, {
             "global_step": s.global_step, "epoch": s.epoch, "batchno": s.step_in_epoch,
             "rank": world.rank, "data_size": batch.data_size,

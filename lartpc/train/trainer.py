@@ -123,8 +123,8 @@ def _check_optimizer_shapes(opt: torch.optim.Optimizer) -> None:
 
 
 def _gradients(params: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The parameters' gradients, zeros set where a step gave one none (every rank
-    sends one of each)."""
+    """The parameters' gradients, zeros set where a step gave one none (on several
+    ranks every rank sends one of each)."""
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
@@ -352,7 +352,8 @@ class Trainer:
                                                        self.autocast, s.global_step)
             values = step_values(loss, logits, batch.labels)
         exchanged = world.average_gradients(_gradients(self.graphed.params),
-                                            tc.grad_compression) if own else 0.0
+                                            tc.grad_compression) \
+            if own and world.size > 1 else 0.0
         comm_s = exchanged + world.step_optimizer(self.opt, self.scaler)
         this = Unread(values, {
             "global_step": s.global_step, "epoch": s.epoch, "batchno": s.step_in_epoch,

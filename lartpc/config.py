@@ -414,10 +414,16 @@ def cuda_graph_refusal(cfg: Config) -> str | None:
         return f"it needs train.amp={' or '.join(amps)} with {name} (here {cfg.train.amp})"
     if cfg.train.compile and name == "jishnet":  # (compile leaves SCNet as it is)
         return "it needs train.compile=false (the graph replays the model uncompiled)"
-    if cfg.dist.backend == "horovod":
-        return ("it needs dist.backend=torch or none (here horovod): Horovod's gradient "
-                "exchange hooks into the backward, which a replay does not run")
-    return None
+    return cuda_graph_backend_refusal(cfg.dist.backend)
+
+
+def cuda_graph_backend_refusal(backend: str, here: str | None = None) -> str | None:
+    """Why ``train.cuda_graph`` cannot run under ``backend`` (the config's, or the one a
+    launcher gave), or None; ``here`` says what the message names (the backend)."""
+    if backend != "horovod":
+        return None
+    return (f"it needs dist.backend=torch or none (here {here or backend}): Horovod's "
+            "gradient exchange hooks into the backward, which a replay does not run")
 
 
 def config_from_dict(data: dict, origin: str) -> Config:

@@ -15,7 +15,7 @@ import pytest
 import torch
 from test_sparse_torch import _batches, _pair
 from test_step_overlap import _fit
-from train_helpers import final_params, kill_after_steps, run, train_cmd
+from train_helpers import BIN, final_params, kill_after_steps, rows, run, train_cmd
 
 from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError
@@ -227,8 +227,6 @@ def test_two_torch_ranks_train_with_the_graph_as_with_ddp(train_events_dir, tmp_
     stepped. JishNet's rank logs and final parameters are the eager DDP training's, bit
     for bit; SCNet's follow them to rounding."""
     import json
-
-    from train_helpers import BIN, rows
 
     sets = ("train.noise_scale=off", f"train.grad_compression={compression}",
             *((GRAPH[0],) if preset == "tiny-scnet" else ()))

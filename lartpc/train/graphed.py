@@ -147,14 +147,11 @@ def check_graphable(cfg, world) -> None:
     one rank, or ranks of the torch backend (whose exchange the trainer makes after a
     replay, :meth:`~lartpc.dist.world.World.average_gradients`); not Horovod's, whose
     hooks would run inside the capture."""
-    from lartpc.config import cuda_graph_refusal
+    from lartpc.config import cuda_graph_backend_refusal, cuda_graph_refusal
     from lartpc.errors import ConfigError
 
-    why = cuda_graph_refusal(cfg)
-    if not why and world.backend not in ("none", "torch"):
-        why = (f"it needs dist.backend=torch or none (here {world.size} rank(s), "
-               f"{world.backend}): Horovod's gradient exchange hooks into the backward, "
-               "which a replay does not run")
+    why = cuda_graph_refusal(cfg) or cuda_graph_backend_refusal(
+        world.backend, f"{world.size} rank(s), {world.backend}")
     if why:
         raise ConfigError(f"train.cuda_graph=true: {why}")
 

@@ -155,15 +155,13 @@ class Timing:
 
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
     eval_s: float = 0.0  #: the slowest evaluation so far (0: none yet)
-    checkpoint_s: float = 1.0  #: the slowest save of this segment (1 s until the first)
-    saves: int = 0
+    checkpoint_s: float = 0.0  #: the slowest save of this segment (0: none yet)
 
     def evaluated(self, seconds: float) -> None:
         self.eval_s = max(self.eval_s, seconds)
 
     def saved(self, seconds: float) -> None:
-        self.checkpoint_s = seconds if self.saves == 0 else max(self.checkpoint_s, seconds)
-        self.saves += 1
+        self.checkpoint_s = max(self.checkpoint_s, seconds)
 
 
 class Trainer:
@@ -424,7 +422,8 @@ class Trainer:
         step = max(times) if times else 0.0
         eval_s = self.timing.eval_s or 0.5 * step * max(
             1, len(self.plan.eval_indices(0)) / self.plan.batch_per_rank)
-        reserve = 1.5 * (2 * step + eval_s + self.timing.checkpoint_s) + 2.0
+        save_s = self.timing.checkpoint_s or 1.0  # a guess until the first save
+        reserve = 1.5 * (2 * step + eval_s + save_s) + 2.0
         return time.time() - self.process_start + reserve < self.cfg.train.time_limit_s
 
     def budget_left(self) -> bool:

@@ -212,6 +212,14 @@ def test_refused_on_horovods_ranks_taken_on_torchs():
             check_graphable(cfg, SimpleNamespace(size=size, backend="horovod"))
 
 
+def _two_torch_ranks(data, out, preset: str, *sets: str) -> None:
+    """``lartpc train`` on two torchrun ranks (the torch backend, DDP), to completion."""
+    cmd = train_cmd(data, out, *sets, config=preset)
+    r = run([str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", "-m", "lartpc",
+             *cmd[1:]], timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("preset,compression,rtol", [
     ("tiny-jishnet", "none", 0.0), ("tiny-jishnet", "fp16", 0.0),
@@ -230,16 +238,9 @@ def test_two_torch_ranks_train_with_the_graph_as_with_ddp(train_events_dir, tmp_
 
     sets = ("train.noise_scale=off", f"train.grad_compression={compression}",
             *((GRAPH[0],) if preset == "tiny-scnet" else ()))
-
-    def torchrun(out, *more):
-        cmd = train_cmd(train_events_dir, out, *sets, *more, config=preset)
-        r = run([str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", "-m",
-                 "lartpc", *cmd[1:]], timeout=600)
-        assert r.returncode == 0, r.stderr[-3000:]
-
     eager, graph = tmp_path / "eager", tmp_path / "graph"
-    torchrun(eager)
-    torchrun(graph, GRAPH[1])
+    _two_torch_ranks(train_events_dir, eager, preset, *sets)
+    _two_torch_ranks(train_events_dir, graph, preset, *sets, GRAPH[1])
     info = json.loads((graph / "run.json").read_text())
     assert info["world_size"] == 2 and info["backend"] == "torch"
     assert info["param_divergence"] == 0.0
@@ -255,6 +256,32 @@ def test_two_torch_ranks_train_with_the_graph_as_with_ddp(train_events_dir, tmp_
     pa, pb = final_params(eager), final_params(graph)
     for k in pa:
         assert (pa[k] - pb[k]).abs().max() <= 10 * rtol * pa[k].abs().max(), k
+
+
+@pytest.mark.slow
+def test_two_torch_ranks_with_the_graph_resume_exactly(train_events_dir, tmp_path):
+    """Two torchrun ranks with JishNet's graphed step, noise-scale steps (through DDP)
+    among the averaged-after-the-replay ones: one epoch, then the second in a new
+    segment, ends with the uninterrupted run's rank logs, noise rows and parameters,
+    bit for bit."""
+    import json
+
+    sets = (GRAPH[1], "train.noise_every_steps=3")
+    ref, split = tmp_path / "ref", tmp_path / "split"
+    _two_torch_ranks(train_events_dir, ref, "tiny-jishnet", *sets)
+    _two_torch_ranks(train_events_dir, split, "tiny-jishnet", *sets, "train.epochs=1")
+    _two_torch_ranks(train_events_dir, split, "tiny-jishnet", *sets)
+    assert len(rows(ref / "noise.csv")) >= 2 and rows(ref / "noise.csv") == \
+        rows(split / "noise.csv")
+    for rank in ("000", "001"):
+        a, b = rows(ref / f"rank-{rank}.csv"), rows(split / f"rank-{rank}.csv")
+        assert len(a) == len(b) > 0
+        for key in ("local_loss", "global_loss", "local_acc", "global_acc"):
+            assert [x[key] for x in a] == [x[key] for x in b], key
+    pa, pb = final_params(ref), final_params(split)
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+    graph = json.loads((split / "run.json").read_text())["cuda_graph"]  # the second's
+    assert graph["steps"] > 0 and not graph["fallback"]
 
 
 @pytest.mark.gpu

@@ -1,8 +1,8 @@
 """The fused second stage (a Triton forward kernel for JishNet's conv 10->64 + ELU + pool;
 its backward through torch's convolution gradients, ``hybrid``, the same with the input's
-gradient by a Triton kernel, ``igrad``, or as two Triton kernels, ``triton``) against the
-published layers, on CPU under Triton's interpreter;
-and ``model.stage2``'s choices and refusals.
+gradient by a Triton kernel, ``igrad``, with both of the map's gradients by Triton, ``map``,
+or as two Triton kernels without the map, ``triton``) against the published layers, on
+CPU under Triton's interpreter; and ``model.stage2``'s choices and refusals.
 
 As in tests/test_fused_stem.py, this module sets ``TRITON_INTERPRET=1`` when no GPU is
 present, before it imports the kernel module; Triton is in the ``test`` extra, so CI
@@ -85,10 +85,9 @@ def _compare(x, dtype=torch.float32, autocast=False, channels_last=False, seed=0
             ties)
 
 
-#: each backward, and the hybrid and igrad ones with the forward's channels padded
-#: (``vec``)
-BACKWARDS = pytest.mark.parametrize("backward", ["hybrid", "igrad", "triton", "hybrid:vec",
-                                                 "igrad:vec"])
+#: each backward, and those that go with it with the forward's channels padded (``vec``)
+BACKWARDS = pytest.mark.parametrize("backward", ["hybrid", "igrad", "map", "triton",
+                                                 "hybrid:vec", "igrad:vec", "map:vec"])
 
 
 @pytest.fixture
@@ -123,8 +122,10 @@ def test_same_function_as_published_layers_float32(backward, backward_kind):
 def test_gpu_block_sizes(monkeypatch, backward, backward_kind):
     """With the GPU's default blocks (64 outputs, the 250 taps in slices of 32, not the
     interpreter's one slice; the triton backward's weight gradient summing 3 blocks per
-    program in slices of 16 taps, its input gradient 128 pixels each, as igrad's):
-    many programs, partial sums, a padded last slice, a last program with fewer blocks."""
+    program in slices of 16 taps, its input gradient 128 pixels each, as igrad's; the map
+    backward's weight gradient in blocks of 64 map pixels, two groups of 16 taps, 5
+    programs of 10 blocks, the last with 8): many programs, partial sums, a padded last
+    slice, a last program with fewer blocks."""
     import lartpc.models.fused_stage2 as fs2
 
     monkeypatch.setattr(fs2, "BLOCK", 64)
@@ -133,6 +134,9 @@ def test_gpu_block_sizes(monkeypatch, backward, backward_kind):
     monkeypatch.setattr(fs2, "WGRAD_BLOCK_K_FLOAT", 16)
     monkeypatch.setattr(fs2, "IGRAD_BLOCK", 128)
     monkeypatch.setattr(fs2, "MAP_IGRAD_BLOCK", 128)
+    monkeypatch.setattr(fs2, "MAP_WGRAD_BLOCK", 64)
+    monkeypatch.setattr(fs2, "MAP_WGRAD_TAPS", 16)
+    monkeypatch.setattr(fs2, "MAP_WGRAD_PROGRAMS", 5)
     x = torch.randn(2, 10, 41, 37, device=DEVICE)
     x[0, :, :25, :25] = 0
     out, gx, gw, gb, ties = _compare(x)
@@ -223,18 +227,19 @@ def test_stem_check_stage2_runs_on_cpu(tmp_path, capsys):
 
     assert main(["--out", str(tmp_path), "--size", "300", "--device", "cpu",
                  "--batch-per-rank", "1", "--repeats", "1", "--stage", "2",
-                 "--configs", "256:4:256,256:4:256:i,256:4:256:t,256:4:256:i:v"]) == 0
+                 "--configs", "256:4:256,256:4:256:i,256:4:256:t,256:4:256:i:v,256:4:256:m:v"
+                 ]) == 0
     res = json.loads((tmp_path / "stage2-check.json").read_text())
     assert [(r["stage2"], r["backward"]) for r in res["timings"]] == \
         [("library", None), ("fused", "hybrid"), ("fused", "igrad"), ("fused", "triton"),
-         ("fused", "igrad")]
-    assert [r["vec"] for r in res["timings"]] == [None, False, False, False, True]
+         ("fused", "igrad"), ("fused", "map")]
+    assert [r["vec"] for r in res["timings"]] == [None, False, False, False, True, True]
     assert all(r["step_ms"] > 0 and r["stage2_forward_backward_ms"] > 0
                for r in res["timings"])
     fp32 = [r for r in res["accuracy"] if r["dtype"] == "float32" and not r["autocast_bf16"]]
     assert [(r.get("backward", r.get("way")), r.get("vec")) for r in fp32] == \
-        [("hybrid", False), ("igrad", False), ("triton", False), ("igrad", True),
-         ("library", None)]
+        [("hybrid", False), ("igrad", False), ("map", False), ("triton", False),
+         ("igrad", True), ("map", True), ("library", None)]
     assert max(r[k] for r in fp32 for k in ("output_rel", "input_grad_rel", "weight_grad_rel",
                                             "bias_grad_rel")) < 1e-5
     # the published layers' own rows, one per precision, against the same reference
@@ -250,6 +255,7 @@ def test_stem_check_stage2_runs_on_cpu(tmp_path, capsys):
     choice = pick(res, 2)
     assert choice["accuracy"]["hybrid"]["within_tolerance"]
     assert choice["accuracy"]["igrad:vec"]["within_tolerance"]
+    assert choice["accuracy"]["map:vec"]["within_tolerance"]
     assert choice["step_ms"] == min(r["step_ms"] for r in res["timings"])
     with pytest.raises(SystemExit) as bad:  # before any event is made
         main(["--out", str(tmp_path), "--stage", "2", "--configs", "64:8:32,64:8:32:x"])
@@ -299,6 +305,14 @@ _COMPILE_FOR_SM90 = """
               dict(C=64, CP=64, CIN=10, CIP=16, K=5, PAD=2, BLOCK=fs2.MAP_IGRAD_BLOCK,
                    LOWP=dt != "fp32", NATIVE_HALF_DOT=True), dt, warps=fs2.MAP_IGRAD_WARPS,
               aligned=("d_ptr", "w_ptr", "gx_ptr", "sd_b", "sd_h", "sd_w"))
+        # the map backward's weight gradient, on the copy padded (vec) and not
+        for run in (16, 10):
+            build(fs2._map_wgrad, {"d_ptr": "*" + dt, "x_ptr": "*" + dt, "part_ptr": "*fp32"},
+                  dict(C=64, CP=64, RUN=run, CIP=16, K=5, TAPS=fs2.MAP_WGRAD_TAPS,
+                       BLOCK=fs2.MAP_WGRAD_BLOCK, LOWP=dt != "fp32", NATIVE_HALF_DOT=True),
+                  dt, run, warps=fs2.MAP_WGRAD_WARPS,
+                  aligned=("d_ptr", "x_ptr", "part_ptr", "sd_b", "sd_h", "sd_w", "sx_b",
+                           "sx_h", "sx_w"))
 """
 
 
@@ -306,13 +320,13 @@ _COMPILE_FOR_SM90 = """
 def test_kernels_compile_for_sm90_without_spills():
     """The interpreter runs no GPU compiler: here Triton compiles the forward (bf16 on
     the matrix units, and float32; both also ``vec``), the hybrid backward's scatter,
-    the igrad backward's
-    input gradient and the triton backward's weight- and input-gradient kernels for
+    the igrad backward's input gradient, the map backward's weight gradient (the copy
+    padded and not) and the triton backward's weight- and input-gradient kernels for
     sm_90, as a launch on an H100/H200
     would at JishNet's sizes and the module's block sizes, and none spills registers to
     local memory (Triton's bundled ptxas; skipped where Triton has none)."""
     lines = compile_for_sm90(_COMPILE_FOR_SM90)
-    assert len(lines) == 12, lines
+    assert len(lines) == 16, lines
     assert all("STACK:0" in line for line in lines), lines
 
 
@@ -325,20 +339,28 @@ _MAP_IGRAD_SASS = """
                        dict(C=64, CP=64, CIN=10, CIP=16, K=5, PAD=2, BLOCK=fs2.MAP_IGRAD_BLOCK,
                             LOWP=True, NATIVE_HALF_DOT=True), fs2.MAP_IGRAD_WARPS,
                        ("d_ptr", "w_ptr", "gx_ptr", "sd_b", "sd_h", "sd_w"))
-    sass = cuobjdump(cubin, "-sass")
-    print(*sorted(set(re.findall(r"\\b(LDGSTS[.\\w]*|HGMMA[.\\w]*|LDG[.\\w]*)", sass))))
+    ops = r"\\b(LDGSTS[.\\w]*|HGMMA[.\\w]*|LDG[.\\w]*)"
+    print(*sorted(set(re.findall(ops, cuobjdump(cubin, "-sass")))))
+    cubin = sm90_cubin(fs2._map_wgrad, {"d_ptr": "*bf16", "x_ptr": "*bf16", "part_ptr": "*fp32"},
+                       dict(C=64, CP=64, RUN=16, CIP=16, K=5, TAPS=fs2.MAP_WGRAD_TAPS,
+                            BLOCK=fs2.MAP_WGRAD_BLOCK, LOWP=True, NATIVE_HALF_DOT=True),
+                       fs2.MAP_WGRAD_WARPS, ("d_ptr", "x_ptr", "part_ptr", "sd_b", "sd_h",
+                                             "sd_w", "sx_b", "sx_h", "sx_w"))
+    print(*sorted(set(re.findall(ops, cuobjdump(cubin, "-sass")))))
 """
 
 
 @pytest.mark.slow
-def test_igrad_reads_the_map_in_16_byte_copies_through_l1_on_sm90():
-    """What BENCHMARKS says of the igrad kernel's sm_90 code (bf16, the module's launch):
-    the map's rows come by 16-byte asynchronous copies that allocate in L1 (not the
-    ``BYPASS`` kind Triton uses by default), and the products are warpgroup matrix
-    instructions."""
-    ops = compile_for_sm90(_MAP_IGRAD_SASS)[-1].split()
-    assert "LDGSTS.E.128" in ops and not any("BYPASS" in op for op in ops), ops
-    assert any(op.startswith("HGMMA") for op in ops), ops
+def test_map_kernels_copy_16_bytes_at_a_time_and_multiply_on_the_matrix_units_on_sm90():
+    """What BENCHMARKS says of the map kernels' sm_90 code (bf16, the module's launches):
+    igrad's input gradient reads the map's rows by 16-byte asynchronous copies that
+    allocate in L1 (not the ``BYPASS`` kind Triton uses by default); the map backward's
+    weight gradient reads the input's padded runs (``vec``) the same way; both multiply
+    with warpgroup matrix instructions."""
+    igrad, wgrad = (line.split() for line in compile_for_sm90(_MAP_IGRAD_SASS)[-2:])
+    assert "LDGSTS.E.128" in igrad and not any("BYPASS" in op for op in igrad), igrad
+    assert "LDGSTS.E.128" in wgrad and not any(op.startswith("LDG.") for op in wgrad), wgrad
+    assert all(any(op.startswith("HGMMA") for op in ops) for ops in (igrad, wgrad))
 
 
 _STAGE2_GATHERS = """

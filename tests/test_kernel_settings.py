@@ -36,6 +36,8 @@ def test_stem_kernel_parses(text, kernel):
     ("64:8:64:i", Stage2Kernel(64, 8, 64, "igrad")),
     ("64:8:64:igrad", Stage2Kernel(64, 8, 64, "igrad")),
     ("64:8:64:i:v", Stage2Kernel(64, 8, 64, "igrad", True)),
+    ("64:8:64:m", Stage2Kernel(64, 8, 64, "map")),
+    ("64:8:32:map:vec", Stage2Kernel(64, 8, 32, "map", True)),
     ("64:8:32:hybrid:vec", Stage2Kernel(64, 8, 32, "hybrid", True)),
 ])
 def test_stage2_kernel_parses(text, kernel):
@@ -54,7 +56,7 @@ def test_stage2_kernel_parses(text, kernel):
     ("stage2_kernel", "64:8:32:", "expected BLOCK:WARPS:BLOCK_K"),
     ("stage2_kernel", "64:8:8", "BLOCK_K = '8' must be a power of two in 16..8192"),
     ("stage2_kernel", "64:32:32", "WARPS = '32' must be one of"),
-    ("stage2_kernel", "64:8:32:cudnn", "optional :hybrid or :igrad or :triton"),
+    ("stage2_kernel", "64:8:32:cudnn", "optional :hybrid or :igrad or :map or :triton"),
     ("stage2_kernel", "64:8:32:igrad:fast", "and then an optional :vec"),
     ("stage2_kernel", "64:8:32:t:vec", ":vec (the forward's channels padded) goes with"),
 ])

@@ -12,7 +12,7 @@ best setting (``jobs/local/gpu_issues.sh``).
 
 Accuracy held means every relative error that check recorded for that way of computing
 (the stem's sums: per tap, ``dot``, ``band``, ``patch`` or ``hoist``; the second stage's
-``hybrid``, ``igrad`` or ``triton`` backward, the first two also with ``:vec``, the
+``hybrid``, ``igrad``, ``map`` or ``triton`` backward, the first three also with ``:vec``, the
 forward's channels padded: output and gradients, against the layers in float64, in float32,
 float32 under bf16 autocast and bf16) is at most :data:`TOLERANCE`, or no larger than
 the published layers' own error in the same precision and quantity (``stem_check``'s

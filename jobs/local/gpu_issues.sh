@@ -116,8 +116,9 @@ part gpu-tests "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_sparse_t
 # 3. issue 35: the stem's launches and ways of summing its taps (second lease of
 #    2026-11-28: dot at 64:4 the fastest, band and patch slower; hoist since), the fused second
 #    stage's (64:8:64 hybrid the fastest, 4.9 ms against cuDNN's 6.9: now the default;
-#    the igrad backward since, its input gradient by Triton instead of cuDNN, and vec,
-#    the forward's gathers as 16-byte copies):
+#    the igrad backward since, its input gradient by Triton instead of cuDNN, the map
+#    backward, both its gradients by Triton, and vec, the forward's gathers as 16-byte
+#    copies):
 #    accuracy, the stage alone and the step; then JishNet at the fastest accurate
 #    launches of both, stage by stage (each with its heaviest kernels), with its peak
 #    memory, the largest minibatch that fits, and its step as one CUDA graph against

@@ -22,16 +22,16 @@ prints a table.
 on its real input (the events through the library stem, float32): output and input,
 weight and bias gradients against the published layers in float64 (operands rounded as
 the kernel rounds them: to bf16 for bf16 input or under autocast), with each of its
-backwards (``hybrid``, ``igrad``, ``triton``), then, for each
-``BLOCK:WARPS:BLOCK_K[:i|:t]`` configuration, the second stage alone (forward,
+backwards (``hybrid``, ``igrad``, ``map``, ``triton``), then, for each
+``BLOCK:WARPS:BLOCK_K[:i|:m|:t[:v]]`` configuration, the second stage alone (forward,
 forward+backward with its input's gradient) and the whole training step, both with the
 fused stem (its launch: ``--stem-kernel``), with the library's second stage and with
 the fused one. Writes ``stage2-check.json``.
 
 Configurations are spelled as the options ``model.stem_kernel`` and
 ``model.stage2_kernel`` (:mod:`lartpc.models.kernel_settings`; ``d``, ``b``, ``p``,
-``h``, ``i`` and ``t`` short for ``dot``, ``band``, ``patch``, ``hoist``, ``igrad`` and
-``triton``) and passed to the model as
+``h``, ``i``, ``m`` and ``t`` short for ``dot``, ``band``, ``patch``, ``hoist``,
+``igrad``, ``map`` and ``triton``) and passed to the model as
 such; each row records its ``kernel``. ``jobs/local/fastest_kernels.py`` picks the
 fastest accurate one.
 """
@@ -52,9 +52,11 @@ from lartpc.cliparse import add_batch_per_rank
 STEM_CONFIGS = "64:4:d,64:8:d,64:4:h,64:8:h,128:4:h,64:4:b,64:8:p"
 #: the second stage's: the two fastest hybrid launches on an H200 (2026-11-28; 64:8:64
 #: the default), the igrad backward at the default and a smaller one, and igrad with
-#: the forward's channels padded (``vec``) at the two (the triton backward, 2.7x
-#: slower there, is still checked for accuracy, no longer timed by default)
-STAGE2_CONFIGS = "64:8:64,64:8:32,64:8:64:i,32:4:64:i,64:8:64:i:v,64:8:32:i:v"
+#: the forward's channels padded (``vec``) at the two, and the map backward (both
+#: gradients by Triton) with ``vec`` at the same two (the triton backward, 2.7x slower
+#: there, is still checked for accuracy, no longer timed by default)
+STAGE2_CONFIGS = ("64:8:64,64:8:32,64:8:64:i,32:4:64:i,64:8:64:i:v,64:8:32:i:v,"
+                  "64:8:64:m:v,64:8:32:m:v")
 
 
 def _events(size: int, batch: int, seed: int):
@@ -378,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="stage 1: BLOCK:WARPS[:d|:b|:p|:h] of the fused stem to time (how the "
                          "taps are summed: dot, band, patch, hoist; default "
                          f"{STEM_CONFIGS}); stage 2: "
-                         "BLOCK:WARPS:BLOCK_K[:i|:t[:v]] (the igrad or triton backward, "
+                         "BLOCK:WARPS:BLOCK_K[:i|:m|:t[:v]] (the igrad, map or triton backward, "
                          "the forward's channels padded; "
                          f"default {STAGE2_CONFIGS})")
     ap.add_argument("--stem-kernel", default="", metavar="BLOCK:WARPS[:SUMS]",

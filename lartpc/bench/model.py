@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="JishNet, fused stem: its launch (model.stem_kernel; default: "
                             "the kernel's)")
     speed.add_argument("--stage2-kernel", default="",
-                       metavar="BLOCK:WARPS:BLOCK_K[:hybrid|:igrad|:triton[:vec]]",
+                       metavar="BLOCK:WARPS:BLOCK_K[:hybrid|:igrad|:map|:triton[:vec]]",
                        help="JishNet, fused second stage: its launch and backward "
                             "(model.stage2_kernel; default: the kernel's)")
     parser.add_argument("--stages", action="store_true",

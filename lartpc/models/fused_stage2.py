@@ -1,5 +1,5 @@
 """JishNet's second stage (conv C_in->C_out, k x k + bias + ELU + max-pool) as a Triton
-forward kernel with a hybrid backward.
+forward kernel with a hybrid or Triton backward.
 
 After the fused stem (:mod:`lartpc.models.fused_stem`) the second stage, conv 10->64 5x5
 at 720 x 720 + ELU + pool 5, was the largest part of an H200 training step (6.8 of
@@ -30,7 +30,7 @@ as one aligned run and gathers them as two 16-byte copies instead of 16 single v
 (sm_90 code: ``jobs/local/sass_loops.py --stage 2``), at 1.75x the matrix work. Same
 products, summed in another order. Not yet timed.
 
-**Backward**, three ways (:data:`BACKWARD`; all tested; ``jobs/local/stem_check.py
+**Backward**, four ways (:data:`BACKWARD`; all tested; ``jobs/local/stem_check.py
 --stage 2`` times them side by side on a GPU):
 
 - ``hybrid`` (the default): a Triton kernel turns the pooled gradient times ELU'(output)
@@ -52,6 +52,16 @@ products, summed in another order. Not yet timed.
   (pixels x C_out) rows of the map the tap reaches (contiguous runs in channels-last
   order) times the tap's (C_out x C_in) weights, 186 GFLOP of matrix work a step at 3600²
   against the library tiles' ~740. Not yet timed.
+- ``map``: the input's gradient as ``igrad``, and the weights' from the same map by
+  Triton too, so the stage calls no library convolution (on the H200 cuDNN's weight
+  gradient took 1.00 ms a step of 7, plus its share of 0.26 ms of padding kernels).
+  For a group of 16 taps and a run of map pixels, each program multiplies the (C_out x
+  pixels) map gradients, the transposed channels-last rows of the map, by the (pixels x
+  16 taps x 16 channels) input values those taps read in the forward's padded copy
+  (kept for the backward instead of the input, 73 MB a step of 7, 117 MB under
+  ``vec``), on the matrix units; torch adds the programs' partial sums. 238 GFLOP of
+  matrix work a step at 3600² for the 116 wanted (the 10 channels padded to 16, the 25
+  taps to 32); dense like the library's, the map being 1-in-25 sparse. Not yet timed.
 - ``triton``: the map is never written. The pooled gradients before ELU and the arg-maxes
   are laid out as rows of C_out values (B x H/p x W/p rows, 37 MB in float32 at 3600²);
   the weight gradient is, for each window position d, the (taps x BLOCK) patches (the
@@ -111,8 +121,8 @@ NATIVE_HALF_DOT = not _INTERPRET
 #: the forward's input copy with its channels padded to runs of 8 (``vec``, module
 #: docstring); not with the triton backward
 VEC = False
-#: the backward, ``hybrid``, ``igrad`` or ``triton`` (module docstring); read when the
-#: forward runs
+#: the backward, ``hybrid``, ``igrad``, ``map`` or ``triton`` (module docstring); read
+#: when the forward runs
 BACKWARD = "hybrid"
 
 #: ``triton`` backward: blocks of pooled outputs each weight-gradient program sums (fewer
@@ -133,6 +143,20 @@ IGRAD_BLOCK = 2048 if _INTERPRET else 32
 #: CUDA cores; 4 warps spilled there)
 MAP_IGRAD_BLOCK = 2048 if _INTERPRET else 128
 MAP_IGRAD_WARPS = 8
+#: ``map`` backward, its weight gradient from the map: map pixels a block, taps a
+#: program (JishNet's 25 in two groups of 16 on a GPU, the second's last 7 columns
+#: computed and dropped), warps, and at most how many programs share the pixels (each
+#: sums its blocks' products into one partial sum of (C_out x taps x 16) values, torch
+#: adds those: 264 are two an H100/H200 multiprocessor, 35 MB of float32 at 64 channels);
+#: not yet timed. Triton 3.9's sm_90 code at 64 pixels, 16 taps, 8 warps, ``vec``: the
+#: input's runs by 16-byte asynchronous copies through L1, the bf16 products as 64x128x16
+#: warpgroup matrix instructions, 136 registers a thread (154 unpadded; float32 218 and
+#: 241, IEEE products on the CUDA cores); no spill (16 taps at 4 warps or 32 taps
+#: spill unpadded and in float32)
+MAP_WGRAD_BLOCK = 2048 if _INTERPRET else 64
+MAP_WGRAD_TAPS = 32 if _INTERPRET else 16
+MAP_WGRAD_WARPS = 8
+MAP_WGRAD_PROGRAMS = 4 if _INTERPRET else 264
 
 
 def default_kernel() -> Stage2Kernel:
@@ -328,6 +352,48 @@ def _map_igrad(d_ptr, w_ptr, gx_ptr, M, H, W, HC, WC, sd_b, sd_h, sd_w,
              mask=pm[:, None] & (ci < CIN)[None, :])
 
 
+@triton.jit
+def _map_wgrad(d_ptr, x_ptr, part_ptr, M, HC, WC, BLOCKS, sd_b, sd_h, sd_w,
+               sx_b, sx_h, sx_w, C: tl.constexpr, CP: tl.constexpr, RUN: tl.constexpr,
+               CIP: tl.constexpr, K: tl.constexpr, TAPS: tl.constexpr, BLOCK: tl.constexpr,
+               LOWP: tl.constexpr, NATIVE_HALF_DOT: tl.constexpr):
+    """``map`` backward: one program's partial sums of the weight gradient, for the TAPS
+    taps of group ``program_id(1)`` over BLOCKS blocks of BLOCK pixels of the map: per
+    block, the (C_out x BLOCK) map gradients (the transposed rows of the channels-last
+    map) times the (BLOCK x TAPS * CIP) input values those pixels' taps read in the
+    forward's padded copy, RUN channels a tap (runs of 16 under ``vec``: no mask)."""
+    c = tl.arange(0, CP)
+    n = tl.arange(0, TAPS * CIP)  # column = tap of the group * CIP + input channel
+    # taps past the last read the last again; the caller drops their columns
+    tap = tl.minimum(tl.program_id(1) * TAPS + n // CIP, K * K - 1)
+    ci = n % CIP
+    toff = (tap // K) * sx_h + (tap % K) * sx_w + ci  # in the padded copy (channel stride 1)
+    acc = tl.zeros((CP, TAPS * CIP), tl.float32)
+    for blk in range(BLOCKS):
+        p = (tl.program_id(0) * BLOCKS + blk) * BLOCK + tl.arange(0, BLOCK)
+        pm = p < M  # past the end: no gradient (and in-bounds addresses of the last pixel)
+        q = tl.minimum(p, M - 1)
+        b = (q // (HC * WC)).to(tl.int64)
+        oy = (q // WC) % HC
+        ox = q % WC
+        if C == CP:
+            m = pm[:, None]
+        else:
+            m = pm[:, None] & (c < C)[None, :]
+        g = tl.load(d_ptr + (b * sd_b + oy * sd_h + ox * sd_w)[:, None] + c[None, :],
+                    mask=m, other=0.0)
+        # the map's pixel (oy, ox) reads the copy's (oy + ky, ox + kx): no row mask
+        src = x_ptr + (b * sx_b + oy * sx_h + ox * sx_w)[:, None] + toff[None, :]
+        if RUN == CIP:  # through L1: neighbouring pixels' taps overlap
+            xa = tl.load(src, cache_modifier=".ca")
+        else:
+            xa = tl.load(src, mask=(ci < RUN)[None, :], other=0.0)
+        acc = _half_dot(tl.trans(g), xa, acc, LOWP, NATIVE_HALF_DOT)
+    prog = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    out = part_ptr + prog.to(tl.int64) * (CP * TAPS * CIP)
+    tl.store(out + c[:, None] * (TAPS * CIP) + n[None, :], acc)
+
+
 def _pooled_rows(gy: torch.Tensor, y: torch.Tensor, arg: torch.Tensor, cp: int):
     """The gradient before ELU at each window's arg-max (float32, as the kernels'
     ``pooled_gradient``) and the arg-maxes, as (B * H' * W', cp) rows, channels zero-padded."""
@@ -426,22 +492,25 @@ class _FusedStage(torch.autograd.Function):
         # the triton backward gathers from the padded copy; the hybrid's gradients are
         # the library's own convolution backward on the input as it came (its shapes,
         # its cuDNN algorithms), so the copy is freed here
-        ctx.save_for_backward(xp if backward == "triton" else x, weight, y, arg)
+        # (the map backward's weight gradient reads the copy too)
+        ctx.save_for_backward(xp if backward in ("triton", "map") else x, weight, y, arg)
         ctx.geom = (pool, hc, wc, cp, block, warps, grid, fmt, (b, cin, h, w), x.dtype,
                     bias.dtype, cdtype, padding)
         ctx.triton = (toff, kp, lowp) if backward == "triton" else None
-        ctx.map_igrad = backward == "igrad"
+        ctx.backward = backward
         return y
 
     @staticmethod
     def backward(ctx, gy):
         if ctx.triton is not None:
             return _triton_backward(ctx, gy)
-        x, weight, y, arg = ctx.saved_tensors
-        pool, hc, wc, cp, block, warps, grid, fmt, _, _, bdtype, cdtype, padding = ctx.geom
+        x, weight, y, arg = ctx.saved_tensors  # x: the padded copy for the map backward
+        pool, hc, wc, cp, block, warps, grid, fmt, shape, xdtype, bdtype, cdtype, padding = \
+            ctx.geom
         b, c, ho, wo = y.shape
-        # (igrad's kernel reads the map's rows: channels-last whatever the output's order)
-        fmt = torch.channels_last if ctx.map_igrad else fmt
+        by_triton = ctx.backward in ("igrad", "map")  # the input's gradient from the map
+        # (those kernels read the map's rows: channels-last whatever the output's order)
+        fmt = torch.channels_last if by_triton else fmt
         dconv = torch.empty((b, c, hc, wc), dtype=cdtype, device=x.device, memory_format=fmt)
         if hc != ho * pool or wc != wo * pool:
             dconv.zero_()  # rows and columns past the last full window get no gradient
@@ -451,14 +520,16 @@ class _FusedStage(torch.autograd.Function):
                              BLOCK=block, num_warps=warps)
         gx = gw = None
         want_x, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        if want_x and ctx.map_igrad:  # the input's gradient from the map by Triton
-            gx, want_x = _map_input_grad(dconv, weight, x, padding, cdtype), False
+        if want_x and by_triton:
+            gx, want_x = _map_input_grad(dconv, weight, shape, xdtype, padding, cdtype), False
+        if want_w and ctx.backward == "map":
+            gw, want_w = _map_weight_grad(dconv, x, weight), False
         if want_x or want_w:  # the call autograd makes for the published convolution
             gx2, gw, _ = torch.ops.aten.convolution_backward(
                 dconv, x.detach().to(cdtype), weight.detach().to(cdtype), None, [1, 1],
                 [padding, padding], [1, 1], False, [0, 0], 1, [want_x, want_w, False])
             gx = gx if gx2 is None else gx2.to(x.dtype)
-            gw = None if gw is None else gw.to(weight.dtype)
+        gw = None if gw is None else gw.to(weight.dtype)
         gb = part.sum(0)[:c].to(bdtype) if ctx.needs_input_grad[2] else None
         return gx, gw, gb, None, None, None, None, None
 
@@ -472,17 +543,18 @@ def _tap_weights(weight: torch.Tensor, cp: int, cip: int, dtype) -> torch.Tensor
     return wt
 
 
-def _map_input_grad(dconv: torch.Tensor, weight: torch.Tensor, x: torch.Tensor,
+def _map_input_grad(dconv: torch.Tensor, weight: torch.Tensor, shape: tuple, dtype,
                     padding: int, cdtype) -> torch.Tensor:
-    """``igrad`` backward: the input's gradient (x's shape and dtype, channels-last) from
-    the convolution map's gradient ``dconv`` (:func:`_map_igrad`)."""
-    b, cin, h, w = x.shape
+    """``igrad`` and ``map`` backwards: the input's gradient (``shape`` (B, C_in, H, W) and
+    ``dtype``, channels-last) from the convolution map's gradient ``dconv``
+    (:func:`_map_igrad`)."""
+    b, cin, h, w = shape
     c, _, k, _ = weight.shape
     if dconv.stride(1) != 1:
         dconv = dconv.contiguous(memory_format=torch.channels_last)
     sd_b, _, sd_h, sd_w = dconv.stride()
     cp, cip = max(16, triton.next_power_of_2(c)), max(16, triton.next_power_of_2(cin))
-    gx = torch.empty((b, cin, h, w), dtype=x.dtype, device=x.device,
+    gx = torch.empty((b, cin, h, w), dtype=dtype, device=dconv.device,
                      memory_format=torch.channels_last)
     m = b * h * w
     _map_igrad[(triton.cdiv(m, MAP_IGRAD_BLOCK),)](
@@ -491,6 +563,40 @@ def _map_input_grad(dconv: torch.Tensor, weight: torch.Tensor, x: torch.Tensor,
         BLOCK=MAP_IGRAD_BLOCK, LOWP=cdtype != torch.float32,
         NATIVE_HALF_DOT=NATIVE_HALF_DOT, num_warps=MAP_IGRAD_WARPS)
     return gx
+
+
+def _map_weight_grad(dconv: torch.Tensor, xp: torch.Tensor, weight: torch.Tensor
+                     ) -> torch.Tensor:
+    """``map`` backward: the weights' gradient, float32 (C_out, C_in, k, k), from the
+    convolution map's gradient ``dconv`` (channels-last) and the forward's padded copy
+    ``xp`` of the input (channels-last, its channels padded or not) by
+    :func:`_map_wgrad`, the programs' partial sums added by torch (a fixed order: the
+    same sum every run)."""
+    c, cin, k, _ = weight.shape
+    b, _, hc, wc = dconv.shape
+    run = xp.shape[1]
+    cp, cip = max(16, triton.next_power_of_2(c)), max(16, triton.next_power_of_2(run))
+    taps = MAP_WGRAD_TAPS
+    groups = triton.cdiv(k * k, taps)
+    m = b * hc * wc
+    blocks = triton.cdiv(m, MAP_WGRAD_BLOCK)
+    per = triton.cdiv(blocks, min(blocks, MAP_WGRAD_PROGRAMS))  # blocks a program
+    programs = triton.cdiv(blocks, per)
+    part = torch.empty((programs, groups, cp, taps * cip), dtype=torch.float32,
+                       device=dconv.device)
+    sd_b, sd_c, sd_h, sd_w = dconv.stride()
+    sx_b, sx_c, sx_h, sx_w = xp.stride()
+    if sd_c != 1 or sx_c != 1:
+        raise ValueError("fused stage: the map backward needs the map and the input's copy "
+                         "channels-last")
+    _map_wgrad[(programs, groups)](
+        dconv, xp, part, m, hc, wc, per, sd_b, sd_h, sd_w, sx_b, sx_h, sx_w, C=c, CP=cp,
+        RUN=run, CIP=cip, K=k, TAPS=taps, BLOCK=MAP_WGRAD_BLOCK,
+        LOWP=dconv.dtype != torch.float32, NATIVE_HALF_DOT=NATIVE_HALF_DOT,
+        num_warps=MAP_WGRAD_WARPS)
+    # (groups, C_out, taps * 16) -> (C_out, tap, channel), the taps ordered (ky, kx)
+    total = part.sum(0).permute(1, 0, 2).reshape(cp, groups * taps, cip)[:c, : k * k, :cin]
+    return total.reshape(c, k, k, cin).permute(0, 3, 1, 2)
 
 
 def _triton_backward(ctx, gy):

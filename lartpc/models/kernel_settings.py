@@ -10,7 +10,7 @@ difference). The fastest differ from card to card, so they are options:
 option                     spelling (e.g. ``64:4:dot``, ``64:8:64:igrad:vec``)
 =========================  ====================================================
 ``model.stem_kernel``      ``BLOCK:WARPS[:dot|:band|:patch|:hoist]``
-``model.stage2_kernel``    ``BLOCK:WARPS:BLOCK_K[:hybrid|:igrad|:triton[:vec]]``
+``model.stage2_kernel``    ``BLOCK:WARPS:BLOCK_K[:hybrid|:igrad|:map|:triton[:vec]]``
 =========================  ====================================================
 
 ``""`` (the default) is the kernel module's own setting (``fused_stem.BLOCK``,
@@ -22,8 +22,9 @@ stem's ``dot``, ``band``, ``patch`` and ``hoist`` sum its taps on the matrix uni
 BENCHMARKS.md; they differ in what they gather, :mod:`lartpc.models.fused_stem`), and
 the second stage's backwards sum in their
 own orders: ``hybrid`` (the library's gradients of the convolution map), ``igrad``
-(the input's gradient of the same map by Triton, the weights' by the library) and
-``triton`` (no map), all from operands rounded alike (tested).
+(the input's gradient of the same map by Triton, the weights' by the library), ``map``
+(both of the map's gradients by Triton) and ``triton`` (no map), all from operands
+rounded alike (tested).
 ``jobs/local/stem_check.py`` times settings on a GPU and
 ``jobs/local/fastest_kernels.py`` picks the fastest of its results.
 """
@@ -37,10 +38,10 @@ from lartpc.errors import ConfigError
 #: the largest block of pooled outputs (or taps) a program may take
 MAX_BLOCK = 8192
 WARPS = (1, 2, 4, 8, 16)
-BACKWARDS = ("hybrid", "igrad", "triton")
+BACKWARDS = ("hybrid", "igrad", "map", "triton")
 #: the backwards ``:vec`` goes with (the triton backward reads the forward's copy
 #: unpadded)
-VEC_BACKWARDS = ("hybrid", "igrad")
+VEC_BACKWARDS = ("hybrid", "igrad", "map")
 #: how the fused stem sums a window's taps: one by one (``taps``), or as matrix
 #: products of gathered input (:mod:`lartpc.models.fused_stem`)
 STEM_SUMS = ("taps", "dot", "band", "patch", "hoist")
@@ -109,14 +110,15 @@ def parse_stem_kernel(text: str, key: str = "model.stem_kernel") -> StemKernel |
 
 
 def parse_stage2_kernel(text: str, key: str = "model.stage2_kernel") -> Stage2Kernel | None:
-    """``"BLOCK:WARPS:BLOCK_K[:hybrid|:igrad|:triton[:vec]]"`` (``i`` for ``igrad``, ``t``
-    for ``triton``, ``v`` for ``vec``; ``vec`` not with ``triton``) as a
+    """``"BLOCK:WARPS:BLOCK_K[:hybrid|:igrad|:map|:triton[:vec]]"`` (``i`` for ``igrad``,
+    ``m`` for ``map``, ``t`` for ``triton``, ``v`` for ``vec``; ``vec`` not with
+    ``triton``) as a
     :class:`Stage2Kernel`; None for ``""``. BLOCK and BLOCK_K are at least 16, the
     matrix units' smallest tile side."""
     if text == "":
         return None
     parts = text.split(":")
-    names = {s: s for s in BACKWARDS} | {"i": "igrad", "t": "triton"}
+    names = {s: s for s in BACKWARDS} | {"i": "igrad", "m": "map", "t": "triton"}
     vec = len(parts) == 5 and parts[4] in ("vec", "v")
     backward = "hybrid" if len(parts) == 3 else names.get(parts[3]) if len(parts) > 3 \
         else None
@@ -126,7 +128,7 @@ def parse_stage2_kernel(text: str, key: str = "model.stage2_kernel") -> Stage2Ke
                           "64:8:32:triton or 64:8:64:igrad:vec")
     if vec and backward not in VEC_BACKWARDS:
         raise ConfigError(f"{key}={text!r}: :vec (the forward's channels padded) goes with "
-                          "the hybrid or igrad backward, not triton (which reads that copy "
+                          "the hybrid, igrad or map backward, not triton (which reads that copy "
                           "unpadded)")
     return Stage2Kernel(_power_of_two(key, text, "BLOCK", parts[0], 16, MAX_BLOCK),
                         _warps(key, text, parts[1]),

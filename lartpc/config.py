@@ -56,9 +56,10 @@ class ModelConfig:
     #: cuDNN's 6.9 (BENCHMARKS.md, 2026-11-28, issue 35)
     stage2: str = "auto"
     #: JishNet's fused kernels' launch on this card (lartpc/models/kernel_settings.py):
-    #: "BLOCK:WARPS[:dot|:band|:patch|:hoist]" for the stem, "BLOCK:WARPS:BLOCK_K[:hybrid|:triton]"
-    #: for the second stage; "" = the kernel's default. The same function (float32 sums in
-    #: another order), so free to change on resume
+    #: "BLOCK:WARPS[:dot|:band|:patch|:hoist]" for the stem,
+    #: "BLOCK:WARPS:BLOCK_K[:hybrid|:igrad|:map|:triton[:vec]]" for the second stage; "" =
+    #: the kernel's default. The same function (float32 sums in another order), so free
+    #: to change on resume
     stem_kernel: str = ""
     stage2_kernel: str = ""
 

@@ -22,6 +22,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+from train_helpers import HEAVY_TIMEOUT_S
 from triton_cpu import (  # first: sets TRITON_INTERPRET on CPU
     DEVICE,
     assert_trained_alike,
@@ -219,6 +220,7 @@ def test_bench_model_stage2_refused_for_scnet(capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(HEAVY_TIMEOUT_S)  # 340 s in the suite beside a busy loop, 98 s alone
 def test_stem_check_stage2_runs_on_cpu(tmp_path, capsys):
     """``stem_check --stage 2`` (the GPU check of this stage) runs end to end on CPU
     under the interpreter, every backward, and its float32 accuracy rows are float32

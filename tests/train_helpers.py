@@ -15,7 +15,8 @@ import torch
 #: pytest-timeout's limit (pyproject: 600 s) guards against hangs. The heaviest tests
 #: (the beam headline rescored on 1,500 regenerated full-resolution events, gpu_bench
 #: --quick, bench model --compile) took 114-290 s alone and 316 s beside one busy loop,
-#: and passed 600 s with two more test processes beside the suite: they get this one.
+#: and passed 600 s with two more test processes beside the suite: they get this one
+#: (and the second stage's stem_check on CPU, 340 s beside a busy loop, 2026-11-29).
 HEAVY_TIMEOUT_S = 1800
 
 BIN = Path(sys.executable).parent

@@ -159,6 +159,11 @@ MAP_WGRAD_WARPS = 8
 MAP_WGRAD_PROGRAMS = 4 if _INTERPRET else 264
 
 
+def _side(n: int) -> int:
+    """``n`` padded to a tile side of ``tl.dot``: a power of two, at least 16."""
+    return max(16, triton.next_power_of_2(n))
+
+
 def default_kernel() -> Stage2Kernel:
     """The launch ``model.stage2_kernel=""`` means: this module's settings as they are now."""
     return Stage2Kernel(BLOCK, NUM_WARPS, BLOCK_K, BACKWARD, VEC)
@@ -415,7 +420,7 @@ def forward_taps(cin: int, k: int, block_k: int, vec: bool, lowp: bool
     at 10 channels and 64 a slice) and taps a slice (at most :data:`BLOCK_K_FLOAT` in
     float32, ``lowp`` False)."""
     run = -(-cin // 8) * 8 if vec else cin
-    kp = max(16, triton.next_power_of_2(run * k * k))
+    kp = _side(run * k * k)
     block_k = min(block_k, kp) if lowp else min(block_k, kp, BLOCK_K_FLOAT)
     if vec:
         kp = -(-run * k * k // block_k) * block_k
@@ -470,7 +475,7 @@ class _FusedStage(torch.autograd.Function):
                          device=x.device, memory_format=torch.channels_last).zero_()
         xp[:, :cin, padding: padding + h, padding: padding + w] = x.detach()
         sx_b, sx_c, sx_h, sx_w = xp.stride()
-        cp = max(16, triton.next_power_of_2(c))  # tl.dot's smallest tile side
+        cp = _side(c)
         if kernel.vec:
             toff = torch.empty(1, dtype=torch.int32, device=x.device)  # not read
         else:
@@ -528,7 +533,7 @@ class _FusedStage(torch.autograd.Function):
             gx2, gw, _ = torch.ops.aten.convolution_backward(
                 dconv, x.detach().to(cdtype), weight.detach().to(cdtype), None, [1, 1],
                 [padding, padding], [1, 1], False, [0, 0], 1, [want_x, want_w, False])
-            gx = gx if gx2 is None else gx2.to(x.dtype)
+            gx = gx if gx2 is None else gx2.to(xdtype)
         gw = None if gw is None else gw.to(weight.dtype)
         gb = part.sum(0)[:c].to(bdtype) if ctx.needs_input_grad[2] else None
         return gx, gw, gb, None, None, None, None, None
@@ -553,7 +558,7 @@ def _map_input_grad(dconv: torch.Tensor, weight: torch.Tensor, shape: tuple, dty
     if dconv.stride(1) != 1:
         dconv = dconv.contiguous(memory_format=torch.channels_last)
     sd_b, _, sd_h, sd_w = dconv.stride()
-    cp, cip = max(16, triton.next_power_of_2(c)), max(16, triton.next_power_of_2(cin))
+    cp, cip = _side(c), _side(cin)
     gx = torch.empty((b, cin, h, w), dtype=dtype, device=dconv.device,
                      memory_format=torch.channels_last)
     m = b * h * w
@@ -575,7 +580,7 @@ def _map_weight_grad(dconv: torch.Tensor, xp: torch.Tensor, weight: torch.Tensor
     c, cin, k, _ = weight.shape
     b, _, hc, wc = dconv.shape
     run = xp.shape[1]
-    cp, cip = max(16, triton.next_power_of_2(c)), max(16, triton.next_power_of_2(run))
+    cp, cip = _side(c), _side(run)
     taps = MAP_WGRAD_TAPS
     groups = triton.cdiv(k * k, taps)
     m = b * hc * wc
@@ -584,11 +589,8 @@ def _map_weight_grad(dconv: torch.Tensor, xp: torch.Tensor, weight: torch.Tensor
     programs = triton.cdiv(blocks, per)
     part = torch.empty((programs, groups, cp, taps * cip), dtype=torch.float32,
                        device=dconv.device)
-    sd_b, sd_c, sd_h, sd_w = dconv.stride()
-    sx_b, sx_c, sx_h, sx_w = xp.stride()
-    if sd_c != 1 or sx_c != 1:
-        raise ValueError("fused stage: the map backward needs the map and the input's copy "
-                         "channels-last")
+    sd_b, _, sd_h, sd_w = dconv.stride()  # both channels-last, as the backward and
+    sx_b, _, sx_h, sx_w = xp.stride()  # the forward make them: channel stride 1
     _map_wgrad[(programs, groups)](
         dconv, xp, part, m, hc, wc, per, sd_b, sd_h, sd_w, sx_b, sx_h, sx_w, C=c, CP=cp,
         RUN=run, CIP=cip, K=k, TAPS=taps, BLOCK=MAP_WGRAD_BLOCK,
@@ -610,7 +612,7 @@ def _triton_backward(ctx, gy):
     dm, args = _pooled_rows(gy, y, arg, cp)
     gx = gw = None
     if ctx.needs_input_grad[0]:
-        cip = max(16, triton.next_power_of_2(cin))
+        cip = _side(cin)
         wt = _tap_weights(weight, cp, cip, xp.dtype)
         gx = torch.empty((b, cin, h, w), dtype=xdtype, device=xp.device,
                          memory_format=torch.channels_last)

@@ -24,6 +24,9 @@ model --cuda-graph`` captures it in its ``capturable`` form, which runs on a GPU
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import threading
 import traceback
 
 import pytest
@@ -33,6 +36,7 @@ from test_sparse_torch import _batches, _pair
 from torch.utils._python_dispatch import TorchDispatchMode
 from triton_cpu import DEVICE, event_images  # first: sets TRITON_INTERPRET on CPU
 
+import lartpc
 from lartpc.data.store import EventStore
 from lartpc.models import table_graph
 from lartpc.models.scnet import KERNEL, POOLS
@@ -69,25 +73,33 @@ def _why(func, args, kwargs) -> str | None:
     return None
 
 
+#: the folders of the project's code and of Triton's (by where they are installed, not
+#: by name: a checkout's own folder may be called lartpc)
+OURS = (os.path.dirname(lartpc.__file__) + os.sep, os.path.abspath(__file__))
+TRITON = os.path.dirname(importlib.util.find_spec("triton").origin) + os.sep
+
+
 def _where() -> str:
     """The innermost frame of the project's own code (or this test's): file:line (name)."""
     for frame in reversed(traceback.extract_stack()[:-2]):
-        if "/lartpc/" in frame.filename or frame.filename.endswith("test_capture_safety.py"):
-            return f"{'/'.join(frame.filename.rsplit('/', 2)[-2:])}:{frame.lineno} ({frame.name})"
+        if frame.filename.startswith(OURS):
+            name = "/".join(frame.filename.rsplit(os.sep, 2)[-2:])
+            return f"{name}:{frame.lineno} ({frame.name})"
     return "?"
 
 
 def _in_triton_launch() -> bool:
     """Whether the caller is Triton's interpreter launching a kernel (its copies of the
     arguments to and from host memory stand in for the GPU's, and are not captured)."""
-    return any("/triton/" in f.filename for f in traceback.extract_stack()[:-2])
+    return any(f.filename.startswith(TRITON) for f in traceback.extract_stack()[:-2])
 
 
 class HostWaits(TorchDispatchMode):
     """Records, as (operation, why, where), each operation run inside it that would
     make the host wait for a CUDA device, and each ``.tolist()`` / ``.numpy()`` (which
-    a CPU tensor answers without an operation); the backward's operations too (the
-    autograd engine carries the mode to its threads)."""
+    a CPU tensor answers without an operation) of the thread that entered it (a
+    loader's threads run meanwhile); the backward's operations too (on a CPU the
+    autograd engine runs them on the calling thread)."""
 
     def __init__(self):
         super().__init__()
@@ -104,11 +116,13 @@ class HostWaits(TorchDispatchMode):
         return func(*args, **kwargs)
 
     def __enter__(self):
+        self._thread = threading.get_ident()
         for name in ("tolist", "numpy"):
-            self._saved[name] = original = getattr(torch.Tensor, name)
+            self._saved[name] = torch.Tensor.__dict__.get(name)  # None: inherited
+            original = getattr(torch.Tensor, name)
 
             def reads(t, *a, _name=name, _original=original, **k):
-                if not _in_triton_launch():
+                if threading.get_ident() == self._thread and not _in_triton_launch():
                     self.found.append((f"Tensor.{_name}", "reads a tensor back",
                                        _where()))
                 return _original(t, *a, **k)
@@ -117,8 +131,11 @@ class HostWaits(TorchDispatchMode):
         return super().__enter__()
 
     def __exit__(self, *exc):
-        for name, original in self._saved.items():
-            setattr(torch.Tensor, name, original)
+        for name, own in self._saved.items():
+            if own is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, own)
         return super().__exit__(*exc)
 
 
@@ -126,6 +143,7 @@ def test_the_recorder_finds_what_would_wait():
     """The check can fail: each way of waiting for the device is recorded, with the
     line it came from, and the operations a capture may hold are not."""
     x = torch.randn(50)
+    before = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy")}
     waits = [lambda: x.sum().item(), lambda: bool(x.sum() > 0), lambda: x.tolist(),
              lambda: x.numpy(), lambda: x.nonzero(), lambda: x[x > 0],
              lambda: torch.unique(x), lambda: torch.where(x > 0),
@@ -145,7 +163,12 @@ def test_the_recorder_finds_what_would_wait():
         torch.repeat_interleave(x, torch.ones(50, dtype=torch.long), output_size=50)
         x.clone()[:, None].expand(50, 3).sum()
     assert rec.found == []
-    assert torch.Tensor.tolist is not None and x.tolist()  # put back
+    with HostWaits() as rec:  # another thread's reads are not this code's
+        other = threading.Thread(target=x.tolist)
+        other.start()
+        other.join()
+    assert rec.found == []
+    assert {name: getattr(torch.Tensor, name) for name in before} == before  # put back
 
 
 def _checked(monkeypatch, cls, name) -> tuple[list, set]:

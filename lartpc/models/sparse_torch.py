@@ -158,8 +158,14 @@ def neighbour_table(keys: torch.Tensor, shape: tuple[int, int], kernel: int,
     padded = torch.empty((none, kernel * kernel), dtype=torch.int32, device=keys.device)
     table = padded[:n]
     grid = _grid(min(images, per_pass) * hp * wp, keys.device)
-    rows = torch.arange(n, dtype=torch.int32, device=keys.device)
-    offsets = _window_offsets(r, wp, keys.device)
+    # each site's row is written as row - (none + 1), always below the grid's -1, so that
+    # one addition of none + 1 after the gather makes rows of those and the zero row of
+    # the -1s (a comparison and a masked fill cost twice as much on a CPU)
+    shift = none + 1
+    rows = torch.arange(-shift, n - shift, dtype=torch.int32, device=keys.device)
+    # the gather's (n, k*k) cell numbers in int32 where the image allows: half the bytes
+    index = torch.int32 if len(grid) < 2**31 else torch.int64
+    offsets = _window_offsets(r, wp, keys.device, index)
     if images <= per_pass:
         passes = [(0, 0, n)]
     else:
@@ -176,19 +182,21 @@ def neighbour_table(keys: torch.Tensor, shape: tuple[int, int], kernel: int,
         b, yy, xx, at, out = these
         cell = (b - first if first else b) * (hp * wp) + yy * wp + xx + (r * wp + r)
         grid[cell] = at
-        torch.index_select(grid, 0, (cell[:, None] + offsets).view(-1), out=out.view(-1))
+        torch.index_select(grid, 0, (cell.to(index)[:, None] + offsets).view(-1),
+                           out=out.view(-1))
         grid.index_fill_(0, cell, -1)
-    table.masked_fill_(table < 0, none)
+    table += shift
     if none > n:
         padded[n:] = none
     return padded
 
 
 @functools.lru_cache(maxsize=64)
-def _window_offsets(r: int, wp: int, device: torch.device) -> torch.Tensor:
+def _window_offsets(r: int, wp: int, device: torch.device,
+                    dtype: torch.dtype = torch.int64) -> torch.Tensor:
     """The (2r+1)^2 offsets of a window's cells from its centre in an index image of
-    rows ``wp`` wide, row-major (dy, dx); made once per size and device."""
-    d = torch.arange(-r, r + 1, device=device)
+    rows ``wp`` wide, row-major (dy, dx); made once per size, device and dtype."""
+    d = torch.arange(-r, r + 1, dtype=dtype, device=device)
     return (d[:, None] * wp + d).reshape(-1)
 
 

@@ -15,8 +15,8 @@ tests want none:
 - the training's static step (``StaticStep._forward_backward``: forward, loss,
   backward, the step's values), SCNet's on padded tables and JishNet's, with the
   published layers and with the fused stem and second stage under Triton's interpreter
-  (every backward of the second stage); the interpreter's own copies in and out of a
-  kernel launch are not the captured code and are not counted.
+  (every backward of the second stage, every way the stem sums); the interpreter's own
+  copies in and out of a kernel launch are not the captured code and are not counted.
 
 Adam's update is outside the training's graph (its rate follows the schedule); ``bench
 model --cuda-graph`` captures it in its ``capturable`` form, which runs on a GPU only.

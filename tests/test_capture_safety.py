@@ -31,12 +31,13 @@ import traceback
 
 import pytest
 import torch
-from test_graphed_step import _jishnet_step
+from test_graphed_step import _device_dense, _jishnet_step
 from test_sparse_torch import _batches, _pair
 from torch.utils._python_dispatch import TorchDispatchMode
 from triton_cpu import DEVICE, event_images  # first: sets TRITON_INTERPRET on CPU
 
 import lartpc
+from lartpc.data.batch import Batch
 from lartpc.data.store import EventStore
 from lartpc.models import table_graph
 from lartpc.models.scnet import KERNEL, POOLS
@@ -227,8 +228,6 @@ def test_scnets_static_step_waits_for_nothing(monkeypatch, train_events_dir):
 def test_jishnets_static_step_waits_for_nothing(monkeypatch, train_events_dir, amp):
     """JishNet's captured step with the published layers (a CPU's default), in float32
     and under bf16 autocast."""
-    from test_graphed_step import _device_dense
-
     found, seen = _checked(monkeypatch, StaticStep, "_forward_backward")
     store = EventStore(train_events_dir)
     _, step, _ = _jishnet_step(store, amp)
@@ -262,15 +261,8 @@ def test_jishnets_fused_step_waits_for_nothing(monkeypatch, backward, sums):
     step = DenseGraphedStep(model, torch.nn.functional.cross_entropy, 1, capture=False,
                             autocast=lambda: torch.autocast(DEVICE, dtype=torch.bfloat16,
                                                             cache_enabled=False))
-    batch = _Dense(x, torch.tensor([3], device=DEVICE))
+    batch = Batch(labels=torch.tensor([3], device=DEVICE), shape=tuple(x.shape[-2:]), dense=x)
     assert step(batch) is not None and step(batch) is not None
     assert step.stats["steps"] == 2 and "convolution_backward" in seen, sorted(seen)
     assert found == []
 
-
-class _Dense:
-    """A dense batch as the loaders hand it over (the fields the static step reads)."""
-
-    def __init__(self, dense, labels):
-        self.dense, self.labels = dense, labels
-        self.data_size, self.dense_reused = len(labels), False

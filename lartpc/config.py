@@ -50,6 +50,12 @@ class ModelConfig:
     #: fused (conv + ELU + pool as one Triton kernel, the same function) | library (the
     #: published torch layers)
     stem: str = "auto"
+    #: JishNet's fused stem: leave out the blocks of its output with no charge under
+    #: any window (their outputs are ELU(bias), their weight-gradient terms 0: the same
+    #: numbers, bit for bit). The dense network then exploits the images' emptiness in
+    #: its first layer, so it is no longer the study's dense baseline: off by default,
+    #: recorded in run.json; needs the fused stem (model.stem=fused, or auto on CUDA)
+    stem_skip_empty: bool = False
     #: JishNet's second stage, the same choices (fused: conv + ELU + pool forward as one
     #: Triton kernel, backward through torch's convolution gradients, fused_stage2.py).
     #: auto as model.stem: on the H200 the fused stage took 4.9 ms a step of 7 against

@@ -237,13 +237,16 @@ def test_jishnets_static_step_waits_for_nothing(monkeypatch, train_events_dir, a
     assert found == []
 
 
-@pytest.mark.parametrize("backward,sums", [("hybrid", "dot"), ("igrad", "hoist"),
-                                           ("map", "band"), ("triton", "patch"),
-                                           ("map:vec", "taps")])
-def test_jishnets_fused_step_waits_for_nothing(monkeypatch, backward, sums):
+@pytest.mark.parametrize("backward,sums,skip", [("hybrid", "dot", False),
+                                                ("igrad", "hoist", True),
+                                                ("map", "band", False),
+                                                ("triton", "patch", False),
+                                                ("map:vec", "taps", False)])
+def test_jishnets_fused_step_waits_for_nothing(monkeypatch, backward, sums, skip):
     """JishNet's captured step with the fused stem and second stage (a GPU's default),
     under bf16 autocast as trained on a GPU, on one real event (300 x 300: the
-    interpreter is slow): every backward of the second stage, every way the stem sums."""
+    interpreter is slow): every backward of the second stage, every way the stem sums,
+    and the stem with its empty blocks left out (``stem_skip_empty``)."""
     import lartpc.models.fused_stage2 as fs2
     import lartpc.models.fused_stem as fst
     from lartpc.models.jishnet import JishNet
@@ -257,7 +260,7 @@ def test_jishnets_fused_step_waits_for_nothing(monkeypatch, backward, sums):
     x = event_images(1, 12, seed=11)
     torch.manual_seed(0)
     model = JishNet(tuple(x.shape[-2:]), stem="fused", stage2="fused", elu_after_pool=True,
-                    channels_last=True).to(DEVICE)
+                    channels_last=True, stem_skip_empty=skip).to(DEVICE)
     step = DenseGraphedStep(model, torch.nn.functional.cross_entropy, 1, capture=False,
                             autocast=lambda: torch.autocast(DEVICE, dtype=torch.bfloat16,
                                                             cache_enabled=False))

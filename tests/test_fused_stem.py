@@ -139,21 +139,123 @@ def test_ties_go_to_the_first_window_position(monkeypatch):
     assert out < 1e-6 and gw < 1e-5 and gb < 1e-5, (out, gw, gb)
 
 
-def test_nan_wins_its_window():
+@pytest.mark.parametrize("skip_empty", [False, True])
+def test_nan_wins_its_window(skip_empty):
     """A NaN pixel makes the windows whose convolutions reach it NaN, and only those;
-    the rest equals the published layers."""
+    the rest equals the published layers. Also where the NaN is the only value under
+    its block's windows and empty blocks are skipped (a NaN counts as charge)."""
     from lartpc.models.fused_stem import fused_stem
 
     x = _crop(event_images(1, 18, seed=6), 40, 40)
+    if skip_empty:
+        x.zero_()
     x[0, 0, 12, 12] = float("nan")  # reaches conv rows/cols 10..14: pooled (2, 2)
     conv = torch.nn.Conv2d(1, 10, 5, padding=2).to(DEVICE)
     with torch.no_grad():
-        y = fused_stem(x, conv.weight, conv.bias, 5, 2)
+        y = fused_stem(x, conv.weight, conv.bias, 5, 2, skip_empty=skip_empty)
         ref = F.max_pool2d(F.elu(conv(x)), 5)
     expect = torch.zeros_like(y, dtype=torch.bool)
     expect[..., 2, 2] = True
     assert torch.equal(torch.isnan(y), expect)
     torch.testing.assert_close(y[~expect], ref[~expect])
+
+
+def _stem_both_ways(x, kernel, seed=0):
+    """Output and weight/bias gradients of the fused stem launched as ``kernel`` for one
+    random upstream gradient, computing every block and skipping the empty ones."""
+    from lartpc.models.fused_stem import fused_stem
+
+    out = {}
+    for skip in (False, True):
+        torch.manual_seed(seed)
+        conv = torch.nn.Conv2d(1, 10, 5, padding=2).to(DEVICE)
+        w = conv.weight.detach().clone().requires_grad_(True)
+        b = conv.bias.detach().clone().requires_grad_(True)
+        y = fused_stem(x, w, b, 5, 2, kernel=kernel, skip_empty=skip)
+        (y.float() * torch.randn(y.shape, device=DEVICE)).sum().backward()
+        out[skip] = (y, w.grad, b.grad)
+    return out[False], out[True]
+
+
+@pytest.mark.parametrize("sums, dtype", [("dot", torch.float32), ("hoist", torch.bfloat16)])
+def test_skipping_empty_blocks_changes_no_number(sums, dtype):
+    """``skip_empty`` (``model.stem_skip_empty``): blocks of pooled outputs with no
+    charge under their windows write ELU(bias) without computing; output, weight and
+    bias gradients are the computing kernel's bit for bit, in float32 and bf16, with
+    blocks of both kinds present (and blocks that straddle rows and images)."""
+    from lartpc.models.fused_stem import blocks_with_charge
+    from lartpc.models.kernel_settings import StemKernel
+
+    x = event_images(2, 12, seed=4).to(dtype)
+    kernel = StemKernel(256, 4, sums)
+    assert 0 < blocks_with_charge(x, torch.empty(10, 1, 5, 5), 5, 2, kernel) < 1  # both paths
+    computed, skipped = _stem_both_ways(x, kernel)
+    for a, b, name in zip(computed, skipped, ("output", "weight grad", "bias grad"),
+                          strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_occupancy_is_the_receptive_field_of_each_pooled_output():
+    """Pooled output (i, j) of conv 5 x 5 pad 2 + pool 5 sees input rows and columns
+    5i - 2 .. 5i + 6: a lone pixel marks exactly the outputs whose field holds it."""
+    from lartpc.models.fused_stem import occupancy
+
+    x = torch.zeros(1, 40, 45)
+    x[0, 8, 20] = -3.0
+    occ = occupancy(x, 5, 5, 2)
+    assert occ.shape == (1, 8, 9)
+    i, j = torch.meshgrid(torch.arange(8), torch.arange(9), indexing="ij")
+    field = (5 * i - 2 <= 8) & (8 <= 5 * i + 6) & (5 * j - 2 <= 20) & (20 <= 5 * j + 6)
+    assert torch.equal(occ[0] != 0, field) and int(field.sum()) == 4
+
+
+def test_training_with_the_empty_blocks_skipped_ends_bit_for_bit_equal():
+    """Two Adam steps of JishNet (300 x 300, batch 2) with the fused stem, with and
+    without ``stem_skip_empty`` (set as ``--set`` would, through the config and the
+    model's options), from the same initial weights: every parameter ends the same to
+    the bit, and the steps moved the stem's weights."""
+    from lartpc.config import load_config
+    from lartpc.models import build, model_class
+
+    x = event_images(2, 12, seed=11)
+    labels = torch.tensor([1, 3], device=DEVICE)
+    params = {}
+    for skip in ("false", "true"):
+        cfg = load_config("tiny-jishnet", ["model.stem=fused", f"model.stem_skip_empty={skip}"])
+        options = model_class("jishnet").options(cfg.model, "none", "cpu")
+        assert options["stem_skip_empty"] is (skip == "true")
+        torch.manual_seed(0)
+        model = build("jishnet", image_size=x.shape[2:], **options).to(DEVICE)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        for _ in range(2):
+            opt.zero_grad()
+            F.cross_entropy(model.forward_tensor(x), labels).backward()
+            opt.step()
+        params[skip] = model.state_dict()
+    torch.manual_seed(0)
+    init = build("jishnet", image_size=x.shape[2:]).state_dict()["convs.0.weight"]
+    assert not torch.equal(params["true"]["convs.0.weight"].cpu(), init)
+    for k, v in params["false"].items():
+        assert torch.equal(params["true"][k], v), k
+
+
+def test_stem_skip_empty_needs_the_fused_stem():
+    """``model.stem_skip_empty=true`` with the published layers (asked for, or ``auto``
+    on a CPU) is refused with one line naming both options; with the fused stem it is
+    a constructor option, and the model runs it."""
+    from lartpc.config import ModelConfig
+    from lartpc.models import build, model_class
+
+    jish = model_class("jishnet")
+    for stem in ("library", "auto"):
+        with pytest.raises(ConfigError, match=f"model.stem_skip_empty=true .*model.stem={stem}"):
+            jish.options(ModelConfig(stem=stem, stem_skip_empty=True), "none", "cpu")
+    options = jish.options(ModelConfig(stem="fused", stem_skip_empty=True), "none", "cpu")
+    assert options["stem"] == "fused" and options["stem_skip_empty"] is True
+    assert jish.options(ModelConfig(stem="fused"), "none", "cpu")["stem_skip_empty"] is False
+    with pytest.raises(ConfigError, match="stem_skip_empty=True needs stem='fused'"):
+        build("jishnet", image_size=(400, 400), stem="library", stem_skip_empty=True)
+    assert build("jishnet", image_size=(400, 400), **options).stem_skip_empty
 
 
 def test_input_gradient_refused():
@@ -253,6 +355,32 @@ def test_bench_model_refusals(capsys):
     assert main(["bench", "model", "--model", "jishnet", "--size", "400",
                  "--max-batch"]) == 2
     assert "--max-batch" in capsys.readouterr().err
+    assert main(["bench", "model", "--model", "scnet", "--stem-skip-empty"]) == 2
+    assert "--stem-skip-empty: not an option of --model scnet" in capsys.readouterr().err
+    assert main(["bench", "model", "--model", "jishnet", "--size", "300",
+                 "--stem-skip-empty"]) == 2  # the published layers here
+    assert "model.stem_skip_empty=true" in capsys.readouterr().err
+
+
+def test_bench_model_with_the_empty_blocks_skipped(capsys):
+    """``bench model --stem fused --stem-skip-empty`` records the option and the share of
+    the stem's blocks that have charge, which is the kernel's own count of this batch."""
+    from lartpc.bench.model import batch_from_events
+    from lartpc.cli import main
+    from lartpc.geometry import Geometry
+    from lartpc.models.fused_stem import blocks_with_charge
+    from lartpc.models.kernel_settings import StemKernel
+    from lartpc.sim import simulate_event
+
+    assert main(["bench", "model", "--model", "jishnet", "--size", "300", "--batch-per-rank",
+                 "1", "--repeats", "1", "--warmup", "0", "--elu-after-pool", "--stem", "fused",
+                 "--stem-kernel", "1024:4:dot", "--stem-skip-empty"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["options"]["stem_skip_empty"] is True
+    g = Geometry(downsample=12)
+    x = batch_from_events([simulate_event(0, 0, g)], g.shape, "dense").dense
+    share = blocks_with_charge(x, torch.empty(10, 1, 5, 5), 5, 2, StemKernel(1024, 4, "dot"))
+    assert 0 < share < 1 and res["stem_blocks_with_charge"] == pytest.approx(share, abs=1e-5)
 
 
 @pytest.mark.slow
@@ -284,25 +412,29 @@ def test_stem_check_runs_on_cpu_with_the_librarys_own_rows(tmp_path, capsys):
 
 
 #: compiles the stem's forward for an H100/H200 (sm_90) without a GPU, bf16 as under
-#: autocast, at every launch ``stem_check`` times by default, and its backward at the
-#: module's block size (the build comes from triton_cpu.compile_for_sm90)
+#: autocast, at every launch ``stem_check`` times by default, then with the empty blocks
+#: skipped (``skip_empty``) at the module's launch and ``hoist``, and its backward at
+#: the module's block size both ways (the build comes from triton_cpu.compile_for_sm90)
 _COMPILE_FOR_SM90 = """
     import lartpc.models.fused_stem as fs
     from lartpc.jobs.local.stem_check import STEM_CONFIGS
     from lartpc.models.kernel_settings import parse_stem_kernel
 
-    for text in STEM_CONFIGS.split(","):
+    inputs = {"x_ptr": "*bf16", "occ_ptr": "*bf16"}
+    for text, skip in [(t, False) for t in STEM_CONFIGS.split(",")] + \\
+            [(str(fs.default_kernel()), True), ("64:4:hoist", True)]:
         k = parse_stem_kernel(text)
         build(fs._stem_forward,
-              {"x_ptr": "*bf16", "w_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*bf16",
-               "arg_ptr": "*u8"},
+              {**inputs, "w_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*bf16", "arg_ptr": "*u8"},
               dict(C=10, CP=16, K=5, PAD=2, POOL=5, BLOCK=k.block,
-                   SUMS=fs._SUMS_CODE[k.sums], KP=fs.tile_taps(5, 5, k.sums), LOWP=True), text,
-              warps=k.num_warps)
-    build(fs._stem_backward,
-          {"x_ptr": "*bf16", "g_ptr": "*bf16", "y_ptr": "*bf16", "arg_ptr": "*u8",
-           "part_ptr": "*fp32"},
-          dict(C=10, CP=16, K=5, PAD=2, POOL=5, BLOCK=64), "backward", warps=4)
+                   SUMS=fs._SUMS_CODE[k.sums], KP=fs.tile_taps(5, 5, k.sums), LOWP=True,
+                   SKIP=skip), text, "skip" * skip, warps=k.num_warps)
+    for skip in (False, True):
+        build(fs._stem_backward,
+              {**inputs, "g_ptr": "*bf16", "y_ptr": "*bf16", "arg_ptr": "*u8",
+               "part_ptr": "*fp32"},
+              dict(C=10, CP=16, K=5, PAD=2, POOL=5, BLOCK=64, SKIP=skip), "backward",
+              "skip" * skip, warps=4)
 """
 
 
@@ -316,7 +448,7 @@ def test_launches_compile_for_sm90_without_spills():
     from lartpc.jobs.local.stem_check import STEM_CONFIGS
 
     lines = compile_for_sm90(_COMPILE_FOR_SM90)
-    assert len(lines) == len(STEM_CONFIGS.split(",")) + 1, lines
+    assert len(lines) == len(STEM_CONFIGS.split(",")) + 4, lines
     assert all("STACK:0" in line for line in lines), lines
 
 

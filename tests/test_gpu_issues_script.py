@@ -81,8 +81,9 @@ def test_the_deadline_stops_the_running_part_and_skips_the_rest(tmp_path):
 def test_on_cuda_jishnet_runs_at_the_fastest_kernels_in_both_benches(tmp_path):
     """``DEVICE=cuda`` (the lease): after the kernel checks, JishNet's stage run gets
     fastest_kernels' ``flags`` and its graphed training the same choices as
-    ``train_flags``. The script runs from a copy of its tree whose bundle installer
-    does nothing."""
+    ``train_flags``; each runs again with the stem's empty blocks left out, the fused
+    stem asked for whatever the flags say. The script runs from a copy of its tree whose
+    bundle installer does nothing."""
     tree = tmp_path / "tree"
     (tree / "jobs/local").mkdir(parents=True)
     (tree / "gpu-bundle").mkdir()
@@ -94,7 +95,9 @@ def test_on_cuda_jishnet_runs_at_the_fastest_kernels_in_both_benches(tmp_path):
                            FAKE_SETS="--set model.stem=fused --set model.stem_kernel=64:4:hoist")
     names = [p.split(":")[0] for p in parts]
     assert names.index("fastest-kernels") < names.index("model-jishnet-stages") \
-        < names.index("train-jishnet-graph") < names.index("done")
+        < names.index("model-jishnet-stages-skip-empty") < names.index("train-jishnet-graph") \
+        < names.index("train-scnet-torch-graph-processes-8") \
+        < names.index("train-jishnet-graph-skip-empty") < names.index("done")
     assert "fastest kernels: --stem fused --stem-kernel 64:4:hoist" in parts
     stages = next(c for c in calls if "bench model --model jishnet" in c)
     assert stages.endswith("--stem fused --stem-kernel 64:4:hoist --stages --repeats 10 "
@@ -103,3 +106,11 @@ def test_on_cuda_jishnet_runs_at_the_fastest_kernels_in_both_benches(tmp_path):
     assert "--downsample 1 " in train and "--set train.cuda_graph=true" in train
     assert "--set train.amp=bf16" in train and "--set model.channels_last=true" in train
     assert train.endswith("--set model.stem=fused --set model.stem_kernel=64:4:hoist")
+    stages_skip, train_skip = (c for c in calls if "--model jishnet" in c
+                               and ("--stem-skip-empty" in c or "stem_skip_empty" in c))
+    assert stages_skip.startswith("-m lartpc bench model") and stages_skip.endswith(
+        "--stem fused --stem fused --stem-kernel 64:4:hoist --stem-skip-empty --stages "
+        "--repeats 10 --cuda-graph")
+    assert train_skip == train.replace("--set model.stem=fused", "--set model.stem=fused "
+                                       "--set model.stem=fused") + \
+        " --set model.stem_skip_empty=true"

@@ -88,7 +88,8 @@ class _Launched(Exception):
 
 def test_the_model_passes_its_settings_to_the_launch(monkeypatch):
     """JishNet's stages hand the kernels the launch set in its options (seen at the
-    autograd functions, before any kernel runs), and their defaults without them."""
+    autograd functions, before any kernel runs), and their defaults without them; the
+    stem its ``stem_skip_empty`` too (its last argument)."""
     import lartpc.models.fused_stage2 as fs2
     import lartpc.models.fused_stem as fs
     from lartpc.models import build
@@ -96,20 +97,22 @@ def test_the_model_passes_its_settings_to_the_launch(monkeypatch):
     launches = []
 
     def spy(*args):
-        launches.append(args[-1])  # the launch, the last argument
+        # the launch (the last argument; the stem's is followed by its skip_empty)
+        launches.append(args[-2:] if isinstance(args[-2], StemKernel) else args[-1])
         raise _Launched
 
     for cls in (fs._FusedStem, fs2._FusedStage):
         monkeypatch.setattr(cls, "apply", spy)
-    for kernels in ({}, {"stem_kernel": "1024:2:dot", "stage2_kernel": "128:4:128:t"}):
+    for kernels in ({}, {"stem_kernel": "1024:2:dot", "stage2_kernel": "128:4:128:t",
+                         "stem_skip_empty": True}):
         model = build("jishnet", image_size=(400, 400), stem="fused", stage2="fused",
                       **kernels)
         for k, shape in ((0, (1, 1, 400, 400)), (1, (1, 10, 80, 80))):
             with pytest.raises(_Launched):
                 model.stage(k, torch.ones(shape))
-    assert launches == [StemKernel(fs.BLOCK, fs.NUM_WARPS, fs.SUMS),
+    assert launches == [(StemKernel(fs.BLOCK, fs.NUM_WARPS, fs.SUMS), False),
                         Stage2Kernel(fs2.BLOCK, fs2.NUM_WARPS, fs2.BLOCK_K, fs2.BACKWARD),
-                        StemKernel(1024, 2, "dot"), Stage2Kernel(128, 4, 128, "triton")]
+                        (StemKernel(1024, 2, "dot"), True), Stage2Kernel(128, 4, 128, "triton")]
 
 
 def _forward_backward(fn, x, conv, **kernel):

@@ -67,9 +67,9 @@ def stem_sass(text: str) -> str:
 
     k = parse_stem_kernel(text, "--configs")
     consts = dict(C=10, CP=16, K=5, PAD=2, POOL=5, BLOCK=k.block, SUMS=fs._SUMS_CODE[k.sums],
-                  KP=fs.tile_taps(5, 5, k.sums), LOWP=True)
+                  KP=fs.tile_taps(5, 5, k.sums), LOWP=True, SKIP=False)
     pointers = {"x_ptr": "*bf16", "w_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*bf16",
-                "arg_ptr": "*u8"}
+                "arg_ptr": "*u8", "occ_ptr": "*bf16"}
     return cuobjdump(sm90_cubin(fs._stem_forward, pointers, consts, k.num_warps), "-sass")
 
 

@@ -62,6 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     speed.add_argument("--stem-kernel", default="", metavar="BLOCK:WARPS[:SUMS]",
                        help="JishNet, fused stem: its launch (model.stem_kernel; default: "
                             "the kernel's)")
+    speed.add_argument("--stem-skip-empty", action="store_true",
+                       help="JishNet, fused stem: leave out its blocks with no charge under "
+                            "their windows (model.stem_skip_empty: the same numbers, but no "
+                            "longer a dense first layer)")
     speed.add_argument("--stage2-kernel", default="",
                        metavar="BLOCK:WARPS:BLOCK_K[:hybrid|:igrad|:map|:triton[:vec]]",
                        help="JishNet, fused second stage: its launch and backward "
@@ -99,6 +103,7 @@ def _model_options(args) -> dict:
                 "--elu-after-pool": args.elu_after_pool, "--compile": args.compile,
                 "--stem": args.stem is not None, "--stage2": args.stage2 is not None,
                 "--stem-kernel": args.stem_kernel, "--stage2-kernel": args.stage2_kernel,
+                "--stem-skip-empty": args.stem_skip_empty,
                 "--stages": args.stages,
                 "--max-batch": args.max_batch})
     used = [flag for flag, value in foreign.items() if value]
@@ -113,7 +118,7 @@ def _model_options(args) -> dict:
                       # the published layers unless asked for (as --stem)
                       stage2=(args.stage2 or "library") if args.model == "jishnet" else "auto",
                       sparse=args.sparse or "spconv", stem_kernel=args.stem_kernel,
-                      stage2_kernel=args.stage2_kernel)
+                      stage2_kernel=args.stage2_kernel, stem_skip_empty=args.stem_skip_empty)
     # the model's own checks, as in training (SCNet's --half is its fp16 trunk)
     amp = "fp16" if args.half else "none"
     return model_class(args.model).options(cfg, amp, args.device)
@@ -179,8 +184,10 @@ def train_flops(name: str, shape: tuple[int, int], images: int, options: dict,
     if name != "jishnet":
         return None
     # the fused stem computes the same convolution; the counter sees only torch's layers
-    model = build(name, image_size=shape,
-                  **{**options, "stem": "library", "stage2": "library"}).to("meta")
+    # (with the stem's empty blocks left out, the dense network's FLOPs all the same:
+    # achieved_tflops is then dense-equivalent)
+    model = build(name, image_size=shape, **{**options, "stem": "library", "stage2": "library",
+                                             "stem_skip_empty": False}).to("meta")
     batch = Batch(labels=torch.zeros(images, dtype=torch.int64, device="meta"),
                   shape=shape, dense=torch.empty(images, 1, *shape, device="meta"))
     with FlopCounterMode(display=False) as counter:
@@ -324,6 +331,13 @@ def run(args) -> int:
         "peak_memory_bytes": int(peak), "peak_memory_kind": peak_kind,
         "torch": torch.__version__,
     }
+    if options.get("stem_skip_empty"):
+        from lartpc.models.fused_stem import blocks_with_charge
+
+        conv = plain.convs[0]
+        # what the stem computes of this batch: its blocks with charge under them
+        result["stem_blocks_with_charge"] = _sig(blocks_with_charge(
+            batch.dense, conv.weight, plain.pools[0], conv.padding[0], plain.stem_kernel))
     if args.stages:
         from lartpc.bench.stages import stage_times
 

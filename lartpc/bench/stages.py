@@ -87,7 +87,7 @@ def stage_times(model, dense: torch.Tensor, labels: torch.Tensor, loss_fn, autoc
         name = f"conv{k + 1} {conv.in_channels}->{conv.out_channels} " \
                f"{conv.kernel_size[0]}x{conv.kernel_size[1]} + ELU + pool {model.pools[k]}"
         if k == 0:
-            name += f" ({model.stem})"
+            name += f" ({model.stem}{', empty blocks skipped' * model.stem_skip_empty})"
         elif k == 1:
             name += f" ({model.stage2})"
         rows.append({"stage": name, "input": list(x_in.shape), "output": list(grad.shape),

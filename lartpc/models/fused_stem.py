@@ -21,6 +21,12 @@ takes the first of such a window while this kernel takes the true maximum; the
 gradient there is ``exp(x) < 1e-7`` either way). A NaN wins its window and stays NaN
 (torch's CUDA max-pool does the same; its CPU kernel was seen to drop it).
 
+With ``skip_empty`` (``model.stem_skip_empty``, off by default) a program whose pooled
+outputs have no charge under any of their windows (:func:`occupancy`, one max-pool of
+the input's non-zero mask) writes ``ELU(bias)`` and the first position without
+computing, and its backward adds only the bias term: the same numbers bit for bit, but
+a first layer that exploits the images' emptiness, so not the study's dense baseline.
+
 Imports Triton at import time: import this module only where the fused stem was asked
 for (:mod:`lartpc.models.jishnet` does). On CPU tensors it runs under Triton's
 interpreter (``TRITON_INTERPRET=1`` set before this module is imported), which the
@@ -32,6 +38,7 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -214,13 +221,44 @@ def _inside(pm, top, left, H, W, REACH: tl.constexpr):
 
 
 @triton.jit
-def _stem_forward(x_ptr, w_ptr, b_ptr, y_ptr, arg_ptr, N, H, W, HO, WO,
+def _busy(occ_ptr, pm, BLOCK: tl.constexpr):
+    """Whether any of this program's pooled outputs has charge under its windows
+    (``occ_ptr``: :func:`occupancy`, flattened as the outputs)."""
+    p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    return tl.max((tl.load(occ_ptr + p, mask=pm, other=0.0) != 0).to(tl.int32)) > 0
+
+
+@triton.jit
+def _stem_forward(x_ptr, w_ptr, b_ptr, y_ptr, arg_ptr, occ_ptr, N, H, W, HO, WO,
                   sy_b, sy_c, sy_h, sy_w,
                   C: tl.constexpr, CP: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr,
                   POOL: tl.constexpr, BLOCK: tl.constexpr, SUMS: tl.constexpr,
-                  KP: tl.constexpr, LOWP: tl.constexpr):
+                  KP: tl.constexpr, LOWP: tl.constexpr, SKIP: tl.constexpr):
     pm, b, i, j, c, cm = pooled_block(N, HO, WO, C, CP, BLOCK)
     bias = tl.load(b_ptr + c, mask=cm, other=0.0)
+    if SKIP:
+        if _busy(occ_ptr, pm, BLOCK):
+            best, arg = _pooled_windows(x_ptr, w_ptr, bias, pm, b, i, j, c, cm, H, W, CP, K,
+                                        PAD, POOL, BLOCK, SUMS, KP, LOWP)
+        else:
+            # no charge under any window: each position's convolution is the bias
+            # exactly, as the sums below find it, and the first position wins the tie
+            best = tl.zeros((BLOCK, CP), tl.float32) + bias[None, :]
+            arg = tl.zeros((BLOCK, CP), tl.int32)
+    else:
+        best, arg = _pooled_windows(x_ptr, w_ptr, bias, pm, b, i, j, c, cm, H, W, CP, K, PAD,
+                                    POOL, BLOCK, SUMS, KP, LOWP)
+    store_pooled(y_ptr, arg_ptr, best, arg, pm, cm, b, i, j, c, C, HO, WO,
+                 sy_b, sy_c, sy_h, sy_w)
+
+
+@triton.jit
+def _pooled_windows(x_ptr, w_ptr, bias, pm, b, i, j, c, cm, H, W, CP: tl.constexpr,
+                    K: tl.constexpr, PAD: tl.constexpr, POOL: tl.constexpr,
+                    BLOCK: tl.constexpr, SUMS: tl.constexpr, KP: tl.constexpr,
+                    LOWP: tl.constexpr):
+    """Every window position's convolution (+ bias) of the block's pooled outputs, as
+    ``SUMS`` sums the taps: the maximum and its position, (BLOCK, CP) each."""
     x_img = x_ptr + b * H * W
     top = i * POOL - PAD
     left = j * POOL - PAD
@@ -282,23 +320,37 @@ def _stem_forward(x_ptr, w_ptr, b_ptr, y_ptr, arg_ptr, N, H, W, HO, WO,
             v = _window(x_img, w_ptr, bias, top + d // POOL, left + d % POOL, pm, c, cm, H, W,
                         CP, K, BLOCK)
             best, arg = take_max(v, d, best, arg)
-    store_pooled(y_ptr, arg_ptr, best, arg, pm, cm, b, i, j, c, C, HO, WO,
-                 sy_b, sy_c, sy_h, sy_w)
+    return best, arg
 
 
 @triton.jit
-def _stem_backward(x_ptr, g_ptr, y_ptr, arg_ptr, part_ptr, N, H, W, HO, WO,
+def _stem_backward(x_ptr, g_ptr, y_ptr, arg_ptr, occ_ptr, part_ptr, N, H, W, HO, WO,
                    sg_b, sg_c, sg_h, sg_w, sy_b, sy_c, sy_h, sy_w,
                    C: tl.constexpr, CP: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr,
-                   POOL: tl.constexpr, BLOCK: tl.constexpr):
+                   POOL: tl.constexpr, BLOCK: tl.constexpr, SKIP: tl.constexpr):
     pm, b, i, j, c, cm = pooled_block(N, HO, WO, C, CP, BLOCK)
     m2, dm, a = pooled_gradient(g_ptr, y_ptr, arg_ptr, pm, cm, b, i, j, c, C, HO, WO,
                                 sg_b, sg_c, sg_h, sg_w, sy_b, sy_c, sy_h, sy_w)
+    out = part_ptr + tl.program_id(0).to(tl.int64) * ((K * K + 1) * CP)
+    tl.store(out + (K * K) * CP + c, tl.sum(dm, axis=0))
+    if SKIP:
+        if _busy(occ_ptr, pm, BLOCK):
+            _tap_partials(x_ptr, out, m2, dm, a, pm, b, i, j, c, H, W, CP, K, PAD, POOL)
+        else:  # no charge under any window: every tap's product is 0
+            for t in tl.static_range(K * K):
+                tl.store(out + t * CP + c, tl.zeros((CP,), tl.float32))
+    else:
+        _tap_partials(x_ptr, out, m2, dm, a, pm, b, i, j, c, H, W, CP, K, PAD, POOL)
+
+
+@triton.jit
+def _tap_partials(x_ptr, out, m2, dm, a, pm, b, i, j, c, H, W, CP: tl.constexpr,
+                  K: tl.constexpr, PAD: tl.constexpr, POOL: tl.constexpr):
+    """The block's weight-gradient partial sums, tap by tap, into ``out``: the input at
+    each arg-max's tap times the gradient there (``dm``)."""
     r0 = (i * POOL - PAD)[:, None] + a // POOL
     s0 = (j * POOL - PAD)[:, None] + a % POOL
     at = x_ptr + (b * H * W)[:, None] + r0 * W + s0  # each arg-max's first tap
-    out = part_ptr + tl.program_id(0).to(tl.int64) * ((K * K + 1) * CP)
-    tl.store(out + (K * K) * CP + c, tl.sum(dm, axis=0))
     # as the forward's hoist: a tap is one offset from the arg-max's first, and blocks
     # whose windows lie inside the image need no bounds checks
     if _inside(pm, i * POOL - PAD, j * POOL - PAD, H, W, POOL + K - 2):
@@ -317,6 +369,28 @@ def _stem_backward(x_ptr, g_ptr, y_ptr, arg_ptr, part_ptr, N, H, W, HO, WO,
                 tl.store(out + (ky * K + kx) * CP + c, tl.sum(xv * dm, axis=0))
 
 
+def occupancy(x3: torch.Tensor, k: int, pool: int, padding: int) -> torch.Tensor:
+    """(B, H', W') in ``x3``'s dtype: 1 where some input pixel under a pooled output's
+    windows (its (pool + k - 1)^2 receptive field) is not 0 (NaN counts), else 0."""
+    span = pool + k - 1
+    nz = x3.ne(0).to(x3.dtype)[:, None]
+    if 2 * padding > span:  # max_pool2d pads no more than half its window
+        nz, padding = F.pad(nz, (padding,) * 4), 0
+    return F.max_pool2d(nz, span, pool, padding)[:, 0].contiguous()
+
+
+def blocks_with_charge(x: torch.Tensor, weight: torch.Tensor, pool: int, padding: int,
+                       kernel: StemKernel | None = None) -> float:
+    """The share of the kernels' programs (blocks of ``kernel.block`` pooled outputs)
+    that have charge under their windows: what ``skip_empty`` computes of ``x``
+    (B, 1, H, W)."""
+    b, h, w, c, k, ho, wo = _geometry(x, weight, pool, padding)
+    block = (kernel or default_kernel()).block
+    occ = occupancy(x.reshape(b, h, w), k, pool, padding).flatten() != 0
+    occ = F.pad(occ, (0, -occ.numel() % block)).view(-1, block).any(1)
+    return float(occ.float().mean())
+
+
 def _geometry(x: torch.Tensor, weight: torch.Tensor, pool: int, padding: int):
     b, cin, h, w = x.shape
     c, wcin, k, k2 = weight.shape
@@ -332,7 +406,7 @@ def _geometry(x: torch.Tensor, weight: torch.Tensor, pool: int, padding: int):
 class _FusedStem(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, pool: int, padding: int, out_dtype, channels_last,
-                kernel: StemKernel):
+                kernel: StemKernel, skip_empty: bool):
         block, warps, sums = kernel.block, kernel.num_warps, kernel.sums
         b, h, w, c, k, ho, wo = _geometry(x, weight, pool, padding)
         x3 = x.reshape(b, h, w).contiguous()
@@ -346,34 +420,38 @@ class _FusedStem(torch.autograd.Function):
         kp = tile_taps(k, pool, sums)
         if sums in ("band", "patch"):
             w2 = tap_table(w2, k, pool, sums, kp, cp)
-        _stem_forward[grid](x3, w2, bias.detach().float().contiguous(), y, arg, n, h, w, ho, wo,
-                            *y.stride(), C=c, CP=cp, K=k, PAD=padding, POOL=pool,
+        # the skip's occupancy; without the skip the kernels never read it (the input
+        # stands in: a valid pointer of the same type)
+        occ = occupancy(x3, k, pool, padding) if skip_empty else x3
+        _stem_forward[grid](x3, w2, bias.detach().float().contiguous(), y, arg, occ, n, h, w,
+                            ho, wo, *y.stride(), C=c, CP=cp, K=k, PAD=padding, POOL=pool,
                             BLOCK=block, SUMS=_SUMS_CODE[sums], KP=kp,
                             LOWP=x3.dtype != torch.float32 or out_dtype != torch.float32,
-                            num_warps=warps)
-        ctx.save_for_backward(x3, y, arg)
-        ctx.geom = (pool, padding, c, k, cp, block, warps, grid, weight.dtype, bias.dtype)
+                            SKIP=skip_empty, num_warps=warps)
+        ctx.save_for_backward(x3, y, arg, occ)
+        ctx.geom = (pool, padding, c, k, cp, block, warps, grid, weight.dtype, bias.dtype,
+                    skip_empty)
         return y
 
     @staticmethod
     def backward(ctx, gy):
-        x3, y, arg = ctx.saved_tensors
-        pool, padding, c, k, cp, block, warps, grid, wdtype, bdtype = ctx.geom
+        x3, y, arg, occ = ctx.saved_tensors
+        pool, padding, c, k, cp, block, warps, grid, wdtype, bdtype, skip_empty = ctx.geom
         b, h, w = x3.shape
         ho, wo = y.shape[2:]
         part = torch.empty((grid[0], k * k + 1, cp), dtype=torch.float32, device=x3.device)
-        _stem_backward[grid](x3, gy, y, arg, part, b * ho * wo, h, w, ho, wo, *gy.stride(),
-                             *y.stride(), C=c, CP=cp, K=k, PAD=padding, POOL=pool,
-                             BLOCK=block, num_warps=warps)
+        _stem_backward[grid](x3, gy, y, arg, occ, part, b * ho * wo, h, w, ho, wo,
+                             *gy.stride(), *y.stride(), C=c, CP=cp, K=k, PAD=padding,
+                             POOL=pool, BLOCK=block, SKIP=skip_empty, num_warps=warps)
         total = part.sum(0)
         gw = total[: k * k, :c].t().reshape(c, 1, k, k).to(wdtype)
-        return None, gw, total[k * k, :c].to(bdtype), None, None, None, None, None
+        return None, gw, total[k * k, :c].to(bdtype), None, None, None, None, None, None
 
 
 @torch.compiler.disable
 def fused_stem(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, pool: int,
                padding: int, *, channels_last: bool = False,
-               kernel: StemKernel | None = None) -> torch.Tensor:
+               kernel: StemKernel | None = None, skip_empty: bool = False) -> torch.Tensor:
     """``elu(max_pool2d(conv2d(x, weight, bias, padding=padding), pool))`` in one kernel.
 
     Parameters
@@ -383,6 +461,12 @@ def fused_stem(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, pool: 
     pool : max-pool size and stride (floor mode); padding : the convolution's.
     channels_last : write the output in NHWC memory order.
     kernel : the launch (``model.stem_kernel``); None: :func:`default_kernel`.
+    skip_empty : blocks of pooled outputs with no charge under any of their windows
+        (:func:`occupancy`) are not computed: their outputs are ``ELU(bias)``, arg-max
+        the first position, their weight-gradient terms 0. The same numbers, bit for
+        bit (where the upstream gradient is finite: 0 x inf is NaN in the sums skipped),
+        but the dense network then exploits the image's emptiness in its first layer
+        (``model.stem_skip_empty``; not the study's dense baseline).
 
     Returns
     -------
@@ -395,4 +479,4 @@ def fused_stem(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, pool: 
     dev = x.device.type
     out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
     return _FusedStem.apply(x, weight, bias, pool, padding, out_dtype, channels_last,
-                            kernel or default_kernel())
+                            kernel or default_kernel(), skip_empty)

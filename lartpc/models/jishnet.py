@@ -119,6 +119,9 @@ class JishNet(nn.Module):
     stem_kernel, stage2_kernel : the fused kernels' launch settings
         (:mod:`lartpc.models.kernel_settings`; ``""``: the kernel's default); unused by
         a library stage.
+    stem_skip_empty : the fused stem leaves out blocks with no charge under their
+        windows (:func:`lartpc.models.fused_stem.fused_stem`'s ``skip_empty``: the same
+        numbers; no longer a dense first layer). Needs ``stem="fused"``.
     """
 
     input_kind = "dense"
@@ -139,14 +142,20 @@ class JishNet(nn.Module):
                 raise ConfigError(f"model.{key}={value} sets a Triton kernel's launch; "
                                   f"model.{stage}=library runs none (use fused or auto)")
             kernels[key] = value
+        stem = stem_choice(cfg.stem, device_type)
+        if cfg.stem_skip_empty and stem != "fused":
+            raise ConfigError(f"model.stem_skip_empty=true leaves out the fused stem's empty "
+                              f"blocks; model.stem={cfg.stem} runs the published layers "
+                              f"here (on {device_type}), which compute every pixel (use "
+                              "model.stem=fused, or auto on CUDA with Triton)")
         return {"channels_last": cfg.channels_last, "elu_after_pool": cfg.elu_after_pool,
-                "head": cfg.head, "stem": stem_choice(cfg.stem, device_type),
-                "stage2": stage2_choice(cfg.stage2, device_type), **kernels}
+                "head": cfg.head, "stem": stem, "stage2": stage2_choice(cfg.stage2, device_type),
+                "stem_skip_empty": cfg.stem_skip_empty, **kernels}
 
     def __init__(self, image_size: tuple[int, int], *, channels_last: bool = False,
                  elu_after_pool: bool = False, head: str = "flatten", stem: str = "library",
                  stage2: str = "library", stem_kernel: str = "", stage2_kernel: str = "",
-                 num_classes: int = NUM_CLASSES):
+                 stem_skip_empty: bool = False, num_classes: int = NUM_CLASSES):
         super().__init__()
         self.image_size = (int(image_size[0]), int(image_size[1]))
         self.out_hw = trunk_shape(self.image_size)
@@ -158,7 +167,9 @@ class JishNet(nn.Module):
         if stage2 not in ("fused", "library"):
             raise ConfigError(f"JishNet stage2={stage2!r}: fused or library (resolve auto "
                               "with stage2_choice)")
-        self.stem, self.stage2 = stem, stage2
+        if stem_skip_empty and stem != "fused":
+            raise ConfigError(f"JishNet stem_skip_empty=True needs stem='fused' (got {stem!r})")
+        self.stem, self.stage2, self.stem_skip_empty = stem, stage2, stem_skip_empty
         self.stem_kernel = parse_stem_kernel(stem_kernel)
         self.stage2_kernel = parse_stage2_kernel(stage2_kernel)
         if stem == "fused":
@@ -200,7 +211,8 @@ class JishNet(nn.Module):
         conv, pool = self.convs[k], self.pools[k]
         if k == 0 and self.stem == "fused":
             return self._fused_stem(x, conv.weight, conv.bias, pool, conv.padding[0],
-                                    channels_last=self.channels_last, kernel=self.stem_kernel)
+                                    channels_last=self.channels_last, kernel=self.stem_kernel,
+                                    skip_empty=self.stem_skip_empty)
         if k == 1 and self.stage2 == "fused":
             return self._fused_stage2(x, conv.weight, conv.bias, pool, conv.padding[0],
                                       channels_last=self.channels_last,

@@ -38,7 +38,7 @@ FIXED_ON_RESUME = ("model", "data.downsample", "data.eval_fraction", "data.test_
                    "train.batch_per_rank", "train.seed", "train.optimizer")
 # ... except these: the same function computed another way (and absent from older runs)
 FREE_ON_RESUME = ("model.stem", "model.stage2", "model.sparse", "model.stem_kernel",
-                  "model.stage2_kernel")
+                  "model.stage2_kernel", "model.stem_skip_empty")
 # ... and these read as their value in checkpoints from before they existed
 ABSENT_MEANS = {"data.test_fraction": 0.0}
 

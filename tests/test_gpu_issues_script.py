@@ -95,7 +95,8 @@ def test_on_cuda_jishnet_runs_at_the_fastest_kernels_in_both_benches(tmp_path):
                            FAKE_SETS="--set model.stem=fused --set model.stem_kernel=64:4:hoist")
     names = [p.split(":")[0] for p in parts]
     assert names.index("fastest-kernels") < names.index("model-jishnet-stages") \
-        < names.index("model-jishnet-stages-skip-empty") < names.index("train-jishnet-graph") \
+        < names.index("train-jishnet-graph") < names.index("model-jishnet-stages-skip-empty") \
+        < names.index("train-scnet-torch-graph-threads-3-fused-adam") \
         < names.index("train-scnet-torch-graph-processes-8") \
         < names.index("train-jishnet-graph-skip-empty") < names.index("done")
     assert "fastest kernels: --stem fused --stem-kernel 64:4:hoist" in parts

@@ -196,6 +196,10 @@ def run_metrics(run: Run, threshold: float = 1.2, smooth: int | None = None,
     if restarts.wait_s > 0:
         notes.append(f"{run.name}: {len(restarts.waits)} restart(s); {restarts.wait_s:.0f} s "
                      "waiting between job segments excluded from TTL")
+    if (run.meta.get("model_options") or {}).get("stem_skip_empty"):
+        notes.append(f"{run.name}: JishNet's first layer skipped the images' empty blocks "
+                     "(model.stem_skip_empty): the same numbers, but its times are not a "
+                     "dense network's (not the study's dense baseline)")
     dlt = dlt_max = rate = img_rate = ttl = bound = final = window = ttl_wall = None
     censored, used = True, clock
     budget = _budget(run)

@@ -149,3 +149,16 @@ def test_karp_flatt_recovers_amdahl_serial_fraction():
 def test_wilson_interval_known_value():
     lo, hi = wilson_interval(8, 10)
     assert lo == pytest.approx(0.4902, abs=1e-4) and hi == pytest.approx(0.9433, abs=1e-4)
+
+
+def test_a_dense_run_whose_stem_skipped_empty_blocks_is_noted(tmp_path):
+    """A JishNet run with ``model.stem_skip_empty`` is not the study's dense baseline:
+    its metrics carry a note saying so (the report's notes on the input); others not."""
+    run = load_run(write_synthetic_run(tmp_path / "r", model="jishnet", world_size=1,
+                                       epoch_rate_per_min=0.75, ttl_s=400, dlt_s=37.5,
+                                       time_limit_s=600, train_events=700, loss_noise=0.0))
+    assert not any("stem_skip_empty" in n for n in run_metrics(run, threshold=1.2).notes)
+    run.meta["model_options"] = {"stem": "fused", "stem_skip_empty": True}
+    notes = run_metrics(run, threshold=1.2).notes
+    assert any(n.startswith("r: JishNet's first layer skipped") and "not the study's dense "
+               "baseline" in n for n in notes), notes

@@ -386,9 +386,8 @@ def blocks_with_charge(x: torch.Tensor, weight: torch.Tensor, pool: int, padding
     (B, 1, H, W)."""
     b, h, w, c, k, ho, wo = _geometry(x, weight, pool, padding)
     block = (kernel or default_kernel()).block
-    occ = occupancy(x.reshape(b, h, w), k, pool, padding).flatten() != 0
-    occ = F.pad(occ, (0, -occ.numel() % block)).view(-1, block).any(1)
-    return float(occ.float().mean())
+    occ = occupancy(x.reshape(b, h, w), k, pool, padding).flatten().ne(0).float()
+    return float(F.pad(occ, (0, -occ.numel() % block)).view(-1, block).amax(1).mean())
 
 
 def _geometry(x: torch.Tensor, weight: torch.Tensor, pool: int, padding: int):

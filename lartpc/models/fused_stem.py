@@ -236,18 +236,16 @@ def _stem_forward(x_ptr, w_ptr, b_ptr, y_ptr, arg_ptr, occ_ptr, N, H, W, HO, WO,
                   KP: tl.constexpr, LOWP: tl.constexpr, SKIP: tl.constexpr):
     pm, b, i, j, c, cm = pooled_block(N, HO, WO, C, CP, BLOCK)
     bias = tl.load(b_ptr + c, mask=cm, other=0.0)
-    if SKIP:
-        if _busy(occ_ptr, pm, BLOCK):
-            best, arg = _pooled_windows(x_ptr, w_ptr, bias, pm, b, i, j, c, cm, H, W, CP, K,
-                                        PAD, POOL, BLOCK, SUMS, KP, LOWP)
-        else:
-            # no charge under any window: each position's convolution is the bias
-            # exactly, as the sums below find it, and the first position wins the tie
-            best = tl.zeros((BLOCK, CP), tl.float32) + bias[None, :]
-            arg = tl.zeros((BLOCK, CP), tl.int32)
-    else:
+    # without SKIP a constant: the branch below is then decided when compiling
+    busy = _busy(occ_ptr, pm, BLOCK) if SKIP else True
+    if busy:
         best, arg = _pooled_windows(x_ptr, w_ptr, bias, pm, b, i, j, c, cm, H, W, CP, K, PAD,
                                     POOL, BLOCK, SUMS, KP, LOWP)
+    else:
+        # no charge under any window: each position's convolution is the bias exactly,
+        # as the sums find it, and the first position wins the tie
+        best = tl.zeros((BLOCK, CP), tl.float32) + bias[None, :]
+        arg = tl.zeros((BLOCK, CP), tl.int32)
     store_pooled(y_ptr, arg_ptr, best, arg, pm, cm, b, i, j, c, C, HO, WO,
                  sy_b, sy_c, sy_h, sy_w)
 
@@ -333,14 +331,12 @@ def _stem_backward(x_ptr, g_ptr, y_ptr, arg_ptr, occ_ptr, part_ptr, N, H, W, HO,
                                 sg_b, sg_c, sg_h, sg_w, sy_b, sy_c, sy_h, sy_w)
     out = part_ptr + tl.program_id(0).to(tl.int64) * ((K * K + 1) * CP)
     tl.store(out + (K * K) * CP + c, tl.sum(dm, axis=0))
-    if SKIP:
-        if _busy(occ_ptr, pm, BLOCK):
-            _tap_partials(x_ptr, out, m2, dm, a, pm, b, i, j, c, H, W, CP, K, PAD, POOL)
-        else:  # no charge under any window: every tap's product is 0
-            for t in tl.static_range(K * K):
-                tl.store(out + t * CP + c, tl.zeros((CP,), tl.float32))
-    else:
+    busy = _busy(occ_ptr, pm, BLOCK) if SKIP else True  # as the forward's
+    if busy:
         _tap_partials(x_ptr, out, m2, dm, a, pm, b, i, j, c, H, W, CP, K, PAD, POOL)
+    else:  # no charge under any window: every tap's product is 0
+        for t in tl.static_range(K * K):
+            tl.store(out + t * CP + c, tl.zeros((CP,), tl.float32))
 
 
 @triton.jit

@@ -1,6 +1,7 @@
 """``jobs/local/loader_probe.py`` on CPU: the loader's time per batch with and without
 SCNet's tables, and whole passes with one and two prefetch threads and with two loader
-processes, each handing over every batch of the epoch."""
+processes (their tables compiled, then by torch operations), each handing over every
+batch of the epoch."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ def test_the_probe_times_batches_and_passes(train_events_dir, capsys):
         assert tables["batches"] == bare["batches"] == 4
         assert tables["done_ms"] >= tables["host_ms"] > 0 and bare["host_ms"] > 0
     assert out["threads_tables"] == "auto"
-    assert [(p["threads"], p["processes"]) for p in out["threads"]] == [(1, 0), (2, 0),
-                                                                         (1, 2)]
+    assert [(p["threads"], p["processes"], p.get("tables")) for p in out["threads"]] == [
+        (1, 0, None), (2, 0, None), (1, 2, "auto"), (1, 2, "torch")]
     # each timed pass the second (the first warms the threads' and processes' memory)
     assert all(p["batches"] == 10 and p["warm"] and p["images_per_s"] > 0
                and p["own_cpu_ms_per_batch"] > 0 for p in out["threads"])

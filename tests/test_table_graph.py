@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from table_checks import batch_coords
 
-from lartpc.bench.model import batch_from_events
-from lartpc.data.store import EventStore
 from lartpc.models import sparse_torch, table_graph
 from lartpc.models.scnet import KERNEL, POOLS
 
@@ -20,10 +19,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _coords(data, first: int, n: int) -> tuple[torch.Tensor, tuple[int, int]]:
-    store = EventStore(data)
-    shape = tuple(store.geometry.shape)
-    events = store.read_many(range(first, first + n))
-    return batch_from_events(events, shape, "sparse").coords.to(DEVICE), shape
+    return batch_coords(data, first, n, DEVICE)
 
 
 def _torch(coords, shape, rows=None, n=7):

@@ -10,36 +10,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from triton_cpu import DEVICE, compile_for_sm90  # first: sets TRITON_INTERPRET on CPU
+from table_checks import batch_coords, same_padded, same_tables  # imports no Triton
+from triton_cpu import DEVICE, compile_for_sm90  # before Triton: sets TRITON_INTERPRET
 
-from lartpc.bench.model import batch_from_events
-from lartpc.data.store import EventStore
 from lartpc.models import sparse_torch
 from lartpc.models.scnet import KERNEL, POOLS
 
 
 def _coords(data, first: int, n: int) -> tuple[torch.Tensor, tuple[int, int]]:
-    store = EventStore(data)
-    shape = tuple(store.geometry.shape)
-    events = store.read_many(range(first, first + n))
-    return batch_from_events(events, shape, "sparse").coords.to(DEVICE), shape
+    return batch_coords(data, first, n, DEVICE)
 
 
 def _build(monkeypatch, way: str, coords, n: int, shape):
     monkeypatch.setattr(sparse_torch, "TABLES", way)
     return sparse_torch.build_maps(coords, n, shape, KERNEL, POOLS)
-
-
-def _same(a: sparse_torch.SiteMaps, b: sparse_torch.SiteMaps) -> None:
-    assert torch.equal(a.order, b.order) and torch.equal(a.dense_index, b.dense_index)
-    assert a.out_shape == b.out_shape and len(a.levels) == len(b.levels) == len(POOLS)
-    for la, lb in zip(a.levels, b.levels, strict=True):
-        assert la.shape == lb.shape and la.n_out == lb.n_out
-        for name in ("keys", "neighbours", "slots", "mirrored"):
-            ta, tb = getattr(la, name), getattr(lb, name)
-            assert (ta is None) == (tb is None), name
-            if ta is not None:
-                assert ta.dtype == tb.dtype and torch.equal(ta, tb), name
 
 
 @pytest.mark.parametrize("first,n", [(0, 7), (7, 1)])
@@ -51,14 +35,9 @@ def test_the_kernels_build_the_torch_paths_tables(monkeypatch, train_events_dir,
     monkeypatch.setattr(table_kernels, "level", lambda *a, **k: calls.append(1) or real(*a, **k))
     got = _build(monkeypatch, "triton", coords, n, shape)
     assert len(calls) == len(POOLS)  # every level by the kernels
-    _same(got, _build(monkeypatch, "torch", coords, n, shape))
+    same_tables(got, _build(monkeypatch, "torch", coords, n, shape))
     assert len(calls) == len(POOLS)  # and none on the torch path
     assert got.levels[1].mirrored is not None and got.levels[0].mirrored is None
-
-
-def _same_padded(a: sparse_torch.SiteMaps, b: sparse_torch.SiteMaps) -> None:
-    _same(a, b)
-    assert a.unpadded == b.unpadded is not None and a.indices is b.indices
 
 
 @pytest.mark.parametrize("way", ["torch", "triton"])
@@ -74,12 +53,12 @@ def test_tables_built_padded_are_the_padded_tables(monkeypatch, train_events_dir
     for rows in ([n + 37 for n in have], list(have), [n + (i % 2) for i, n in enumerate(have)]):
         got = sparse_torch.build_maps(coords, 7, shape, KERNEL, POOLS, rows=tuple(rows))
         assert sparse_torch.sizes(got) == tuple(rows)
-        _same_padded(got, sparse_torch.pad_maps(plain, rows))
+        same_padded(got, sparse_torch.pad_maps(plain, rows))
     for short in (0, 2, len(have) - 1):  # one level short of rows: as if not asked
         rows = tuple(n - (i == short) for i, n in enumerate(have))
         got = sparse_torch.build_maps(coords, 7, shape, KERNEL, POOLS, rows=rows)
         assert got.unpadded is None and sparse_torch.sizes(got) == have
-        _same(got, plain)
+        same_tables(got, plain)
 
 
 def test_padded_tables_with_sites_a_pool_drops(monkeypatch, train_events_dir):
@@ -93,7 +72,7 @@ def test_padded_tables_with_sites_a_pool_drops(monkeypatch, train_events_dir):
     plain = sparse_torch.build_maps(coords, 7, shape, KERNEL, POOLS)
     assert any(bool((lv.slots == lv.n_out).any()) for lv in plain.levels)
     rows = tuple(n + 5 for n in sparse_torch.sizes(plain))
-    _same_padded(sparse_torch.build_maps(coords, 7, shape, KERNEL, POOLS, rows=rows),
+    same_padded(sparse_torch.build_maps(coords, 7, shape, KERNEL, POOLS, rows=rows),
                  sparse_torch.pad_maps(plain, rows))
 
 
@@ -104,7 +83,7 @@ def test_an_empty_image_in_the_batch_and_full_resolution(monkeypatch, full_res_e
     coords, shape = _coords(full_res_events_dir, 0, 7)
     coords = coords[coords[:, 0] != 3]
     got = _build(monkeypatch, "triton", coords, 7, shape)
-    _same(got, _build(monkeypatch, "torch", coords, 7, shape))
+    same_tables(got, _build(monkeypatch, "torch", coords, 7, shape))
     assert len(got.levels[0].keys) == len(coords) > 10_000
 
 
@@ -118,11 +97,12 @@ def test_where_the_kernels_do_not_serve_the_torch_path_builds(monkeypatch, train
     coords, shape = _coords(train_events_dir, 0, 7)
     calls = []
     monkeypatch.setattr(table_kernels, "level", lambda *a, **k: calls.append(a))
-    _same(_build(monkeypatch, "triton", coords, 7, shape),
+    same_tables(_build(monkeypatch, "triton", coords, 7, shape),
           _build(monkeypatch, "torch", coords, 7, shape))
     assert calls == []
-    monkeypatch.setattr(sparse_torch, "TABLES", "auto")
-    assert sparse_torch._table_kernels(torch.device("cpu"), shape, POOLS, KERNEL, 7) is None
+    monkeypatch.setattr(sparse_torch, "TABLES", "auto")  # on a CPU: not the Triton kernels
+    cpu = sparse_torch._table_kernels(torch.device("cpu"), shape, POOLS, KERNEL, 7)
+    assert cpu is not table_kernels
 
 
 def test_kernels_that_fail_at_their_first_use_fall_back_once(monkeypatch, train_events_dir,
@@ -138,6 +118,8 @@ def test_kernels_that_fail_at_their_first_use_fall_back_once(monkeypatch, train_
     class Broken:
         calls = 0
 
+        cells = staticmethod(table_kernels.cells)
+
         @staticmethod
         def level(keys, shape, size, kernel, grid, offsets, mirror, capacity=None):
             Broken.calls += 1
@@ -150,10 +132,10 @@ def test_kernels_that_fail_at_their_first_use_fall_back_once(monkeypatch, train_
                         lambda device, *a: None if str(device) in sparse_torch._KERNELS_FAILED
                         else Broken)
     with caplog.at_level("WARNING", logger="lartpc.models.sparse_torch"):
-        _same(_build(monkeypatch, "auto", coords, 7, shape), want)
-        _same(_build(monkeypatch, "auto", coords, 7, shape), want)
+        same_tables(_build(monkeypatch, "auto", coords, 7, shape), want)
+        same_tables(_build(monkeypatch, "auto", coords, 7, shape), want)
     assert Broken.calls == 1 and sparse_torch._KERNELS_FAILED == {str(coords.device)}
-    assert "table kernels failed" in caplog.text and "no kernel image" in caplog.text
+    assert "table kernels (Broken) failed" in caplog.text and "no kernel image" in caplog.text
     assert table_kernels.level is not Broken.level  # the real module was left alone
 
 
@@ -162,7 +144,7 @@ def test_kernels_that_fail_at_their_first_use_fall_back_once(monkeypatch, train_
 def test_auto_uses_the_kernels_on_cuda_with_the_same_tables(monkeypatch, full_res_events_dir):
     coords, shape = _coords(full_res_events_dir, 0, 7)
     assert sparse_torch._table_kernels(coords.device, shape, POOLS, KERNEL, 7) is not None
-    _same(_build(monkeypatch, "auto", coords, 7, shape),
+    same_tables(_build(monkeypatch, "auto", coords, 7, shape),
           _build(monkeypatch, "torch", coords, 7, shape))
     assert np.isfinite(float(coords.float().mean()))  # the batch was real, not empty
 

@@ -83,8 +83,9 @@ part events "$PY" -m lartpc simulate --out "$EV" --events "$NEV" --downsample "$
 # 1a. how fast the loader alone hands over batches with their tables (one made in the
 #    caller's thread, the tables by one replayed CUDA graph where padded (auto), by the
 #    Triton kernels and by torch operations; a whole
-#    pass with 1 and 3 prefetch threads, and with 4 and 8 loader processes), and the CPU
-#    time it costs the training process per batch
+#    pass with 1 and 3 prefetch threads, and with 4 and 8 loader processes, their tables
+#    compiled by numba, then by torch operations), and the CPU time it costs the
+#    training process per batch
 part loader-probe "$PY" -m lartpc.jobs.local.loader_probe "$EV" --device "$DEVICE" \
     --threads 1,3 --processes 4,8 --tables "$WAYS"
 cp "$OUT/loader-probe.out" "$OUT/loader-probe.json" 2>/dev/null

@@ -15,7 +15,8 @@ Two views, on ``EVENTS`` (a store, e.g. ``lartpc simulate --events 700``), minib
   (``_pad_after``: built, then copied padded; ``_pad_in_place``: built padded);
 - ``threads``: a whole pass of the loader as training iterates it (prefetching on,
   ``prefetch_threads`` = each of ``--threads``, then ``data.loader_processes`` = each of
-  ``--processes``), nothing else running: batches a second the loader alone sustains, to
+  ``--processes`` for each way of ``--process-tables``, their ``tables``), nothing else
+  running: batches a second the loader alone sustains, to
   compare with a step's rate, and the CPU time its threads take in the training process
   per batch (``own_cpu_ms_per_batch``: what the step's thread competes with).
 
@@ -135,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--tables", default="auto,torch",
                     help="ways of building the tables to time (sparse_torch.TABLES)")
+    ap.add_argument("--process-tables", default="auto,torch",
+                    help="ways the loader processes build the tables, each passed over "
+                         "(auto: compiled by numba; torch: torch operations)")
     args = ap.parse_args(argv)
     store = EventStore(args.events)
     model = build("scnet", image_size=store.geometry.shape, sparse="torch").to(args.device)
@@ -154,9 +158,10 @@ def main(argv: list[str] | None = None) -> int:
                     store, padded, args.device, args.batches, args.warmup)
         passes = [pass_rate(store, builder, args.device, threads=int(t))
                   for t in args.threads.split(",")]
-        sparse_torch.TABLES = "torch"  # the processes build on the CPU: torch operations
-        passes += [pass_rate(store, builder, args.device, processes=int(p))
-                   for p in args.processes.split(",") if int(p) > 0]
+        for way in args.process_tables.split(","):  # the processes build on the CPU
+            sparse_torch.TABLES = way
+            passes += [{**pass_rate(store, builder, args.device, processes=int(p)),
+                        "tables": way} for p in args.processes.split(",") if int(p) > 0]
     finally:
         sparse_torch.TABLES = before
     out = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",

@@ -13,7 +13,8 @@ and quartile step in ms, the largest weight-gradient difference between them rel
 to the gradient's scale (0.0: the same numbers), and under ``tables`` each version's
 median build time, its count of torch operations and of those that compute (on a GPU,
 about its launches) and whether the two built the same tables. One thread, as in the
-training loop's ranks.
+training loop's ranks; both versions build with torch operations (``--tables``, since a
+CPU's default is the numba-compiled way, which neither version's operations touch).
 """
 
 from __future__ import annotations
@@ -144,15 +145,25 @@ def main(argv: list[str] | None = None) -> int:
                     help="another revision's lartpc/models/sparse_torch.py")
     ap.add_argument("--data", type=Path, required=True, help="an event store")
     ap.add_argument("--repeats", type=int, default=40, help="timed steps of each version")
+    ap.add_argument("--tables", default="torch",
+                    help="how both versions build their tables (sparse_torch.TABLES; "
+                         "default torch: the torch operations, which the versions differ in)")
     args = ap.parse_args(argv)
     if args.repeats < 2:
         ap.error(f"--repeats {args.repeats}: at least 2")
     torch.set_num_threads(1)
+    before = sparse_torch.TABLES
     try:
-        result = compare(load_module(args.before), sparse_torch, args.data, args.repeats)
+        module = load_module(args.before)
+        for m in (module, sparse_torch):
+            if hasattr(m, "TABLES"):  # (a version from before the ways of building had one)
+                m.TABLES = args.tables
+        result = compare(module, sparse_torch, args.data, args.repeats)
     except LartpcError as e:
         print(f"sparse_ab: {e}", file=sys.stderr)
         return 2
+    finally:
+        sparse_torch.TABLES = before
     print(json.dumps(result, indent=2))
     return 0
 

@@ -36,6 +36,7 @@ from lartpc.data.packing import unpack
 from lartpc.data.processes import Processes
 from lartpc.data.store import Event, EventStore
 from lartpc.errors import ConfigError
+from lartpc.models import sparse_torch
 
 
 class DenseBloscLoader(Loader):
@@ -190,6 +191,8 @@ class SparseLoader(Loader):
     def _prepare(self, events: list[Event]) -> None:
         self.pixels = SparseEvents(events, self.shape)
         if self.processes:  # forked here, from the constructor's thread, with the events
+            if self._rulebooks is not None:  # compiled once here, not in every process
+                sparse_torch.warm_cpu_tables()
             self._pool = Processes(self._made_elsewhere, self.processes,
                                    name=f"{self.mode}-loader")
             if self.device.type == "cuda":

@@ -19,11 +19,13 @@ torch operations on index tables built from the coordinates alone (issue 36):
   the zeros it starts from.
 
 :func:`build_maps` makes every level's tables in one pass (sorts, gathers from an index
-image, ``cumsum``; a few read-backs of counts). It is a pure function of the
-batch's coordinates, so the sparse loader can build it in its prefetch thread
-(``data.rulebooks = loader``, or ``auto``); torch's operations release the GIL, unlike spconv's pair
-builders. The step itself is then four times gather, product, ELU and scatter: no
-rulebook, no host synchronisation, ~30 operations in the forward.
+image, ``cumsum``; a few read-backs of counts); on a GPU by Triton kernels or one
+replayed CUDA graph, on a CPU compiled by numba (:data:`TABLES`), the same integers.
+It is a pure function of the batch's coordinates, so the sparse loader can build it in
+its prefetch thread (``data.rulebooks = loader``, or ``auto``); torch's operations and
+the compiled loops release the GIL, unlike spconv's pair builders. The step itself is
+then four times gather, product, ELU and scatter: no rulebook, no host synchronisation,
+~30 operations in the forward.
 
 The pool's backward is spconv's: every input equal to its output gets the output's
 whole gradient (tied sites each get all of it; an input of exactly 0 in a window whose
@@ -34,6 +36,7 @@ against spconv.
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import threading
 from dataclasses import dataclass
@@ -232,11 +235,13 @@ def pool_slots(keys: torch.Tensor, shape: tuple[int, int], size: int, parts=None
 
 #: how each level's tables are built: ``auto`` = with :mod:`lartpc.models.table_kernels`
 #: (three Triton kernels a level) on CUDA where Triton imports and the batch allows
-#: (:func:`table_kernels.usable`), torch operations otherwise, and a CUDA graph's padded
-#: tables (``rows``) on CUDA by one replayed graph (:mod:`lartpc.models.table_graph`);
-#: ``torch``; ``triton`` (on any device: the tests run it on CPU under Triton's
+#: (:func:`table_kernels.usable`), a CUDA graph's padded tables (``rows``) there by one
+#: replayed graph (:mod:`lartpc.models.table_graph`), compiled by numba on a CPU
+#: (:mod:`lartpc.models.table_numba`), torch operations otherwise; ``torch``; ``numba``
+#: (CPU only); ``triton`` (on any device: the tests run it on CPU under Triton's
 #: interpreter); ``graph``: padded tables by :mod:`~lartpc.models.table_graph` on any
-#: device (eagerly off CUDA: the tests), the rest as ``auto``
+#: device (eagerly off CUDA: the tests), the rest as ``auto`` on CUDA and torch
+#: operations elsewhere
 TABLES = "auto"
 
 
@@ -247,22 +252,39 @@ _KERNELS_FAILED: set[str] = set()
 _KERNELS_WORKED: set[str] = set()
 
 
-@functools.lru_cache(maxsize=1)
-def _triton_imports() -> bool:
+@functools.lru_cache(maxsize=4)
+def _imports(name: str) -> bool:
+    """Whether the package ``name`` (triton, numba) imports here."""
     try:
-        import triton  # noqa: F401
+        importlib.import_module(name)
     except Exception:  # noqa: BLE001 - any failure to import means: not usable here
         return False
     return True
 
 
+def warm_cpu_tables() -> None:
+    """Compile (or load from numba's cache) the CPU's table builder now, where :data:`TABLES`
+    builds with it: before forking the loader processes, so that they inherit it rather
+    than each compiling its own (~5 s of a CPU each; ~0.4 s from the cache)."""
+    fast = _table_kernels(torch.device("cpu"), (8, 8), (2,), 3, 1)
+    if fast is not None and hasattr(fast, "warm"):
+        fast.warm()
+
+
 def _table_kernels(device: torch.device, shape, pools, kernel: int, images: int,
                    tables: str | None = None):
-    """The kernel module where ``tables`` (default :data:`TABLES`) and the batch allow
-    it, else None."""
+    """The module that builds a level (``level``, ``cells``) where ``tables`` (default
+    :data:`TABLES`) and the batch allow it, else None (torch operations)."""
     tables = TABLES if tables is None else tables
+    if tables == "numba" or (tables == "auto" and device.type == "cpu"
+                             and _imports("numba") and str(device) not in _KERNELS_FAILED):
+        if device.type != "cpu":
+            raise ValueError(f"tables=numba builds on the CPU, not on {device}")
+        from lartpc.models import table_numba
+
+        return table_numba
     if tables == "torch" or (tables in ("auto", "graph") and (
-            device.type != "cuda" or not _triton_imports() or str(device) in _KERNELS_FAILED)):
+            device.type != "cuda" or not _imports("triton") or str(device) in _KERNELS_FAILED)):
         return None
     from lartpc.models import table_kernels
 
@@ -311,12 +333,12 @@ def build_maps(coords: torch.Tensor, batch_size: int, spatial_shape, kernel: int
     if fast is not None and tables in ("auto", "graph") and where not in _KERNELS_WORKED:
         try:  # their first use on this device: a failure to compile falls back, once
             built = _levels(keys, shape, kernel, pools, images, fast, rows)
-        except Exception as e:  # noqa: BLE001 - whatever Triton raises on this device
+        except Exception as e:  # noqa: BLE001 - whatever Triton or numba raises here
             _KERNELS_FAILED.add(where)
             _grids.__dict__.get("by_device", {}).pop(where, None)  # it may hold their rows
-            log.warning("SCNet's table kernels failed on %s (%s: %s); its tables are built "
-                        "with torch operations", where, type(e).__name__,
-                        (str(e).splitlines() or [""])[0])
+            log.warning("SCNet's table kernels (%s) failed on %s (%s: %s); its tables are "
+                        "built with torch operations", fast.__name__.rsplit(".", 1)[-1],
+                        where, type(e).__name__, (str(e).splitlines() or [""])[0])
             built = _levels(keys, shape, kernel, pools, images, None, rows)
         else:
             _KERNELS_WORKED.add(where)
@@ -368,7 +390,7 @@ def _levels(keys: torch.Tensor, shape: tuple[int, int], kernel: int, pools, imag
     counts: list[int] = []
     r = kernel // 2
     if fast is not None:  # one index image for every level: the first is the largest
-        grid = _grid(images * (shape[0] + 2 * r) * (shape[1] + 2 * r), keys.device)
+        grid = _grid(fast.cells(images, shape, kernel), keys.device)
     for i, size in enumerate(pools):
         n = len(keys)
         cap, out_cap = (None, None) if rows is None else (rows[i], rows[i + 1])

@@ -99,6 +99,13 @@ def usable(shape: tuple[int, int], pools, kernel: int, images: int, cells: int) 
     return True
 
 
+def cells(images: int, shape: tuple[int, int], kernel: int) -> int:
+    """The index image's cells :func:`level` needs: the whole batch's images with their
+    borders (one pass)."""
+    r = kernel // 2
+    return images * (shape[0] + 2 * r) * (shape[1] + 2 * r)
+
+
 def level(keys: torch.Tensor, shape: tuple[int, int], size: int, kernel: int,
           grid: torch.Tensor, offsets: torch.Tensor, mirror: bool,
           capacity: int | None = None):

@@ -3,24 +3,25 @@ numba, for a CPU: the loader processes of a GPU training, a CPU training's loade
 thread, and the fallback.
 
 With torch operations a level is ~27 passes over the sites, each a few hundred
-microseconds on a CPU at 3600 x 3600 (a batch of 7 took ~6 ms in one thread,
-``jobs/local/loader_probe.py``). Compiled, a level is three loops over its sites and one
-over its pooled sites, the same function as :mod:`~lartpc.models.table_kernels`' Triton
-kernels on a GPU:
+microseconds on a CPU at 3600 x 3600 (a batch of 7 took ~5 ms in one thread,
+``jobs/local/loader_probe.py``; ~2.6 ms this way). Compiled, a level is a few loops
+over each image's sites (an image's sites are a run of the sorted keys, so one index
+image of one image's size serves the batch, as the torch operations' passes on a CPU):
 
-1. each site's cell in the padded index image, and its row written there;
-2. the (P, k*k) neighbour table read from the image (P where no site is), with the
-   mirrored gather of the input gradient (:func:`sparse_torch.mirror`) from the same
-   reads, and the written cells set back to -1;
-3. the pooled sites: each site's pooled cell marked in the same image (now all -1),
-   the marked keys sorted (a few thousand), their ranks written into their cells and
-   read back as each site's slot, and the cells cleared again.
+1. each site's cell in the padded index image, its row written there, and its pooled
+   cell (or -1 where the pool leaves it out: a side the pool does not divide);
+2. the (P, k*k) neighbour table read from the image (P where no site is), then, for the
+   levels that need it, the mirrored gather of the input gradient
+   (:func:`sparse_torch.mirror`), and the written cells set back to -1;
+3. the pooled sites: each marked once in the same image (now all -1), the marked
+   cells sorted (a few thousand), their ranks written into their cells and read back
+   as each site's slot, and the cells cleared again; sites left out get the level's
+   pooled count, as :func:`sparse_torch.pool_slots` gives them.
 
 The same integers as the torch operations, bit for bit (``tests/test_table_numba.py``):
 the function is integer arithmetic. The loops hold no GIL (``nogil``), so loader
-threads build side by side. Only where :func:`usable` says (one index image holds the
-batch at every level and every pool divides its image exactly, as the study's
-3600 -> 720 -> 144 -> 36 -> 9 do); torch operations otherwise.
+threads build side by side. Compiled at the first call (~5 s; ~0.4 s from numba's cache
+beside this file), which the loader makes before forking its processes (:func:`warm`).
 """
 
 from __future__ import annotations

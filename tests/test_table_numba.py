@@ -160,3 +160,23 @@ def test_the_loader_processes_build_with_numba_compiled_before_the_fork(monkeypa
         assert list(a.event_ids) == list(b.event_ids)
         assert b.rulebooks.fits(b.coords, b.data_size, tuple(store.geometry.shape), True)
         same_tables(a.rulebooks, b.rulebooks)
+
+
+def test_a_failure_to_compile_before_the_fork_falls_back(monkeypatch, caplog):
+    """Where numba cannot compile, ``auto`` warns once and the processes build with torch
+    operations; ``numba``, asked for by name, raises."""
+    monkeypatch.setattr(sparse_torch, "_KERNELS_FAILED", set())
+
+    def broken():
+        raise RuntimeError("numba: no LLVM target")
+
+    monkeypatch.setattr(table_numba, "warm", broken)
+    monkeypatch.setattr(sparse_torch, "TABLES", "numba")
+    with pytest.raises(RuntimeError, match="no LLVM target"):
+        sparse_torch.warm_cpu_tables()
+    monkeypatch.setattr(sparse_torch, "TABLES", "auto")
+    with caplog.at_level("WARNING", logger="lartpc.models.sparse_torch"):
+        sparse_torch.warm_cpu_tables()
+    assert sparse_torch._KERNELS_FAILED == {"cpu"} and "no LLVM target" in caplog.text
+    assert sparse_torch._table_kernels(torch.device("cpu"), (400, 400), POOLS, KERNEL,
+                                       7) is None

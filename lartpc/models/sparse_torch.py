@@ -267,8 +267,23 @@ def warm_cpu_tables() -> None:
     builds with it: before forking the loader processes, so that they inherit it rather
     than each compiling its own (~5 s of a CPU each; ~0.4 s from the cache)."""
     fast = _table_kernels(torch.device("cpu"), (8, 8), (2,), 3, 1)
-    if fast is not None and hasattr(fast, "warm"):
+    if fast is None or not hasattr(fast, "warm"):
+        return
+    try:
         fast.warm()
+    except Exception as e:  # noqa: BLE001 - whatever numba raises here
+        if TABLES != "auto":
+            raise
+        _kernels_failed("cpu", fast, e)
+
+
+def _kernels_failed(where: str, fast, e: Exception) -> None:
+    """``fast`` failed at its first use on ``where``: torch operations there from now on."""
+    _KERNELS_FAILED.add(where)
+    _grids.__dict__.get("by_device", {}).pop(where, None)  # it may hold their rows
+    log.warning("SCNet's table kernels (%s) failed on %s (%s: %s); its tables are built "
+                "with torch operations", fast.__name__.rsplit(".", 1)[-1], where,
+                type(e).__name__, (str(e).splitlines() or [""])[0])
 
 
 def _table_kernels(device: torch.device, shape, pools, kernel: int, images: int,
@@ -334,11 +349,7 @@ def build_maps(coords: torch.Tensor, batch_size: int, spatial_shape, kernel: int
         try:  # their first use on this device: a failure to compile falls back, once
             built = _levels(keys, shape, kernel, pools, images, fast, rows)
         except Exception as e:  # noqa: BLE001 - whatever Triton or numba raises here
-            _KERNELS_FAILED.add(where)
-            _grids.__dict__.get("by_device", {}).pop(where, None)  # it may hold their rows
-            log.warning("SCNet's table kernels (%s) failed on %s (%s: %s); its tables are "
-                        "built with torch operations", fast.__name__.rsplit(".", 1)[-1],
-                        where, type(e).__name__, (str(e).splitlines() or [""])[0])
+            _kernels_failed(where, fast, e)
             built = _levels(keys, shape, kernel, pools, images, None, rows)
         else:
             _KERNELS_WORKED.add(where)

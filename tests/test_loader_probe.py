@@ -1,7 +1,7 @@
 """``jobs/local/loader_probe.py`` on CPU: the loader's time per batch with and without
-SCNet's tables, and whole passes with one and two prefetch threads and with two loader
-processes (their tables compiled, then by torch operations), each handing over every
-batch of the epoch."""
+SCNet's tables, what a loader process's batch costs to unpack, and whole passes with one
+and two prefetch threads and with two loader processes (their tables compiled, then by
+torch operations), each handing over every batch of the epoch."""
 
 from __future__ import annotations
 
@@ -18,7 +18,10 @@ def test_the_probe_times_batches_and_passes(train_events_dir, capsys):
     bare = out["produce"]["no_tables"]
     ways = [f"tables_{way}{pad}" for way in ("auto", "torch")
             for pad in ("", "_pad_after", "_pad_in_place")]
-    assert set(out["produce"]) == {"no_tables", *ways}
+    assert set(out["produce"]) == {"no_tables", "unpack", *ways}
+    unpacked = out["produce"]["unpack"]  # a process's batch with its tables, as sent
+    assert unpacked["repeats"] == 200 and unpacked["skeleton_bytes"] > 0
+    assert unpacked["loads_us"] > 0 and unpacked["unpack_us"] > 0
     for tables in (out["produce"][way] for way in ways):
         assert tables["batches"] == bare["batches"] == 4
         assert tables["done_ms"] >= tables["host_ms"] > 0 and bare["host_ms"] > 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import signal
 
 import numpy as np
@@ -17,6 +18,7 @@ from test_sparse_torch import _pair
 from test_step_overlap import _fit, _same
 
 from lartpc.config import load_config
+from lartpc.data import packing
 from lartpc.data.loaders import build_loader
 from lartpc.data.packing import pack, unpack, walk
 from lartpc.data.processes import Processes
@@ -67,6 +69,35 @@ def test_pack_and_unpack_keep_values_types_and_shared_tensors():
     small = torch.empty(10, dtype=torch.uint8)
     assert pack(tree, into=small)[0].data_ptr() != small.data_ptr()  # did not fit
 
+
+def test_batches_of_one_form_share_one_builder_and_dataclasses_come_back_whole():
+    def tables(n: int, n_out: int) -> sparse_torch.SiteMaps:  # two levels, real sizes
+        coords = torch.arange(3 * n, dtype=torch.int32).reshape(n, 3)
+        levels = [sparse_torch.Level(keys=torch.arange(n), shape=(8, 8),
+                                     neighbours=torch.full((n, 9), n, dtype=torch.int32),
+                                     slots=torch.arange(n) % n_out, n_out=n_out,
+                                     mirrored=None if k == 0 else
+                                     torch.arange(9 * n, dtype=torch.int32))
+                  for k in range(2)]
+        return sparse_torch.SiteMaps(indices=coords, batch_size=2, spatial_shape=(8, 8),
+                                     order=torch.arange(n), levels=levels,
+                                     dense_index=torch.arange(n_out), out_shape=(1, 1))
+
+    one, two = tables(5, 2), tables(9, 4)  # the same form, other sizes and counts
+    (b1, s1), (b2, s2) = pack((torch.ones(2), one.indices, one)), pack((torch.ones(2),
+                                                                        two.indices, two))
+    assert s1.form == s2.form and s1.values != s2.values
+    s2 = pickle.loads(pickle.dumps(s2))  # as a skeleton comes from a process
+    hits = packing._builder.cache_info().hits
+    unpack(b1, s1)
+    _, coords, got = unpack(b2, s2)
+    assert packing._builder.cache_info().hits > hits  # the second form was the first's
+    assert type(got) is sparse_torch.SiteMaps and got.indices is coords
+    assert got.spatial_shape == (8, 8) and [lv.n_out for lv in got.levels] == [4, 4]
+    assert got.levels[0].mirrored is None and got.levels[1].mirrored.shape == (81,)
+    for a, b in zip(got.tensors(), two.tensors(), strict=True):
+        assert torch.equal(a, b) and a.dtype == b.dtype
+    assert pack((coords, one))[1].form != s1.form  # another form, another builder
 
 def _loader(data, builder, **kw):
     store = EventStore(data)

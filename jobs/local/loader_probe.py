@@ -12,7 +12,9 @@ Two views, on ``EVENTS`` (a store, e.g. ``lartpc simulate --events 700``), minib
   = Triton kernels on a GPU, and for padded tables one replayed CUDA graph, ``triton`` =
   the kernels alone, ``torch`` = torch operations, ``graph`` = the graph's operations,
   eagerly off a GPU), unpadded and padded as a graphed training pads them
-  (``_pad_after``: built, then copied padded; ``_pad_in_place``: built padded);
+  (``_pad_after``: built, then copied padded; ``_pad_in_place``: built padded); and
+  ``unpack``: what a batch from a loader process costs the training process's
+  interpreter besides its copy (its skeleton unpickled, its views put in place);
 - ``threads``: a whole pass of the loader as training iterates it (prefetching on,
   ``prefetch_threads`` = each of ``--threads``, then ``data.loader_processes`` = each of
   ``--processes`` for each way of ``--process-tables``, their ``tables``), nothing else
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import resource
 import time
 
@@ -36,6 +39,7 @@ import numpy as np
 import torch
 
 from lartpc.data.loaders import build_loader
+from lartpc.data.packing import pack, unpack
 from lartpc.data.store import EventStore
 from lartpc.models import build, sparse_torch
 
@@ -66,6 +70,28 @@ def produce_times(store, builder, device: str, batches: int, warmup: int) -> dic
     t = np.array(times[warmup:]) * 1e3
     return {"batches": len(t), "host_ms": float(np.median(t[:, 0])),
             "done_ms": float(np.median(t[:, 1]))}
+
+
+def unpack_times(store, builder, repeats: int = 200) -> dict:
+    """Median microseconds the training process spends on one batch from a loader
+    process besides its copy: unpickling the skeleton the process sends
+    (``loads_us``) and putting the views of the copied buffer back in their places
+    (``unpack_us``), here on a batch packed in this process, caches warm."""
+    loader = _loader(store, builder, "cpu", prefetch_depth=0)
+    positions = loader._batches(0)[0]
+    buffer, skeleton = pack(loader._made_elsewhere(positions, None))
+    sent = pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
+    loads, unpacks = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        pickle.loads(sent)
+        t1 = time.perf_counter()
+        unpack(buffer, skeleton)
+        loads.append(t1 - t0)
+        unpacks.append(time.perf_counter() - t1)
+    return {"repeats": repeats, "skeleton_bytes": len(sent),
+            "loads_us": float(np.median(loads) * 1e6),
+            "unpack_us": float(np.median(unpacks) * 1e6)}
 
 
 def _cpu_s() -> float:
@@ -156,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, padded in padded_builders(builder, rows).items():
                 produce[f"tables_{way}_{name}"] = produce_times(
                     store, padded, args.device, args.batches, args.warmup)
+        produce["unpack"] = unpack_times(store, builder)  # a process's batch, as sent
         passes = [pass_rate(store, builder, args.device, threads=int(t))
                   for t in args.threads.split(",")]
         for way in args.process_tables.split(","):  # the processes build on the CPU

@@ -68,6 +68,9 @@ def test_pack_and_unpack_keep_values_types_and_shared_tensors():
     assert there.data_ptr() == into.data_ptr() and torch.equal(there, buffer)
     small = torch.empty(10, dtype=torch.uint8)
     assert pack(tree, into=small)[0].data_ptr() != small.data_ptr()  # did not fit
+    doubled = walk(tree, lambda t: 2 * t)  # the same form, each tensor mapped once
+    assert doubled["again"] is doubled["a"] and torch.equal(doubled["a"], 2 * a)
+    assert doubled["pair"][1][1] == 3 and doubled["none"] is None
 
 
 def test_batches_of_one_form_share_one_builder_and_dataclasses_come_back_whole():
@@ -98,6 +101,7 @@ def test_batches_of_one_form_share_one_builder_and_dataclasses_come_back_whole()
     for a, b in zip(got.tensors(), two.tensors(), strict=True):
         assert torch.equal(a, b) and a.dtype == b.dtype
     assert pack((coords, one))[1].form != s1.form  # another form, another builder
+
 
 def _loader(data, builder, **kw):
     store = EventStore(data)

@@ -33,20 +33,6 @@ ALIGN = 8
 _TENSOR, _VALUE, _SEQUENCE, _DICT, _DATACLASS = range(5)
 
 
-def walk(obj, leaf):
-    """``obj`` with ``leaf(tensor)`` in place of every tensor it holds."""
-    if isinstance(obj, torch.Tensor):
-        return leaf(obj)
-    if isinstance(obj, tuple | list):
-        return type(obj)(walk(v, leaf) for v in obj)
-    if isinstance(obj, dict):
-        return {k: walk(v, leaf) for k, v in obj.items()}
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: walk(getattr(obj, f.name), leaf)
-                                           for f in dataclasses.fields(obj) if f.init})
-    return obj
-
-
 @dataclasses.dataclass(frozen=True)
 class Skeleton:
     """A packed object without its tensors.
@@ -67,8 +53,6 @@ def _describe(obj, tensors: dict[int, tuple[int, torch.Tensor]], values: list) -
     """``obj``'s form (see :class:`Skeleton`), its tensors added to ``tensors`` (id:
     (index, tensor), first seen first) and its other values to ``values``."""
     if isinstance(obj, torch.Tensor):
-        if obj.device.type != "cpu":
-            raise ValueError(f"pack: a {obj.device} tensor; only CPU tensors are packed")
         return _TENSOR, tensors.setdefault(id(obj), (len(tensors), obj))[0]
     if isinstance(obj, tuple | list):
         start = len(values)
@@ -88,6 +72,15 @@ def _describe(obj, tensors: dict[int, tuple[int, torch.Tensor]], values: list) -
     return _VALUE, len(values) - 1
 
 
+def walk(obj, leaf):
+    """``obj`` with ``leaf(tensor)`` in place of every tensor it holds (once for a tensor
+    held twice, whose result is then held twice)."""
+    tensors: dict[int, tuple[int, torch.Tensor]] = {}
+    values: list = []
+    form = _describe(obj, tensors, values)
+    return _builder(form)([leaf(t) for _, t in tensors.values()], tuple(values))
+
+
 def pack(obj, into: torch.Tensor | None = None) -> tuple[torch.Tensor, Skeleton]:
     """(one contiguous ``uint8`` CPU buffer holding every tensor of ``obj``, its
     skeleton). Tensors must be on the CPU. The buffer is the start of ``into`` (a
@@ -99,6 +92,9 @@ def pack(obj, into: torch.Tensor | None = None) -> tuple[torch.Tensor, Skeleton]
     values: list = []
     form = _describe(obj, tensors, values)
     seen = [t for _, t in tensors.values()]
+    for t in seen:
+        if t.device.type != "cpu":
+            raise ValueError(f"pack: a {t.device} tensor; only CPU tensors are packed")
     runs, where, offsets, gaps, size = [], [0] * len(seen), [], [], 0
     for dtype in dict.fromkeys(t.dtype for t in seen):  # first-seen order
         start = -(-size // ALIGN) * ALIGN

@@ -105,6 +105,11 @@ class DataConfig:
     #: torch layers (torch releases the GIL there) on the sparse loader without
     #: augmentation, forward otherwise (spconv's builders hold the GIL: no gain on a CPU)
     rulebooks: str = "auto"
+    #: SCNet's index tables (model.sparse=torch, built in the loader) made once per event
+    #: when the loader starts and joined for each batch in one compiled pass, instead of
+    #: built from the coordinates every batch (lartpc/models/table_cache.py: the same
+    #: integers; ~0.3-0.5 MB of memory an event at 3600 x 3600)
+    table_cache: bool = False
 
 
 @dataclass(kw_only=True, slots=True)
@@ -245,6 +250,21 @@ def loader_processes_refusal(cfg: Config) -> str:
     return ""
 
 
+def table_cache_refusal(cfg: Config) -> str:
+    """Why ``data.table_cache`` cannot be used with ``cfg`` ("" if it can): it keeps the
+    index tables of SCNet's torch layers, which the sparse loader builds, per event."""
+    if cfg.model.name != "scnet" or cfg.model.sparse != "torch":
+        return (f"it keeps the index tables of SCNet's torch layers (here model.name = "
+                f"{cfg.model.name}, model.sparse = {cfg.model.sparse})")
+    if loader_of(cfg) != "sparse" or cfg.data.rulebooks == "forward":
+        return ("the tables are the sparse loader's (data.loader = sparse, data.rulebooks = "
+                f"loader or auto; here {cfg.data.loader}, {cfg.data.rulebooks})")
+    if cfg.data.augment != "none":
+        return (f"with data.augment = {cfg.data.augment}: an augmented event's coordinates, "
+                "and so its tables, change every epoch")
+    return ""
+
+
 def choices(key: str, *, without: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The allowed values of setting ``key`` (``"model.name"``), less ``without``."""
     return tuple(v for v in CHOICES[key] if v not in without)
@@ -381,6 +401,10 @@ def validate(cfg: Config) -> None:
         why = loader_processes_refusal(cfg)
         if why:
             raise ConfigError(f"data.loader_processes = {cfg.data.loader_processes}: {why}")
+    if cfg.data.table_cache:
+        why = table_cache_refusal(cfg)
+        if why:
+            raise ConfigError(f"data.table_cache = true: {why}")
     if cfg.data.prefetch_threads > MAX_THREADS:
         raise ConfigError(f"data.prefetch_threads = {cfg.data.prefetch_threads}: must be at "
                           f"most {MAX_THREADS}")

@@ -86,6 +86,7 @@ def test_quick_cpu_run_measures_every_step(tmp_path):
         point = json.loads((out / f"{name}.json").read_text())["points"][0]
         assert point["steps"] > 1 and 0 <= point["data_wait_fraction"] < 1
     assert point["sparse"] == "torch" and point["rulebooks"] == "loader"
+    assert point["table_cache"] is False  # data.table_cache, off by default
     assert point["cuda_graph"] is None
     graphed = json.loads((out / "train-scnet-sparse-torch-graph.json").read_text())["points"][0]
     # on a CPU the padded step without a graph: every step static, none captured

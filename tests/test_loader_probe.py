@@ -18,16 +18,21 @@ def test_the_probe_times_batches_and_passes(train_events_dir, capsys):
     bare = out["produce"]["no_tables"]
     ways = [f"tables_{way}{pad}" for way in ("auto", "torch")
             for pad in ("", "_pad_after", "_pad_in_place")]
-    assert set(out["produce"]) == {"no_tables", "unpack", *ways}
+    cache = ["table_cache", "table_cache_pad_in_place"]  # joined from every event's own
+    assert set(out["produce"]) == {"no_tables", "unpack", "table_cache_start", *ways, *cache}
+    start = out["produce"]["table_cache_start"]
+    assert start["seconds"] > 0 and start["mb"] > 0
     unpacked = out["produce"]["unpack"]  # a process's batch with its tables, as sent
     assert unpacked["repeats"] == 200 and unpacked["skeleton_bytes"] > 0
     assert unpacked["loads_us"] > 0 and unpacked["unpack_us"] > 0
-    for tables in (out["produce"][way] for way in ways):
+    for tables in (out["produce"][way] for way in [*ways, *cache]):
         assert tables["batches"] == bare["batches"] == 4
         assert tables["done_ms"] >= tables["host_ms"] > 0 and bare["host_ms"] > 0
     assert out["threads_tables"] == "auto"
-    assert [(p["threads"], p["processes"], p.get("tables")) for p in out["threads"]] == [
-        (1, 0, None), (2, 0, None), (1, 2, "auto"), (1, 2, "torch")]
+    assert [(p["threads"], p["processes"], p.get("tables"), p.get("table_cache"))
+            for p in out["threads"]] == [
+        (1, 0, None, None), (2, 0, None, None), (1, 0, None, True), (2, 0, None, True),
+        (1, 2, "auto", None), (1, 2, "torch", None)]
     # each timed pass the second (the first warms the threads' and processes' memory)
     assert all(p["batches"] == 10 and p["warm"] and p["images_per_s"] > 0
                and p["own_cpu_ms_per_batch"] > 0 for p in out["threads"])

@@ -105,15 +105,19 @@ train_graph() {  # train_graph NAME SETTINGS...
         "${BOUND[@]}" "${sets[@]}"
     cp "$OUT/$name.out" "$OUT/$name.json" 2>/dev/null
 }
+#    Since 2026-11-30 first with the table cache (data.table_cache: every event's tables
+#    made when the loader starts, each batch's joined on the CPU and sent with the batch
+#    in one copy), three loader threads, then without (the cache with one thread in 3b)
+train_graph train-scnet-torch-graph-threads-3-table-cache data.prefetch_threads=3 \
+    data.table_cache=true
 train_graph train-scnet-torch-graph-threads-3 data.prefetch_threads=3
-train_graph train-scnet-torch-graph-threads-1 data.prefetch_threads=1
 # 2. the CUDA tests: both ways of building ahead (equality, no synchronisation), the
 #    batches from loader processes, the tables' kernels, the captured step (equal to the
 #    eager one), the fused stages
 part gpu-tests "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_sparse_torch.py \
     tests/test_table_kernels.py tests/test_graphed_step.py tests/test_rulebooks.py \
     tests/test_loader_processes.py tests/test_fused_stage2.py tests/test_fused_stem.py \
-    tests/test_table_graph.py
+    tests/test_table_graph.py tests/test_table_cache.py
 # 3. issue 35: the stem's launches and ways of summing its taps (second lease of
 #    2026-11-28: dot at 64:4 the fastest, band and patch slower; hoist since), the fused second
 #    stage's (64:8:64 hybrid the fastest, 4.9 ms against cuDNN's 6.9: now the default;
@@ -164,10 +168,13 @@ if [ "$DEVICE" = cuda ]; then
         --cuda-graph
 fi
 # 3b. issue 36 again: the graphed training with Adam as one fused kernel (three loader
-#    threads), and with the batches made in 8 loader processes (tables on their CPUs)
-train_graph train-scnet-torch-graph-threads-3-fused-adam data.prefetch_threads=3 \
-    train.optimizer_impl=fused
+#    threads; since 2026-11-30 with the table cache), with the batches made in 8 loader
+#    processes (tables on their CPUs), and the table cache with one loader thread
+train_graph train-scnet-torch-graph-threads-3-table-cache-fused-adam \
+    data.prefetch_threads=3 data.table_cache=true train.optimizer_impl=fused
 train_graph train-scnet-torch-graph-processes-8 data.loader_processes=8
+train_graph train-scnet-torch-graph-threads-1-table-cache data.prefetch_threads=1 \
+    data.table_cache=true
 # 3c. issue 35: JishNet's graphed training as in 3a with the stem's empty blocks left out
 #    (model.stem_skip_empty, as model-jishnet-stages-skip-empty; not a dense first layer)
 if [ "$DEVICE" = cuda ]; then

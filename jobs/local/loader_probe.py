@@ -15,8 +15,12 @@ Two views, on ``EVENTS`` (a store, e.g. ``lartpc simulate --events 700``), minib
   (``_pad_after``: built, then copied padded; ``_pad_in_place``: built padded); and
   ``unpack``: what a batch from a loader process costs the training process's
   interpreter besides its copy (its skeleton unpickled, its views put in place);
+  ``table_cache`` and ``table_cache_pad_in_place``: the tables joined from every event's
+  own (``data.table_cache``; on a GPU with the batch's one copy), with ``table_cache_start``
+  (the seconds and MB of making every event's tables when the loader starts);
 - ``threads``: a whole pass of the loader as training iterates it (prefetching on,
-  ``prefetch_threads`` = each of ``--threads``, then ``data.loader_processes`` = each of
+  ``prefetch_threads`` = each of ``--threads``, again with the table cache
+  (``table_cache``), then ``data.loader_processes`` = each of
   ``--processes`` for each way of ``--process-tables``, their ``tables``), nothing else
   running: batches a second the loader alone sustains, to
   compare with a step's rate, and the CPU time its threads take in the training process
@@ -150,6 +154,15 @@ def padded_builders(builder, rows: tuple[int, ...]) -> dict:
             "pad_in_place": lambda c, n: builder(c, n, rows=rows)}
 
 
+def _at(rows: tuple[int, ...]):
+    """Capacities set to ``rows`` (what a graphed training's loader pads to)."""
+    from lartpc.train.graphed import Capacities
+
+    caps = Capacities()
+    caps.rows = rows
+    return caps
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lartpc.jobs.local.loader_probe",
                                  description=__doc__.split("\n")[0])
@@ -183,8 +196,19 @@ def main(argv: list[str] | None = None) -> int:
                 produce[f"tables_{way}_{name}"] = produce_times(
                     store, padded, args.device, args.batches, args.warmup)
         produce["unpack"] = unpack_times(store, builder)  # a process's batch, as sent
+        sparse_torch.TABLES = before  # the cache's own start-up builds as training does
+        cached = model.rulebook_builder(training=True, cache=True)
+        produce["table_cache"] = produce_times(store, cached, args.device, args.batches,
+                                               args.warmup)
+        produce["table_cache_start"] = {"seconds": cached.cache.seconds,
+                                        "mb": cached.cache.nbytes / 1e6}
+        produce["table_cache_pad_in_place"] = produce_times(
+            store, _at(rows).padding(cached), args.device, args.batches, args.warmup)
+        sparse_torch.TABLES = ways[0]
         passes = [pass_rate(store, builder, args.device, threads=int(t))
                   for t in args.threads.split(",")]
+        passes += [{**pass_rate(store, cached, args.device, threads=int(t)), "table_cache": True}
+                   for t in args.threads.split(",")]
         for way in args.process_tables.split(","):  # the processes build on the CPU
             sparse_torch.TABLES = way
             passes += [{**pass_rate(store, builder, args.device, processes=int(p)),

@@ -131,6 +131,8 @@ def measure_run(out: Path, threshold: float = 1.2) -> dict:
         "rulebooks": run.meta.get("rulebooks", run.meta.get("config", {}).get("data", {})
                                   .get("rulebooks", "forward")),  # as resolved (auto)
         "sparse": run.meta.get("config", {}).get("model", {}).get("sparse", "spconv"),
+        # data.table_cache: every event's tables made once, each batch's joined from them
+        "table_cache": bool(run.meta.get("config", {}).get("data", {}).get("table_cache")),
         # train.cuda_graph: captures, replays, eager steps (None: not asked for)
         "cuda_graph": run.meta.get("cuda_graph"),
         "ttl_threshold": threshold, "ttl_s": m.ttl_s, "ttl_censored": m.ttl_censored,

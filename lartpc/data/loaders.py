@@ -32,7 +32,7 @@ from lartpc.data import LOADERS
 from lartpc.data.batch import Batch
 from lartpc.data.blosc_cache import BloscConfig, BloscImageCache
 from lartpc.data.loader_base import Loader, SparseEvents
-from lartpc.data.packing import unpack
+from lartpc.data.packing import pack, unpack
 from lartpc.data.processes import Processes
 from lartpc.data.store import Event, EventStore
 from lartpc.errors import ConfigError
@@ -121,6 +121,27 @@ class DenseBloscLoader(Loader):
         self._copied[slot] = done
         return _Copied(out, done)
 
+    def _joined_to_device(self, batch: Batch, positions: np.ndarray) -> _Copied:
+        """A batch whose tables the builder joins on the CPU (a table cache): the batch
+        and its tables packed into this thread's page-locked buffer and copied to the
+        device on this thread's stream in one copy, every tensor a view of it (as a
+        loader process's batch)."""
+        tables = self._tables(batch.coords, positions)
+        pinned = getattr(self._streams, "pinned", None)
+        buffer, skeleton = pack((batch.labels, batch.coords, batch.features, tables),
+                                into=pinned)
+        if pinned is None or buffer.data_ptr() != pinned.data_ptr():  # grown: 1.5x
+            pinned = torch.empty(buffer.numel() * 3 // 2, dtype=torch.uint8).pin_memory()
+            self._streams.pinned = pinned
+            buffer = pinned[:buffer.numel()].copy_(buffer)
+        stream = self._stream()
+        copy = _to_device(stream, buffer)  # waited for: the buffer is free again after
+        done = torch.cuda.Event()
+        done.record(stream)
+        labels, coords, features, tables = unpack(copy, skeleton)
+        return _Copied(replace(batch, labels=labels, coords=coords, features=features,
+                               rulebooks=tables), done, packed=True)
+
     def _finish(self, item: Batch | _Copied) -> Batch:
         if not isinstance(item, _Copied):
             return item.to(self.device)
@@ -155,10 +176,11 @@ def _to_device(stream: torch.cuda.Stream, view: torch.Tensor) -> torch.Tensor:
 class _Copied:
     """A batch on its way to the GPU on the loader's copy stream; ``done`` marks arrival."""
 
-    __slots__ = ("batch", "done")
+    __slots__ = ("batch", "done", "packed")
 
-    def __init__(self, batch: Batch, done: torch.cuda.Event):
-        self.batch, self.done = batch, done
+    def __init__(self, batch: Batch, done: torch.cuda.Event, packed: bool = False):
+        #: ``packed``: every tensor of the batch is a view of one copy
+        self.batch, self.done, self.packed = batch, done, packed
 
 
 class SparseLoader(Loader):
@@ -167,7 +189,10 @@ class SparseLoader(Loader):
     With ``rulebooks`` (a model's ``f(coords, batch_size)``, ``data.rulebooks = loader``)
     the prefetch thread also builds each batch's spconv rulebooks, handed over in
     ``batch.rulebooks``; on CUDA it copies the coordinates to the device and builds them
-    there on a stream of its own, and the consumer's stream waits for that stream.
+    there on a stream of its own, and the consumer's stream waits for that stream. A
+    builder that keeps tables per event (``data.table_cache``, ``takes_positions``) is
+    given the events when the loader starts and each batch's positions; it joins the
+    tables on the CPU, and on CUDA the batch and its tables go to the device as one copy.
 
     With ``processes`` (``data.loader_processes``) each batch, tables included, is made on
     the CPU by one of that many forked processes (:mod:`lartpc.data.processes`) and comes
@@ -190,6 +215,9 @@ class SparseLoader(Loader):
 
     def _prepare(self, events: list[Event]) -> None:
         self.pixels = SparseEvents(events, self.shape)
+        attach = getattr(self._rulebooks, "attach", None)
+        if attach is not None:  # a table cache: every event's tables, before any fork
+            attach(self.pixels)
         if self.processes:  # forked here, from the constructor's thread, with the events
             if self._rulebooks is not None:  # compiled once here, not in every process
                 sparse_torch.warm_cpu_tables()
@@ -237,8 +265,14 @@ class SparseLoader(Loader):
         if self._rulebooks is not None:
             if state is not None:
                 self._rulebooks.restore(state)  # this process's own copy of the builder
-            tables = self._rulebooks(coords, len(positions))
+            tables = self._tables(coords, positions)
         return torch.from_numpy(self.labels[positions]), coords, features, tables
+
+    def _tables(self, coords: torch.Tensor, positions: np.ndarray):
+        """The builder's tables for the batch of ``positions`` with ``coords``."""
+        if getattr(self._rulebooks, "takes_positions", False):
+            return self._rulebooks(coords, len(positions), positions=positions)
+        return self._rulebooks(coords, len(positions))
 
     def _produce_elsewhere(self, positions: np.ndarray) -> Batch | _Copied:
         """One batch made by a loader process: on CUDA, its one buffer copied to the
@@ -257,13 +291,16 @@ class SparseLoader(Loader):
         done.record(stream)  # already reached (the copy was waited for): no wait
         labels, coords, features, tables = unpack(copy, skeleton)
         return _Copied(replace(self._host_batch(positions), labels=labels, coords=coords,
-                               features=features, rulebooks=tables), done)
+                               features=features, rulebooks=tables), done, packed=True)
 
     def _produce(self, positions: np.ndarray, slot: int) -> Batch | _Copied:
         if self.processes:
             return self._produce_elsewhere(positions)
         coords, features = self._coords(positions)
         batch = self._host_batch(positions, coords=coords, features=features)
+        if self._rulebooks is not None and self.device.type == "cuda" and getattr(
+                self._rulebooks, "takes_positions", False):
+            return self._joined_to_device(batch, positions)
         if self.device.type == "cuda":
             # Pinned here, in the prefetch thread: the consumer's non-blocking copy is then
             # queued behind the step in flight; from pageable memory the driver may first
@@ -275,7 +312,7 @@ class SparseLoader(Loader):
             return batch
         stream = self._rb_stream()
         if stream is None:
-            return replace(batch, rulebooks=self._rulebooks(batch.coords, batch.data_size))
+            return replace(batch, rulebooks=self._tables(batch.coords, positions))
         with torch.cuda.device(self.device), torch.cuda.stream(stream):
             # labels and features too: the step's thread then copies nothing (issue 36)
             labels, coords, features = (t.to(self.device, non_blocking=True) for t in (
@@ -295,7 +332,7 @@ class SparseLoader(Loader):
         # allocated on the loader's stream, used on this one; from a loader process every
         # tensor is a view of one copy, and marking one view marks the copy
         b = item.batch
-        held = [b.coords] if self.processes else [  # (the processes': views of one copy)
+        held = [b.coords] if item.packed else [  # (packed: views of one copy)
             b.labels, b.coords, b.features, *([] if rb is None else rb.tensors())]
         for t in held:
             if t.is_cuda:

@@ -172,13 +172,20 @@ class SCNet(nn.Module):
         return tuple(Layer.of(m) for pair in zip(self.convs, self.pools, strict=True)
                      for m in pair)
 
-    def rulebook_builder(self, *, training: bool):
+    def rulebook_builder(self, *, training: bool, cache: bool = False):
         """``f(coords, batch_size)``: this network's rulebooks for a batch
         (:func:`~lartpc.models.rulebooks.prebuild`), for forwards in training mode or
-        not; what the sparse loader calls with ``data.rulebooks = loader``."""
+        not; what the sparse loader calls with ``data.rulebooks = loader``. ``cache``
+        (the torch layers only, ``data.table_cache``): tables made once per event and
+        joined per batch (:class:`~lartpc.models.table_cache.CachedTables`)."""
         if self.sparse == "torch":
-            return partial(sparse_torch.build_maps, spatial_shape=self.image_size,
-                           kernel=KERNEL, pools=POOLS, training=training)
+            build = partial(sparse_torch.build_maps, spatial_shape=self.image_size,
+                            kernel=KERNEL, pools=POOLS, training=training)
+            if cache:
+                from lartpc.models.table_cache import CachedTables
+
+                return CachedTables(build)
+            return build
         return partial(prebuild, spatial_shape=list(self.image_size),
                        layers=self.rulebook_layers(), training=training)
 

@@ -127,12 +127,24 @@ class Padding:
     def __init__(self, capacities: Capacities, builder):
         self.capacities, self.builder = capacities, builder
 
-    def __call__(self, coords: torch.Tensor, batch_size: int):
+    def __call__(self, coords: torch.Tensor, batch_size: int, **kw):
         rows = self.capacities.rows
         if rows is None:
-            return self.builder(coords, batch_size)
+            return self.builder(coords, batch_size, **kw)
         # built padded in place (sparse_torch.build_maps); unpadded where they do not fit
-        return self.capacities.pad(self.builder(coords, batch_size, rows=rows), grow=False)
+        return self.capacities.pad(self.builder(coords, batch_size, rows=rows, **kw),
+                                   grow=False)
+
+    @property
+    def takes_positions(self) -> bool:
+        """Whether the builder wants the batch's positions (a table cache's)."""
+        return getattr(self.builder, "takes_positions", False)
+
+    def attach(self, pixels) -> None:
+        """The loader's events to the builder, where it keeps tables per event."""
+        attach = getattr(self.builder, "attach", None)
+        if attach is not None:
+            attach(pixels)
 
     def snapshot(self) -> tuple[int, ...] | None:
         return self.capacities.rows

@@ -75,6 +75,8 @@ def rulebook_builder(cfg: Config, model: torch.nn.Module | None, mode: str, *, t
         raise ConfigError(f"data.rulebooks=loader with data.augment={cfg.data.augment}: the "
                           "augmentation changes the coordinates after the loader built the "
                           "rulebooks; use data.rulebooks=forward")
+    if cfg.data.table_cache:
+        return model.rulebook_builder(training=train, cache=True)
     return model.rulebook_builder(training=train)
 
 

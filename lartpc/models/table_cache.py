@@ -1,0 +1,275 @@
+"""SCNet's index tables made once per event and joined for each batch
+(``data.table_cache = true``; :mod:`lartpc.models.sparse_torch` has the tables).
+
+A batch's tables are a pure function of its images' coordinates, and its images are
+independent: image ``b``'s sites are a run of every level's sorted keys, and its rows
+of the neighbour table and pool slots point only into its own runs. So the tables of a
+batch are its images' own tables put back to back, each image's keys moved by
+``b * h * w`` and its rows by the sites before it. Without augmentation an event's
+coordinates are the same every epoch, so its tables can be made once, when the loader
+starts, and every batch is then one compiled pass per level over the batch's sites
+(:func:`_join_level`): no sort, no index image, no hash.
+
+What it costs: the start (all events' tables made in chunks of :data:`CHUNK` events by
+:func:`~lartpc.models.sparse_torch.build_maps`, timed in the loader's start-up line) and
+memory, ~108 bytes a site (the 5 x 5 neighbour rows in int32 are 100 of them; ~0.5 MB a
+simulated event at 3600 x 3600, logged). The joined tables are those
+:func:`~lartpc.models.sparse_torch.build_maps` makes for the batch, integer for integer,
+unpadded or padded to a CUDA graph's capacities (``tests/test_table_cache.py``); a batch
+that ends its levels early (a pool that leaves no site) or has no site is built by
+``build_maps`` as before.
+
+Stored per level, for all events back to back (numpy, on the CPU): the sites' keys in
+their image (``y * w + x``, int32), the neighbour table in rows of the event (-1: none)
+and each site's pool slot in the event's pooled sites (-1: left out by the pool); per
+event where its run starts. The last pool's sites (the dense map's) as keys only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from functools import partial
+
+import numba
+import numpy as np
+import torch
+
+from lartpc.models import sparse_torch
+
+log = logging.getLogger(__name__)
+
+#: events a chunk of the start-up's building (one ``build_maps`` call each, then split)
+CHUNK = 64
+_KEY_PAD = np.iinfo(np.int64).max
+
+
+@dataclass
+class _Level:
+    """One resolution's tables of every event, each event's a run from ``start``."""
+
+    keys: np.ndarray  #: int32 (S,): y * w + x in the event's image, sorted per event
+    table: np.ndarray | None  #: int32 (S, k*k): neighbour rows of the event, -1 none
+    slots: np.ndarray | None  #: int32 (S,): row in the event's pooled sites, -1 dropped
+    start: np.ndarray  #: int64 (E + 1,)
+    shape: tuple[int, int]
+
+
+@numba.njit(cache=True, nogil=True)
+def _join_level(keys, table, slots, start, out_start, positions, hw, key_out, table_out,
+                slots_out, mirrored, none, dropped):  # pragma: no cover - compiled
+    """One level of a batch from its events' runs: keys moved to their image, rows and
+    slots moved past the sites before them (``none`` / ``dropped`` where there is no
+    neighbour or output), the rows after the sites padding (keys last, neighbours
+    ``none``, slot ``dropped``); ``mirrored`` (length 0: not wanted) as
+    :func:`sparse_torch.mirror` of the whole table."""
+    kk = table_out.shape[1]
+    row = 0
+    orow = 0
+    for j in range(len(positions)):
+        p = positions[j]
+        lo, hi = start[p], start[p + 1]
+        base = j * hw
+        for i in range(lo, hi):
+            at = row + i - lo
+            key_out[at] = base + keys[i]
+            s = slots[i]
+            slots_out[at] = dropped if s < 0 else s + orow
+            for o in range(kk):
+                v = table[i, o]
+                table_out[at, o] = none if v < 0 else v + row
+        row += hi - lo
+        orow += out_start[p + 1] - out_start[p]
+    for at in range(row, len(key_out)):
+        key_out[at] = 9223372036854775807
+        slots_out[at] = dropped
+        for o in range(kk):
+            table_out[at, o] = none
+    if len(mirrored):
+        for at in range(len(key_out)):
+            for o in range(kk):
+                mirrored[at * kk + o] = table_out[at, kk - 1 - o] * kk + o
+
+
+@numba.njit(cache=True, nogil=True)
+def _join_runs(values, start, positions, shift, out):  # pragma: no cover - compiled
+    """``out[:n]`` = the events' runs of ``values`` back to back, each event's ``j *
+    shift`` more (the dense map's keys: ``shift`` = h * w; the input order: 0 and the
+    rows before, given as shift < 0)."""
+    at = 0
+    for j in range(len(positions)):
+        p = positions[j]
+        add = j * shift if shift >= 0 else at
+        for i in range(start[p], start[p + 1]):
+            out[at] = values[i] + add
+            at += 1
+    return at
+
+
+def _warm() -> None:
+    """Both joins compiled for the argument types :meth:`TableCache.join` passes."""
+    i32, i64 = np.zeros(1, np.int32), np.zeros(1, np.int64)
+    bounds = np.array([0, 1], np.int64)
+    _join_level(i32, np.zeros((1, 1), np.int32), i32, bounds, bounds, i64, 1,
+                np.empty(1, np.int64), np.empty((1, 1), np.int32), np.empty(1, np.int64),
+                np.empty(1, np.int32), 1, 1)
+    _join_runs(i32, bounds, i64, 1, np.empty(1, np.int64))
+
+
+class TableCache:
+    """Every event's tables (see the module docstring), made from the loader's
+    :class:`~lartpc.data.loader_base.SparseEvents` by ``build`` (``build_maps`` with
+    the network's shape, kernel and pools bound); :meth:`join` makes a batch's."""
+
+    def __init__(self, pixels, spatial_shape, kernel: int, pools, build) -> None:
+        t0 = time.perf_counter()
+        self.spatial_shape = (int(spatial_shape[0]), int(spatial_shape[1]))
+        self.kernel, self.pools = kernel, tuple(pools)
+        self.events = len(pixels.offsets) - 1
+        shapes = [self.spatial_shape]
+        for size in self.pools:
+            shapes.append(sparse_torch.pooled_shape(shapes[-1], size))
+        self.shapes = shapes
+        parts: list[list[tuple]] = [[] for _ in range(len(self.pools) + 1)]
+        orders = []
+        for first in range(0, self.events, CHUNK):
+            positions = np.arange(first, min(first + CHUNK, self.events))
+            chunk, order = self._chunk(pixels, positions, build)
+            orders.append(order)
+            for level, part in zip(parts, chunk, strict=True):
+                level.append(part)
+        self.order = np.concatenate(orders) if orders else np.zeros(0, np.int32)
+        self.levels = [_stack(level, shape) for level, shape in zip(parts, shapes, strict=True)]
+        _warm()  # compiled (or loaded from numba's cache) here: before a loader's fork
+        self.seconds = time.perf_counter() - t0
+
+    @property
+    def nbytes(self) -> int:
+        arrays = [self.order] + [a for lv in self.levels
+                                 for a in (lv.keys, lv.table, lv.slots, lv.start) if a is not None]
+        return sum(a.nbytes for a in arrays)
+
+    def _chunk(self, pixels, positions: np.ndarray, build):
+        """The tables of the events at ``positions``, built as one batch and split into
+        each event's: per level (keys, table, slots, counts), the last level keys and
+        counts only; and each event's input order."""
+        bidx, row, col, _ = pixels.gather(positions)
+        coords = np.empty((len(row), 3), np.int32)
+        coords[:, 0], coords[:, 1], coords[:, 2] = bidx, row, col
+        n_img = len(positions)
+        pixel_lo = np.searchsorted(bidx, np.arange(n_img + 1))
+        maps = build(torch.from_numpy(coords), n_img) if len(row) else None
+        kk = self.kernel * self.kernel
+        out = []
+        built = [] if maps is None else maps.levels
+        keys_at = [lv.keys.numpy() for lv in built]
+        if maps is not None and len(built) == len(self.pools):
+            keys_at.append(maps.dense_index.numpy())
+        for i, (h, w) in enumerate(self.shapes):
+            keys = keys_at[i] if i < len(keys_at) else np.zeros(0, np.int64)
+            lo = np.searchsorted(keys, np.arange(n_img + 1, dtype=np.int64) * (h * w))
+            image = np.repeat(np.arange(n_img), np.diff(lo))
+            local_keys = (keys - image * (h * w)).astype(np.int32)
+            if i == len(self.pools):
+                out.append((local_keys, None, None, np.diff(lo)))
+                continue
+            if i < len(built):
+                table = built[i].neighbours.numpy()
+                rows = np.where(table == len(keys), -1, table - lo[image][:, None])
+                nxt = keys_at[i + 1] if i + 1 < len(keys_at) else np.zeros(0, np.int64)
+                oh, ow = self.shapes[i + 1]
+                out_lo = np.searchsorted(nxt, np.arange(n_img + 1, dtype=np.int64) * (oh * ow))
+                slots = built[i].slots.numpy()
+                slots = np.where(slots == built[i].n_out, -1, slots - out_lo[image])
+            else:
+                table, slots = np.zeros((0, kk), np.int32), np.zeros(0, np.int64)
+                rows = table
+            out.append((local_keys, rows.astype(np.int32), slots.astype(np.int32), np.diff(lo)))
+        if maps is None:
+            order = np.zeros(0, np.int32)
+        else:
+            first_row = np.repeat(pixel_lo[:-1], np.diff(pixel_lo))
+            order = (maps.order.numpy() - first_row).astype(np.int32)
+        return out, order
+
+    def join(self, positions, coords: torch.Tensor, batch_size: int, training: bool = True,
+             rows: tuple[int, ...] | None = None) -> sparse_torch.SiteMaps | None:
+        """The tables of the batch of the events at ``positions`` whose coordinates are
+        ``coords`` (held by the tables, as ``build_maps`` holds them), padded to
+        ``rows`` where given and the batch fits them; None where ``build_maps`` must
+        make them (no site, or a pool that leaves the batch no site)."""
+        pos = np.ascontiguousarray(positions, dtype=np.int64)
+        counts = [int(np.sum(lv.start[pos + 1] - lv.start[pos])) for lv in self.levels]
+        if counts[0] == 0 or min(counts[1:]) == 0:
+            return None
+        if rows is not None and (len(rows) != len(counts)
+                                 or any(c > r for c, r in zip(counts, rows, strict=True))):
+            rows = None  # as build_maps: unpadded where the batch does not fit
+        caps = counts if rows is None else list(rows)
+        kk = self.kernel * self.kernel
+        levels = []
+        for i, lv in enumerate(self.levels[:-1]):
+            nxt = self.levels[i + 1]
+            keys = np.empty(caps[i], np.int64)
+            table = np.empty((caps[i], kk), np.int32)
+            slots = np.empty(caps[i], np.int64)
+            mirrored = np.empty(caps[i] * kk if i else 0, np.int32)
+            h, w = lv.shape
+            _join_level(lv.keys, lv.table, lv.slots, lv.start, nxt.start, pos, h * w, keys,
+                        table, slots, mirrored, caps[i], caps[i + 1])
+            levels.append(sparse_torch.Level(
+                torch.from_numpy(keys), lv.shape, torch.from_numpy(table),
+                torch.from_numpy(slots), caps[i + 1], torch.from_numpy(mirrored) if i else None))
+        last = self.levels[-1]
+        h, w = last.shape
+        dense = np.full(caps[-1], batch_size * h * w, np.int64)
+        _join_runs(last.keys, last.start, pos, h * w, dense)
+        order = np.full(caps[0], counts[0], np.int64)
+        _join_runs(self.order, self.levels[0].start, pos, -1, order)
+        return sparse_torch.SiteMaps(
+            coords, int(batch_size), self.spatial_shape, torch.from_numpy(order), levels,
+            torch.from_numpy(dense), last.shape, training,
+            None if rows is None else tuple(counts))
+
+
+def _stack(parts: list[tuple], shape: tuple[int, int]) -> _Level:
+    """One level of every chunk's events as one :class:`_Level`."""
+    keys = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int32)
+    counts = np.concatenate([p[3] for p in parts]) if parts else np.zeros(0, np.int64)
+    start = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=start[1:])
+    if not parts or parts[0][1] is None:
+        return _Level(keys, None, None, start, shape)
+    return _Level(keys, np.concatenate([p[1] for p in parts]),
+                  np.concatenate([p[2] for p in parts]), start, shape)
+
+
+class CachedTables:
+    """A table builder for the sparse loader (``data.table_cache``): the loader gives it
+    its events once (:meth:`attach`, at its start) and each batch's positions; the
+    tables are then joined from every event's own (:class:`TableCache`), on the CPU.
+    Called without positions, or before :meth:`attach`, it is ``build``."""
+
+    takes_positions = True  #: the loader passes ``positions=`` and host coordinates
+
+    def __init__(self, build: partial) -> None:
+        self.build = build
+        self.cache: TableCache | None = None
+
+    def attach(self, pixels) -> None:
+        kw = self.build.keywords
+        self.cache = TableCache(pixels, kw["spatial_shape"], kw["kernel"], kw["pools"],
+                                partial(self.build, training=kw.get("training", True)))
+        log.info("table cache: %d events' tables in %.2f s, %.1f MB",
+                 self.cache.events, self.cache.seconds, self.cache.nbytes / 1e6)
+
+    def __call__(self, coords: torch.Tensor, batch_size: int, rows=None, positions=None):
+        maps = None
+        if self.cache is not None and positions is not None and coords.device.type == "cpu":
+            maps = self.cache.join(positions, coords, batch_size,
+                                   self.build.keywords.get("training", True), rows)
+        if maps is None:
+            maps = self.build(coords, batch_size) if rows is None else self.build(
+                coords, batch_size, rows=rows)
+        return maps

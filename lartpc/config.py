@@ -108,7 +108,7 @@ class DataConfig:
     #: SCNet's index tables (model.sparse=torch, built in the loader) made once per event
     #: when the loader starts and joined for each batch in one compiled pass, instead of
     #: built from the coordinates every batch (lartpc/models/table_cache.py: the same
-    #: integers; ~0.3-0.5 MB of memory an event at 3600 x 3600)
+    #: integers; ~0.3 MB of memory an event at 3600 x 3600)
     table_cache: bool = False
 
 

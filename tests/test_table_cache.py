@@ -19,7 +19,7 @@ from lartpc.data.loader_base import SparseEvents
 from lartpc.data.packing import walk
 from lartpc.data.store import Event, EventStore
 from lartpc.errors import ConfigError
-from lartpc.models import sparse_torch
+from lartpc.models import sparse_torch, table_cache
 from lartpc.models.scnet import KERNEL, POOLS
 from lartpc.models.table_cache import CHUNK, CachedTables
 from lartpc.train.graphed import Capacities
@@ -59,19 +59,24 @@ def _cached(events: list[Event], shape) -> tuple[SparseEvents, CachedTables, par
     return pixels, cached, build
 
 
-@pytest.mark.parametrize("store,frame", [
-    ("full_res_events_dir", None),  # 3600 x 3600: every pool divides its image
-    ("train_events_dir", None),  # 400 x 400
-    ("train_events_dir", (430, 430)),  # the same events in a larger frame: pools that
-    # leave rows and columns out (86 -> 17, 17 -> 4), so sites the pools drop
+@pytest.mark.parametrize("store,frame,wide", [
+    ("full_res_events_dir", None, False),  # 3600 x 3600: every pool divides its image
+    ("train_events_dir", None, False),  # 400 x 400
+    ("train_events_dir", None, True),  # the rows stored in int32 (events of 32,767 sites)
+    ("train_events_dir", (430, 430), False),  # the same events in a larger frame: pools
+    # that leave rows and columns out (86 -> 17, 17 -> 4), so sites the pools drop
 ])
-def test_joined_tables_are_those_build_maps_makes(store, frame, request):
+def test_joined_tables_are_those_build_maps_makes(store, frame, wide, request, monkeypatch):
+    if wide:
+        monkeypatch.setattr(table_cache, "SMALL_ROWS", 0)
     events_dir = request.getfixturevalue(store)
     st = EventStore(events_dir)
     shape = frame or tuple(st.geometry.shape)
     events = st.read_many(range(len(st)))
     pixels, cached, build = _cached(events, shape)
     assert cached.cache.events == len(events) and cached.cache.nbytes > 0
+    assert {lv.table.dtype for lv in cached.cache.levels[:-1]} == {
+        np.dtype(np.int32 if wide else np.int16)}
     rng = np.random.default_rng(7)
     for k in range(6):
         positions = rng.choice(len(events), min(7, len(events)), replace=False)

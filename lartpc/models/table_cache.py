@@ -12,8 +12,9 @@ starts, and every batch is then one compiled pass per level over the batch's sit
 
 What it costs: the start (all events' tables made in chunks of :data:`CHUNK` events by
 :func:`~lartpc.models.sparse_torch.build_maps`, timed in the loader's start-up line) and
-memory, ~108 bytes a site (the 5 x 5 neighbour rows in int32 are 100 of them; ~0.5 MB a
-simulated event at 3600 x 3600, logged). The joined tables are those
+memory, ~56 bytes a site (the 5 x 5 neighbour rows, in int16 where every event has
+fewer than 32,767 sites at that level, are 50 of them; ~0.3 MB a simulated event at
+3600 x 3600, logged). The joined tables are those
 :func:`~lartpc.models.sparse_torch.build_maps` makes for the batch, integer for integer,
 unpadded or padded to a CUDA graph's capacities (``tests/test_table_cache.py``); a batch
 that ends its levels early (a pool that leaves no site) or has no site is built by
@@ -21,8 +22,9 @@ that ends its levels early (a pool that leaves no site) or has no site is built 
 
 Stored per level, for all events back to back (numpy, on the CPU): the sites' keys in
 their image (``y * w + x``, int32), the neighbour table in rows of the event (-1: none)
-and each site's pool slot in the event's pooled sites (-1: left out by the pool); per
-event where its run starts. The last pool's sites (the dense map's) as keys only.
+and each site's pool slot in the event's pooled sites (-1: left out by the pool), both
+int16 where they fit; per event where its run starts. The last pool's sites (the dense
+map's) as keys only.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ log = logging.getLogger(__name__)
 
 #: events a chunk of the start-up's building (one ``build_maps`` call each, then split)
 CHUNK = 64
+#: an event's rows are stored in int16 where every event has fewer sites than this at
+#: that level, in int32 otherwise
+SMALL_ROWS = int(np.iinfo(np.int16).max)
 _KEY_PAD = np.iinfo(np.int64).max
 
 
@@ -50,8 +55,8 @@ class _Level:
     """One resolution's tables of every event, each event's a run from ``start``."""
 
     keys: np.ndarray  #: int32 (S,): y * w + x in the event's image, sorted per event
-    table: np.ndarray | None  #: int32 (S, k*k): neighbour rows of the event, -1 none
-    slots: np.ndarray | None  #: int32 (S,): row in the event's pooled sites, -1 dropped
+    table: np.ndarray | None  #: int16/32 (S, k*k): neighbour rows of the event, -1 none
+    slots: np.ndarray | None  #: int16/32 (S,): row in the event's pooled sites, -1 dropped
     start: np.ndarray  #: int64 (E + 1,)
     shape: tuple[int, int]
 
@@ -108,12 +113,14 @@ def _join_runs(values, start, positions, shift, out):  # pragma: no cover - comp
 
 
 def _warm() -> None:
-    """Both joins compiled for the argument types :meth:`TableCache.join` passes."""
+    """Both joins compiled for the argument types :meth:`TableCache.join` passes (the
+    stored rows in int16 or int32)."""
     i32, i64 = np.zeros(1, np.int32), np.zeros(1, np.int64)
     bounds = np.array([0, 1], np.int64)
-    _join_level(i32, np.zeros((1, 1), np.int32), i32, bounds, bounds, i64, 1,
-                np.empty(1, np.int64), np.empty((1, 1), np.int32), np.empty(1, np.int64),
-                np.empty(1, np.int32), 1, 1)
+    for rows in (np.int16, np.int32):
+        _join_level(i32, np.zeros((1, 1), rows), np.zeros(1, rows), bounds, bounds, i64, 1,
+                    np.empty(1, np.int64), np.empty((1, 1), np.int32),
+                    np.empty(1, np.int64), np.empty(1, np.int32), 1, 1)
     _join_runs(i32, bounds, i64, 1, np.empty(1, np.int64))
 
 
@@ -241,8 +248,10 @@ def _stack(parts: list[tuple], shape: tuple[int, int]) -> _Level:
     np.cumsum(counts, out=start[1:])
     if not parts or parts[0][1] is None:
         return _Level(keys, None, None, start, shape)
-    return _Level(keys, np.concatenate([p[1] for p in parts]),
-                  np.concatenate([p[2] for p in parts]), start, shape)
+    # an event's rows in int16 where every event has fewer sites than int16 holds
+    rows = np.int16 if counts.max(initial=0) < SMALL_ROWS else np.int32
+    return _Level(keys, np.concatenate([p[1] for p in parts]).astype(rows, copy=False),
+                  np.concatenate([p[2] for p in parts]).astype(rows, copy=False), start, shape)
 
 
 class CachedTables:

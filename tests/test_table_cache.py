@@ -139,6 +139,50 @@ def test_the_loaders_batches_with_the_cache_are_the_same(train_events_dir):
         assert all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(ta, tb, strict=True))
 
 
+def test_the_cuda_way_packs_the_batch_and_its_tables_into_one_reused_buffer(
+        train_events_dir, monkeypatch):
+    """The loader thread's CUDA way with a cache (``SparseLoader._joined_to_device``) run
+    on the CPU, the device copy and its event stood in: the batch and its joined tables
+    packed into one page-locked buffer, grown when a batch needs more, reused otherwise;
+    what comes back, every tensor a view of the one copy, equals the CPU's batch."""
+    from test_sparse_torch import _pair
+
+    from lartpc.data import loaders
+
+    copies = []
+
+    def to_device(stream, view):
+        copies.append(view.data_ptr())
+        return view.clone()
+
+    class Event:
+        def record(self, stream):
+            pass
+
+    monkeypatch.setattr(loaders, "_to_device", to_device)
+    monkeypatch.setattr(loaders.torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: t.clone())
+    shape = tuple(EventStore(train_events_dir).geometry.shape)
+    _, model = _pair(shape)
+    host = list(_loader(train_events_dir, model.rulebook_builder(training=True)))
+    loader = _loader(train_events_dir, model.rulebook_builder(training=True, cache=True))
+    made = [loader._joined_to_device(b, loader._batches(0)[k])
+            for k, b in enumerate(_loader(train_events_dir, None))]
+    assert len(made) == len(host) > 5
+    # one copy a batch, from the thread's buffer: reused, grown only for larger batches
+    assert len(copies) == len(made) and len(set(copies)) <= 3
+    assert copies[-1] == loader._streams.pinned.data_ptr()
+    for a, item in zip(host, made, strict=True):
+        b = item.batch
+        assert item.packed and b.rulebooks.fits(b.coords, b.data_size, shape, True)
+        got = _tensors((b.labels, b.coords, b.features, b.rulebooks))
+        assert len({t.untyped_storage().data_ptr() for t in got}) == 1
+        want = _tensors((a.labels, a.coords, a.features, a.rulebooks))
+        assert len(want) == len(got) > 10
+        assert all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(want, got,
+                                                                              strict=True))
+
+
 @pytest.mark.parametrize("device", [CUDA])
 def test_on_cuda_a_cached_batch_is_one_copy(train_events_dir, device):
     """On CUDA the loader's thread joins the tables on the CPU and sends the batch and

@@ -121,27 +121,6 @@ class DenseBloscLoader(Loader):
         self._copied[slot] = done
         return _Copied(out, done)
 
-    def _joined_to_device(self, batch: Batch, positions: np.ndarray) -> _Copied:
-        """A batch whose tables the builder joins on the CPU (a table cache): the batch
-        and its tables packed into this thread's page-locked buffer and copied to the
-        device on this thread's stream in one copy, every tensor a view of it (as a
-        loader process's batch)."""
-        tables = self._tables(batch.coords, positions)
-        pinned = getattr(self._streams, "pinned", None)
-        buffer, skeleton = pack((batch.labels, batch.coords, batch.features, tables),
-                                into=pinned)
-        if pinned is None or buffer.data_ptr() != pinned.data_ptr():  # grown: 1.5x
-            pinned = torch.empty(buffer.numel() * 3 // 2, dtype=torch.uint8).pin_memory()
-            self._streams.pinned = pinned
-            buffer = pinned[:buffer.numel()].copy_(buffer)
-        stream = self._stream()
-        copy = _to_device(stream, buffer)  # waited for: the buffer is free again after
-        done = torch.cuda.Event()
-        done.record(stream)
-        labels, coords, features, tables = unpack(copy, skeleton)
-        return _Copied(replace(batch, labels=labels, coords=coords, features=features,
-                               rulebooks=tables), done, packed=True)
-
     def _finish(self, item: Batch | _Copied) -> Batch:
         if not isinstance(item, _Copied):
             return item.to(self.device)
@@ -322,6 +301,27 @@ class SparseLoader(Loader):
             done.record(stream)
         return _Copied(replace(batch, labels=labels, coords=coords, features=features,
                                rulebooks=rulebooks), done)
+
+    def _joined_to_device(self, batch: Batch, positions: np.ndarray) -> _Copied:
+        """A batch whose tables the builder joins on the CPU (a table cache): the batch
+        and its tables packed into this thread's page-locked buffer and copied to the
+        device on this thread's stream in one copy, every tensor a view of it (as a
+        loader process's batch)."""
+        tables = self._tables(batch.coords, positions)
+        pinned = getattr(self._streams, "pinned", None)
+        buffer, skeleton = pack((batch.labels, batch.coords, batch.features, tables),
+                                into=pinned)
+        if pinned is None or buffer.data_ptr() != pinned.data_ptr():  # grown: 1.5x
+            pinned = torch.empty(buffer.numel() * 3 // 2, dtype=torch.uint8).pin_memory()
+            self._streams.pinned = pinned
+            buffer = pinned[:buffer.numel()].copy_(buffer)
+        stream = self._stream()
+        copy = _to_device(stream, buffer)  # waited for: the buffer is free again after
+        done = torch.cuda.Event()
+        done.record(stream)
+        labels, coords, features, tables = unpack(copy, skeleton)
+        return _Copied(replace(batch, labels=labels, coords=coords, features=features,
+                               rulebooks=tables), done, packed=True)
 
     def _finish(self, item: Batch | _Copied) -> Batch:
         if not isinstance(item, _Copied):

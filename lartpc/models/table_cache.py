@@ -47,7 +47,7 @@ CHUNK = 64
 #: an event's rows are stored in int16 where every event has fewer sites than this at
 #: that level, in int32 otherwise
 SMALL_ROWS = int(np.iinfo(np.int16).max)
-_KEY_PAD = np.iinfo(np.int64).max
+_KEY_PAD = int(np.iinfo(np.int64).max)  #: a padding row's key: sorts after every site
 
 
 @dataclass
@@ -87,7 +87,7 @@ def _join_level(keys, table, slots, start, out_start, positions, hw, key_out, ta
         row += hi - lo
         orow += out_start[p + 1] - out_start[p]
     for at in range(row, len(key_out)):
-        key_out[at] = 9223372036854775807
+        key_out[at] = _KEY_PAD
         slots_out[at] = dropped
         for o in range(kk):
             table_out[at, o] = none
@@ -190,9 +190,12 @@ class TableCache:
                 slots = built[i].slots.numpy()
                 slots = np.where(slots == built[i].n_out, -1, slots - out_lo[image])
             else:
-                table, slots = np.zeros((0, kk), np.int32), np.zeros(0, np.int64)
-                rows = table
-            out.append((local_keys, rows.astype(np.int32), slots.astype(np.int32), np.diff(lo)))
+                rows, slots = np.zeros((0, kk), np.int64), np.zeros(0, np.int64)
+            # int16 where this chunk's events fit it (a level of chunks in both types is
+            # int32 once concatenated: numpy's promotion)
+            counts = np.diff(lo)
+            small = np.int16 if counts.max(initial=0) < SMALL_ROWS else np.int32
+            out.append((local_keys, rows.astype(small), slots.astype(small), counts))
         if maps is None:
             order = np.zeros(0, np.int32)
         else:
@@ -248,10 +251,8 @@ def _stack(parts: list[tuple], shape: tuple[int, int]) -> _Level:
     np.cumsum(counts, out=start[1:])
     if not parts or parts[0][1] is None:
         return _Level(keys, None, None, start, shape)
-    # an event's rows in int16 where every event has fewer sites than int16 holds
-    rows = np.int16 if counts.max(initial=0) < SMALL_ROWS else np.int32
-    return _Level(keys, np.concatenate([p[1] for p in parts]).astype(rows, copy=False),
-                  np.concatenate([p[2] for p in parts]).astype(rows, copy=False), start, shape)
+    return _Level(keys, np.concatenate([p[1] for p in parts]),
+                  np.concatenate([p[2] for p in parts]), start, shape)
 
 
 class CachedTables:
@@ -274,11 +275,8 @@ class CachedTables:
                  self.cache.events, self.cache.seconds, self.cache.nbytes / 1e6)
 
     def __call__(self, coords: torch.Tensor, batch_size: int, rows=None, positions=None):
-        maps = None
+        maps = None  # build_maps' where the cache cannot serve
         if self.cache is not None and positions is not None and coords.device.type == "cpu":
             maps = self.cache.join(positions, coords, batch_size,
                                    self.build.keywords.get("training", True), rows)
-        if maps is None:
-            maps = self.build(coords, batch_size) if rows is None else self.build(
-                coords, batch_size, rows=rows)
-        return maps
+        return self.build(coords, batch_size, rows=rows) if maps is None else maps

@@ -84,19 +84,24 @@ def test_the_deadline_stops_the_running_part_and_skips_the_rest(tmp_path):
         assert member is not None and b"stopped at the deadline" in member.read()
 
 
-def test_on_cuda_jishnet_runs_at_the_fastest_kernels_in_both_benches(tmp_path):
-    """``DEVICE=cuda`` (the lease): after the kernel checks, JishNet's stage run gets
-    fastest_kernels' ``flags`` and its graphed training the same choices as
-    ``train_flags``; each runs again with the stem's empty blocks left out, the fused
-    stem asked for whatever the flags say. The script runs from a copy of its tree whose
-    bundle installer does nothing."""
+def _cuda_tree(tmp_path: Path) -> Path:
+    """The script in a copy of its tree whose bundle installer does nothing."""
     tree = tmp_path / "tree"
     (tree / "jobs/local").mkdir(parents=True)
     (tree / "gpu-bundle").mkdir()
     (tree / "gpu-bundle/install.sh").write_text("exit 0\n")
     script = tree / "jobs/local/gpu_issues.sh"
     script.write_text(SCRIPT.read_text())
-    parts, calls, _ = _run(tmp_path, script, DEVICE="cuda",
+    return script
+
+
+def test_on_cuda_jishnet_runs_at_the_fastest_kernels_in_both_benches(tmp_path):
+    """``DEVICE=cuda`` (the lease): after the kernel checks, JishNet's stage run gets
+    fastest_kernels' ``flags`` and its graphed training the same choices as
+    ``train_flags``; each runs again with the stem's empty blocks left out, the fused
+    stem asked for whatever the flags say. The script runs from a copy of its tree whose
+    bundle installer does nothing."""
+    parts, calls, _ = _run(tmp_path, _cuda_tree(tmp_path), DEVICE="cuda",
                            FAKE_FLAGS="--stem fused --stem-kernel 64:4:hoist",
                            FAKE_SETS="--set model.stem=fused --set model.stem_kernel=64:4:hoist")
     names = [p.split(":")[0] for p in parts]
@@ -121,3 +126,17 @@ def test_on_cuda_jishnet_runs_at_the_fastest_kernels_in_both_benches(tmp_path):
     assert train_skip == train.replace("--set model.stem=fused", "--set model.stem=fused "
                                        "--set model.stem=fused") + \
         " --set model.stem_skip_empty=true"
+
+
+def test_on_cuda_without_a_pick_jishnets_stages_run_fused_as_training_would(tmp_path):
+    """When the kernel checks pick nothing (one failed), JishNet's stage run asks for
+    the fused stages that ``model.stem=auto`` and ``model.stage2=auto`` train with on
+    CUDA, not ``bench model``'s library default, which would time the dense network
+    the issue is replacing."""
+    parts, calls, _ = _run(tmp_path, _cuda_tree(tmp_path), DEVICE="cuda")
+    assert "fastest kernels: --stem fused --stage2 fused" in parts
+    stages = next(c for c in calls if "bench model --model jishnet" in c)
+    assert stages.endswith("--stem fused --stage2 fused --stages --repeats 10 --max-batch "
+                           "--cuda-graph")
+    train = next(c for c in calls if "bench train" in c and "--model jishnet" in c)
+    assert "model.stem=" not in train  # the config's auto: fused on CUDA

@@ -346,3 +346,44 @@ def test_spconv_import_prints_no_dependency_warning():
     r = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", code],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_max_batch_search_leaves_cudnn_autotuning_as_the_run_set_it(monkeypatch, fails):
+    """`bench model --max-batch` searches with cuDNN's default algorithms (autotuning
+    each size took minutes), then gives the run's setting back: what the same call
+    measures after it (--cuda-graph) is timed as the run asked, also when the search
+    fails. The GPU's search is stood in; its step runs on a real event."""
+    from lartpc.bench import model as bench_model
+    from lartpc.bench import stages
+
+    seen = []
+
+    def search(step_at, start):
+        seen.append(torch.backends.cudnn.benchmark)
+        step_at(start + 1)  # a size the batch is repeated to
+        if fails:
+            raise RuntimeError("search failed")
+        return start + 1, 1000
+
+    class Props:
+        total_memory = 4096
+
+    monkeypatch.setattr(stages, "max_batch", search)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props())
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    events, shape = events_at(8, 2)
+    batch = batch_from_events(events, shape, "dense")
+    model = build("jishnet", shape)
+
+    def step() -> dict:
+        return bench_model._max_batch(model, batch, build_loss("ce"),
+                                      lambda: torch.autocast("cpu", enabled=False), 2)
+
+    if fails:
+        with pytest.raises(RuntimeError, match="search failed"):
+            step()
+    else:
+        assert step() == {"max_batch": 3, "max_batch_peak_memory_bytes": 1000,
+                          "max_batch_memory_per_image_bytes": 333, "gpu_memory_bytes": 4096}
+    assert seen == [False] and torch.backends.cudnn.benchmark is True

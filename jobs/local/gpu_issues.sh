@@ -142,6 +142,9 @@ if [ "$DEVICE" = cuda ]; then
     }
     read -r -a FASTEST < <(fastest flags)
     read -r -a FASTEST_SETS < <(fastest train_flags)
+    # without a pick (a check failed or did not run), the stages that model.stem=auto
+    # and model.stage2=auto train with on CUDA, not bench model's library default
+    [ "${#FASTEST[@]}" -gt 0 ] || FASTEST=(--stem fused --stage2 fused)
     echo "fastest kernels: ${FASTEST[*]}" | tee -a "$OUT/parts.txt"
     part model-jishnet-stages "$PY" -m lartpc bench model --model jishnet --device cuda \
         --batch-per-rank 7 --elu-after-pool --cudnn-benchmark --amp bf16 --channels-last \

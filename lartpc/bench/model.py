@@ -218,9 +218,14 @@ def _max_batch(model, batch, loss_fn, autocast, start: int) -> dict:
         del dense, labels, logits
 
     # autotuning each size tried (and every size that runs out of memory) took minutes
-    # on an H200; the search runs with cuDNN's default algorithms
+    # on an H200; the search runs with cuDNN's default algorithms, and what is measured
+    # after it (--cuda-graph) with the run's own setting again
+    tuned = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = False
-    largest, peak = max_batch(step_at, start)
+    try:
+        largest, peak = max_batch(step_at, start)
+    finally:
+        torch.backends.cudnn.benchmark = tuned
     return {"max_batch": largest, "max_batch_peak_memory_bytes": int(peak),
             "max_batch_memory_per_image_bytes": int(peak / largest) if largest else None,
             "gpu_memory_bytes": torch.cuda.get_device_properties(0).total_memory}

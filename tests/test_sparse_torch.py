@@ -162,7 +162,12 @@ def test_tables_built_in_the_loaders_thread_give_the_same_result(train_events_di
 
 def test_tables_padded_to_fixed_sizes_give_the_same_result(train_events_dir):
     """Padded to static capacities (what a captured CUDA graph needs): the same logits
-    and gradients; capacities smaller than a level are refused."""
+    and gradients; tables padded again (capacities that grew while a loader thread
+    built them) equal tables padded once, and run eagerly too (a short batch, or steps
+    after a failed capture: before, their input order pointed past the input's rows);
+    capacities smaller than a level are refused."""
+    from test_table_cache import _same_maps
+
     shape = tuple(EventStore(train_events_dir).geometry.shape)
     _, b = _pair(shape)
     for batch in _batches(train_events_dir, n=2):
@@ -170,9 +175,13 @@ def test_tables_padded_to_fixed_sizes_give_the_same_result(train_events_dir):
         have = sparse_torch.sizes(maps)
         padded = sparse_torch.pad_maps(maps, [n + 37 for n in have])
         assert sparse_torch.sizes(padded) == tuple(n + 37 for n in have)
+        again = sparse_torch.pad_maps(sparse_torch.pad_maps(maps, [n + 5 for n in have]),
+                                      [n + 37 for n in have])
+        _same_maps(again, padded)
         args = (batch.coords, batch.features, batch.data_size, batch.labels)
-        _close(_forward_backward(b, *args, maps=padded),
-               _forward_backward(b, *args, maps=maps), rtol=1e-6)
+        unpadded = _forward_backward(b, *args, maps=maps)
+        _close(_forward_backward(b, *args, maps=padded), unpadded, rtol=1e-6)
+        _close(_forward_backward(b, *args, maps=again), unpadded, rtol=1e-6)
         with pytest.raises(ValueError, match="do not hold"):
             sparse_torch.pad_maps(maps, [have[0] - 1, *have[1:]])
 

@@ -550,7 +550,7 @@ def pad_maps(maps: SiteMaps, capacities) -> SiteMaps:
     if len(capacities) != len(have) or any(c < h for c, h in zip(capacities, have,
                                                                    strict=True)):
         raise ValueError(f"capacities {tuple(capacities)} do not hold the sizes {have}")
-    n_in = len(maps.order)
+    n_in = len(maps.indices)  # the input's rows (the order may be padded already)
     levels = []
     for level, rows, out in zip(maps.levels, capacities, capacities[1:], strict=False):
         slots = torch.where(level.slots == level.n_out, out, level.slots)  # dropped

@@ -539,3 +539,28 @@ def test_only_the_loaders_own_buffers_are_marked_reused(train_events_dir):
     assert not mirror(batch, seed, 0).dense_reused
     assert not any(half.dense_reused for half in split_batch(batch))
     assert not _copy(batch, torch.device("cpu")).dense_reused
+
+
+@pytest.mark.sparse
+def test_the_eager_steps_tables_do_not_depend_on_when_the_loader_built_them(
+        world, train_events_dir, tmp_path, monkeypatch):
+    """The loader's threads pad each batch to the capacities as they stood when they
+    built it, which depends on timing; a step the graph leaves to the eager step (an
+    epoch's short last batch) pads to those at the step (``StaticStep.settled``). A
+    training whose loader padded nothing, as if every batch had been built before the
+    capacities grew, is then the same training bit for bit (before, its eager steps
+    summed over other rows and it differed at rounding: a run with loader threads
+    differed from its rerun now and then)."""
+    from test_step_overlap import _same
+
+    from lartpc.train.graphed import Padding
+
+    sets = ("model.sparse=torch", "data.rulebooks=loader", "train.cuda_graph=true")
+    stats: dict = {}
+    padded = _fit(world, train_events_dir, tmp_path / "padded", "tiny-scnet", *sets,
+                  graph_stats=stats)
+    assert stats["eager_steps"] > 0 and stats["steps"] > 0  # both kinds of step taken
+    monkeypatch.setattr(Padding, "__call__",
+                        lambda self, coords, batch_size, **kw: self.builder(
+                            coords, batch_size, **kw))
+    _same(padded, _fit(world, train_events_dir, tmp_path / "late", "tiny-scnet", *sets))

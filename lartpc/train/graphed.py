@@ -247,6 +247,18 @@ class StaticStep:
         self.stats["eager_steps"] += 1
         return None
 
+    def settled(self, batch):
+        """``batch`` for a step the graph leaves to the eager step (a short batch, a
+        noise-scale step): its tables padded to the capacities as they stand now. The
+        loader's threads pad to the capacities as they stood when each batch was built,
+        which depends on timing; the capacities at a step do not (only the step grows
+        them), so the eager step's sums run over the same rows in every run, as the
+        static step's do."""
+        maps = getattr(batch, "rulebooks", None)
+        if self.caps is None or not isinstance(maps, sparse_torch.SiteMaps):
+            return batch
+        return replace(batch, rulebooks=self.caps.pad(maps, grow=False))
+
     def _forward_backward(self) -> None:
         with self.autocast():  # as the eager step (lartpc.train.noise.forward_backward)
             self.logits = self._logits()

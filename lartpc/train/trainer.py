@@ -344,6 +344,8 @@ class Trainer:
         if static is not None:  # the gradients are the graph's buffers
             values = self.graphed.values  # (loss, accuracy), computed in the graph
         else:
+            if self.graphed is not None:
+                batch = self.graphed.settled(batch)
             self.opt.zero_grad()  # Horovod's wrapper takes no arguments
             model = unwrap_model(self.model) if own else self.model
             logits, loss = self.noise.forward_backward(model, self.loss_fn, batch,

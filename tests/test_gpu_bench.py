@@ -93,7 +93,7 @@ def test_quick_cpu_run_measures_every_step(tmp_path):
     assert graphed["cuda_graph"]["steps"] > 1 and graphed["cuda_graph"]["captures"] == 0
     assert {p["loader"] for n in ("blosc", "device-dense") for p in json.loads(
         (out / f"train-jishnet-{n}.json").read_text())["points"]} == {"blosc", "device-dense"}
-    for folder in ("minibatch", "minibatch-torch"):
+    for folder in ("minibatch", "minibatch-torch", "minibatch-torch-graph"):
         assert (out / folder / "minibatch.png").exists()
     summary = (out / "summary.md").read_text()
     assert "skipped: spconv's CPU build" in summary and "failed" not in summary
@@ -111,6 +111,10 @@ def test_quick_cpu_run_measures_every_step(tmp_path):
     scan_torch = [m for m in ms if m["name"] == "minibatch-scnet-torch"]
     assert sorted(m["options"]["train.batch_per_rank"] for m in scan_torch) == [4, 8]
     assert all(m["options"]["model.sparse"] == "torch" for m in scan_torch)
+    scan_graph = [m for m in ms if m["name"] == "minibatch-scnet-torch-graph"]
+    assert sorted(m["options"]["train.batch_per_rank"] for m in scan_graph) == [4, 8]
+    assert all(m["options"]["train.cuda_graph"] == "true" and m["options"]["data.table_cache"]
+               == "true" and m["options"]["data.prefetch_threads"] == "3" for m in scan_graph)
     dense = next(m for m in ms if m["name"] == "train-jishnet-device-dense")
     assert dense["options"]["data.loader"] == "device-dense"
     assert 0 <= dense["data_wait_fraction"] < 1

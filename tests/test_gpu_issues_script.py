@@ -140,3 +140,17 @@ def test_on_cuda_without_a_pick_jishnets_stages_run_fused_as_training_would(tmp_
                            "--cuda-graph")
     train = next(c for c in calls if "bench train" in c and "--model jishnet" in c)
     assert "model.stem=" not in train  # the config's auto: fused on CUDA
+
+
+def test_the_scans_start_with_the_graphed_torch_layers_at_the_minibatches_asked(tmp_path):
+    """``SCAN_TOO=1``: issue 36's scan (the torch layers with the step's graph and the
+    table cache) before spconv's and the torch layers' without the graph, each at
+    ``SCAN_BATCHES``."""
+    parts, calls, _ = _run(tmp_path, _cuda_tree(tmp_path), DEVICE="cuda", SCAN_TOO="1",
+                           SCAN_BATCHES="7,28,112")
+    scans = [c for c in calls if "gpu_bench" in c and "minibatch" in c]
+    assert [c.split("--only ")[1].split()[0] for c in scans] == [
+        "minibatch-scnet-torch-graph", "minibatch-scnet,minibatch-scnet-torch"]
+    assert all(c.endswith("--scan-seeds 0 --scan-seconds 30 --scan-batches 7,28,112")
+               for c in scans)
+    assert parts[-1].startswith("done")

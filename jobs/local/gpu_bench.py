@@ -26,9 +26,12 @@ Runs, each as its own ``lartpc bench`` process, writing its JSON into ``--out``:
 3. ``train-*``: one-GPU trainings through the real loaders (JishNet from Blosc and from
    device-dense, SCNet sparse) with the fastest options: images/s and the share of each
    step spent waiting for data. One plain process each: Horovod need not be built.
-4. ``minibatch-scnet``: SCNet throughput and time-to-loss for minibatch 7 ... 256;
-   ``minibatch-scnet-torch`` the same with SCNet's layers in torch operations
-   (``model.sparse=torch``, tables built in the loader's thread).
+4. ``minibatch-scnet``: SCNet throughput and time-to-loss for minibatch 7 ... 256
+   (``--scan-batches``); ``minibatch-scnet-torch`` the same with SCNet's layers in torch
+   operations (``model.sparse=torch``, tables built in the loader's thread);
+   ``minibatch-scnet-torch-graph`` with those layers as issue 36 trains them fastest:
+   the step one CUDA graph, the tables joined from the table cache, three loader
+   threads.
 
 ``summary.md`` collects the headline numbers and ``results.json`` every measurement as
 one object (``name``, ``model``, ``device_name``, ``images_per_s``, ``options``, and the
@@ -69,9 +72,10 @@ SCNET_VARIANTS = (  # (name, flags, needs CUDA)
     ("torch-graph", ["--sparse", "torch", "--cuda-graph"], True),  # lartpc/bench/graphed.py
 )
 
-#: the minibatch scans (spconv, then SCNet's layers in torch operations): each step's
-#: folder under ``--out``
-SCANS = {"minibatch-scnet": "minibatch", "minibatch-scnet-torch": "minibatch-torch"}
+#: the minibatch scans (spconv, SCNet's layers in torch operations, those with the
+#: step's graph and the table cache): each step's folder under ``--out``
+SCANS = {"minibatch-scnet": "minibatch", "minibatch-scnet-torch": "minibatch-torch",
+         "minibatch-scnet-torch-graph": "minibatch-torch-graph"}
 
 
 def _say(msg: str) -> None:
@@ -146,7 +150,10 @@ def plan(args) -> list[tuple[str, list[str] | None, str]]:
     scan = ["bench", "minibatch", "--model", "scnet", *dev, "--downsample", downsample,
             "--events", str(args.events), "--batch-per-rank", args.batches, "--seeds",
             args.scan_seeds, "--seconds", str(args.scan_seconds), *bound]
-    for (name, folder), options in zip(SCANS.items(), (fast_scnet, torch_scnet), strict=True):
+    graph_scnet = [*torch_scnet, "--set", "train.cuda_graph=true", "--set",
+                   "data.table_cache=true", "--set", "data.prefetch_threads=3"]
+    for (name, folder), options in zip(SCANS.items(), (fast_scnet, torch_scnet, graph_scnet),
+                                       strict=True):
         steps.append((name, [*scan, "--out", str(args.out / folder), *options], ""))
     return steps
 
@@ -265,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scan-seconds", type=float, default=None,
                     help="time limit of each minibatch-scan run (default 90; --quick 600, "
                     "bounded by 2 epochs)")
+    ap.add_argument("--scan-batches", default=None,
+                    help="minibatches of the scans (default 7,14,28,56,112,256; --quick 4,8)")
     ap.add_argument("--scan-seeds", default=None,
                     help="seeds of the minibatch scan (default 0,1; --quick 0)")
     args = ap.parse_args(argv)
@@ -274,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     args.events = 40 if quick else 700
     args.train_seconds = args.train_seconds or (600 if quick else 120)
     args.scan_seconds = args.scan_seconds or (600 if quick else 90)
-    args.batches = "4,8" if quick else "7,14,28,56,112,256"
+    args.batches = args.scan_batches or ("4,8" if quick else "7,14,28,56,112,256")
     args.scan_seeds = args.scan_seeds or ("0" if quick else "0,1")
     if args.list:
         args.out = args.out or Path("OUT")

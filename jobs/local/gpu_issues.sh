@@ -108,9 +108,14 @@ train_graph() {  # train_graph NAME SETTINGS...
 }
 #    Since 2026-11-30 first with the table cache (data.table_cache: every event's tables
 #    made when the loader starts, each batch's joined on the CPU and sent with the batch
-#    in one copy), three loader threads, then without (the cache with one thread in 3b)
+#    in one copy), three loader threads, then the same with Adam as one fused kernel
+#    (the step's thread then makes 9 torch operations a graphed step instead of 33:
+#    what is left of the loop's own cost), then without the cache (the cache with one
+#    thread in 3b)
 train_graph train-scnet-torch-graph-threads-3-table-cache data.prefetch_threads=3 \
     data.table_cache=true
+train_graph train-scnet-torch-graph-threads-3-table-cache-fused-adam \
+    data.prefetch_threads=3 data.table_cache=true train.optimizer_impl=fused
 train_graph train-scnet-torch-graph-threads-3 data.prefetch_threads=3
 # 2. the CUDA tests: both ways of building ahead (equality, no synchronisation), the
 #    batches from loader processes, the tables' kernels, the captured step (equal to the
@@ -171,11 +176,9 @@ if [ "$DEVICE" = cuda ]; then
         --channels-last --stem fused "${FASTEST[@]}" --stem-skip-empty --stages --repeats 10 \
         --cuda-graph
 fi
-# 3b. issue 36 again: the graphed training with Adam as one fused kernel (three loader
-#    threads; since 2026-11-30 with the table cache), with the batches made in 8 loader
-#    processes (tables on their CPUs), and the table cache with one loader thread
-train_graph train-scnet-torch-graph-threads-3-table-cache-fused-adam \
-    data.prefetch_threads=3 data.table_cache=true train.optimizer_impl=fused
+# 3b. issue 36 again: the graphed training with the batches made in 8 loader processes
+#    (tables on their CPUs), and the table cache with one loader thread (Adam as one
+#    fused kernel with the cache: in 1b since 2026-11-30)
 train_graph train-scnet-torch-graph-processes-8 data.loader_processes=8
 train_graph train-scnet-torch-graph-threads-1-table-cache data.prefetch_threads=1 \
     data.table_cache=true

@@ -8,6 +8,8 @@ keyword on a CUDA-only call stop the lease's first training; here they fail a te
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 from test_step_overlap import _fit, _same
@@ -41,20 +43,10 @@ class _Event:
         pass
 
 
-class _Context:
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        return False
-
-
-def _stand_in_cuda(m: pytest.MonkeyPatch) -> dict[str, int]:
-    """CUDA's calls on the loaders' path stood in (``m``); counts of what was taken."""
-    taken = {"streams": 0, "copies": 0, "loaders": 0}
+def stand_in_cuda(m: pytest.MonkeyPatch) -> dict:
+    """CUDA's calls on the loaders' path stood in (``m``): what was taken, counted
+    (``copies``: the address each device copy was made from)."""
+    taken = {"streams": 0, "copies": [], "loaders": 0}
 
     def stream(device):
         taken["streams"] += 1
@@ -62,7 +54,7 @@ def _stand_in_cuda(m: pytest.MonkeyPatch) -> dict[str, int]:
 
     def to_device(stream, view):
         assert isinstance(stream, _Stream), stream
-        taken["copies"] += 1
+        taken["copies"].append(view.data_ptr())
         return view.clone()
 
     real_to = torch.Tensor.to
@@ -86,8 +78,8 @@ def _stand_in_cuda(m: pytest.MonkeyPatch) -> dict[str, int]:
     m.setattr(loaders, "loader_stream", stream)
     m.setattr(torch.cuda, "Event", _Event)
     m.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
-    m.setattr(torch.cuda, "device", _Context)
-    m.setattr(torch.cuda, "stream", _Context)
+    m.setattr(torch.cuda, "device", lambda *args: nullcontext())
+    m.setattr(torch.cuda, "stream", lambda *args: nullcontext())
     m.setattr(torch.Tensor, "pin_memory", lambda t: t.clone())
     m.setattr(torch.Tensor, "to", to)
     m.setattr(trainer_mod, "make_loader", make_loader)
@@ -107,9 +99,9 @@ def test_the_loaders_cuda_branches_train_as_the_cpu_does(world, train_events_dir
                                                          sets):
     plain = _fit(world, train_events_dir, tmp_path / "plain", "tiny-scnet", TORCH, *sets)
     with pytest.MonkeyPatch.context() as m:
-        taken = _stand_in_cuda(m)
+        taken = stand_in_cuda(m)
         cuda = _fit(world, train_events_dir, tmp_path / "cuda", "tiny-scnet", TORCH, *sets)
     assert taken["loaders"] >= 1 and taken["streams"] >= 1
     if "data.prefetch_threads=3" not in sets or "data.table_cache=true" in sets:
-        assert taken["copies"] > 0  # the one-copy way (cache or processes) was taken
+        assert taken["copies"]  # the one-copy way (cache or processes) was taken
     _same(plain, cuda)

@@ -142,30 +142,19 @@ def test_the_loaders_batches_with_the_cache_are_the_same(train_events_dir):
 def test_the_cuda_way_packs_the_batch_and_its_tables_into_one_reused_buffer(
         train_events_dir, monkeypatch):
     """The loader thread's CUDA way with a cache (``SparseLoader._joined_to_device``) run
-    on the CPU, the device copy and its event stood in: the batch and its joined tables
-    packed into one page-locked buffer, grown when a batch needs more, reused otherwise;
-    what comes back, every tensor a view of the one copy, equals the CPU's batch."""
+    on the CPU, the device copy, its stream and event stood in
+    (``test_cuda_branches.stand_in_cuda``): the batch and its joined tables packed into
+    one page-locked buffer, grown when a batch needs more, reused otherwise; what comes
+    back, every tensor a view of the one copy, equals the CPU's batch."""
+    from test_cuda_branches import stand_in_cuda
     from test_sparse_torch import _pair
 
-    from lartpc.data import loaders
-
-    copies = []
-
-    def to_device(stream, view):
-        copies.append(view.data_ptr())
-        return view.clone()
-
-    class Event:
-        def record(self, stream):
-            pass
-
-    monkeypatch.setattr(loaders, "_to_device", to_device)
-    monkeypatch.setattr(loaders.torch.cuda, "Event", Event)
-    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: t.clone())
+    copies = stand_in_cuda(monkeypatch)["copies"]
     shape = tuple(EventStore(train_events_dir).geometry.shape)
     _, model = _pair(shape)
     host = list(_loader(train_events_dir, model.rulebook_builder(training=True)))
     loader = _loader(train_events_dir, model.rulebook_builder(training=True, cache=True))
+    loader.device = torch.device("cuda")  # its thread's stream: the stand-in's
     made = [loader._joined_to_device(b, loader._batches(0)[k])
             for k, b in enumerate(_loader(train_events_dir, None))]
     assert len(made) == len(host) > 5

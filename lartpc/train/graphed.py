@@ -254,10 +254,9 @@ class StaticStep:
         which depends on timing; the capacities at a step do not (only the step grows
         them), so the eager step's sums run over the same rows in every run, as the
         static step's do."""
-        maps = getattr(batch, "rulebooks", None)
-        if self.caps is None or not isinstance(maps, sparse_torch.SiteMaps):
+        if self.caps is None or not isinstance(batch.rulebooks, sparse_torch.SiteMaps):
             return batch
-        return replace(batch, rulebooks=self.caps.pad(maps, grow=False))
+        return replace(batch, rulebooks=self.caps.pad(batch.rulebooks, grow=False))
 
     def _forward_backward(self) -> None:
         with self.autocast():  # as the eager step (lartpc.train.noise.forward_backward)

@@ -15,8 +15,17 @@ likelihood is found with scipy (BFGS on a, b, log sigma, started from least squa
 the exponent's standard error comes from the observed information (a finite-difference
 Hessian of the exact gradient), its 95 % interval from the profile likelihood
 (the values of b where twice the log-likelihood drops by 3.84 after re-maximising a and
-sigma), which stays sound with few runs and asymmetric censoring. With no censored run
-the estimates equal ordinary least squares.
+sigma), which copes with asymmetric censoring better than the standard error does but is
+itself asymptotic: with 8 runs and moderate censoring it covered ~92 % in simulation. The
+fitted law's band uses z = 1.96 (asymptotic) for the same reason. With no censored run
+the estimates equal ordinary least squares (the standard error is the maximum-likelihood
+one, sqrt((n-2)/n) of least squares').
+
+The fit needs three runs that reached the threshold, at two GPU counts or more: with
+fewer the spread sigma is not estimable (with two such runs the likelihood grows without
+bound as the line passes through both and sigma goes to zero) or the exponent is not
+bounded (one GPU count). It then gives no exponent, and the caller falls back to the
+least-squares fit of the runs that reached it, saying so.
 """
 
 from __future__ import annotations
@@ -118,15 +127,27 @@ def fit_censored_power_law(n, y, censored, quantity: str = "TTL") -> PowerLawFit
     levels = np.unique(n)
     out = PowerLawFit(quantity=quantity, n_points=int(len(y)),
                       gpu_counts=[int(v) for v in levels])
-    n_obs = int((~cens).sum())
-    if len(levels) < 2 or n_obs < 2 or len(np.unique(n[~cens])) < 1:
-        out.notes.append(f"{quantity} (censored fit): needs two GPU counts and two runs "
-                         f"that reached the threshold; have {len(levels)} and {n_obs}")
+    n_obs, obs_levels = int((~cens).sum()), len(np.unique(n[~cens]))
+    if n_obs < 3 or obs_levels < 2:
+        out.notes.append(f"{quantity} (censored fit): needs three runs that reached the "
+                         f"threshold, at two GPU counts or more; have {n_obs} at "
+                         f"{obs_levels}")
         return out
     x, ly = np.log(n), np.log(y)
     b0, a0 = np.polyfit(x, ly, 1)
     s0 = max(float(np.std(ly - a0 - b0 * x)), 1e-3)
-    theta, nll = _maximise(x, ly, cens, np.array([a0, b0, math.log(s0)]))
+    try:
+        with np.errstate(over="raise", invalid="raise"):
+            theta, nll = _maximise(x, ly, cens, np.array([a0, b0, math.log(s0)]))
+    except (OverflowError, FloatingPointError) as e:
+        out.notes.append(f"{quantity} (censored fit): the likelihood's maximum was not "
+                         f"found ({type(e).__name__}: {e})")
+        return out
+    if not np.all(np.isfinite(theta)) or theta[2] < math.log(1e-6):
+        out.notes.append(f"{quantity} (censored fit): the runs that reached the threshold "
+                         "lie on one line and no censored run says otherwise (sigma -> 0): "
+                         "no fit")
+        return out
     out.prefactor, out.exponent = float(math.exp(theta[0])), float(theta[1])
     out.residuals = [float(r) for r in ly - theta[0] - theta[1] * x]
     try:
@@ -137,7 +158,11 @@ def fit_censored_power_law(n, y, censored, quantity: str = "TTL") -> PowerLawFit
     out.exponent_err = se
     if se is not None:
         out.cov_log_a_b = cov[:2, :2].tolist()
-    out.exponent_ci95 = _profile_ci(x, ly, cens, theta, nll, se)
+    try:
+        out.exponent_ci95 = _profile_ci(x, ly, cens, theta, nll, se)
+    except (OverflowError, FloatingPointError, ValueError):  # lost far out on one side
+        out.exponent_ci95 = None
+    out.ci_method = None if out.exponent_ci95 is None else "profile likelihood"
     n_cens = int(cens.sum())
     out.notes.append(f"{quantity}: censored (Tobit) fit of log {quantity} on log N over "
                      f"{len(y)} runs, {n_cens} censored; sigma = {math.exp(theta[2]):.3f}; "

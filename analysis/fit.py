@@ -5,9 +5,15 @@
   threshold) is fitted by maximum likelihood with those runs as lower bounds
   (:mod:`lartpc.analysis.censored`); the least-squares fit over the uncensored runs alone is
   kept beside it for comparison. The exponent's standard error comes from the covariance
-  s^2 (X'X)^-1 with s^2 = RSS / (n - 2); with only two points there is none.
-- With repeated runs at some N, a bootstrap resamples runs *within each N* (so every N keeps
-  its number of runs) and refits; the 95 % interval is the 2.5/97.5 percentiles.
+  s^2 (X'X)^-1 with s^2 = RSS / (n - 2); with only two points there is none. The
+  exponent's 95 % interval is b +/- t(0.975, n - 2) se(b), and the fitted law's band
+  uses the same t quantile (exact for normal scatter in log y; with 4 runs z = 1.96
+  would give a band covering ~82 % instead of 95 %).
+- With repeated runs at some N, a bootstrap also resamples runs *within each N* (so every N
+  keeps its number of runs) and refits; its 2.5/97.5 percentiles are kept beside the t
+  interval (``exponent_ci95_bootstrap``), not in its place: with 2-3 runs per N the
+  percentile bootstrap covers only ~70-85 % (simulated), as it cannot see the spread that
+  a few runs do not show.
 - Breakdown check: a quadratic term c2 (log N)^2 is added; a warning is raised when it is
   significant at 2 sigma (|c2| > 2 se(c2)), i.e. the log-log residuals curve. It needs at
   least 3 GPU counts and 4 points (one degree of freedom left).
@@ -24,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 from lartpc.analysis.metrics import RunMetrics
+from scipy import special  # not scipy.stats: stats probes sys.modules for torch on import
 
 N_BOOT = 2000
 
@@ -46,24 +53,45 @@ class PowerLawFit:
     warnings: list[str] = field(default_factory=list)
     #: covariance of (log a, b), for the fitted law's confidence band (None: no errors)
     cov_log_a_b: list[list[float]] | None = None
+    #: how ``exponent_ci95`` was made: "t" (least squares), "profile likelihood" (the
+    #: censored fit) or None (no interval)
+    ci_method: str | None = None
+    #: residual degrees of freedom of a least-squares fit: the band's t quantile (None:
+    #: the censored fit's asymptotic normal one)
+    dof: int | None = None
+    #: the bootstrap's percentile interval, where some N has repeated runs (a check)
+    exponent_ci95_bootstrap: tuple[float, float] | None = None
 
     def predict(self, n: np.ndarray) -> np.ndarray:
         """a * N^b for the fitted a, b."""
         return self.prefactor * np.asarray(n, dtype=float) ** self.exponent
 
-    def band(self, n: np.ndarray, z: float = 1.96) -> tuple[np.ndarray, np.ndarray] | None:
-        """Lower and upper edge of the fitted law's confidence band (z standard errors of
-        log a + b log N, from :attr:`cov_log_a_b`), or None without a covariance."""
+    def band(self, n: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Lower and upper edge of the fitted law's 95 % confidence band (log a + b log N
+        +/- q standard errors from :attr:`cov_log_a_b`, q = :meth:`quantile`), or None
+        without a covariance."""
         if self.cov_log_a_b is None or self.exponent is None:
             return None
+        z = self.quantile()
         x = np.log(np.asarray(n, dtype=float))
         c = np.asarray(self.cov_log_a_b)
         sd = np.sqrt(np.maximum(c[0, 0] + 2 * x * c[0, 1] + x * x * c[1, 1], 0.0))
         mid = self.predict(n)
         return mid * np.exp(-z * sd), mid * np.exp(z * sd)
 
+    def quantile(self) -> float:
+        """The two-sided 95 % quantile for this fit's standard errors: Student's t
+        with :attr:`dof` degrees of freedom, or the normal 1.96 for a maximum-likelihood
+        fit (asymptotic)."""
+        return t_quantile(self.dof)
+
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def t_quantile(dof: int | None, p: float = 0.975) -> float:
+    """Student's t quantile with ``dof`` degrees of freedom (None: the normal one)."""
+    return float(special.ndtri(p) if dof is None else special.stdtrit(dof, p))
 
 
 def _ols(x: np.ndarray, y: np.ndarray, degree: int = 1) -> tuple[np.ndarray, np.ndarray | None]:
@@ -88,7 +116,7 @@ def fit_power_law(n: list[float] | np.ndarray, y: list[float] | np.ndarray, quan
     quantity : str
         Name used in notes ("TTL", "epoch rate").
     n_boot : int
-        Bootstrap resamples when some N has repeated runs.
+        Bootstrap resamples when some N has repeated runs (0: none).
     seed : int
         Seed of the bootstrap generator, so reports are reproducible.
     """
@@ -116,15 +144,18 @@ def fit_power_law(n: list[float] | np.ndarray, y: list[float] | np.ndarray, quan
     else:
         out.exponent_err = float(math.sqrt(max(cov[1, 1], 0.0)))
         out.cov_log_a_b = cov.tolist()
+        out.dof = len(y) - 2
+        half = out.quantile() * out.exponent_err
+        out.exponent_ci95, out.ci_method = (out.exponent - half, out.exponent + half), "t"
     groups = [np.flatnonzero(n == v) for v in levels]
-    if any(len(g) > 1 for g in groups):
+    if n_boot > 0 and any(len(g) > 1 for g in groups):
         rng = np.random.default_rng(seed)
         boots = np.empty(n_boot)
         for i in range(n_boot):
             idx = np.concatenate([rng.choice(g, size=len(g)) for g in groups])
             boots[i] = np.polyfit(x[idx], ly[idx], 1)[0]
         lo, hi = np.percentile(boots, [2.5, 97.5])
-        out.exponent_ci95 = (float(lo), float(hi))
+        out.exponent_ci95_bootstrap = (float(lo), float(hi))
         single = sum(len(g) == 1 for g in groups)
         if single:
             out.notes.append(f"{quantity}: bootstrap CI resamples runs within each N; "
@@ -199,12 +230,18 @@ def summarize_model(rows: list[RunMetrics], seed: int = 0) -> dict:
     dropped = fit_power_law([r.world_size for r in ok], [r.ttl_s for r in ok], "TTL",
                             seed=seed)
     bounded = [r for r in rows if not r.ttl_censored or r.ttl_lower_bound_s]
-    ttl = dropped
+    ttl, fallback = dropped, None
     if len(bounded) > len(ok):  # censored runs with a lower bound: they enter the fit
         ttl = fit_censored_power_law([r.world_size for r in bounded],
                                      [r.ttl_lower_bound_s if r.ttl_censored else r.ttl_s
                                       for r in bounded],
                                      [r.ttl_censored for r in bounded], "TTL")
+        if ttl.exponent is None and dropped.exponent is not None:
+            fallback = (f"TTL: the censored fit was not possible ({ttl.notes[-1]}); the "
+                        "exponent is the least-squares fit of the runs that reached the "
+                        "threshold alone, biased toward the fast runs: run longer")
+            dropped.notes[:0] = ttl.notes
+            ttl = dropped
     rated = [r for r in rows if r.epoch_rate_per_min is not None]
     rate = fit_power_law([r.world_size for r in rated],
                          [r.epoch_rate_per_min for r in rated], "epoch rate", seed=seed)
@@ -213,13 +250,15 @@ def summarize_model(rows: list[RunMetrics], seed: int = 0) -> dict:
     if n_cens:
         names = ", ".join(f"{r.name} (N={r.world_size}, > {r.ttl_lower_bound_s or 0:.0f} s)"
                           for r in rows if r.ttl_censored)
-        used = len(bounded) - len(ok)
+        used = len(bounded) - len(ok) if fallback is None else 0
         notes.append(f"{n_cens} censored run(s) never reached the threshold: {names}; "
-                     f"{used} enter the TTL fit as lower bounds (censored fit)"
-                     + (f", {n_cens - used} without a wall time are left out"
-                        if used < n_cens else "")
+                     + (f"{used} enter the TTL fit as lower bounds (censored fit)"
+                        + (f", {n_cens - used} without a wall time are left out"
+                           if used < n_cens else "")
+                        if used else "none enters the TTL fit")
                      + ("; with them dropped the exponent would be "
                         + _exp_text(dropped) if ttl is not dropped else ""))
+    warnings = [fallback] if fallback else []
     if len(rated) < len(rows):
         notes.append(f"{len(rows) - len(rated)} run(s) logged fewer than 2 steps: no epoch "
                      "rate")
@@ -229,12 +268,15 @@ def summarize_model(rows: list[RunMetrics], seed: int = 0) -> dict:
         "n_runs": len(rows), "n_censored": n_cens, "gpu_counts": sorted({r.world_size
                                                                          for r in rows}),
         "ttl_exponent": ttl.exponent, "ttl_exponent_err": ttl.exponent_err,
-        "ttl_exponent_ci95": ttl.exponent_ci95, "ttl_prefactor_s": ttl.prefactor,
+        "ttl_exponent_ci95": ttl.exponent_ci95, "ttl_ci_method": ttl.ci_method,
+        "ttl_prefactor_s": ttl.prefactor,
         "epoch_rate_exponent": rate.exponent, "epoch_rate_exponent_err": rate.exponent_err,
         "epoch_rate_exponent_ci95": rate.exponent_ci95,
+        "epoch_rate_ci_method": rate.ci_method,
         "epoch_rate_prefactor_per_min": rate.prefactor,
         "baseline_gpus": table[0]["gpus"] if table else None,
-        "scaling": table, "notes": notes, "warnings": ttl.warnings + rate.warnings,
+        "scaling": table, "notes": notes,
+        "warnings": warnings + ttl.warnings + rate.warnings,
         "ttl_fit": ttl.to_dict(), "epoch_rate_fit": rate.to_dict(),
         "ttl_fit_method": "censored" if ttl is not dropped else "least squares",
         # the fit over the runs that reached the threshold only, for comparison

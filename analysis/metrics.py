@@ -226,7 +226,10 @@ def run_metrics(run: Run, threshold: float = 1.2, smooth: int | None = None,
             ttl_wall = float(wall[below[0]])
         else:
             last = np.flatnonzero(within)
-            bound = float(on_clock[last[-1] if last.size else -1])
+            # no step within a budget shorter than the first step: the clock where the
+            # budget ran out, inside that step (which ends at on_clock[0])
+            bound = float(on_clock[last[-1]]) if last.size else max(
+                0.0, float(on_clock[0] - trained[0] + budget))
             if not within.all() and (sm < threshold).any():
                 notes.append(f"{run.name}: below the threshold only after its budget of "
                              f"{budget:g} s: censored at the budget")

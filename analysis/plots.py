@@ -93,10 +93,13 @@ def loss_curves(runs: list[Run], rows: list[RunMetrics], ttl_fit: PowerLawFit, m
         ax.plot(t, steps["global_loss"].to_numpy(), color=c, alpha=0.12, lw=0.5)
         label = None if run.world_size in labelled else _gpus(run.world_size)
         labelled.add(run.world_size)
-        ax.plot(t, smoothed_loss(steps, m.smooth_window or 1).to_numpy(), color=c, lw=1.8,
-                label=label)
-        if m.ttl_s is not None:
-            ax.plot(m.ttl_s / scale, threshold, "o", color=c, ms=6, mec="k", mew=0.6)
+        smooth = smoothed_loss(steps, m.smooth_window or 1).to_numpy()
+        ax.plot(t, smooth, color=c, lw=1.8, label=label)
+        crossed = np.flatnonzero(smooth < threshold)
+        if m.ttl_s is not None and crossed.size:
+            # where the curve crosses, on this plot's clock (time since the job's start,
+            # queue waits included), not ttl_s's (the training clock by default)
+            ax.plot(t[crossed[0]], threshold, "o", color=c, ms=6, mec="k", mew=0.6)
     ax.axhline(threshold, color="crimson", ls="--", lw=1,
                label=f"threshold {threshold:g}")
     ax.set_xlabel(f"wall time since job start ({unit}; data loading included)")

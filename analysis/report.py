@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import html
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -63,11 +64,27 @@ def _num(v: float | None, fmt: str = "{:.3g}") -> str:
     return "–" if v is None or not np.isfinite(v) else fmt.format(v)
 
 
-def _exp(v: float | None, err: float | None, ci) -> str:
+def _exp(v: float | None, err: float | None, ci, method: str | None = None) -> str:
     if v is None:
         return "no fit"
     s = f"{v:+.2f}" + (f" ± {err:.2f}" if err is not None else "")
-    return s + (f" (95% CI {ci[0]:+.2f} … {ci[1]:+.2f})" if ci else "")
+    how = f", {method}" if method else ""
+    return s + (f" (95% CI{how} {ci[0]:+.2f} … {ci[1]:+.2f})" if ci else "")
+
+
+def _accuracy_at(runs: list, n: int) -> str:
+    """The validation accuracy of the runs at ``n`` GPUs: one run's with its binomial
+    SE; several runs' mean with the standard error of that mean from their spread
+    (seeds and evaluation sampling together), the runs' own binomial SE beside it."""
+    accs = [100 * r.accuracy for r in runs if r.accuracy is not None]
+    ses = [100 * r.accuracy_se for r in runs if r.accuracy is not None]
+    if not accs:
+        return "–"
+    if len(accs) == 1:
+        return f"{accs[0]:.1f} % ± {ses[0]:.1f} % (binomial SE, N={n})"
+    sem = float(np.std(accs, ddof=1)) / math.sqrt(len(accs))
+    return (f"{np.mean(accs):.1f} % ± {sem:.1f} % (mean of {len(accs)} runs ± its SE "
+            f"from their spread; binomial SE of one run {np.mean(ses):.1f} %, N={n})")
 
 
 def _table(head: list[str], rows: list[list[str]], left: int = 1) -> str:
@@ -97,25 +114,25 @@ def _model_section(a: Analysis, model: str, s: dict, figs: list[Path]) -> str:
     rate = np.mean([r.epoch_rate_per_min for r in at_max if r.epoch_rate_per_min] or [np.nan])
     ips = np.mean([r.images_per_s_per_gpu for r in at_max if r.images_per_s_per_gpu]
                   or [np.nan])
-    accs = [r for r in at_max if r.accuracy is not None]
-    acc = (f"{100 * np.mean([r.accuracy for r in accs]):.1f} % ± "
-           f"{100 * np.mean([r.accuracy_se for r in accs]):.1f} % (binomial SE, N={nmax})"
-           if accs else "–")
+    acc = _accuracy_at(at_max, nmax)
     prate = ", ".join(f"{v} at {k} GPUs" for k, v in p.get("epoch_rate_per_min", {}).items())
     comp = _table(["quantity", "this study", "paper"], [
         ["GPU counts", str(s["gpu_counts"]), str(p.get("gpu_counts", "–"))],
         [f"TTL({a.threshold:g}) exponent b", _exp(s["ttl_exponent"], s["ttl_exponent_err"],
-                                                  s["ttl_exponent_ci95"]),
+                                                  s["ttl_exponent_ci95"],
+                                                  s.get("ttl_ci_method")),
          _num(p.get("ttl_exponent"), "{:+.1f}") + (f" (threshold {TTL_THRESHOLD})" if p
                                                    else "")],
         *([["TTL exponent, censored runs dropped",
              _exp(s["ttl_fit_uncensored_only"]["exponent"],
                   s["ttl_fit_uncensored_only"]["exponent_err"],
-                  s["ttl_fit_uncensored_only"]["exponent_ci95"]), "–"]]
+                  s["ttl_fit_uncensored_only"]["exponent_ci95"],
+                  s["ttl_fit_uncensored_only"].get("ci_method")), "–"]]
           if s.get("ttl_fit_method") == "censored" else []),
         ["epoch-rate exponent b", _exp(s["epoch_rate_exponent"],
                                        s["epoch_rate_exponent_err"],
-                                       s["epoch_rate_exponent_ci95"]),
+                                       s["epoch_rate_exponent_ci95"],
+                                       s.get("epoch_rate_ci_method")),
          _num(p.get("epoch_rate_exponent"), "{:+.1f}")],
         ["epochs/min", f"{_num(rate)} at {nmax} GPUs", prate or "–"],
         ["images/s per GPU", f"{_num(ips)} at {nmax} GPUs",

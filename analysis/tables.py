@@ -21,15 +21,20 @@ DEFINITIONS = {
            "data loading included; waits in the queue between job segments of a resumed "
            "run (a segment's end_time to the next start_time) excluded (queue_wait_s); "
            "runs that never get there are censored (ttl_lower_bound_s = own wall time to "
-           "the last step) and excluded from the TTL fit",
+           "the last step) and enter the TTL fit as lower bounds (censored fit)",
     "clock": "--clock train (default): TTL, its bound and the epoch rate count DLT and then "
              "the steps' own time (data_s + compute_s + comm_s), not evaluation, "
              "checkpoints or restarts; --clock wall: the own wall time as described under "
              "ttl; ttl_wall_s is always the wall-clock TTL. With run.json's budget_s, a run "
              "below the threshold only after its budget is censored at the budget",
     "smooth_window": f"--smooth STEPS, or min({DEFAULT_SMOOTH_MAX}, steps // 10) per run",
-    "fit": "least squares of log y on log N over all runs; exponent_err from the "
-           "covariance; ci95 from a bootstrap resampling runs within each N",
+    "fit": "least squares of log y on log N over all runs (TTL with censored runs: a "
+           "censored normal fit of log TTL, maximum likelihood, the censored runs as "
+           "lower bounds); exponent_err from the covariance (the censored fit's: the "
+           "observed information); ci95 = exponent +/- t(0.975, n-2) exponent_err (the "
+           "censored fit's: profile likelihood), ci_method says which; "
+           "exponent_ci95_bootstrap (in ttl_fit / epoch_rate_fit) resamples runs within "
+           "each N, a check that covers less than 95 % with 2-3 runs per N",
     "breakdown_warning": "quadratic term in log N significant at 2 sigma",
     "scaling": "relative to the smallest N (baseline_gpus): p = N/N0, speedup = "
                "rate(N)/rate(N0), efficiency = speedup/p, Karp-Flatt = "
@@ -100,12 +105,13 @@ def _f(v: float | None, fmt: str = "{:.3g}") -> str:
     return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else fmt.format(v)
 
 
-def _exp(value: float | None, err: float | None, ci: tuple | list | None) -> str:
+def _exp(value: float | None, err: float | None, ci: tuple | list | None,
+         method: str | None = None) -> str:
     if value is None:
         return "no fit"
     s = f"{value:+.3f}" + (f" ± {err:.3f}" if err is not None else " (no error)")
     if ci:
-        s += f"  [95% bootstrap {ci[0]:+.3f}, {ci[1]:+.3f}]"
+        s += f"  [95% {method or 'interval'} {ci[0]:+.3f}, {ci[1]:+.3f}]"
     return s
 
 
@@ -115,7 +121,7 @@ def _dropped_line(s: dict) -> list[str]:
         return []
     d = s["ttl_fit_uncensored_only"]
     return ["  censored runs dropped: " + _exp(d["exponent"], d["exponent_err"],
-                                                d["exponent_ci95"])
+                                                d["exponent_ci95"], d.get("ci_method"))
             + f" ({d['n_points']} runs; biased toward the fast runs)"]
 
 
@@ -152,12 +158,13 @@ def to_text(a: Analysis) -> str:
         out += ["", f"== {model}: {s['n_runs']} runs, N = {s['gpu_counts']}, "
                     f"{s['n_censored']} censored",
                 "TTL exponent:        " + _exp(s["ttl_exponent"], s["ttl_exponent_err"],
-                                               s["ttl_exponent_ci95"])
+                                               s["ttl_exponent_ci95"], s.get("ttl_ci_method"))
                 + (" (censored fit)" if s.get("ttl_fit_method") == "censored" else ""),
                 *_dropped_line(s),
                 "epoch-rate exponent: " + _exp(s["epoch_rate_exponent"],
                                                s["epoch_rate_exponent_err"],
-                                               s["epoch_rate_exponent_ci95"]),
+                                               s["epoch_rate_exponent_ci95"],
+                                               s.get("epoch_rate_ci_method")),
                 f"scaling relative to N0 = {s['baseline_gpus']} GPUs:",
                 f"  {'N':>5} {'runs':>4} {'ep/min':>8} {'speedup':>8} {'eff':>6} "
                 f"{'K-F e':>7} {'TTL s':>9} {'TTL spdup':>9} {'cens':>4}"]

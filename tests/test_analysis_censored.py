@@ -64,7 +64,37 @@ def test_all_runs_of_a_count_censored_is_still_bounded():
 
 def test_too_few_uncensored_runs_are_said_plainly():
     f = fit_censored_power_law([1, 2, 4], [100.0, 60.0, 40.0], [True, True, False])
-    assert f.exponent is None and "two runs that reached the threshold" in f.notes[0]
+    assert f.exponent is None and "three runs that reached the threshold" in f.notes[0]
+
+
+@pytest.mark.parametrize("n, y, cens", [
+    # two runs reached it, at two counts: the line through them has sigma -> 0 (this
+    # overflowed in the profile interval before)
+    ([8, 16, 4], [100.0, 55.0, 120.0], [False, False, True]),
+    # three, but all at one count: the exponent is not bounded (this gave -0.77 +/- 52753)
+    ([64, 64, 64, 8, 16, 32], [30.0, 33.0, 31.0, 200.0, 150.0, 90.0],
+     [False, False, False, True, True, True]),
+])
+def test_a_fit_the_runs_cannot_carry_gives_no_exponent(n, y, cens):
+    f = fit_censored_power_law(n, y, cens)
+    assert f.exponent is None and f.exponent_err is None and f.exponent_ci95 is None
+    assert "needs three runs that reached the threshold, at two GPU counts" in f.notes[0]
+
+
+def test_two_runs_on_one_line_fall_back_to_least_squares_with_a_warning(tmp_path):
+    """Three GPU counts, one run each, the smallest censored: the summary says the
+    censored fit was not possible and gives the two runs' line, without an error it
+    does not have (it printed -0.607 +/- 0.000 [-0.607, -0.607] before)."""
+    write_synthetic_study(tmp_path, model="scnet", gpus=[4, 8, 16], seeds=1, rate_c=0.5,
+                          rate_b=0.9, ttl_a=20000.0, ttl_b=TRUE_B, dlt_a=10.0,
+                          time_limit_s=6000.0, noise=0.0, seed=5, train_events=700)
+    rows = [run_metrics(r, smooth=5) for r in load_runs([tmp_path])]
+    s = summarize(rows)["scnet"]
+    assert s["n_censored"] == 1 and s["ttl_fit_method"] == "least squares"
+    assert s["ttl_exponent"] is not None and s["ttl_exponent_err"] is None
+    assert s["ttl_exponent_ci95"] is None
+    assert any("censored fit was not possible" in w for w in s["warnings"])
+    assert any("none enters the TTL fit" in note for note in s["notes"])
 
 
 def test_fit_on_synthetic_run_folders(tmp_path):

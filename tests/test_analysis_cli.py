@@ -143,12 +143,17 @@ def test_report_is_self_contained(runs_root, tmp_path):
         # the fit recovers the injected exponent, and the report shows it beside the paper's
         b, err = s["ttl_exponent"], s["ttl_exponent_err"]
         assert abs(b - truth) < 2 * err < 0.3, (model, b, err)
+        lo, hi = s["ttl_exponent_ci95"]  # b +/- t(0.975, n - 2) err
+        assert s["ttl_ci_method"] == "t" and lo < b < hi
         assert (f'<td class="l">TTL(1.2) exponent b</td><td class="">{b:+.2f} ± {err:.2f}'
-                f'</td><td class="">{truth:+.1f} (threshold 1.2)</td>') in sec
+                f' (95% CI, t {lo:+.2f} … {hi:+.2f})</td>'
+                f'<td class="">{truth:+.1f} (threshold 1.2)</td>') in sec
         rate, rerr = s["epoch_rate_exponent"], s["epoch_rate_exponent_err"]
+        lo, hi = s["epoch_rate_exponent_ci95"]
         assert abs(rate - 0.9) < 2 * rerr, (model, rate, rerr)
         assert (f'<td class="l">epoch-rate exponent b</td><td class="">{rate:+.2f} ± '
-                f'{rerr:.2f}</td><td class="">+0.9</td>') in sec
+                f'{rerr:.2f} (95% CI, t {lo:+.2f} … {hi:+.2f})</td><td class="">+0.9</td>'
+                ) in sec
 
 
 def test_curves_and_confusion_files(runs_root, tmp_path, capsys):

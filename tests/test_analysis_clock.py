@@ -73,3 +73,38 @@ def test_run_folder_without_durations_uses_the_wall_clock(tmp_path):
     assert m.clock == "wall" and m.ttl_s == pytest.approx(2000, rel=0.1)
     assert m.budget_s is None and m.eval_time_s is None
     assert any("step durations missing" in n for n in m.notes)
+
+
+def test_a_budget_shorter_than_the_first_step_bounds_the_ttl_by_itself(tmp_path):
+    """No step fits the budget: the run is censored where the budget ran out, inside
+    its first step, not at its last step (far past the budget, as before)."""
+    run = _run(tmp_path, budget_s=0.01)
+    d = primary_steps(run)[["data_s", "compute_s", "comm_s"]].to_numpy().sum(axis=1)
+    assert d[0] > 0.01
+    m = run_metrics(run)
+    assert m.ttl_censored and m.ttl_lower_bound_s == pytest.approx(m.dlt_s - d[0] + 0.01)
+
+
+def test_the_loss_plots_ttl_marker_sits_where_its_curve_crosses(tmp_path, monkeypatch):
+    """The curves are drawn on the time since the job's start; the TTL marker with them,
+    not at ttl_s (the training clock, here 25 % shorter)."""
+    from lartpc.analysis import plots
+    from lartpc.analysis.fit import PowerLawFit
+
+    run = _run(tmp_path, eval_share=0.25)
+    m = run_metrics(run)
+    assert m.ttl_s < 0.85 * m.ttl_wall_s
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, out: figures.append(fig) or out)
+    plots.loss_curves([run], [m], PowerLawFit("TTL", 1, [2]), "jishnet", 1.2,
+                      tmp_path / "loss.png")
+    (fig,) = figures
+    markers = [line for ax in fig.axes for line in ax.get_lines()
+               if line.get_marker() == "o" and len(line.get_xdata()) == 1]
+    assert len(markers) == 1
+    x_min = markers[0].get_xdata()[0]
+    steps = primary_steps(run)
+    step_min = np.diff(steps["time"].to_numpy()).mean() / 60
+    # no requeue: the crossing on the job's time is the wall-clock TTL
+    assert x_min == pytest.approx(m.ttl_wall_s / 60, abs=step_min)
+    assert abs(x_min - m.ttl_s / 60) > 100 * step_min

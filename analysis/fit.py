@@ -18,9 +18,10 @@
   significant at 2 sigma (|c2| > 2 se(c2)), i.e. the log-log residuals curve. It needs at
   least 3 GPU counts and 4 points (one degree of freedom left).
 - Speedup, efficiency and the Karp-Flatt serial fraction are relative to the smallest N in
-  the data (N0): p = N / N0, speedup S = rate(N) / rate(N0) (or TTL(N0) / TTL(N)),
-  efficiency S / p, Karp-Flatt e = (1/S - 1/p) / (1 - 1/p) (undefined at p = 1). The TTL
-  speedup's baseline is the smallest N with an uncensored TTL (``ttl_baseline_gpus``).
+  the data with an epoch rate (N0, ``baseline_gpus``): p = N / N0, speedup S = rate(N) /
+  rate(N0) (or TTL(N0) / TTL(N)), efficiency S / p, Karp-Flatt e = (1/S - 1/p) / (1 - 1/p)
+  (undefined at p = 1). The TTL speedup's baseline is the smallest N with an uncensored
+  TTL (``ttl_baseline_gpus``).
 """
 
 from __future__ import annotations
@@ -189,17 +190,18 @@ def scaling_table(rows: list[RunMetrics]) -> list[dict]:
         by_n.setdefault(r.world_size, []).append(r)
     table: list[dict] = []
     base_rate = base_ttl = None
-    for i, n in enumerate(sorted(by_n)):
+    for n in sorted(by_n):
         rs = by_n[n]
         rate = _mean([r.epoch_rate_per_min for r in rs])
         ttl = _mean([r.ttl_s for r in rs if not r.ttl_censored])
         rates = [r.epoch_rate_per_min for r in rs if r.epoch_rate_per_min is not None]
-        if i == 0:
+        if base_rate is None and rate is not None:
+            # speedups start at the smallest N with an epoch rate (its runs logged steps)
             n0, base_rate = n, rate
         if base_ttl is None and ttl is not None:
             # TTL speedup starts at the smallest N whose runs reached the threshold
             n0_ttl, base_ttl = n, ttl
-        p = n / n0
+        p = n / n0 if base_rate is not None else None
         row = {"gpus": n, "n_runs": len(rs), "p": p,
                "epoch_rate_mean": rate,
                "epoch_rate_sd": float(np.std(rates, ddof=1)) if len(rates) > 1 else None,
@@ -274,7 +276,7 @@ def summarize_model(rows: list[RunMetrics], seed: int = 0) -> dict:
         "epoch_rate_exponent_ci95": rate.exponent_ci95,
         "epoch_rate_ci_method": rate.ci_method,
         "epoch_rate_prefactor_per_min": rate.prefactor,
-        "baseline_gpus": table[0]["gpus"] if table else None,
+        "baseline_gpus": next((r["gpus"] for r in table if r["p"] is not None), None),
         "scaling": table, "notes": notes,
         "warnings": warnings + ttl.warnings + rate.warnings,
         "ttl_fit": ttl.to_dict(), "epoch_rate_fit": rate.to_dict(),

@@ -74,6 +74,13 @@ def ema(x: np.ndarray, span: int) -> np.ndarray:
     return out
 
 
+def centred(x: np.ndarray, span: int) -> np.ndarray:
+    """Centred moving mean over ``span`` rows (fewer at the ends): a loss smoothed
+    without the lag of :func:`ema`, which on a falling loss would pick rows some
+    ``span / 2`` past the threshold (the TTL's smoothing is centred too)."""
+    return pd.Series(x).rolling(span, center=True, min_periods=1).mean().to_numpy()
+
+
 def smoothed(df: pd.DataFrame, span: int = DEFAULT_SPAN) -> pd.DataFrame:
     """Columns ``step, loss, g2, trace, b_noise``: EMA of each estimate, then the ratio."""
     g2 = ema(df["g2_est"].to_numpy(float), span)
@@ -111,8 +118,9 @@ def ratio_of_means(g2: np.ndarray, trace: np.ndarray) -> tuple[float, float]:
 
 def b_noise_at_loss(name: str, df: pd.DataFrame, threshold: float,
                     span: int = DEFAULT_SPAN, rows: int | None = None) -> NoiseAtLoss:
-    """B_noise from the ``rows`` rows (default max(20, n/5)) whose smoothed loss is
-    nearest ``threshold``: the ratio of their mean tr(Sigma) and mean |G|^2 estimates.
+    """B_noise from the ``rows`` rows (default max(20, n/5)) whose smoothed loss
+    (:func:`centred`) is nearest ``threshold``: the ratio of their mean tr(Sigma) and
+    mean |G|^2 estimates.
 
     Single-step |G|^2 estimates are often negative when the gradient is small against its
     noise, so a ratio of means over many rows is used, not a running ratio.
@@ -127,7 +135,7 @@ def b_noise_at_loss(name: str, df: pd.DataFrame, threshold: float,
     df = df[finite]
     if df.empty:
         raise RunFolderError(f"{name}: noise.csv: no row with a finite loss and estimates")
-    loss = ema(df["loss"].to_numpy(float), span)
+    loss = centred(df["loss"].to_numpy(float), span)
     reached = bool((loss <= threshold).any())
     k = min(len(df), rows or max(20, len(df) // 5))
     near = np.argsort(np.abs(loss - threshold), kind="stable")[:k]
@@ -152,7 +160,7 @@ def b_noise_at_loss(name: str, df: pd.DataFrame, threshold: float,
 
 def binned(df: pd.DataFrame, bins: int = 6, span: int = DEFAULT_SPAN) -> pd.DataFrame:
     """B_noise against loss: ratio of means in ``bins`` equal-count bins of smoothed loss."""
-    loss = ema(df["loss"].to_numpy(float), span)
+    loss = centred(df["loss"].to_numpy(float), span)
     order = np.argsort(loss)
     out = []
     for idx in np.array_split(order, min(bins, max(1, len(df) // 10))):

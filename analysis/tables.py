@@ -36,7 +36,7 @@ DEFINITIONS = {
            "exponent_ci95_bootstrap (in ttl_fit / epoch_rate_fit) resamples runs within "
            "each N, a check that covers less than 95 % with 2-3 runs per N",
     "breakdown_warning": "quadratic term in log N significant at 2 sigma",
-    "scaling": "relative to the smallest N (baseline_gpus): p = N/N0, speedup = "
+    "scaling": "relative to the smallest N with an epoch rate (baseline_gpus): p = N/N0, speedup = "
                "rate(N)/rate(N0), efficiency = speedup/p, Karp-Flatt = "
                "(1/speedup - 1/p)/(1 - 1/p); ttl_speedup = TTL(N0)/TTL(N)",
     "accuracy": "last eval.csv row that evaluated events; accuracy_se = binomial sqrt(p(1-p)/n), "

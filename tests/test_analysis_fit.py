@@ -152,7 +152,7 @@ def test_curvature_warning_only_for_curved_data():
     assert len(curved.warnings) == 1 and "breaking down" in curved.warnings[0]
 
 
-def _row(n: int, rate: float) -> RunMetrics:
+def _row(n: int, rate: float | None) -> RunMetrics:
     return RunMetrics(name=f"n{n}", path="", model="m", world_size=n, seed=None,
                       status="completed", n_steps=100, smooth_window=5, dlt_s=1.0,
                       dlt_max_s=1.0, epoch_rate_per_min=rate, images_per_s_per_gpu=None,
@@ -170,6 +170,17 @@ def test_karp_flatt_recovers_amdahl_serial_fraction():
         assert t["karp_flatt"] == pytest.approx(f)
         assert t["efficiency"] == pytest.approx(t["speedup"] / t["p"])
         assert t["ttl_speedup"] == pytest.approx(t["p"])
+
+
+def test_speedups_start_at_the_smallest_count_with_an_epoch_rate():
+    """The 1-GPU run logged no steps (no epoch rate): speedups are relative to 2 GPUs,
+    not left empty for every N as before."""
+    rows = [_row(1, None), _row(2, 1.0), _row(4, 1.8)]
+    table = scaling_table(rows)
+    assert table[0]["p"] is None and table[0]["speedup"] is None
+    assert table[1]["p"] == 1.0 and table[1]["speedup"] == 1.0
+    assert table[2]["speedup"] == pytest.approx(1.8) and table[2]["efficiency"] == \
+        pytest.approx(0.9)
 
 
 def test_wilson_interval_known_value():

@@ -198,6 +198,20 @@ def test_noise_csv_without_positive_estimates_is_an_error(runs, capsys):
     assert "no positive noise-scale estimate" in capsys.readouterr().err
 
 
+def test_noise_scale_is_taken_at_the_threshold_not_a_smoothing_lag_after_it():
+    """A falling loss that crosses 1.2 at row 200 and a noise scale equal to the row
+    number: the rows read are centred on row 200 (an exponential average's lag of ~10
+    rows put them at ~210 before)."""
+    rng = np.random.default_rng(4)
+    step = np.arange(400)
+    loss = 2.0 - step * (0.8 / 200) + rng.normal(0, 0.02, 400)
+    df = pd.DataFrame({"step": step, "loss": loss, "g2_est": np.ones(400),
+                       "trace_est": step.astype(float)})
+    at = b_noise_at_loss("run", df, 1.2)
+    assert at.rows == 80 and at.reached
+    assert at.b_noise == pytest.approx(200, abs=3)
+
+
 def test_unresolved_gradient_gives_a_lower_bound(tmp_path):
     """|G|^2 estimates averaging below 0: B_noise > mean tr / (mean g2 + 2 SE)."""
     rng = np.random.default_rng(1)

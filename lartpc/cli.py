@@ -116,6 +116,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lartpc {args.command}: error: {e}", file=sys.stderr)
         note_exit_2()
         return 2
+    except OSError as e:
+        if e.filename is None:  # not about a path the user named: a bug or the system
+            raise
+        # a path that cannot be written or made (permissions, a file where a folder
+        # goes): the user's to fix, said in one line; the writers leave nothing partial
+        print(f"lartpc {args.command}: error: {os.fsdecode(e.filename)}: "
+              f"{e.strerror or e}", file=sys.stderr)
+        note_exit_2()
+        return 2
     except KeyboardInterrupt:
         print(f"lartpc {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -124,9 +124,11 @@ def _in_folder(path: Path) -> Iterator[int]:
         os.close(fd)
 
 
-def _temporary(folder: int, name: str) -> tuple[int, str]:
+def _temporary(folder: int, name: str, path: Path | None = None) -> tuple[int, str]:
     """A new, empty temporary file beside ``name`` in the open ``folder``: its
-    descriptor and name (unpredictable, created with O_EXCL: never a planted file)."""
+    descriptor and name (unpredictable, created with O_EXCL: never a planted file). An
+    error creating it (a folder that is not writable) names ``path``, the file the
+    caller writes, not the temporary one."""
     for _ in range(100):
         tmp = f".{name}.{secrets.token_hex(6)}{TEMP_SUFFIX}"
         try:
@@ -134,6 +136,8 @@ def _temporary(folder: int, name: str) -> tuple[int, str]:
                          0o600, dir_fd=folder)
         except FileExistsError:
             continue
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, str(path or name)) from None
         return fd, tmp
     raise FileExistsError(errno.EEXIST, "no free temporary name", name)
 
@@ -169,7 +173,7 @@ def atomic_write(path: Path | str, write: Callable[[IO[bytes]], object] | bytes 
             st = os.stat(path.name, dir_fd=folder, follow_symlinks=False)
             if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
                 raise UnsafePathError(f"{path}: exists and is not a regular file; not replaced")
-        fd, tmp = _temporary(folder, path.name)
+        fd, tmp = _temporary(folder, path.name, path)
         try:
             with os.fdopen(fd, "wb") as f:
                 if callable(write):
@@ -194,7 +198,7 @@ def atomic_path(path: Path | str, mode: int = 0o644) -> Iterator[Path]:
     when the block succeeds and is removed when it fails."""
     path = Path(path)
     with _in_folder(path) as folder:
-        fd, tmp = _temporary(folder, path.name)
+        fd, tmp = _temporary(folder, path.name, path)
         os.close(fd)
         try:
             yield path.parent / tmp
@@ -256,6 +260,33 @@ def read_nofollow(path: Path | str) -> bytes:
                   path)
     with os.fdopen(fd, "rb") as f:
         return f.read()
+
+
+def check_replaceable(path: Path | str, option: str, kind: str,
+                      is_kind: Callable[[bytes], bool]) -> None:
+    """Refuse to write ``path`` (``option``'s file) over an existing file that is not
+    a ``kind`` (what the option writes, told by ``is_kind`` of its bytes): writing a new
+    result over an old one is asked for by naming it; a checkpoint, a shard or a user's
+    own file named by mistake is never replaced.
+
+    Raises
+    ------
+    LartpcError
+        Naming ``option`` and ``path``: a folder, or a file that is not a ``kind``.
+    """
+    path = Path(path)
+    if not os.path.lexists(path):
+        return
+    if path.is_dir():
+        raise LartpcError(f"{option} {path}: is a folder; name a file")
+    try:
+        ok = is_kind(read_nofollow(path))
+    except OSError as e:
+        raise LartpcError(f"{option} {path}: exists and cannot be read ({e.strerror or e})"
+                          ) from None
+    if not ok:
+        raise LartpcError(f"{option} {path}: exists and is not a {kind}; refusing to replace "
+                          "it (choose another name)")
 
 
 def refuse_symlink(path: Path | str, what: str) -> None:

@@ -232,6 +232,13 @@ def test_init_from_a_text_file_is_refused(train_events_dir, tmp_path):
     r = run(train_cmd(train_events_dir, tmp_path / "run", f"train.init_from={text}"))
     _one_line_exit_2(r, f"{text}: not a checkpoint torch.save wrote")
     assert "train.init_from needs a checkpoint lartpc wrote" in r.stderr
+    # refused before the run folder is taken: no failed run left behind
+    assert not (tmp_path / "run").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = run(train_cmd(train_events_dir, tmp_path / "run", f"train.init_from={empty}"))
+    _one_line_exit_2(r, f"train.init_from {str(empty)!r}: no checkpoint there")
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("setting,message", [
@@ -367,3 +374,46 @@ def test_report_skips_an_unreadable_noise_csv(noisy, tmp_path):
                       str(tmp_path / "strict"))
     _one_line_exit_2(strict, why)
     assert not (tmp_path / "strict" / "report.html").exists()
+
+
+def test_a_path_the_system_refuses_is_one_line_exit_2(monkeypatch, tmp_path, capsys):
+    """An OSError about a path (a folder that is not writable: the test runs as root,
+    where permissions do not apply, so the writer's error is stood in) is the user's to
+    fix: one line naming the path, exit 2; one about no path is a bug and propagates."""
+    from lartpc.cli import main
+    from lartpc.commands import display
+
+    out = tmp_path / "ro" / "x.png"
+
+    def refused(args):
+        raise PermissionError(13, "Permission denied", str(out))
+
+    monkeypatch.setattr(display, "run", refused)
+    assert main(["display", str(tmp_path), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"lartpc display: error: {out}: Permission denied\n"
+
+    def broken(args):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(display, "run", broken)
+    with pytest.raises(OSError, match="Input/output error"):
+        main(["display", str(tmp_path), "--out", str(out)])
+
+
+def test_atomic_writes_name_the_file_not_their_temporary(tmp_path, monkeypatch):
+    """The error of a folder where the temporary file cannot be made names the file
+    the caller writes (it named '.x.png.<hex>.lartpc-tmp')."""
+    from lartpc import fsutil
+
+    real_open = os.open
+
+    def no_create(path, flags, *a, **kw):
+        if flags & os.O_CREAT:
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, flags, *a, **kw)
+
+    monkeypatch.setattr(fsutil.os, "open", no_create)
+    with pytest.raises(PermissionError) as e:
+        fsutil.atomic_write(tmp_path / "x.png", b"png")
+    assert e.value.filename == str(tmp_path / "x.png")
+    assert list(tmp_path.iterdir()) == []

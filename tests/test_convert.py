@@ -181,3 +181,37 @@ def test_other_value_errors_are_not_blamed_on_downsample(tmp_path, monkeypatch):
     _write_upstream(src, [_label("mu+")])
     with pytest.raises(ValueError, match="a reader's own failure"):
         main(["convert", str(src), "--out", str(tmp_path / "o")])
+
+
+def test_a_float_image_converts_its_fractions_and_refuses_nan(tmp_path, capsys):
+    """Float ADC is summed as float (it was cast to integers, dropping fractions); a NaN
+    in an image is an error naming the file and event (it converted to an empty event)."""
+    src = tmp_path / "float.h5"
+    with h5py.File(src, "w") as f:
+        w = np.zeros((2, 3, 96, 36), np.float32)
+        w[0, 2, 0:3, 5] = [0.5, 0.25, 0.5]
+        w[1, 2, 3, 7] = np.nan
+        f["image/wires"] = w
+        f["label/type"] = np.array([_label("mu+"), _label("K+")], np.int32)
+    out = tmp_path / "store"
+    assert main(["convert", str(src), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "float.h5: image/wires of event 1 holds NaN" in err
+    assert not out.exists() or not any(out.iterdir())
+    with h5py.File(src, "r+") as f:
+        f["image/wires"][1, 2, 3, 7] = 2.0
+    assert main(["convert", str(src), "--out", str(out)]) == 0
+    assert EventStore(out)[0].charge.tolist() == [1.25]
+
+
+def test_no_event_converted_is_an_error_and_writes_no_store(tmp_path, capsys):
+    """Every event's label outside the five classes: exit 2 and no empty store (training
+    on it failed later with advice about ranks and eval_fraction)."""
+    src = tmp_path / "protons.h5"
+    _write_upstream(src, [_label("proton")] * 3)
+    out = tmp_path / "store"
+    assert main(["convert", str(src), "--out", str(out)]) == 2
+    assert "no event converted (of 3: 3 with a label not exactly one of" in \
+        capsys.readouterr().err
+    assert not out.exists()  # the folder it made for the store goes too
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["protons.h5"]

@@ -40,3 +40,20 @@ def test_display_bad_event(full_res_events_dir, tmp_path, capsys):
     assert main(["display", str(full_res_events_dir), "--event", "99", "--out", str(out)]) == 2
     assert "--event 99" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_display_replaces_only_a_png_and_checks_its_margin(full_res_events_dir, tmp_path,
+                                                           capsys):
+    """--out over a file that is not a PNG (an event shard, named by mistake) is refused,
+    over an earlier display it is drawn again; a negative --margin is refused."""
+    shard = tmp_path / "events-00000.h5"
+    shard.write_bytes(b"\x89HDF\r\n\x1a\n and the rest")
+    assert main(["display", str(full_res_events_dir), "--out", str(shard)]) == 2
+    assert "not a PNG image; refusing to replace it" in capsys.readouterr().err
+    assert shard.read_bytes().startswith(b"\x89HDF")
+    png = tmp_path / "ev.png"
+    for _ in range(2):
+        assert main(["display", str(full_res_events_dir), "--out", str(png)]) == 0
+    assert main(["display", str(full_res_events_dir), "--out", str(tmp_path / "m.png"),
+                 "--margin=-5"]) == 2
+    assert "--margin -5" in capsys.readouterr().err and not (tmp_path / "m.png").exists()

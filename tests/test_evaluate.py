@@ -110,6 +110,34 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
     assert not out.exists() and not (tmp_path / "ev").exists()
 
 
+def test_nothing_a_user_made_is_replaced(tmp_path):
+    """--regenerate into a folder holding a store refuses without --overwrite (it
+    replaced a 3,000-event store with the 60 held-out events before), and --json
+    replaces only an evaluation's own JSON, never a checkpoint or a user's file; with
+    --overwrite, and over its own JSON, it goes ahead."""
+    store, out = tmp_path / "events", tmp_path / "eval.json"
+    r = subprocess.run([sys.executable, "-m", "lartpc", "simulate", "--out", str(store),
+                        "--events", "12", "--seed", "3", "--downsample", "9"],
+                       capture_output=True, text=True, timeout=300, env=clean_env())
+    assert r.returncode == 0, r.stderr
+    before = {p.name: p.read_bytes() for p in store.iterdir()}
+    _one_line_exit_2(_evaluate(TINY, "--regenerate", store, "--json", out),
+                     f"--regenerate {store}", "1 event shard", "--overwrite")
+    mine = tmp_path / "mine.json"
+    mine.write_text('{"mine": 1}\n')
+    _one_line_exit_2(_evaluate(TINY, "--store", store, "--indices", "all", "--json", mine),
+                     f"--json {mine}", "not a lartpc evaluate result")
+    assert {p.name: p.read_bytes() for p in store.iterdir()} == before
+    assert mine.read_text() == '{"mine": 1}\n' and not out.exists()
+    _one_line_exit_2(_evaluate(TINY, "--store", store, "--overwrite"), "--overwrite",
+                     "only with --regenerate")
+    r = _evaluate(TINY, "--regenerate", store, "--overwrite", "--json", out)
+    assert r.returncode == 0, r.stderr
+    assert len(EventStore(store)) == 60 and json.loads(out.read_text())["events"] == 60
+    r = _evaluate(TINY, "--regenerate", tmp_path / "again", "--json", out)  # its own JSON
+    assert r.returncode == 0, r.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(HEAVY_TIMEOUT_S)
 def test_beam_headline_reproduces_from_committed_weights(tmp_path):

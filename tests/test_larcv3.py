@@ -224,6 +224,44 @@ def test_export_refuses_an_existing_file(sim_store, tmp_path, capsys):
     assert f.read_bytes() == b"mine"
 
 
+@needs_larcv
+def test_export_to_another_projection_converts_back(sim_store, tmp_path, capsys):
+    """--projection 2 (MicroBooNE's collection plane): the projections below it hold
+    empty tensors (larcv3 would not save the entry otherwise) and convert reads it back
+    pixel for pixel."""
+    _, events = _events(sim_store)
+    f, back = tmp_path / "p2.h5", tmp_path / "back"
+    assert main(["export", "--to", "larcv3", str(sim_store), str(f), "--projection", "2"]) == 0
+    assert main(["convert", "--from", "larcv3", str(f), "--out", str(back),
+                 "--projection", "2"]) == 0
+    for a, b in zip(_events(back)[1], events, strict=True):
+        _same_pixels(a, b)
+
+
+@needs_larcv
+@pytest.mark.parametrize("extra, message", [
+    (["--producer", "a/b c"], "--producer 'a/b c': letters, digits and _ only"),
+    (["--producer", ""], "--producer '': letters"),
+    (["--projection=-1"], "--projection -1: 0 to 15"),
+    (["--projection", "99"], "--projection 99: 0 to 15"),
+])
+def test_export_bad_options_are_one_line(sim_store, tmp_path, capsys, extra, message):
+    f = tmp_path / "x.h5"
+    assert main(["export", "--to", "larcv3", str(sim_store), str(f), *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert list(tmp_path.iterdir()) == []
+
+
+@needs_larcv
+def test_export_never_writes_over_the_store_it_reads(sim_store, tmp_path, capsys):
+    shard = sorted(sim_store.glob("events-*.h5"))[0]
+    before = shard.read_bytes()
+    assert main(["export", "--to", "larcv3", str(sim_store), str(shard), "--overwrite"]) == 2
+    assert "is a shard of the store being exported" in capsys.readouterr().err
+    assert shard.read_bytes() == before
+
+
 def test_missing_larcv_is_one_line(sim_store, tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "larcv", None)  # import larcv raises ImportError
     f = tmp_path / "x.h5"

@@ -8,11 +8,15 @@ from pathlib import Path
 from lartpc.errors import LartpcError
 from lartpc.fsutil import atomic_write, output_file
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="event file or folder of events-*.h5 shards")
-    p.add_argument("--event", type=int, default=0, help="event index (default 0)")
-    p.add_argument("--out", required=True, help="PNG file to write")
+    p.add_argument("--event", type=int, default=0,
+                   help="event index (default 0; negative counts from the end)")
+    p.add_argument("--out", required=True, help="PNG file to write (an existing file is "
+                                                "replaced only when it is a PNG)")
     p.add_argument("--margin", type=int, default=40,
                    help="full-resolution pixels of margin around the charge (default 40)")
     p.add_argument("--no-crop", action="store_true", help="draw the whole image")
@@ -118,6 +122,12 @@ def event_title(event, index: int, classes: tuple[str, ...] | None = None) -> st
 def run(args: argparse.Namespace) -> int:
     from lartpc.data import EventStore
 
+    if args.margin < 0:
+        raise LartpcError(f"--margin {args.margin}: pixels, 0 or more")
+    from lartpc.fsutil import check_replaceable
+
+    check_replaceable(output_file(args.out), "--out", "PNG image",
+                      lambda data: data.startswith(PNG_SIGNATURE))
     store = EventStore(args.path)
     if not -len(store) <= args.event < len(store):
         raise LartpcError(f"--event {args.event}: {args.path} holds {len(store)} events")

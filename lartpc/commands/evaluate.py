@@ -43,7 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="CPU threads (SCNet: 1 is fastest)")
     p.add_argument("--workers", type=int, default=1,
                    help="processes generating events (--regenerate)")
-    p.add_argument("--json", help="write the result here (default: print it)")
+    p.add_argument("--json", help="write the result here (default: print it); an existing "
+                                  "file is replaced only when it is an evaluation's JSON")
+    p.add_argument("--overwrite", action="store_true",
+                   help="with --regenerate: replace the event shards already in DIR")
 
 
 def parse_indices(text: str, n: int):
@@ -89,18 +92,41 @@ def result(network: dict, preds, run: Path, held_out: bool, split: str = "valida
     }
 
 
+def is_result(data: bytes) -> bool:
+    """Whether ``data`` is the JSON of an evaluation (:func:`result`)."""
+    try:
+        res = json.loads(data)
+    except ValueError:
+        return False
+    return isinstance(res, dict) and {"network", "confusion", "accuracy"} <= res.keys()
+
+
 def run(args: argparse.Namespace) -> int:
     if args.threads < 1 or args.workers < 1:
         raise LartpcError("--threads and --workers: at least 1")
     if args.regenerate and args.indices != "held-out":
         raise LartpcError("--indices: only with --store (--regenerate makes the held-out "
                           "events)")
+    if args.overwrite and not args.regenerate:
+        raise LartpcError("--overwrite: only with --regenerate")
+    if args.regenerate and not args.overwrite:
+        from lartpc.data.staging import existing_shards
+
+        old = existing_shards(Path(args.regenerate)) if Path(args.regenerate).is_dir() else []
+        if old:
+            raise LartpcError(f"--regenerate {args.regenerate}: already holds {len(old)} "
+                              "event shard(s); choose an empty folder or add --overwrite")
+    if args.json:
+        from lartpc.fsutil import check_replaceable
+
+        check_replaceable(args.json, "--json", "lartpc evaluate result", is_result)
     from lartpc.data.store import EventStore  # torch, after the options' checks
     from lartpc.train import evaluate, weights
 
     network = weights.load(args.run)
     if args.regenerate:
-        evaluate.regenerate_held_out(network, args.regenerate, args.workers, args.split)
+        evaluate.regenerate_held_out(network, args.regenerate, args.workers, args.split,
+                                     overwrite=args.overwrite)
         store = EventStore(args.regenerate)
         positions = list(range(len(store)))
         held_out = True

@@ -78,7 +78,9 @@ def dense_to_sparse(plane: np.ndarray, geom: Geometry, *, row_shift: int = 0,
     """
     g = geom.tick_group
     n_t = plane.shape[0] // g
-    img = plane[: n_t * g].reshape(n_t, g, plane.shape[1]).sum(axis=1, dtype=np.int64)
+    # integer ADC summed exactly; a float image (some files store ADC as floats) in float
+    total = np.float64 if plane.dtype.kind == "f" else np.int64
+    img = plane[: n_t * g].reshape(n_t, g, plane.shape[1]).sum(axis=1, dtype=total)
     row, col = np.nonzero(img > 0)
     q = img[row, col].astype(np.float64) * charge_scale
     if row_shift:
@@ -194,6 +196,10 @@ def convert(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
                  "charge_scale": float(charge_scale)}
         counts = _convert_into(stage, files, geom, shift, charge_scale, shard_size, progress,
                                attrs)
+        if not counts["converted"]:  # raised inside: the staged store goes, --out stays
+            raise LartpcError(f"{', '.join(map(str, files))}: no event converted (of "
+                              f"{counts['source']}: {counts['skipped']} with a label not "
+                              f"exactly one of {', '.join(CLASSES)})")
     log.info("converted %d events, skipped %d (label not exactly one of %s)",
              counts["converted"], counts["skipped"], ", ".join(CLASSES))
     return ConvertResult(existing_shards(out), counts["converted"], counts["skipped"])
@@ -230,6 +236,9 @@ def _convert_file(p: Path, geom: Geometry, shift: int, charge_scale: float, coun
                 if lab is None:
                     counts["skipped"] += 1
                 else:
+                    if block.dtype.kind == "f" and not np.isfinite(block[j]).all():
+                        raise LartpcError(f"{p}: image/wires of event {counts['source']} "
+                                          "holds NaN or infinite values")
                     row, col, q = dense_to_sparse(block[j], geom, row_shift=shift,
                                                   charge_scale=charge_scale)
                     take(Event(row, col, q, lab[0], {"pdg": lab[1]}, counts["source"]))

@@ -29,6 +29,7 @@ import json
 import logging
 import math
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,11 @@ log = logging.getLogger(__name__)
 STUDY_PDG = {"gamma": (22,), "electron": (11, -11), "muon": (-13,), "pion": (211,),
              "kaon": (321,)}
 DEFAULT_PRODUCER = "lartpc"
+#: what a producer name written may hold (larcv3 makes HDF5 group names of it)
+PRODUCER_NAME = re.compile(r"[A-Za-z0-9_]+")
+#: projection ids ``export`` writes (a LArTPC has a few wire planes; MicroBooNE's
+#: collection plane is projection 2)
+MAX_PROJECTIONS = 16
 #: image rows and columns are int16 in the store
 _MAX_SIDE = 32767
 
@@ -406,18 +412,32 @@ def export(store_path: str | os.PathLike, out_file: str | os.PathLike, *,
            overwrite: bool = False, progress: bool = False) -> int:
     """Write the store as one larcv3 file (``sparse2d`` and ``particle`` of
     ``producer``); the number of events. The file appears whole or not at all."""
+    if not PRODUCER_NAME.fullmatch(producer):
+        raise LartpcError(f"--producer {producer!r}: letters, digits and _ only (larcv3 "
+                          "names its HDF5 groups after it)")
+    if not 0 <= projection < MAX_PROJECTIONS:
+        raise LartpcError(f"--projection {projection}: 0 to {MAX_PROJECTIONS - 1}")
     larcv = require_larcv()
     store = EventStore(store_path)
     out = output_file(out_file)
+    if any(out.exists() and os.path.samefile(out, p) for p in store.paths):
+        raise LartpcError(f"{out}: is a shard of the store being exported; choose another "
+                          "name")
     if out.exists() and not overwrite:
         raise LartpcError(f"{out}: exists; choose another name or overwrite")
     if not out.parent.is_dir():
         raise LartpcError(f"{out}: folder {out.parent} does not exist")
+    if len(store) == 0:
+        raise LartpcError(f"{store_path}: holds no events; nothing to export")
     g = store.geometry
-    meta = larcv.ImageMeta2D()
-    meta.set_dimension(0, g.height * g.downsample * g.time_pixel_cm, g.height, 0.0)
-    meta.set_dimension(1, g.width * g.downsample * g.wire_pitch_cm, g.width, 0.0)
-    meta.set_projection_id(projection)
+    metas = []  # the projections below the one written hold empty tensors
+    for i in range(projection + 1):
+        meta = larcv.ImageMeta2D()
+        meta.set_dimension(0, g.height * g.downsample * g.time_pixel_cm, g.height, 0.0)
+        meta.set_dimension(1, g.width * g.downsample * g.wire_pitch_cm, g.width, 0.0)
+        meta.set_projection_id(i)
+        metas.append(meta)
+    meta = metas[-1]
     bar = None
     if progress:
         from tqdm import tqdm
@@ -433,10 +453,13 @@ def export(store_path: str | os.PathLike, out_file: str | os.PathLike, *,
             for i in range(0, len(store), 256):
                 for j, ev in enumerate(store.read_many(range(i, min(i + 256, len(store))))):
                     io.set_id(0, 0, i + j)
+                    tensors = io.get_data("sparse2d", producer)
+                    for below in metas[:-1]:
+                        tensors.set(larcv.VoxelSet(), below)
                     vs = larcv.VoxelSet()
                     idx = ev.row.astype(np.uint64) * np.uint64(g.width) + ev.col.astype(np.uint64)
                     vs.set(idx, ev.charge.astype(np.float32))
-                    io.get_data("sparse2d", producer).set(vs, meta)
+                    tensors.set(vs, meta)
                     io.get_data("particle", producer).append(_particle(larcv, ev))
                     io.save_entry()
                     if bar:

@@ -68,6 +68,7 @@ def replace_store(out: Path, overwrite: bool) -> Iterator[Path]:
         ``overwrite``, or being written by another process (its pid and host).
     """
     out = output_folder(out)  # the folder a link of the user's names is the one swapped
+    made = not os.path.lexists(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -75,6 +76,7 @@ def replace_store(out: Path, overwrite: bool) -> Iterator[Path]:
     try:
         lock = store_lock(out).acquire()
     except OSError as e:
+        _remove_if_empty(out, made)
         raise LartpcError(f"--out {out}: cannot lock it beside it, in {out.parent}, where "
                           f"the new store is staged ({e.strerror})") from None
     try:
@@ -87,10 +89,18 @@ def replace_store(out: Path, overwrite: bool) -> Iterator[Path]:
             os.chmod(stage, stat.S_IMODE(os.stat(out).st_mode))
         except BaseException:
             _remove_store_folder(stage)
+            _remove_if_empty(out, made)  # failed or interrupted: no empty --out left
             raise
         _swap_in(stage, out)
     finally:
         lock.release()
+
+
+def _remove_if_empty(out: Path, made: bool) -> None:
+    """Remove ``out`` when this writer made it and it is still empty."""
+    if made:
+        with contextlib.suppress(OSError):
+            os.rmdir(out)
 
 
 def _check_out(out: Path, overwrite: bool) -> None:

@@ -226,6 +226,32 @@ def check_fields(path: Path, state: dict, advice: str = MOVE_AWAY) -> None:
         restore_rng({"rng": saved})
 
 
+def load_init_weights(net: torch.nn.Module, source: str, model: str,
+                      head: str = "flatten") -> bool:
+    """:func:`init_weights` of ``source`` loaded into ``net`` (a ``model``); whether its
+    head was left fresh.
+
+    Raises
+    ------
+    ConfigError
+        As :func:`init_weights`, and when the weights do not fit ``net`` (another
+        resolution, architecture or model options).
+    """
+    weights, head_fresh = init_weights(source, model, head)
+    try:
+        missing, unexpected = net.load_state_dict(weights, strict=not head_fresh)
+    except RuntimeError as e:  # other shapes: another resolution or architecture
+        first = str(e).strip().splitlines()[0]
+        raise ConfigError(f"train.init_from {source!r}: its weights do not fit this "
+                          f"model ({first}); same model.name, data.downsample and "
+                          "model options are needed") from None
+    odd = [k for k in missing if not k.startswith("head.")] + unexpected
+    if odd:
+        raise ConfigError(f"train.init_from {source!r}: its weights do not fit this "
+                          f"model (missing or unexpected: {', '.join(odd)})")
+    return head_fresh
+
+
 def init_weights(source: str, model: str, head: str = "flatten") -> tuple[dict, bool]:
     """The model weights of ``source`` (``train.init_from``: a checkpoint file, a compact
     weights file (:mod:`lartpc.train.weights`) or a run folder holding either), from a

@@ -112,11 +112,12 @@ def generated_labels(n_events: int) -> np.ndarray:
 
 
 def regenerate_held_out(network: dict, out, workers: int = 1,
-                        split: str = "validation") -> np.ndarray:
+                        split: str = "validation", overwrite: bool = False) -> np.ndarray:
     """Generate the held-out events (its ``split``: :func:`held_out`) of ``network`` (see
     :func:`lartpc.train.weights.load`) alone into a store at ``out``, from its record of
     how its events were made (``events``: seed, count, geometry, downsample); returns
-    their indices in the full dataset.
+    their indices in the full dataset. Shards already in ``out`` are replaced only with
+    ``overwrite``.
 
     Raises
     ------
@@ -135,7 +136,7 @@ def regenerate_held_out(network: dict, out, workers: int = 1,
     cfg = config_from_dict(network["config"], str(network.get("path")))
     indices = held_out(cfg, generated_labels(int(ev["events"])), split)
     write_events(out, indices, seed=int(ev["seed"]), source_geometry=str(ev["geometry"]),
-                 downsample=int(ev["downsample"]), workers=workers, overwrite=True)
+                 downsample=int(ev["downsample"]), workers=workers, overwrite=overwrite)
     return indices
 
 

@@ -15,8 +15,9 @@ from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError, LartpcError
 from lartpc.runfolder import provenance
 from lartpc.runfolder.folder import RunFolder
-from lartpc.runfolder.schema import RunFolderError, Status
+from lartpc.runfolder.schema import CHECKPOINT, RunFolderError, Status
 from lartpc.train import segments, tblog
+from lartpc.train.checkpoint import load_init_weights
 from lartpc.train.parts import model_options, rulebooks_choice
 from lartpc.train.plan import check_store_fits, plan_run
 from lartpc.train.segments import Segment
@@ -42,8 +43,12 @@ def prepare(cfg: Config, data: Path, out: Path) -> EventStore:
     from lartpc.models import build
 
     # raises if the image is too small or a speed option cannot run on this device
-    build(cfg.model.name, image_size=store.geometry.shape, num_classes=len(store.classes),
-          **model_options(cfg, dist.device_type(cfg.train.device)))
+    model = build(cfg.model.name, image_size=store.geometry.shape,
+                  num_classes=len(store.classes),
+                  **model_options(cfg, dist.device_type(cfg.train.device)))
+    if cfg.train.init_from and not (Path(out) / CHECKPOINT).exists():
+        # a fresh run starts from these weights: they must load, before any folder
+        load_init_weights(model, cfg.train.init_from, cfg.model.name, cfg.model.head)
     # before any backend starts: a split with no evaluation event (the same for every
     # world size); run_training plans the shards for its world
     plan_run(cfg, store, 1)

@@ -30,7 +30,6 @@ import torch
 from lartpc import CLASSES
 from lartpc.data.augment import mirror
 from lartpc.dist import World, unwrap_model
-from lartpc.errors import ConfigError
 from lartpc.runfolder.schema import CHECKPOINT, RunFolderError
 from lartpc.train import checkpoint, graphed
 from lartpc.train.evaluate import evaluate
@@ -292,20 +291,8 @@ class Trainer:
 
     def init_weights(self, source: str) -> None:
         """Model weights of another run's checkpoint (``train.init_from``), nothing else."""
-        weights, head_fresh = checkpoint.init_weights(source, self.cfg.model.name,
-                                                      self.cfg.model.head)
-        try:
-            missing, unexpected = unwrap_model(self.model).load_state_dict(
-                weights, strict=not head_fresh)
-        except RuntimeError as e:  # other shapes: another resolution or architecture
-            first = str(e).strip().splitlines()[0]
-            raise ConfigError(f"train.init_from {source!r}: its weights do not fit this "
-                              f"model ({first}); same model.name, data.downsample and "
-                              "model options are needed") from None
-        odd = [k for k in missing if not k.startswith("head.")] + unexpected
-        if odd:
-            raise ConfigError(f"train.init_from {source!r}: its weights do not fit this "
-                              f"model (missing or unexpected: {', '.join(odd)})")
+        head_fresh = checkpoint.load_init_weights(unwrap_model(self.model), source,
+                                                  self.cfg.model.name, self.cfg.model.head)
         log.info("model weights from %s (train.init_from%s); optimizer and counters fresh",
                  source, f", trunk only: its head is not model.head={self.cfg.model.head}"
                  if head_fresh else "")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import math
 import re
 
+from lartpc import MAX_SEED
 from lartpc.errors import LartpcError
 from lartpc.geometry import Geometry
 
@@ -21,6 +23,30 @@ def check_positive(value, option: str) -> int:
     """``value`` as a whole number above 0; LartpcError naming ``option`` otherwise."""
     if int(value) <= 0:
         raise LartpcError(f"{option}: must be positive, got {value}")
+    return int(value)
+
+
+def check_non_negative(value, option: str) -> int:
+    """``value`` as a whole number 0 or above; LartpcError naming ``option`` otherwise."""
+    if int(value) < 0:
+        raise LartpcError(f"{option}: must be 0 or more, got {value}")
+    return int(value)
+
+
+def check_positive_finite(value, option: str) -> float:
+    """``value`` as a finite number above 0 (a time, a threshold, a rate); LartpcError
+    naming ``option`` otherwise (nan and inf included)."""
+    number = float(value)
+    if not (math.isfinite(number) and number > 0):
+        raise LartpcError(f"{option}: must be a positive finite number, got {value}")
+    return number
+
+
+def check_seed(value, option: str = "--seed") -> int:
+    """``value`` as a seed the generators take (0..2**63-1, as ``write_dataset`` and
+    ``train.seed``); LartpcError naming ``option`` otherwise."""
+    if not 0 <= int(value) <= MAX_SEED:
+        raise LartpcError(f"{option}: must be in 0..2**63-1, got {value}")
     return int(value)
 
 

@@ -20,7 +20,8 @@ fitted by least squares on the medians with each squared residual divided by its
 (a time's variance taken as proportional to the time): between absolute residuals, which
 leave the latency to the noise of the largest messages, and relative ones, which on a
 busy host let a few delayed small messages set the bandwidth. Rank 0 prints one JSON object
-and, with ``--out FILE``, writes the profile there: an entry of analysis/clusters.json
+and, with ``--out FILE``, writes the profile there (a new file: one that exists is
+replaced only with ``--overwrite``): an entry of analysis/clusters.json
 with the fitted link as ``*_inter`` when the ranks span nodes (``*_intra`` when they
 share one; the other link is set to the same values and says so) and a ``measured``
 block (date, hosts, world size, sizes, medians).
@@ -32,6 +33,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import re
 import socket
 import statistics
@@ -84,6 +86,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "longer, judged by the slowest warm-up")
     parser.add_argument("--out", type=Path, help="cluster profile JSON for `lartpc analyze "
                         "predict --cluster-file` (written by rank 0)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing --out file (refused otherwise)")
     parser.add_argument("--name", default="measured", help="the profile's name")
     parser.add_argument("--backend", default="auto",
                         choices=choices("dist.backend", without=("none",)),
@@ -238,13 +242,15 @@ def _check(args) -> list[int]:
     return message_sizes(lo, hi, args.factor)
 
 
-def _out_problem(out: Path | None) -> str | None:
+def _out_problem(out: Path | None, overwrite: bool = False) -> str | None:
     if out is None:
         return None
     if out.is_dir():
         return f"--out {out}: is a folder; give a file name"
     if not out.parent.is_dir():
         return f"--out {out}: folder {out.parent} does not exist"
+    if os.path.lexists(out) and not overwrite:  # a link there too: never written through
+        return f"--out {out}: exists; choose a new file, or --overwrite to replace it"
     return None
 
 
@@ -262,7 +268,8 @@ def run(args: argparse.Namespace) -> int:
         if world.size < 2:
             raise LartpcError(_ONE_RANK)
         # rank 0 writes: it decides for everyone whether --out will do, before any timing
-        problem = world.broadcast_object(_out_problem(args.out) if world.is_root else None)
+        problem = world.broadcast_object(_out_problem(args.out, args.overwrite)
+                                         if world.is_root else None)
         if problem:
             raise LartpcError(problem)
         hosts = world.allgather_object(socket.gethostname())

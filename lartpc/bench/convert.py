@@ -18,6 +18,8 @@ import json
 import statistics
 import time
 
+from lartpc.cliparse import check_positive, check_seed, geometry_of
+
 #: upstream label/type columns (lartpc.data.convert.UPSTREAM_PARTICLES) of each PDG
 _COLUMN_OF_PDG = {11: 0, -11: 1, 211: 4, -13: 7, 321: 8, 22: 9}
 
@@ -55,7 +57,11 @@ def _adc(charge):
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
+    check_positive(args.events, "--events")
+    check_positive(args.repeats, "--repeats")
+    check_seed(args.seed)
+    geometry_of(args.downsample)
+    import os  # after the options' check: a bad one is one line at once
     import platform
     import shutil
     import tempfile

@@ -20,12 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import statistics
 import time
 
-from lartpc.cliparse import add_batch_per_rank
-from lartpc.config import choices
-from lartpc.data import LOADERS
+from lartpc.cliparse import add_batch_per_rank, check_positive
+from lartpc.config import MAX_THREADS, choices
+from lartpc.data import BLOSC_SHUFFLES, LOADERS
+from lartpc.errors import ConfigError, LartpcError
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +44,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=20, help="batches timed per loader")
     # --batches: the spelling of the commands recorded before 2026-11-26
     p.add_argument("--batches", dest="steps", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--device", default="cpu", help="torch device of the batches")
+    p.add_argument("--device", default="cpu", help="torch device of the batches: cpu, cuda "
+                   "or cuda:N")
     p.add_argument("--codec", default=None, help="dense: Blosc codec (default: BloscConfig)")
     p.add_argument("--clevel", type=int, default=None, help="dense: Blosc level")
-    p.add_argument("--shuffle", default=None, help="dense: noshuffle|shuffle|bitshuffle")
+    p.add_argument("--shuffle", default=None, choices=BLOSC_SHUFFLES, help="dense: Blosc "
+                   "byte shuffle")
     p.add_argument("--band-rows", type=int, default=None, help="dense: rows per Blosc band")
     p.add_argument("--threads", type=int, default=1,
                    help="dense: Blosc threads per compression call (0 = all cores)")
@@ -67,11 +71,50 @@ def _blosc_config(args):
     return BloscConfig(threads=args.threads, **kw)
 
 
-def run(args: argparse.Namespace) -> int:
-    from lartpc.errors import ConfigError
+#: the Blosc settings given on the command line, each checked on its own
+_BLOSC_OPTIONS = (("--codec", "codec"), ("--clevel", "clevel"), ("--band-rows", "band_rows"))
+
+
+def _check_options(args) -> None:
+    """Every option a user can get wrong, before torch is imported."""
+    from lartpc.data.blosc_cache import BloscConfig
 
     if args.repeats < 1 or args.steps < 1:
-        raise ConfigError("--repeats and --batches must be >= 1")
+        raise ConfigError(f"--repeats and --batches (--steps) must be >= 1, got --repeats "
+                          f"{args.repeats}, --steps {args.steps}")
+    check_positive(args.ranks, "--ranks")
+    check_positive(args.batch_per_rank, "--batch-per-rank")
+    if not 0 <= args.threads <= MAX_THREADS:
+        raise LartpcError(f"--threads = {args.threads}: must be in 0..{MAX_THREADS} (0: all "
+                          "cores)")
+    for option, field in _BLOSC_OPTIONS:
+        value = getattr(args, field)
+        if value is None:
+            continue
+        try:
+            BloscConfig(**{field: value}).cparams()
+        except ConfigError as e:
+            raise LartpcError(f"{option}: {e}") from None
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        raise LartpcError(f"--device {args.device!r}: expected cpu, cuda or cuda:N")
+
+
+def _check_device(device: str) -> None:
+    """A CUDA ``device`` this host has (pinned batches need one)."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return
+    if not torch.cuda.is_available():
+        raise LartpcError(f"--device {device}: torch sees no CUDA device")
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise LartpcError(f"--device {device}: torch sees {torch.cuda.device_count()} CUDA "
+                          "device(s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    _check_options(args)
     import torch  # after the options' check: a bad one is one line at once
 
     from lartpc.data.augment import mirror
@@ -79,9 +122,14 @@ def run(args: argparse.Namespace) -> int:
     from lartpc.data.sharding import ShardPlan
     from lartpc.data.store import EventStore
 
+    _check_device(args.device)
     store = EventStore(args.data)
     plan = ShardPlan(len(store), args.ranks, args.batch_per_rank, seed=0, eval_fraction=0.0)
     indices = plan.train_indices(0)
+    if args.batch_per_rank > len(indices):  # no full batch to time: it would never stop
+        raise ConfigError(f"--batch-per-rank {args.batch_per_rank}: more than the "
+                          f"{len(indices)} events of rank 0's shard ({len(store)} events in "
+                          f"{args.data}, --ranks {args.ranks})")
     blosc = _blosc_config(args) if args.mode == "blosc" else None
     sync = torch.cuda.synchronize if torch.device(args.device).type == "cuda" else (lambda: None)
 

@@ -27,7 +27,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from lartpc.cliparse import add_batch_per_rank
+from lartpc.cliparse import add_batch_per_rank, check_positive, check_positive_finite
 from lartpc.config import choices
 from lartpc.errors import LartpcError
 from lartpc.fsutil import atomic_write
@@ -130,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None and args.out.exists():
         raise LartpcError(f"--out {args.out}: exists; choose a new folder "
                           "(nothing there is overwritten)")
+    check_positive_finite(args.threshold, "--threshold")
     result = _remeasure(args) if args.from_dir is not None else _scan(args)
     print(json.dumps(result, indent=2))
     return 0
@@ -137,18 +138,34 @@ def run(args: argparse.Namespace) -> int:
 
 def _scan(args: argparse.Namespace) -> dict:
     """Train every (minibatch, seed) point; write the outputs when ``--out`` is given."""
-    from lartpc.bench.train import add_overhead, measure_bare, train_point
+    from lartpc.bench.train import (
+        add_overhead,
+        check_options,
+        check_points,
+        measure_bare,
+        point_config,
+        train_point,
+    )
     from lartpc.cliparse import int_list
     from lartpc.config import load_config
 
     batches = int_list(args.batch_per_rank, "--batch-per-rank", minimum=1)
     seeds = int_list(args.seeds, "--seeds", minimum=0)
-    if args.seconds <= 0:
-        raise LartpcError("--seconds must be > 0")
+    check_positive(args.base_batch, "--base-batch")
+    check_options(args)  # --seconds, --downsample, --events or --data, as bench train's
     if args.bare_steps < 0:
         raise LartpcError(f"--bare-steps {args.bare_steps}: expected 0 or more")
     config = args.config or f"tiny-{args.model}"
     base_lr = load_config(config, args.overrides).train.lr
+    # every point's args and config, resolved as its training will resolve it
+    runs = []
+    for b in batches:
+        lr = scaled_lr(base_lr, b, args.base_batch, args.lr_scaling)
+        point_args = copy.copy(args)
+        point_args.batch_per_rank, point_args.config = b, config
+        for s in seeds:
+            extra = (f"train.lr={lr!r}", f"train.seed={s}")
+            runs.append((b, s, lr, point_args, extra, point_config(point_args, "none", extra)))
     with tempfile.TemporaryDirectory(prefix="lartpc-bench-minibatch-") as tmp:
         work = Path(tmp) if args.out is None else args.out
         data = args.data
@@ -158,19 +175,15 @@ def _scan(args: argparse.Namespace) -> dict:
             data = Path(tmp) / "events"
             write_dataset(data, args.events, seed=0, downsample=args.downsample,
                           workers=os.cpu_count() or 1)
+        check_points([cfg for *_, cfg in runs], data, [1])
         points = []
-        for b in batches:
-            lr = scaled_lr(base_lr, b, args.base_batch, args.lr_scaling)
-            point_args = copy.copy(args)
-            point_args.batch_per_rank, point_args.config = b, config
-            for s in seeds:
-                run = run_folder(b, s)
-                p = train_point(point_args, data, work / run, 1, "none",
-                                extra=(f"train.lr={lr!r}", f"train.seed={s}"),
-                                threshold=args.threshold)
-                if args.bare_steps:
-                    add_overhead(p, measure_bare(work / run, data, args.bare_steps))
-                points.append(_point(p, run, b, s, lr))
+        for b, s, lr, point_args, extra, _ in runs:
+            run = run_folder(b, s)
+            p = train_point(point_args, data, work / run, 1, "none", extra=extra,
+                            threshold=args.threshold)
+            if args.bare_steps:
+                add_overhead(p, measure_bare(work / run, data, args.bare_steps))
+            points.append(_point(p, run, b, s, lr))
         result = {
             "model": args.model, "config": config, "device": args.device,
             "image_size": 3600 // args.downsample, "seconds_per_run": args.seconds,

@@ -23,7 +23,13 @@ import resource
 import statistics
 import sys
 
-from lartpc.cliparse import add_batch_per_rank
+from lartpc.cliparse import (
+    add_batch_per_rank,
+    check_non_negative,
+    check_positive,
+    check_positive_finite,
+    check_seed,
+)
 from lartpc.config import MAX_THREADS, choices
 
 DEVICES = choices("train.device", without=("auto",))
@@ -143,6 +149,16 @@ def batch_from_events(events, shape: tuple[int, int], kind: str):
                  features=torch.from_numpy(feats), event_ids=ids)
 
 
+def check_size(size: int | None) -> int | None:
+    """``--size``: None (the default) or an image side the generator makes."""
+    from lartpc.errors import LartpcError
+
+    if size is not None and (size < 1 or FULL_SIZE % size):
+        raise LartpcError(f"--size {size}: must divide {FULL_SIZE} (the generator bins "
+                          "the full image by an integer factor)")
+    return size
+
+
 def load_events(args):
     """``args.batch_per_rank`` events and their image shape, from ``--data`` or freshly
     generated."""
@@ -158,10 +174,7 @@ def load_events(args):
             raise LartpcError(f"--size {args.size} disagrees with --data {args.data} "
                               f"({store.geometry.shape})")
         return store.read_many(range(args.batch_per_rank)), store.geometry.shape
-    size = FULL_SIZE if args.size is None else args.size
-    if size < 1 or FULL_SIZE % size:
-        raise LartpcError(f"--size {size}: must divide {FULL_SIZE} (the generator bins "
-                          "the full image by an integer factor)")
+    size = FULL_SIZE if args.size is None else check_size(args.size)
     from lartpc.geometry import Geometry
     from lartpc.sim import simulate_event
 
@@ -235,8 +248,13 @@ def run(args) -> int:
     from lartpc.errors import LartpcError
 
     # the options first, torch (~1.5 s to import) after: a mistyped one is one line at once
-    if args.batch_per_rank < 1 or args.repeats < 1 or args.warmup < 0:
-        raise LartpcError("--batch and --repeats must be >= 1, --warmup >= 0")
+    check_positive(args.batch_per_rank, "--batch-per-rank")
+    check_positive(args.repeats, "--repeats")
+    check_non_negative(args.warmup, "--warmup")
+    check_seed(args.seed)
+    check_size(args.size)
+    if args.peak_tflops is not None:
+        check_positive_finite(args.peak_tflops, "--peak-tflops")
     if args.threads is not None and not 0 <= args.threads <= MAX_THREADS:
         # torch crashes creating that many threads
         raise LartpcError(f"--threads = {args.threads}: must be in 0..{MAX_THREADS} (0: "

@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 
-from lartpc.cliparse import add_batch_per_rank
+from lartpc.cliparse import add_batch_per_rank, check_positive, check_seed
 from lartpc.config import MAX_THREADS, choices
 
 
@@ -71,9 +71,15 @@ def run(args: argparse.Namespace) -> int:
 
     if not 1 <= args.threads <= MAX_THREADS:  # torch crashes creating that many threads
         raise LartpcError(f"--threads = {args.threads}: must be in 1..{MAX_THREADS}")
-    import torch  # after the check: a bad option is one line at once
+    for value, option in ((args.batch_per_rank, "--batch-per-rank"), (args.steps, "--steps"),
+                          (args.every, "--every")):
+        check_positive(value, option)
+    check_seed(args.seed)
+    from lartpc.bench.model import batch_from_events, check_size, load_events
 
-    from lartpc.bench.model import batch_from_events, load_events
+    check_size(args.size)
+    import torch  # after the checks: a bad option is one line at once
+
     from lartpc.models import build
 
     torch.set_num_threads(args.threads)

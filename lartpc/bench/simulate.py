@@ -7,6 +7,8 @@ import json
 import logging
 import time
 
+from lartpc.cliparse import check_positive, check_seed, geometry_of
+
 log = logging.getLogger(__name__)
 
 
@@ -18,23 +20,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import tempfile
+    check_positive(args.events, "--events")
+    check_seed(args.seed)
+    check_positive(args.workers, "--workers")
+    geom = geometry_of(args.downsample)
+    import tempfile  # after the options' check: a bad one is one line at once
     from pathlib import Path
 
     import numpy as np
 
     from lartpc import CLASSES
     from lartpc.data import EventStore
-    from lartpc.geometry import Geometry
     from lartpc.sim import simulate_event, write_dataset
 
-    geom = Geometry(downsample=args.downsample)
     simulate_event(0, args.seed, geom)  # warm the range tables and imports
     per_class: dict[str, list[float]] = {c: [] for c in CLASSES}
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
         write_dataset(d, args.events, seed=args.seed, downsample=args.downsample,
-                      workers=args.workers, shard_size=max(1, args.events // max(args.workers, 1)))
+                      workers=args.workers, shard_size=max(1, args.events // args.workers))
         wall = time.perf_counter() - t0
         nbytes = sum(p.stat().st_size for p in Path(d).glob("events-*.h5"))
         store = EventStore(d)

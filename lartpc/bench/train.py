@@ -19,13 +19,20 @@ import argparse
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from lartpc.cliparse import add_batch_per_rank, int_list
-from lartpc.config import choices
+from lartpc.cliparse import (
+    add_batch_per_rank,
+    check_positive,
+    check_positive_finite,
+    geometry_of,
+    int_list,
+)
+from lartpc.config import Config, choices, load_config
 from lartpc.errors import LartpcError
 
 log = logging.getLogger(__name__)
@@ -69,6 +76,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="SECTION.KEY=VALUE")
 
 
+#: the launcher program of each backend, beside this interpreter (none: no launcher)
+LAUNCHERS = {"horovod": "horovodrun", "torch": "torchrun"}
+
+
 def _launch(backend: str, n: int, train_args: list[str]) -> list[str]:
     if backend == "none":
         return [*LARTPC, *train_args]
@@ -80,23 +91,81 @@ def _launch(backend: str, n: int, train_args: list[str]) -> list[str]:
             "-m", "lartpc", *train_args]
 
 
+def check_launcher(backend: str) -> None:
+    """Refuse a backend whose launcher is not installed beside this interpreter."""
+    name = LAUNCHERS.get(backend)
+    if name and not (BIN / name).is_file():
+        raise LartpcError(f"--backend {backend}: {BIN / name} not found (install it, or "
+                          "--backend none for one plain process)")
+
+
+def point_sets(args, backend: str, extra: tuple[str, ...] = ()) -> list[str]:
+    """The ``--set`` overrides of one point's ``lartpc train``: the bench's settings in
+    ``args``, then the user's ``--set``, then ``extra``."""
+    loader = [] if args.loader == "auto" else [f"data.loader={args.loader}"]
+    return [f"data.downsample={args.downsample}", "train.epochs=1000",
+            f"train.time_limit_s={args.seconds}", f"train.batch_per_rank={args.batch_per_rank}",
+            f"train.device={args.device}", f"dist.backend={backend}", *loader,
+            *args.overrides, *extra]
+
+
+def point_config(args, backend: str, extra: tuple[str, ...] = ()) -> Config:
+    """The config one point trains with, resolved as ``lartpc train`` resolves it (a bad
+    ``--config`` or ``--set`` raises here, naming it, before any rank starts)."""
+    return load_config(args.config or f"tiny-{args.model}", point_sets(args, backend, extra))
+
+
+def check_points(configs: list[Config], data: Path, ranks: list[int]) -> None:
+    """What each point's ``lartpc train`` checks before its backend starts (the data,
+    the model at the data's image, the split), here, once, with the same code: a bad
+    input is then one line, not a launcher's report of failed ranks."""
+    from lartpc.train.plan import plan_run
+    from lartpc.train.run import prepare
+
+    with tempfile.TemporaryDirectory(prefix="lartpc-bench-check-") as tmp:
+        store = prepare(configs[0], data, Path(tmp) / "run")
+    for cfg in configs:
+        for n in ranks:
+            plan_run(cfg, store, n)
+
+
+#: a line a failed ``lartpc`` process printed about its error (Horovod's launcher puts
+#: ``[1]<stderr>:`` before each line of rank 1, torchrun may put ``[rank1]:``)
+_ERROR_LINE = re.compile(r"^(?:\[\d+\]<std(?:err|out)>:|\[rank\d+\]:)?"
+                         r"(lartpc [\w ]+: error: .*)$", re.MULTILINE)
+#: a line of a rank's output in Horovod's launcher output
+_RANK_LINE = re.compile(r"^\[\d+\]<std(?:err|out)>:.*$", re.MULTILINE)
+
+
+def rank_error(output: str) -> str | None:
+    """The first error line a rank printed in a launcher's ``output``, or None."""
+    m = _ERROR_LINE.search(output)
+    return m.group(1) if m else None
+
+
+def rank_output(output: str, lines: int = 30) -> str:
+    """The last ``lines`` lines the ranks printed in Horovod's launcher ``output``
+    (without the launcher's own traceback), or the end of ``output`` if none is marked."""
+    marked = _RANK_LINE.findall(output)
+    return "\n".join(marked[-lines:]) if marked else output[-3000:]
+
+
 def train_point(args, data: Path, out: Path, n: int, backend: str,
                 extra: tuple[str, ...] = (), threshold: float = 1.2) -> dict:
     """One real training on ``n`` ranks (``backend`` none: one plain process) with the
     bench's settings in ``args`` plus ``extra`` overrides; its measured numbers."""
     train_args = ["train", "--config", args.config or f"tiny-{args.model}", "--data",
                   str(data), "--out", str(out)]
-    loader = [] if args.loader == "auto" else [f"data.loader={args.loader}"]
-    for s in [f"data.downsample={args.downsample}", "train.epochs=1000",
-              f"train.time_limit_s={args.seconds}", f"train.batch_per_rank={args.batch_per_rank}",
-              f"train.device={args.device}", f"dist.backend={backend}", *loader,
-              *args.overrides, *extra]:
+    for s in point_sets(args, backend, extra):
         train_args += ["--set", s]
     r = subprocess.run(_launch(backend, n, train_args), capture_output=True, text=True)
     if r.returncode != 0:
-        # Horovod's launcher prints the rank's own error on stdout, its summary on stderr
-        raise LartpcError(f"training on {n} rank(s) with {backend} failed:\n"
-                          f"{r.stdout[-1500:]}{r.stderr[-1500:]}")
+        # the rank's own error, not the launcher's traceback about a rank that failed
+        error = rank_error(f"{r.stderr}\n{r.stdout}")
+        if error:
+            raise LartpcError(f"training on {n} rank(s) with {backend} failed: {error}")
+        raise LartpcError(f"training on {n} rank(s) with {backend} failed (exit "
+                          f"{r.returncode}):\n{rank_output(r.stdout + r.stderr)}")
     return measure_run(out, threshold)
 
 
@@ -159,12 +228,32 @@ def add_overhead(point: dict, bare: dict) -> None:
     point["loop_overhead"] = point["step_s_median"] / bare["bare_step_s_median"] - 1.0
 
 
+def check_options(args) -> None:
+    """The bench's own numbers, each named, before anything runs (``--ranks``,
+    ``--bare-steps`` and ``--batch-per-rank`` lists are checked by their commands)."""
+    check_positive_finite(args.seconds, "--seconds")
+    geometry_of(args.downsample)
+    if args.data is None:
+        check_positive(args.events, "--events")
+    elif not args.data.exists():
+        raise LartpcError(f"--data {args.data}: no such event file or folder")
+
+
 def run(args: argparse.Namespace) -> int:
     ranks = int_list(args.ranks, "--ranks", minimum=1)
     if args.backend == "none" and ranks != [1]:
         raise LartpcError(f"--ranks {args.ranks}: only 1 with --backend none")
     if args.bare_steps < 0:
         raise LartpcError(f"--bare-steps {args.bare_steps}: expected 0 or more")
+    check_positive(args.batch_per_rank, "--batch-per-rank")
+    check_options(args)
+    check_launcher(args.backend)
+    compare = args.compare_torch and args.backend == "horovod"
+    if compare:
+        check_launcher("torch")
+    configs = [point_config(args, args.backend)]
+    if compare:
+        configs.append(point_config(args, "torch"))
     with tempfile.TemporaryDirectory(prefix="lartpc-bench-train-") as tmp:
         tmp = Path(tmp)
         data = args.data
@@ -174,6 +263,7 @@ def run(args: argparse.Namespace) -> int:
             data = tmp / "events"
             write_dataset(data, args.events, seed=0, downsample=args.downsample,
                           workers=os.cpu_count() or 1)
+        check_points(configs, data, ranks)
         points = [train_point(args, data, tmp / f"{args.backend}-{n}", n, args.backend)
                   for n in ranks]
         base = points[0]
@@ -193,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
                     "bare_step_s_median - 1",
             "points": points,
         }
-        if args.compare_torch and args.backend == "horovod":
+        if compare:
             n = max(ranks)
             t = train_point(args, data, tmp / f"torch-{n}", n, "torch")
             h = next(p for p in points if p["ranks"] == n)

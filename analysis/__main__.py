@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
+import os
 import sys
 from pathlib import Path
 
@@ -104,6 +106,55 @@ def _figures_dir(args: argparse.Namespace) -> Path | None:
     return args.out or Path(args.runs[0]).resolve().parent / "report"
 
 
+def _unwritable(folder: Path) -> str | None:
+    """Why ``folder`` cannot be an output folder (None when it can): it is a file, it
+    would be made below a file, or its folder may not be written."""
+    if folder.exists():
+        if not folder.is_dir():
+            return "exists and is not a folder"
+        where = folder
+    else:
+        where = folder.parent
+        while not where.exists():  # ends at the root at the latest
+            where = where.parent
+        if not where.is_dir():
+            return f"cannot be made: {where} is not a folder"
+    if not os.access(where, os.W_OK | os.X_OK):  # a read-only mount says no here too
+        return f"cannot write (no permission in {where}, or read-only)"
+    return None
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse bad numbers and an unusable ``--out`` before any run is read, naming the
+    option; a default figures folder ('report' beside the first RUN) that cannot be
+    written is left out with a warning instead (the numbers are still printed).
+
+    ``--threshold 0`` is allowed: no loss gets below it, so every TTL is censored (what
+    the epoch rate alone needs); ``predict`` needs a loss the noise was measured at.
+    """
+    if not (math.isfinite(args.threshold) and args.threshold >= 0):  # 0: none reaches it
+        raise RunFolderError(f"--threshold must be a loss, a finite number >= 0, got "
+                             f"{args.threshold}")
+    if args.smooth is not None and args.smooth < 1:
+        raise RunFolderError(f"--smooth must be at least 1 step, got {args.smooth}")
+    if args.analysis_command == "predict":
+        from lartpc.analysis.predict import check_options as check_predict
+
+        check_predict(args)
+    if getattr(args, "out", None) is not None:  # the user's own link followed here only
+        args.out = output_folder(args.out)
+        if problem := _unwritable(args.out):
+            raise RunFolderError(f"--out {args.out}: {problem}")
+        if args.analysis_command == "report":
+            from lartpc.analysis.report import check_report_target
+
+            check_report_target(args.out)
+    elif (out := _figures_dir(args)) is not None and (problem := _unwritable(out)):
+        log.warning("figures not written: %s %s (the default --out; give --out FOLDER or "
+                    "--no-figures)", out, problem)
+        args.no_figures = True
+
+
 def _predict(args: argparse.Namespace) -> int:
     from lartpc.analysis.predict import run_predict
     from lartpc.analysis.predict_report import to_text, write_figure
@@ -144,10 +195,8 @@ def execute(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Execute one parsed command."""
-    if args.smooth is not None and args.smooth < 1:
-        raise RunFolderError(f"--smooth must be at least 1 step, got {args.smooth}")
-    if getattr(args, "out", None) is not None:  # the user's own link followed here only
-        args.out = output_folder(args.out)
+    explicit_out = getattr(args, "out", None) is not None
+    check_options(args)
     if args.analysis_command == "predict":
         return _predict(args)
     from lartpc.analysis.tables import analyse, to_json, to_text
@@ -160,6 +209,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             figs = [str(p) for ps in write_curves(a, out).values() for p in ps] if out else []
         except OSError as e:  # the numbers still print; the figures say why they are missing
+            if explicit_out:  # the user asked for them there: a failure, not a note
+                raise
             log.warning("figures not written to %s: %s", out, e)
         if args.json:
             print(json.dumps({**to_json(a), "figures": figs}, indent=2, allow_nan=False))

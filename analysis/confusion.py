@@ -69,17 +69,40 @@ def run_title(run: Run) -> str:
     return f"{run.model}, {run.world_size} GPUs{seed} ({run.name})"
 
 
+#: File names made from a label are cut to 120 characters (:func:`safe_name`), so
+#: labels must differ within their first characters, not just somewhere.
+_KEY_CHARS = 100
+
+
+def _key(label: str) -> str:
+    return safe_name(label)[:_KEY_CHARS]
+
+
 def unique_names(runs: list[Run]) -> dict[Path, str]:
     """A file-name label per run: its folder name, or where two runs share one (a/run-1
-    and b/run-1), its path below the runs' common folder (``a_run-1``, ``b_run-1``)."""
+    and b/run-1), its path below the runs' common folder (``a_run-1``, ``b_run-1``).
+
+    Names are compared as the files get them (:func:`safe_name`: 'a b' and 'a_b' are
+    both ``a_b``), and a label still taken (a run named like another's path) is
+    numbered (``a_run-1-2``): no run's files replace another's.
+    """
     counts: dict[str, int] = {}
     for r in runs:
-        counts[r.name] = counts.get(r.name, 0) + 1
+        counts[_key(r.name)] = counts.get(_key(r.name), 0) + 1
     paths = [Path(r.path).resolve() for r in runs]
     root = Path(os.path.commonpath(paths)) if paths else Path()
-    return {Path(r.path): r.name if counts[r.name] == 1
+    labels: dict[Path, str] = {}
+    taken: set[str] = set()
+    for r, p in zip(runs, paths, strict=True):
+        label = r.name if counts[_key(r.name)] == 1 \
             else "_".join(p.relative_to(root.parent if p == root else root).parts)
-            for r, p in zip(runs, paths, strict=True)}
+        candidate, n = label, 1
+        while _key(candidate) in taken:
+            n += 1
+            candidate = f"{label[:_KEY_CHARS - 10]}-{n}"  # the number survives the cut
+        taken.add(_key(candidate))
+        labels[Path(r.path)] = candidate
+    return labels
 
 
 def write_run_confusion(run: Run, out: Path, label: str | None = None) -> dict | None:

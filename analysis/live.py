@@ -18,8 +18,10 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from lartpc.runfolder.record import peek_record, record_path
-from lartpc.runfolder.schema import EVAL_CSV, rank_csv_name
+from lartpc.analysis.runcheck import check_live_meta
+
+from lartpc.runfolder.record import read_record, record_path
+from lartpc.runfolder.schema import EVAL_CSV, RunFolderError, rank_csv_name
 
 CHUNK = 1 << 20
 SMOOTH_STEPS = 20  #: rows averaged for the smoothed loss/accuracy and for images/s
@@ -36,8 +38,8 @@ class CsvTail:
         How many of the last complete rows to hold in :attr:`rows`.
     """
 
-    def __init__(self, path: Path, keep: int = 200):
-        self.path, self.keep = Path(path), keep
+    def __init__(self, path: Path, keep: int = 200, required: tuple[str, ...] = ()):
+        self.path, self.keep, self.required = Path(path), keep, required
         self._reset(None)
 
     def _reset(self, inode: int | None) -> None:
@@ -66,7 +68,11 @@ class CsvTail:
 
     def _take(self, lines: list[bytes]) -> None:
         if self.header is None and lines:
-            self.header = lines.pop(0).decode().strip().split(",")
+            self.header = lines.pop(0).decode(errors="replace").strip().split(",")
+            missing = [c for c in self.required if c not in self.header]
+            if missing:  # written once: this file will never have it
+                raise RunFolderError(f"{self.path}: missing column '{missing[0]}' "
+                                     f"(header: {','.join(self.header)[:200]})")
         lines = [ln for ln in lines if ln.strip()]
         self.n_rows += len(lines)
         for ln in lines[-self.keep:]:  # parse only the rows that are kept
@@ -78,6 +84,24 @@ class CsvTail:
 
 
 PENDING = "pending"  #: shown for a run that has not logged a step yet
+#: Columns of rank-000.csv the view reads (the timing columns are optional: old logs).
+VIEW_COLUMNS = ("time", "epoch", "data_size", "global_loss", "global_acc")
+#: Columns of eval.csv the view reads.
+EVAL_VIEW_COLUMNS = ("epoch", "loss", "accuracy")
+
+
+def read_live_meta(run: Path) -> dict:
+    """``run.json`` of ``run`` checked for the view (:func:`check_live_meta`); {} before
+    it exists.
+
+    Raises
+    ------
+    RunFolderError
+        Naming the file: not readable, not a JSON object, or a field the view cannot show.
+    """
+    if not record_path(run).exists():
+        return {}
+    return check_live_meta(record_path(run), read_record(run))
 
 
 @dataclass
@@ -122,9 +146,22 @@ class LiveRun:
     def __init__(self, path: str | Path, hint: dict | None = None):
         self.path = Path(path)
         self.hint = hint or {}
-        self.steps = CsvTail(self.path / rank_csv_name(0), keep=SMOOTH_STEPS)
+        self.steps = CsvTail(self.path / rank_csv_name(0), keep=SMOOTH_STEPS,
+                             required=VIEW_COLUMNS)
         self._eval: tuple[float, dict | None] = (-1.0, None)
         self._meta: dict = {}
+
+    def check(self) -> None:
+        """Read ``run.json`` (when there is one) as :meth:`meta` will, but raise on a
+        file that cannot be shown: the first look at a run, where there is no earlier
+        whole one to keep.
+
+        Raises
+        ------
+        RunFolderError
+            Naming the file and, for a wrong value, the field.
+        """
+        self._meta = read_live_meta(self.path)
 
     def meta(self) -> dict:
         """``run.json``; {} before it exists. lartpc rewrites it atomically, but a copy
@@ -132,20 +169,35 @@ class LiveRun:
         if not record_path(self.path).exists():
             self._meta = {}
         else:
-            self._meta = peek_record(self.path) or self._meta
+            try:
+                self._meta = read_live_meta(self.path)
+            except RunFolderError:
+                pass
         return self._meta
 
     def last_eval(self) -> dict | None:
-        """The last row of ``eval.csv``, read again only when the file changed."""
+        """The last row of ``eval.csv`` with its epoch, loss and accuracy as numbers,
+        read again only when the file changed (a row that does not parse is skipped).
+
+        Raises
+        ------
+        RunFolderError
+            When its header lacks one of :data:`EVAL_VIEW_COLUMNS`.
+        """
         p = self.path / EVAL_CSV
         try:
             mtime = p.stat().st_mtime
         except FileNotFoundError:
             return None
         if mtime != self._eval[0]:
-            with open(p, newline="") as f:
-                rows = list(csv.DictReader(f))
-            self._eval = (mtime, rows[-1] if rows else None)
+            with open(p, newline="", errors="replace") as f:
+                reader = csv.DictReader(f)
+                rows = list(reader)
+            missing = [c for c in EVAL_VIEW_COLUMNS if c not in (reader.fieldnames or ())]
+            if rows and missing:
+                raise RunFolderError(f"{p}: missing column '{missing[0]}'")
+            self._eval = (mtime, next((e for r in reversed(rows) if (e := _eval_row(r))),
+                                      None))
         return self._eval[1]
 
     def snapshot(self, now: float | None = None) -> Snapshot:
@@ -169,9 +221,21 @@ class LiveRun:
             world_size=None if world is None else int(world),
             data_wait=data_wait(rows), active=status == "running")
         if ev:
-            snap.eval_epoch = int(ev["epoch"])
-            snap.eval_loss, snap.eval_acc = float(ev["loss"]), float(ev["accuracy"])
+            snap.eval_epoch, snap.eval_loss, snap.eval_acc = \
+                ev["epoch"], ev["loss"], ev["accuracy"]
         return snap
+
+
+def _eval_row(row: dict) -> dict | None:
+    """An eval.csv row's epoch (int), loss and accuracy (floats); None if they do not
+    parse (the analysis names such a row; the view skips it)."""
+    try:
+        epoch = float(row["epoch"])
+        out = {"epoch": int(epoch), "loss": float(row["loss"]),
+               "accuracy": float(row["accuracy"])}
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return None
+    return out if epoch >= 0 and epoch == int(epoch) else None
 
 
 def _mean(values) -> float | None:

@@ -439,15 +439,35 @@ def measured_points(runs: list[Run], threshold: float, smooth: int | None,
     return out
 
 
-def run_predict(runs: list[Run], args) -> tuple[list[dict], dict]:
-    """Everything ``python -m lartpc.analysis predict`` computes, from parsed arguments."""
+def check_options(args) -> tuple[list[int], Profile]:
+    """The GPU counts and the cluster profile of parsed ``predict`` options, each checked
+    (the command calls this before it reads a run).
+
+    Raises
+    ------
+    PredictError
+        Naming the option: a span, event or GPU count below 1, a non-finite or
+        non-positive threshold or link figure, an unknown cluster, a bad cluster file.
+    """
+    if not (math.isfinite(args.threshold) and args.threshold > 0):
+        raise PredictError(f"--threshold must be a positive number (the loss the noise "
+                           f"scale is read at), got {args.threshold}")
     if args.span < 1:
         raise PredictError(f"--span must be at least 1 row, got {args.span}")
     if args.train_events is not None and args.train_events < 1:
         raise PredictError(f"--train-events must be >= 1, got {args.train_events}")
+    base = getattr(args, "base_gpus", None)
+    if base is not None and base < 1:
+        raise PredictError(f"--base-gpus must be >= 1, got {base}")
     gpus = parse_gpus(args.gpus)
     prof = choose_profile(args.cluster, args.alpha_us, args.beta_gbps, args.compute_ms,
                           getattr(args, "cluster_file", None))
+    return gpus, prof
+
+
+def run_predict(runs: list[Run], args) -> tuple[list[dict], dict]:
+    """Everything ``python -m lartpc.analysis predict`` computes, from parsed arguments."""
+    gpus, prof = check_options(args)
     inputs = gather_inputs(runs, args.threshold, args.smooth, args.span, args.base_gpus,
                            getattr(args, "strict", False))
     results, clock = [], getattr(args, "clock", "train")

@@ -16,7 +16,7 @@ from lartpc.analysis.confusion import unique_names, write_run_confusion
 from lartpc.analysis.fit import PowerLawFit
 from lartpc.analysis.paper import PAPER, SOURCE, TTL_THRESHOLD
 from lartpc.analysis.runcheck import safe_name
-from lartpc.analysis.runs import CLASSES
+from lartpc.analysis.runs import CLASSES, RunFolderError
 from lartpc.analysis.tables import DEFINITIONS, Analysis, to_text
 from lartpc.analysis.truth_limits import truth_limits_html
 
@@ -198,8 +198,38 @@ def _confusion_section(a: Analysis, folder: Path) -> str:
     return "".join(parts)
 
 
+#: How every report.html this tool writes begins (unchanged since the first one): an
+#: existing report.html that does not is the user's own page, never replaced.
+REPORT_HTML = "report.html"
+REPORT_HEAD = "<!DOCTYPE html><html><head><meta charset='utf-8'><title>lartpc analysis</title>"
+
+
+def check_report_target(out: Path) -> None:
+    """Refuse to write into ``out`` when its ``report.html`` is a file this tool did not
+    write (a link there is replaced, never followed: :func:`atomic_write`).
+
+    Raises
+    ------
+    RunFolderError
+        Naming the file.
+    """
+    path = out / REPORT_HTML
+    if path.is_symlink() or not path.exists():
+        return
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(REPORT_HEAD))
+    except OSError as e:
+        raise RunFolderError(f"--out {out}: cannot read its {REPORT_HTML} "
+                             f"({e.strerror or e})") from None
+    if head != REPORT_HEAD.encode():
+        raise RunFolderError(f"--out {out}: {path} is not a report lartpc wrote; refusing "
+                             "to replace it (move it away or choose another --out)")
+
+
 def write_report(a: Analysis, out: Path) -> Path:
     """Write ``out/report.html`` (self-contained) plus the PNGs it embeds."""
+    check_report_target(out)
     out.mkdir(parents=True, exist_ok=True)
     # before anything is written: a confusion/ planted as a link is refused, not followed
     confusion = subfolder(out, "confusion", "the confusion folder")
@@ -234,9 +264,8 @@ def write_report(a: Analysis, out: Path) -> Path:
                         + _matrix_table(np.array(p["confusion_percent"])))
     body += ["<h2>All runs</h2><pre>" + html.escape(to_text(a)) + "</pre>",
              f"<h2>Definitions</h2><ul>{defs}</ul>"]
-    doc = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>lartpc analysis</title>"
-           f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>")
-    path = out / "report.html"
+    doc = (f"{REPORT_HEAD}<style>{CSS}</style></head><body>{''.join(body)}</body></html>")
+    path = out / REPORT_HTML
     atomic_write(path, doc)
     log.info("wrote %s", path)
     return path

@@ -121,6 +121,65 @@ def check_meta(path: Path, meta: Any) -> dict[str, Any]:
     return meta
 
 
+def _need(path: Path, ok: bool, field: str, what: str, value) -> None:
+    if not ok:
+        raise RunFolderError(f"{path}: field '{field}' must be {what}, got {value!r:.80}")
+
+
+def _setting_ok(name: str, v) -> bool:
+    """``train.epochs`` a positive integer, ``train.time_limit_s`` seconds >= 0 (or null)."""
+    if v is None:
+        return True
+    if name == "epochs":
+        return is_int(v, 1)
+    return isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < math.inf
+
+
+def check_live_meta(path: Path, meta: dict) -> dict:
+    """The fields of a ``run.json`` that ``lartpc watch`` reads, checked; ``meta`` unchanged.
+
+    Lighter than :func:`check_meta`: a training that has just started has not recorded
+    all of them yet, so a missing field is fine, a wrong one is not.
+
+    Raises
+    ------
+    RunFolderError
+        Naming the file and the field.
+    """
+    if "status" in meta:
+        _need(path, meta["status"] in STATUSES, "status", f"one of {', '.join(STATUSES)}",
+              meta["status"])
+    if "world_size" in meta:
+        _need(path, is_int(meta["world_size"], 1, MAX_WORLD), "world_size",
+              f"an integer in 1..{MAX_WORLD}", meta["world_size"])
+    if "model" in meta:
+        _need(path, isinstance(meta["model"], str), "model", "a model name", meta["model"])
+    if meta.get("steps_per_epoch") is not None:
+        _need(path, is_int(meta["steps_per_epoch"], 1), "steps_per_epoch",
+              "a positive integer", meta["steps_per_epoch"])
+    config = meta.get("config", {})
+    _need(path, isinstance(config, dict), "config", "an object", config)
+    train = config.get("train", {})
+    _need(path, isinstance(train, dict), "config.train", "an object", train)
+    segments = meta.get("segments", [])
+    _need(path, isinstance(segments, list), "segments", "a list", segments)
+    for i, seg in enumerate(segments):
+        _need(path, isinstance(seg, dict), f"segments[{i}]", "an object", seg)
+        _need(path, is_time(seg.get("start_time")), f"segments[{i}].start_time",
+              "unix seconds", seg.get("start_time"))
+        settings = seg.get("settings", {})
+        _need(path, isinstance(settings, dict), f"segments[{i}].settings", "an object",
+              settings)
+        for name in ("epochs", "time_limit_s"):
+            v = settings.get(f"train.{name}")
+            _need(path, _setting_ok(name, v), f"segments[{i}].settings.train.{name}",
+                  "a positive integer" if name == "epochs" else "seconds", v)
+    for name in ("epochs", "time_limit_s"):
+        _need(path, _setting_ok(name, train.get(name)), f"config.train.{name}",
+              "a positive integer" if name == "epochs" else "seconds", train.get(name))
+    return meta
+
+
 def _first_bad(path: Path, df: pd.DataFrame, column: str, bad: np.ndarray, what: str) -> None:
     if bad.any():
         i = int(np.flatnonzero(bad)[0])

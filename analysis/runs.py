@@ -133,6 +133,15 @@ def sweep_points(folder: str | Path) -> dict[Path, dict]:
     except (OSError, UnsafePathError, UnicodeDecodeError, json.JSONDecodeError, KeyError,
             TypeError) as e:
         raise RunFolderError(f"{path}: not a sweep manifest ({e})") from None
+    for i, p in enumerate(doc["points"]):  # what is shown before a point's run.json exists
+        gpus, model = p.get("gpus"), p.get("model")
+        if gpus is not None and not (isinstance(gpus, int) and not isinstance(gpus, bool)
+                                     and gpus >= 1):
+            raise RunFolderError(f"{path}: points[{i}].gpus must be a positive integer, "
+                                 f"got {gpus!r:.80}")
+        if model is not None and not isinstance(model, str):
+            raise RunFolderError(f"{path}: points[{i}].model must be a model name, "
+                                 f"got {model!r:.80}")
     return points
 
 

@@ -129,6 +129,8 @@ def plan(request: SweepRequest) -> SweepPlan:
     """
     req = dataclasses.replace(request)
     site = resolve.apply_site(req)
+    sweep.parse_time_s(req.time, "--time" if request.time is not None or not req.site
+                       else f"site {req.site}: time")
     if req.submit:  # fail before checking or writing anything if it cannot be submitted
         exe = sweep.SUBMIT[req.scheduler]
         if shutil.which(exe) is None:
@@ -141,6 +143,7 @@ def plan(request: SweepRequest) -> SweepPlan:
     sweep.check_sets(req.sets, configs, seeds, req.launcher)
     cores = resolve.cores_per_rank(req)
     data, out_dir = _check_paths(req)
+    _check_manifest(out_dir / "manifest.json")
     if req.check_data:
         _check_data(req, data, configs, gpus, seeds)
     jobs_dir = out_dir / "jobs"
@@ -155,6 +158,26 @@ def plan(request: SweepRequest) -> SweepPlan:
     return _render_scripts(SweepPlan(request=req, shape=shape, data=data, out_dir=out_dir,
                                      configs=configs, points=[], scripts={}, copies=copies),
                            gpus, seeds)
+
+
+def _check_manifest(path: Path) -> None:
+    """Refuse an existing ``manifest.json`` that is not a sweep's own (an object with a
+    list of points, each an object with a name, as :mod:`lartpc.jobs.submit` writes it):
+    the sweep would replace it. Nothing is written.
+
+    Raises
+    ------
+    LartpcError
+        Naming the file.
+    """
+    doc = jobsubmit.read_manifest(path)  # not JSON, or a link: refused there
+    if not path.exists():
+        return
+    points = doc.get("points")
+    if not isinstance(points, list) or not all(
+            isinstance(q, dict) and isinstance(q.get("name"), str) for q in points):
+        raise LartpcError(f"{path}: not a sweep's manifest (no list of named points); "
+                          "refusing to replace it: move it away or choose another --out-dir")
 
 
 def _check_options(req: SweepRequest) -> list[str]:

@@ -123,23 +123,44 @@ def jobs_dir() -> Path:
     return d
 
 
-def parse_time_s(text: str) -> int:
-    """Seconds in a SLURM time (``M``, ``M:S``, ``H:M:S``, ``D-H[:M[:S]]``); as in common.sh."""
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
+TIME_FORMS = ("minutes, minutes:seconds, hours:minutes:seconds, days-hours, "
+              "days-hours:minutes or days-hours:minutes:seconds")
+
+
+def parse_time_s(text: str, option: str = "--time") -> int:
+    """Seconds in a SLURM time (``M``, ``M:S``, ``H:M:S``, ``D-H[:M[:S]]``; as in
+    common.sh), above zero, minutes and seconds below 60 where they are not the leading
+    field (SLURM's own rule; ``99:99`` was written into job scripts before).
+
+    Raises
+    ------
+    LartpcError
+        Naming ``option`` and the value.
+    """
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text) \
+        if isinstance(text, str) else None
     if not m:
-        raise LartpcError(f"--time {text!r}: expected [D-]HH:MM:SS, MM:SS or MM")
+        raise LartpcError(f"{option} {text!r}: expected {TIME_FORMS}, e.g. 04:00:00 or "
+                          "1-12:00:00")
     d, a, b, c = (int(x) if x else None for x in m.groups())
     if d is not None:  # D-H, D-H:M, D-H:M:S
         h, mi, s = a, b or 0, c or 0
+        below_60 = (b, c)
     elif c is not None:
         h, mi, s = a, b, c
+        below_60 = (b, c)
     elif b is not None:
         h, mi, s = 0, a, b
+        below_60 = (b,)
     else:
         h, mi, s = 0, a, 0
+        below_60 = ()
+    if any(v is not None and v >= 60 for v in below_60):
+        raise LartpcError(f"{option} {text!r}: minutes and seconds after the first field "
+                          f"must be below 60 ({TIME_FORMS})")
     total = (((d or 0) * 24 + h) * 60 + mi) * 60 + s
     if total <= 0:
-        raise LartpcError(f"--time {text!r}: must be positive")
+        raise LartpcError(f"{option} {text!r}: must be positive")
     return total
 
 

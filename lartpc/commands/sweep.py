@@ -68,8 +68,9 @@ def _add_points(p: argparse.ArgumentParser) -> None:
 
 def _add_layout(p: argparse.ArgumentParser) -> None:
     """How each job is laid out and charged: time, nodes, cores, account, queue."""
-    p.add_argument("--time", default=None, help="wall time per job, [D-]HH:MM:SS "
-                   "(default 04:00:00)")
+    p.add_argument("--time", default=None, help="wall time per job in SLURM's syntax: M, "
+                   "M:SS, H:MM:SS, D-H, D-H:MM or D-H:MM:SS (default 04:00:00; LSF gets it "
+                   "as -W H:MM)")
     p.add_argument("--gpus-per-node", type=int, default=None,
                    help="ranks per node (default: 4 for slurm, 6 for lsf: IBM AC922 nodes, as the "
                    "paper's Summit)")

@@ -105,13 +105,27 @@ def _sort_key(s) -> tuple:
     return (s.model is None, s.model or "", s.world_size or 0, s.name)
 
 
+def _starting(folder: Path) -> list[Path]:
+    """Run folders at or below ``folder`` that a training has taken but not yet written
+    ``run.json`` into: it holds the folder's lock first (``run.lock``), then writes it."""
+    from lartpc.runfolder.schema import LOCK
+
+    if (folder / LOCK).is_file():
+        return [folder.resolve()]
+    return sorted(q.parent.resolve() for q in folder.rglob(LOCK) if q.is_file())
+
+
 def find_runs(paths: list[Path]) -> list:
-    """A :class:`lartpc.analysis.live.LiveRun` for every run (started or pending) under ``paths``.
+    """A :class:`lartpc.analysis.live.LiveRun` for every run under ``paths``: started
+    (``run.json``), starting (a training holds its lock, no ``run.json`` yet) or pending
+    (a sweep's point whose job has not started). Each ``run.json`` is read once here.
 
     Raises
     ------
     LartpcError
-        A path that does not exist, a file that is not a run's, an unreadable manifest.
+        A path that does not exist, a file or folder that holds no run (an empty folder,
+        an event store), an unreadable manifest, a ``run.json`` that cannot be shown
+        (not JSON, not an object, a wrong field: named).
     """
     from lartpc.analysis.live import LiveRun
     from lartpc.analysis.runs import RunFolderError, find_run_dirs, sweep_points
@@ -120,9 +134,24 @@ def find_runs(paths: list[Path]) -> list:
     try:
         found = find_run_dirs(paths, pending=pending)
         hints = {k: v for p in paths if p.is_dir() for k, v in sweep_points(p).items()}
+        waiting = []
+        for p in pending:  # a sweep's point is pending as it is; a folder given only when
+            if p in hints:  # a training has started in or below it
+                waiting.append(p)
+                continue
+            starting = _starting(p)
+            if not starting:
+                raise RunFolderError(
+                    f"{p}: not a run folder: no run.json in or below it, and no training "
+                    "has started in it (no run.lock); give a run folder, a folder holding "
+                    "some, or a sweep's --out-dir")
+            waiting.extend(q for q in starting if q not in found and q not in waiting)
+        runs = [LiveRun(p, hints.get(p)) for p in found + waiting]
+        for r in runs:
+            r.check()
     except RunFolderError as e:
         raise LartpcError(str(e)) from None
-    return [LiveRun(p, hints.get(p)) for p in found + pending]
+    return runs
 
 
 def snapshot(runs: list) -> list:

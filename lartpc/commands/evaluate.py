@@ -101,7 +101,8 @@ def is_result(data: bytes) -> bool:
     return isinstance(res, dict) and {"network", "confusion", "accuracy"} <= res.keys()
 
 
-def run(args: argparse.Namespace) -> int:
+def check_options(args: argparse.Namespace) -> None:
+    """The options' checks, before torch is imported or anything is read."""
     if args.threads < 1 or args.workers < 1:
         raise LartpcError("--threads and --workers: at least 1")
     if args.regenerate and args.indices != "held-out":
@@ -120,6 +121,10 @@ def run(args: argparse.Namespace) -> int:
         from lartpc.fsutil import check_replaceable
 
         check_replaceable(args.json, "--json", "lartpc evaluate result", is_result)
+
+
+def run(args: argparse.Namespace) -> int:
+    check_options(args)
     from lartpc.data.store import EventStore  # torch, after the options' checks
     from lartpc.train import evaluate, weights
 

@@ -193,7 +193,6 @@ def _check_options(req: SweepRequest) -> list[str]:
     if (extra and req.scheduler != "slurm") or (extra_lsf and req.scheduler != "lsf"):
         raise LartpcError(f"--sbatch-arg is for SLURM and --bsub-arg for LSF; the sweep's "
                           f"scheduler is {req.scheduler}")
-    sweep.parse_time_s(req.time)
     if req.max_requeues < 0:
         raise LartpcError(f"--max-requeues {req.max_requeues}: must be 0 or more")
     return extra or extra_lsf

@@ -145,17 +145,14 @@ def parse_time_s(text: str, option: str = "--time") -> int:
     d, a, b, c = (int(x) if x else None for x in m.groups())
     if d is not None:  # D-H, D-H:M, D-H:M:S
         h, mi, s = a, b or 0, c or 0
-        below_60 = (b, c)
     elif c is not None:
         h, mi, s = a, b, c
-        below_60 = (b, c)
     elif b is not None:
         h, mi, s = 0, a, b
-        below_60 = (b,)
     else:
         h, mi, s = 0, a, 0
-        below_60 = ()
-    if any(v is not None and v >= 60 for v in below_60):
+    # every form's fields after its first are minutes or seconds
+    if any(v is not None and v >= 60 for v in (b, c)):
         raise LartpcError(f"{option} {text!r}: minutes and seconds after the first field "
                           f"must be below 60 ({TIME_FORMS})")
     total = (((d or 0) * 24 + h) * 60 + mi) * 60 + s

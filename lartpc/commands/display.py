@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from lartpc.errors import LartpcError
-from lartpc.fsutil import atomic_write, output_file
+from lartpc.fsutil import atomic_write, check_replaceable, output_file
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -120,18 +120,15 @@ def event_title(event, index: int, classes: tuple[str, ...] | None = None) -> st
 
 
 def run(args: argparse.Namespace) -> int:
-    from lartpc.data import EventStore
-
     if args.margin < 0:
         raise LartpcError(f"--margin {args.margin}: pixels, 0 or more")
-    from lartpc.fsutil import check_replaceable
+    out = output_file(args.out)  # a link the user made to the folder: followed here only
+    check_replaceable(out, "--out", "PNG image", lambda data: data.startswith(PNG_SIGNATURE))
+    from lartpc.data import EventStore  # torch, after the options' checks
 
-    check_replaceable(output_file(args.out), "--out", "PNG image",
-                      lambda data: data.startswith(PNG_SIGNATURE))
     store = EventStore(args.path)
     if not -len(store) <= args.event < len(store):
         raise LartpcError(f"--event {args.event}: {args.path} holds {len(store)} events")
-    out = output_file(args.out)  # a link the user made to the folder: followed here only
     if not out.parent.is_dir():
         raise LartpcError(f"--out {out}: folder {out.parent} does not exist")
     ev = store[args.event]

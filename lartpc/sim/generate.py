@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lartpc import CLASSES, MAX_SEED, __version__
-from lartpc.cliparse import check_positive, geometry_of
+from lartpc import CLASSES, __version__
+from lartpc.cliparse import check_positive, check_seed, geometry_of
 from lartpc.data.staging import existing_shards, replace_store
 from lartpc.data.store import SHARD_PATTERN, Event, write_shard
 from lartpc.errors import LartpcError
@@ -201,8 +201,7 @@ def write_dataset(out_dir: str | os.PathLike, n_events: int, *, seed: int = 0,
     for value, option in ((n_events, "--events"), (workers, "--workers"),
                           (shard_size, "--shard-size")):
         check_positive(value, option)
-    if not 0 <= int(seed) <= MAX_SEED:
-        raise LartpcError(f"--seed: must be in 0..2**63-1, got {seed}")
+    check_seed(seed)
     geometry = geometry_of(downsample)
     out = Path(out_dir)
     with replace_store(out, overwrite) as stage:

@@ -66,3 +66,48 @@ def test_no_section_runs_on_without_a_heading(doc):
     starts = [i for i, ln in enumerate(lines) if re.match(r"#{1,6} ", ln)] + [len(lines)]
     longest = max(b - a for a, b in zip(starts, starts[1:], strict=False))
     assert longest <= 80, f"{doc}: {longest} lines under one heading"
+
+
+def _fenced_commands(doc: Path) -> list[str]:
+    """The ``lartpc`` command lines of ``doc``'s fenced code blocks, a launcher's
+    (``torchrun ... lartpc train ...``) included, continuation lines joined and
+    trailing comments dropped, leaving out sketches that show a choice or an elision
+    (``[--opt]``, ``a | b``, ``...``)."""
+    text = doc.read_text(encoding="utf-8")
+    found = []
+    for block in re.findall(r"^```[\w-]*\n(.*?)^```", text, re.S | re.M):
+        for line in block.replace("\\\n", " ").splitlines():
+            m = re.search(r"(?:^|\s)(?:[\w./-]*/)?lartpc (.*)$", line)
+            if not m or line.lstrip().startswith("#"):
+                continue
+            command = re.sub(r"\s+#.*$", "", m.group(1)).strip()
+            if not re.search(r"\.\.\.|…|\[|\s\|\s", command):
+                found.append(command)
+    return found
+
+
+@pytest.mark.parametrize("doc, at_least", [("README.md", 25), ("BENCHMARKS.md", 15)])
+def test_documented_commands_parse(doc, at_least, capsys):
+    """Every whole ``lartpc`` command a reader can copy from README's or BENCHMARKS'
+    code blocks (docs/ shows commands in running text) is one the
+    command line takes as written (options, choices, value types), and a ``train``
+    command's ``--config`` with its ``--set`` overrides is a valid configuration: an
+    option renamed or removed without the docs would fail here."""
+    import shlex
+
+    from lartpc.cli import build_parser
+    from lartpc.config import load_config
+
+    commands = _fenced_commands(ROOT / doc)
+    assert len(commands) >= at_least, commands  # the blocks this was written for are found
+    refused = []
+    for command in commands:
+        argv = shlex.split(command)
+        try:
+            args = build_parser(argv).parse_args(argv)
+        except SystemExit:
+            refused.append(f"lartpc {command}\n    {capsys.readouterr().err.strip()}")
+            continue
+        if args.command == "train":
+            load_config(args.config, args.overrides)  # raises with the key it refuses
+    assert not refused, f"{doc}: commands the CLI refuses:\n" + "\n".join(refused)

@@ -71,7 +71,8 @@ OWNED_ARGS: dict[str, dict[str, str]] = {
         **dict.fromkeys(("--qos", "-q"), "--qos"),
         "--reservation": "--reservation",
     },
-    "lsf": {"-J": "the point's name", "-nnodes": "--gpus and --gpus-per-node",
+    "lsf": {"-J": "the point's name",
+            **dict.fromkeys(("-nnodes", "-n", "-gpu"), "--gpus and --gpus-per-node"),
             "-W": "--time", "-o": "--out-dir", "-P": "--account", "-q": "--queue",
             "-U": "--reservation"},
 }
@@ -363,16 +364,10 @@ def layout(n: int, shape: JobShape) -> tuple[int, int]:
 
 def directives(p: Point, shape: JobShape, logs_dir: Path) -> list[str]:
     """The scheduler lines for one point."""
+    if shape.scheduler == "lsf":
+        return _lsf_directives(p, shape, logs_dir)
     nodes, tpn = layout(p.gpus, shape)
     c = shape.cores_per_rank
-    if shape.scheduler == "lsf":
-        mins = math.ceil(parse_time_s(shape.time) / 60)
-        lines = [f"-J lartpc-{p.name}", f"-nnodes {nodes}", f"-W {mins // 60}:{mins % 60:02d}",
-                 f"-o {logs_dir / p.name}.%J.out"]
-        lines += [f"-P {shape.account}"] * bool(shape.account)
-        lines += [f"-q {shape.queue}"] * bool(shape.queue)
-        lines += [f"-U {shape.reservation}"] * bool(shape.reservation)
-        return [f"#BSUB {x}" for x in [*lines, *shape.extra_args]]
     lines = [f"--job-name=lartpc-{p.name}", f"--nodes={nodes}"]
     if shape.launcher == "torchrun":  # one torchrun per node starts the node's ranks
         lines += ["--ntasks-per-node=1", f"--cpus-per-task={tpn * c}"]
@@ -385,6 +380,25 @@ def directives(p: Point, shape: JobShape, logs_dir: Path) -> list[str]:
     lines += [f"--time={shape.time}", f"--output={logs_dir / p.name}-%j.out",
               "--open-mode=append", "--requeue", "--signal=B:USR1@120"]
     return [f"#SBATCH {x}" for x in [*lines, *_site_lines(shape)]]
+
+
+def _lsf_directives(p: Point, shape: JobShape, logs_dir: Path) -> list[str]:
+    """The ``#BSUB`` lines for one point."""
+    nodes, tpn = layout(p.gpus, shape)
+    mins = math.ceil(parse_time_s(shape.time) / 60)
+    if shape.launcher == "jsrun":  # IBM CSM allocates whole nodes; jsrun places the ranks
+        size = [f"-nnodes {nodes}"]
+    else:
+        # Without CSM, -nnodes does not exist (LSF gives one slot and no GPUs): ranks as
+        # slots, tpn per host, and that host's GPUs (LSF >= 10.1's -gpu, per host).
+        size = [f"-n {p.gpus}", f'-R "span[ptile={tpn}]"']
+        size += [f'-gpu "num={tpn}"'] * (not shape.cpu)
+    lines = [f"-J lartpc-{p.name}", *size, f"-W {mins // 60}:{mins % 60:02d}",
+             f"-o {logs_dir / p.name}.%J.out"]
+    lines += [f"-P {shape.account}"] * bool(shape.account)
+    lines += [f"-q {shape.queue}"] * bool(shape.queue)
+    lines += [f"-U {shape.reservation}"] * bool(shape.reservation)
+    return [f"#BSUB {x}" for x in [*lines, *shape.extra_args]]
 
 
 def _site_lines(shape: JobShape) -> list[str]:

@@ -123,6 +123,21 @@ def test_lsf_dry_run_prints_the_jsrun_line(tmp_path):
         "--set train.seed=0 --set train.time_limit_s=")
 
 
+def test_lsf_horovod_asks_for_slots_and_gpus_not_csm_nodes(tmp_path):
+    # -nnodes is IBM CSM's (jsrun clusters); plain LSF needs slots, ptile and -gpu.
+    res = sweep(tmp_path, "--models", "jishnet", "--gpus", "12", "--scheduler", "lsf",
+                "--launcher", "horovod", "--cores-per-rank", "7", "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert "#BSUB -n 12\n" in res.stdout and "#BSUB -nnodes" not in res.stdout
+    assert '#BSUB -R "span[ptile=6]"\n#BSUB -gpu "num=6"\n' in res.stdout
+    res = sweep(tmp_path, "--models", "jishnet", "--gpus", "2", "--scheduler", "lsf",
+                "--launcher", "horovod", "--cpu", "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert '#BSUB -n 2\n#BSUB -R "span[ptile=2]"\n#BSUB -W' in res.stdout  # no GPUs
+    template = (ROOT / "jobs/lsf/horovodrun.lsf").read_text()
+    assert "#BSUB -nnodes" not in template and '#BSUB -gpu "num=6"\n' in template
+
+
 def test_horovod_gloo_host_list_from_tasks_per_node(tmp_path):
     """horovodrun -H from SLURM's compressed SLURM_TASKS_PER_NODE, as inside a job."""
     env = {**os.environ, "LARTPC_DRY_RUN": "1", "LARTPC_CONFIG": "tiny-scnet",

@@ -419,10 +419,15 @@ NETWORK_TIME = "00:15:00"
 def network_script(points: list[Point], shape: JobShape, out_dir: Path,
                    logs_dir: Path) -> tuple[str, dict[str, str]]:
     """The allreduce job for the sweep's largest allocation (one rank per node; on one
-    node, that node's ranks) and its settings; its profile is ``out_dir/network.json``."""
+    node, that node's ranks) and its settings; its profile is ``out_dir/network.json``.
+    A sweep of 1-GPU points only is refused: it has no allreduce to measure."""
     if shape.scheduler != "slurm":
         raise LartpcError("--measure-network needs --scheduler slurm")
     nodes, tpn = max(layout(p.gpus, shape) for p in points)
+    if nodes == 1 and tpn == 1 and not shape.cpu:  # two ranks would share one GPU (NCCL
+        # refuses: "Duplicate GPU detected"), and a 1-GPU sweep has no network to measure
+        raise LartpcError("--measure-network: the sweep's largest point has 1 GPU and an "
+                          "allreduce needs 2; add a larger point to --gpus or drop the option")
     per_node = 1 if nodes > 1 else max(2, tpn)
     lines = ["--job-name=lartpc-allreduce", f"--nodes={nodes}",
              f"--ntasks-per-node={per_node}", f"--cpus-per-task={shape.cores_per_rank}",

@@ -138,6 +138,21 @@ def test_lsf_horovod_asks_for_slots_and_gpus_not_csm_nodes(tmp_path):
     assert "#BSUB -nnodes" not in template and '#BSUB -gpu "num=6"\n' in template
 
 
+def test_measure_network_refuses_a_sweep_of_one_gpu(tmp_path):
+    # Two ranks on one GPU: NCCL stops with "Duplicate GPU detected".
+    res = sweep(tmp_path, "--models", "jishnet", "--gpus", "1", "--scheduler", "slurm",
+                "--launcher", "torchrun", "--measure-network", "--dry-run")
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1].startswith(
+        "lartpc sweep: error: --measure-network: the sweep's largest point has 1 GPU")
+    assert "Traceback" not in res.stderr and not (tmp_path / "runs").exists()
+    res = sweep(tmp_path, "--models", "jishnet", "--gpus", "1,2", "--scheduler", "slurm",
+                "--launcher", "torchrun", "--measure-network", "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert "#SBATCH --ntasks-per-node=2\n" in res.stdout
+    assert "#SBATCH --gpus-per-node=2\n" in res.stdout
+
+
 def test_horovod_gloo_host_list_from_tasks_per_node(tmp_path):
     """horovodrun -H from SLURM's compressed SLURM_TASKS_PER_NODE, as inside a job."""
     env = {**os.environ, "LARTPC_DRY_RUN": "1", "LARTPC_CONFIG": "tiny-scnet",

@@ -100,8 +100,8 @@ def _add_extras(p: argparse.ArgumentParser) -> None:
                    "conda, container set-up); copied into the sweep's jobs/ folder")
     p.add_argument("--measure-network", action="store_true",
                    help="first run `lartpc bench allreduce` on the sweep's largest "
-                   "allocation (SLURM): OUT-DIR/network.json for `lartpc analyze predict "
-                   "--cluster-file`; the points start after it")
+                   "allocation (SLURM; refused when that is 1 GPU): OUT-DIR/network.json for "
+                   "`lartpc analyze predict --cluster-file`; the points start after it")
     p.add_argument("--max-requeues", type=int, default=20, metavar="N",
                    help="most requeues (SLURM) or resubmissions (LSF) of one point's job, "
                    "written into its script (default 20); a point that has spent its "

@@ -286,9 +286,9 @@ def write(p: SweepPlan) -> SweepResult:
 
 def submit(p: SweepPlan) -> SweepResult:
     """Write as :func:`write` does, then submit the network measurement and every point
-    not completed, queued or running (each asked of squeue/bjobs before anything is
-    written: if that fails, nothing is written or submitted); job ids go into the
-    manifest and onto the points."""
+    not completed, out of study budget, queued or running (each asked of squeue/bjobs
+    before anything is written: if that fails, nothing is written or submitted); job ids
+    go into the manifest and onto the points."""
     return _write(p, submitting=True)
 
 
@@ -297,7 +297,7 @@ def _write(p: SweepPlan, *, submitting: bool) -> SweepResult:
     reasons = None
     if submitting:  # every point's job asked about first: a failed squeue submits nothing
         reasons = jobsubmit.skip_reasons(p.points, p.shape.scheduler,
-                                         jobsubmit.read_manifest(p.manifest))
+                                         jobsubmit.read_manifest(p.manifest), _budgets(p))
     _make_folders(p)
     for path, text in p.copies.items():
         jobsubmit.write_script(path, text)
@@ -309,6 +309,13 @@ def _write(p: SweepPlan, *, submitting: bool) -> SweepResult:
         result.skipped = jobsubmit.submit(p.points, p.shape.scheduler, p.manifest, meta, old,
                                           result.network_job, reasons)
     return result
+
+
+def _budgets(p: SweepPlan) -> dict[str, float]:
+    """Model -> ``train.budget_s`` its points train to (its config with the sweep's --set)."""
+    from lartpc.config import load_config
+
+    return {m: load_config(ref, p.request.sets).train.budget_s for m, ref in p.configs.items()}
 
 
 def _manifest_settings(p: SweepPlan) -> dict:

@@ -3,7 +3,8 @@
 ``manifest.json`` in the sweep's folder is appended to, never replaced: a point keeps
 every job id it was ever submitted as (``jobs``), a sweep run again adds its new points
 beside the old ones, and ``sweeps`` records each invocation's settings. ``--submit``
-skips a point whose run completed or whose last job is still queued or running, so
+skips a point whose run completed or spent its study budget (``train.budget_s``; one
+this sweep raises trains on), or whose last job is still queued or running, so
 running the same command twice submits nothing twice. Every point's job is asked about
 before anything is submitted: when ``squeue``/``bjobs`` fails (other than for a job it
 no longer knows) nothing is submitted, since a point whose job may still be queued must
@@ -193,10 +194,25 @@ def job_state(scheduler: str, job_id: str) -> str | None:
     return state or None
 
 
-def skip_reason(p: Point, scheduler: str, previous: dict) -> str | None:
-    """Why ``p`` must not be submitted again, or None to submit it."""
+def budget_spent(run: str, budget_s: float | None) -> bool:
+    """True when the run's job would end at once: run.json says its study budget is spent
+    and this sweep's ``train.budget_s`` (None: not known) allows no more training time
+    than the run has had (a raised budget trains on, as the job's resume would)."""
+    record = peek_record(run) or {}
+    if record.get("budget_spent") is not True:
+        return False
+    had = record.get("train_time_s", record.get("budget_s"))
+    return budget_s is None or not isinstance(had, int | float) or had >= budget_s
+
+
+def skip_reason(p: Point, scheduler: str, previous: dict,
+                budget_s: float | None = None) -> str | None:
+    """Why ``p`` must not be submitted again, or None to submit it. ``budget_s``: the
+    point's ``train.budget_s`` in this sweep (None: a spent budget is final)."""
     if run_status(p.run) == "completed":
         return "its run completed"
+    if budget_spent(p.run, budget_s):
+        return "its run has spent its study budget (train.budget_s)"
     job = previous.get("job_id")
     if job:
         state = job_state(scheduler, str(job))
@@ -242,11 +258,14 @@ def submit_network(script: str, profile: Path, old: dict) -> str | None:
     return submit_one("sbatch", script)
 
 
-def skip_reasons(points: list[Point], scheduler: str, old: dict) -> dict[str, str]:
+def skip_reasons(points: list[Point], scheduler: str, old: dict,
+                 budgets: dict[str, float] | None = None) -> dict[str, str]:
     """Point name -> why it is not submitted, asked of the scheduler for every point
-    before any is submitted (a failed ``squeue``/``bjobs`` raises, submitting nothing)."""
+    before any is submitted (a failed ``squeue``/``bjobs`` raises, submitting nothing).
+    ``budgets``: model -> ``train.budget_s`` of this sweep's points."""
     previous = {p.get("name"): p for p in old.get("points", []) if isinstance(p, dict)}
-    reasons = {p.name: skip_reason(p, scheduler, previous.get(p.name, {})) for p in points}
+    reasons = {p.name: skip_reason(p, scheduler, previous.get(p.name, {}),
+                                   (budgets or {}).get(p.model)) for p in points}
     return {name: why for name, why in reasons.items() if why}
 
 

@@ -153,6 +153,36 @@ def test_measure_network_refuses_a_sweep_of_one_gpu(tmp_path):
     assert "#SBATCH --gpus-per-node=2\n" in res.stdout
 
 
+def test_submit_skips_a_run_whose_budget_is_spent(tmp_path):
+    # Its job would only allocate nodes to end at once; a budget this sweep raises trains on.
+    bin_dir, runs = tmp_path / "bin", tmp_path / "runs"
+    bin_dir.mkdir()
+    for exe, body in (("sbatch", f"echo x >> {tmp_path}/calls; echo 7"), ("squeue", "")):
+        (bin_dir / exe).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / exe).chmod(0o755)
+    spent = {"status": "time_limit", "budget_spent": True, "budget_s": 100.0,
+             "train_time_s": 100.5}
+    (runs / "jishnet-n1-s0").mkdir(parents=True)
+    (runs / "jishnet-n1-s0/run.json").write_text(json.dumps(spent))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+    def submit(budget_s: int) -> subprocess.CompletedProcess:
+        return lartpc("sweep", "--data", str(tmp_path), "--out-dir", str(runs),
+                      "--no-data-check", "--models", "jishnet", "--gpus", "1,2", "--scheduler",
+                      "slurm", "--launcher", "torchrun", "--cpu", "--cores-per-rank", "1",
+                      "--config-prefix", "tiny", "--set", f"train.budget_s={budget_s}",
+                      "--submit", env=env)
+
+    res = submit(100)
+    assert res.returncode == 0, res.stderr
+    assert "jishnet-n1-s0: not submitted, its run has spent its study budget" in res.stdout
+    assert (tmp_path / "calls").read_text().count("x") == 1  # jishnet-n2-s0 only
+    res = submit(200)
+    assert res.returncode == 0, res.stderr
+    assert "jishnet-n1-s0: not submitted" not in res.stdout
+    assert (tmp_path / "calls").read_text().count("x") == 3
+
+
 def test_horovod_gloo_host_list_from_tasks_per_node(tmp_path):
     """horovodrun -H from SLURM's compressed SLURM_TASKS_PER_NODE, as inside a job."""
     env = {**os.environ, "LARTPC_DRY_RUN": "1", "LARTPC_CONFIG": "tiny-scnet",

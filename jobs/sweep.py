@@ -36,6 +36,8 @@ TEMPLATES: dict[tuple[str, str], str] = {
     ("lsf", "jsrun"): "lsf/jsrun.lsf",
     ("lsf", "horovod"): "lsf/horovodrun.lsf",
 }
+#: The template whose launch reads LARTPC_SRUN_MPI (a site's srun_mpi): Horovod over MPI.
+SRUN_MPI_TEMPLATE = "slurm/horovod-srun.sbatch"
 SUBMIT = {"slurm": "sbatch", "lsf": "bsub"}
 #: GPUs per node when not given: a typical SLURM GPU node, and an IBM AC922 LSF node's 6
 #: (as the paper's Summit had; a site file or --gpus-per-node sets your cluster's).
@@ -462,8 +464,8 @@ def exports(p: Point, shape: JobShape, data: Path | str, sets: list[str]) -> dic
     }
     if shape.prelude:
         env["LARTPC_PRELUDE"] = shape.prelude
-    if shape.srun_mpi:
-        env["LARTPC_SRUN_MPI"] = shape.srun_mpi
+    if shape.srun_mpi and TEMPLATES.get((shape.scheduler, shape.launcher)) == SRUN_MPI_TEMPLATE:
+        env["LARTPC_SRUN_MPI"] = shape.srun_mpi  # the one launch that runs srun --mpi
     if sys.prefix != sys.base_prefix:  # a virtual environment: activate it on the node
         env["LARTPC_VENV"] = sys.prefix
     return env

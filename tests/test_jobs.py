@@ -183,6 +183,17 @@ def test_submit_skips_a_run_whose_budget_is_spent(tmp_path):
     assert (tmp_path / "calls").read_text().count("x") == 3
 
 
+def test_site_srun_mpi_is_exported_only_where_srun_mpi_reads_it(tmp_path):
+    common = ("--site", "perlmutter", "--account", "m1234_g", "--models", "jishnet",
+              "--gpus", "8", "--dry-run")
+    torchrun = sweep(tmp_path, *common)
+    assert torchrun.returncode == 0, torchrun.stderr
+    assert "LARTPC_SRUN_MPI" not in torchrun.stdout  # torchrun.sbatch never reads it
+    horovod = sweep(tmp_path, *common, "--launcher", "horovod")
+    assert horovod.returncode == 0, horovod.stderr
+    assert "export LARTPC_SRUN_MPI=cray_shasta\n" in horovod.stdout
+
+
 def test_horovod_gloo_host_list_from_tasks_per_node(tmp_path):
     """horovodrun -H from SLURM's compressed SLURM_TASKS_PER_NODE, as inside a job."""
     env = {**os.environ, "LARTPC_DRY_RUN": "1", "LARTPC_CONFIG": "tiny-scnet",

@@ -152,3 +152,55 @@ def test_a_segment_limit_is_the_smaller_of_the_users_and_the_jobs(tmp_path, sets
     limits = [a for a in args if a.startswith("train.time_limit_s=")]
     assert limits == [f"train.time_limit_s={limit}"]
     assert ("train.lr=0.1" in args) == ("train.lr" in sets)
+
+
+def test_the_segment_limit_counts_from_when_the_job_worked_it_out(train_events_dir,
+                                                                   tmp_path):
+    """The job script exports when it computed the segment's limit
+    (``$LARTPC_LIMIT_FROM``), and ``lartpc train`` counts the limit from there, so a
+    slow launch (srun, torchrun, interpreters on a shared file system) cannot push the
+    training's own stop past the scheduler's warning. Here the launch took "50 minutes"
+    of a 60 s limit: the training stops after its first step (the limit is checked after
+    each) instead of running its 60 s."""
+    import time
+
+    env = clean_env(LARTPC_CONFIG="tiny-jishnet", LARTPC_DATA=str(tmp_path / "d"),
+                    LARTPC_RUN=str(tmp_path / "r"), LARTPC_TIME_LIMIT_S="60",
+                    LARTPC_DRY_RUN="1")
+    script = f'set -euo pipefail; source "{COMMON}"; lartpc_setup gloo; echo "$LARTPC_LIMIT_FROM"'
+    before = time.time()
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert int(before) <= int(r.stdout.split()[-1]) <= time.time()  # exported, now
+    run = tmp_path / "run"
+    cmd = train_cmd(train_events_dir, run, "train.epochs=5", "train.time_limit_s=60")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                       env=clean_env(LARTPC_LIMIT_FROM=str(int(time.time()) - 3000)))
+    assert r.returncode == 0, r.stderr[-2000:]
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "time_limit"
+    assert len((run / "rank-000.csv").read_text().splitlines()) == 2  # header, one step
+
+
+def test_a_stale_or_bad_limit_origin(monkeypatch, caplog):
+    """An origin over an hour old is not this job's (a shell that kept a job's
+    environment): the limit counts from the process's start, with a warning; one that
+    is no number is refused, naming the variable."""
+    import time
+
+    from lartpc.commands.train import segment_start
+    from lartpc.errors import ConfigError
+
+    now = time.time()
+    monkeypatch.delenv("LARTPC_LIMIT_FROM", raising=False)
+    assert segment_start(now) == now
+    monkeypatch.setenv("LARTPC_LIMIT_FROM", str(now - 30))
+    assert segment_start(now) == now - 30
+    for stale in (now - 7200, now + 30):
+        monkeypatch.setenv("LARTPC_LIMIT_FROM", str(stale))
+        assert segment_start(now) == now
+    assert "not within the last hour" in caplog.text
+    monkeypatch.setenv("LARTPC_LIMIT_FROM", "soon")
+    with pytest.raises(ConfigError, match=r"\$LARTPC_LIMIT_FROM='soon'"):
+        segment_start(now)

@@ -11,6 +11,7 @@ import csv
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,64 @@ def test_horovod_requeue_resumes_exactly(slurm_env, tmp_path, events_dir):
     b = torch.load(run / "checkpoint.pt", weights_only=True)
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert {float(s["step"]) for s in b["optimizer"]["state"].values()} == {3.0}
+
+
+def _rows_when(path: Path, at_least: int, job: str, env: dict, timeout_s: float = 300) -> int:
+    """Wait until ``path`` (a rank's CSV) holds ``at_least`` rows; how many it holds."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        n = len(_rows(path)) if path.exists() else 0
+        if n >= at_least:
+            return n
+        assert sh.job_info(job, env).get("JobState") not in sh.FINAL_STATES, \
+            f"job {job} ended before {path.name} had {at_least} rows"
+        time.sleep(1)
+    raise AssertionError(f"{path} had fewer than {at_least} rows after {timeout_s:.0f} s")
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "horovod-gloo"])
+def test_the_wall_time_signal_checkpoints_every_rank_and_requeues(slurm_env, tmp_path,
+                                                                  events_dir, launcher):
+    """SLURM's warning before the time limit (``--signal=B:USR1@120``: USR1 to the
+    batch shell) reaches the ranks, which checkpoint at the step they are on and end
+    "preempted"; the script requeues and the next segment goes on from that step.
+
+    The script must not pass the warning to ``srun`` as SIGTERM: srun answers TERM by
+    SIGKILLing its tasks, so no rank would save and up to ``checkpoint_every_s`` of
+    training would be lost (here, with no periodic checkpoint, the whole segment). The
+    signal is sent the way SLURM sends it, ``scancel --signal=USR1 --batch``, twice:
+    once per segment, the second past ``--max-requeues 1``, which ends the job."""
+    man = _sweep(tmp_path, events_dir, launcher, "--set", "train.epochs=1000",
+                 "--set", "train.checkpoint_every_s=3600",
+                 "--max-requeues", "1")
+    (point,) = man["points"]
+    run = Path(point["run"])
+    job = sh.sbatch(point["script"], slurm_env)
+    csv0, first = run / "rank-000.csv", 0
+    for segment in (1, 2):
+        _rows_when(csv0, 3 if segment == 1 else first + 3, job, slurm_env)
+        subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=slurm_env,
+                       check=True, timeout=60)
+        if segment == 1:  # the next segment starts after the checkpoint
+            deadline = time.monotonic() + 300
+            while sh.job_info(job, slurm_env).get("Restarts") != "1":
+                assert time.monotonic() < deadline, _log(tmp_path)
+                time.sleep(1)
+            meta = json.loads((run / "run.json").read_text())
+            assert meta["status"] == "preempted", _log(tmp_path)
+            first = len(_rows(csv0))
+    info = sh.wait(job, slurm_env)
+    log = _log(tmp_path)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", log
+    assert "wall-time signal while training still runs" in log
+    meta = json.loads((run / "run.json").read_text())
+    assert [s["status"] for s in meta["segments"]] == ["preempted", "preempted"], log
+    import torch
+
+    saved = torch.load(run / "checkpoint.pt", weights_only=True)
+    for rank in (0, 1):
+        rows = _rows(run / f"rank-{rank:03d}.csv")
+        steps = [(int(r["epoch"]), int(r["batchno"])) for r in rows]
+        assert len(steps) > first and len(set(steps)) == len(steps), \
+            "the second segment went on from the first's last step: none lost or repeated"
+        assert len(steps) == int(saved["global_step"]), (len(steps), sorted(saved))

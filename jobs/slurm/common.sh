@@ -133,8 +133,13 @@ lartpc_setup() {
     local limit
     limit=$(lartpc_smaller_limit "$user" "$(lartpc_time_limit_s)")
     # Last, so it wins over the preset: the job's wall time is a hard bound a preset
-    # cannot know.
-    [[ -n $limit ]] && LARTPC_TRAIN_ARGS+=(--set "train.time_limit_s=$limit")
+    # cannot know. Counted from now, not from each rank's start: the launch (srun,
+    # torchrun, interpreters on a shared file system) is inside it (lartpc.commands.train).
+    if [[ -n $limit ]]; then
+        LARTPC_TRAIN_ARGS+=(--set "train.time_limit_s=$limit")
+        LARTPC_LIMIT_FROM=$(date +%s)
+        export LARTPC_LIMIT_FROM
+    fi
     return 0
 }
 
@@ -225,11 +230,29 @@ lartpc_run_status() { lartpc_run_field "$1" status; }
 
 lartpc_on_signal() {
     # Training stops by its own time limit, before this signal; if it is still running
-    # the job is about to be killed, so stop it now and requeue from its last checkpoint.
+    # the job is about to be killed, so ask every rank to stop now: each saves a
+    # checkpoint at the step it is on and ends "preempted", and the job is requeued.
     lartpc_log "wall-time signal while training still runs: stopping it"
     LARTPC_SIGNALLED=1
-    [[ -n ${LARTPC_CHILD:-} ]] && kill -TERM "$LARTPC_CHILD" 2>/dev/null
+    [[ -n ${LARTPC_CHILD:-} ]] || return 0
+    if [[ ${LARTPC_RANKS_IN_STEPS:-0} == 1 ]]; then
+        # The ranks run in the job's steps, under srun, which answers SIGTERM by
+        # SIGKILLing its tasks: no rank could save. So the ranks are sent TERM
+        # themselves (scancel without --batch signals the steps' processes, not this
+        # shell), and srun ends when they have.
+        scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null \
+            || lartpc_log "scancel --signal=TERM $SLURM_JOB_ID failed: the ranks were not told to stop"
+    else
+        kill -TERM "$LARTPC_CHILD" 2>/dev/null
+    fi
     return 0
+}
+
+# lartpc_ranks_in_steps CMD...: whether the launcher CMD starts the ranks in job steps
+# of their own (srun; the Horovod launcher that calls srun), not as its children here.
+lartpc_ranks_in_steps() {
+    [[ -n ${SLURM_JOB_ID:-} ]] || return 1
+    [[ $(basename "$1") == srun || " $* " == *" lartpc.dist.srun_horovod "* ]]
 }
 
 # lartpc_launch CMD...: run the launcher (or print it under LARTPC_DRY_RUN=1), then
@@ -257,7 +280,9 @@ lartpc_launch() {
     export LARTPC_EXIT_FILE
     rm -f "$LARTPC_EXIT_FILE"
     LARTPC_SIGNALLED=0
-    trap lartpc_on_signal USR1 TERM
+    LARTPC_RANKS_IN_STEPS=0
+    if lartpc_ranks_in_steps "$@"; then LARTPC_RANKS_IN_STEPS=1; fi
+    trap lartpc_on_signal USR1 USR2 TERM
     # In the background, so the trap runs while the launcher is still going.
     "$@" &
     LARTPC_CHILD=$!
@@ -268,7 +293,12 @@ lartpc_launch() {
         (( rc > 128 )) && kill -0 "$LARTPC_CHILD" 2>/dev/null && continue
         break
     done
-    trap - USR1 TERM
+    # A wait cut short by the trap returns 128 + the signal, also when the launcher
+    # ended in between: its own status is kept by the shell, so ask again.
+    if (( rc > 128 )); then rc=0; wait "$LARTPC_CHILD" || rc=$?; fi
+    # From here on a signal must not kill this shell before it requeues (the default
+    # action would): noted, and the decision below is made as it would be anyway.
+    trap 'LARTPC_SIGNALLED=1' USR1 USR2 TERM
     if (( rc != 0 && rc != 2 )) && [[ $(cat "$LARTPC_EXIT_FILE" 2>/dev/null) == 2 ]]; then
         lartpc_log "launcher exit code $rc, but a rank exited 2"
         rc=2
@@ -313,7 +343,8 @@ lartpc_requeue() {
         local n=${SLURM_RESTART_COUNT:-0}
         if (( n >= max )); then lartpc_log "requeued $n times already; giving up"; return 0; fi
         lartpc_log "time limit reached; requeueing job $SLURM_JOB_ID (restart $((n + 1)))"
-        scontrol requeue "$SLURM_JOB_ID"
+        scontrol requeue "$SLURM_JOB_ID" \
+            || lartpc_log "scontrol requeue $SLURM_JOB_ID failed: resubmit the script to resume"
     elif [[ -n ${LSB_JOBID:-} ]]; then
         local n=${LARTPC_RESUBMIT_COUNT:-0}
         if (( n >= max )); then lartpc_log "resubmitted $n times already; giving up"; return 0; fi

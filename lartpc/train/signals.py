@@ -1,4 +1,4 @@
-"""Stop requests from the scheduler or the user: SIGTERM, SIGUSR1, SIGINT, SIGHUP.
+"""Stop requests from the scheduler or the user: SIGTERM, SIGUSR1, SIGUSR2, SIGINT, SIGHUP.
 
 SLURM (``--signal``, preemption, ``scancel``) and LSF send one of these before they
 kill a job; a closed terminal or ssh session sends SIGHUP (unless the training was

@@ -83,7 +83,7 @@ class StepVote:
     loss: float
     acc: float
     out_of_time: float  #: 1 on a rank whose next step, evaluation and checkpoint won't fit
-    signalled: float  #: 1 on a rank that got SIGTERM/SIGUSR1/SIGINT/SIGHUP
+    signalled: float  #: 1 on a rank that got a stop signal (lartpc.stopsignals)
     #: 1 on a rank whose checkpoint interval has passed. Each rank reads its own clock,
     #: so ranks may disagree by a step; saving when any rank asks keeps every rank in
     #: the checkpoint's collectives together.

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -140,7 +142,28 @@ def test_plain_srun_meets_at_the_steps_first_node(monkeypatch):
                        "SLURM_JOB_NODELIST": "lartpc-n[1-3]"})
     assert _torch_env() == (1, 0, 2)
     assert os.environ["MASTER_ADDR"] == "lartpc-n1"
-    assert os.environ["MASTER_PORT"] == str(20000 + 123456 % 20000)
+    assert os.environ["MASTER_PORT"] == _common_sh_port("123456")
+
+
+def _common_sh_port(job_id: str) -> str:
+    """The MASTER_PORT jobs/slurm/common.sh's lartpc_master exports for a job (its
+    lartpc_job_port)."""
+    common = Path(__file__).resolve().parents[1] / "jobs" / "slurm" / "common.sh"
+    env = {**clean_env(), "SLURM_JOB_ID": job_id}
+    r = subprocess.run(["bash", "-c", f'source "{common}"; lartpc_job_port'],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()[-1]
+
+
+@pytest.mark.parametrize("job_id", [0, 12767, 19999, 20000, 123456, 7654321])
+def test_the_rendezvous_port_is_one_per_job_and_below_the_ephemeral_ports(job_id):
+    """Python's and the job script's port agree, and lie below 32768, where Linux's
+    outgoing connections take their ports (a busy node could hold the port otherwise)."""
+    from lartpc.dist.world import job_port
+
+    assert str(job_port(job_id)) == _common_sh_port(str(job_id))
+    assert 1024 < job_port(job_id) < 32768
 
 
 @pytest.mark.parametrize("stale", [{"RANK": "1", "WORLD_SIZE": "2"}, {"RANK": "0"},

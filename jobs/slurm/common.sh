@@ -213,9 +213,14 @@ lartpc_master() {
     mapfile -t hosts < <(lartpc_hosts)
     (( ${#hosts[@]} > 0 )) || lartpc_die "no node names from $SLURM_JOB_NODELIST"
     MASTER_ADDR=${hosts[0]}
-    MASTER_PORT=$(( 20000 + ${SLURM_JOB_ID:-${LSB_JOBID:-0}} % 20000 ))
+    MASTER_PORT=$(lartpc_job_port)
     export MASTER_ADDR MASTER_PORT
 }
+
+# lartpc_job_port: this job's rendezvous port, 10000-29999: below Linux's ephemeral
+# ports (32768-60999), which a busy node's connections may hold; as
+# lartpc.dist.world.job_port.
+lartpc_job_port() { echo $(( 10000 + ${SLURM_JOB_ID:-${LSB_JOBID:-0}} % 20000 )); }
 
 # lartpc_run_field RUN FIELD: a top-level field of RUN/run.json (JSON's spelling:
 # true/false), or nothing.

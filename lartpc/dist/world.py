@@ -28,6 +28,14 @@ log = logging.getLogger(__name__)
 _MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "JSM_NAMESPACE_RANK")
 
 
+def job_port(job_id: int) -> int:
+    """The rendezvous port of a scheduler job, one per job so two jobs sharing a node do
+    not collide: 10000-29999, below Linux's ephemeral ports (32768-60999), which a busy
+    node's outgoing connections may hold. jobs/slurm/common.sh's lartpc_master computes
+    the same (tests/test_bench_allreduce.py checks the two agree)."""
+    return 10000 + job_id % 20000
+
+
 def detect_backend(env: Mapping[str, str] | None = None) -> str:
     """The backend a launcher's environment implies (see the module docstring)."""
     env = os.environ if env is None else env
@@ -314,7 +322,7 @@ def _torch_env() -> tuple[int, int, int]:
                                   "host of the allocation); the sbatch scripts in jobs/slurm/ "
                                   "export it")
             env["MASTER_ADDR"] = first_host(nodes)
-            env.setdefault("MASTER_PORT", str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
+            env.setdefault("MASTER_PORT", str(job_port(int(env.get("SLURM_JOB_ID", "0")))))
         env.setdefault("MASTER_PORT", "29500")
     try:
         return int(env["RANK"]), int(env.get("LOCAL_RANK", "0")), int(env["WORLD_SIZE"])

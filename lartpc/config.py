@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 
 from lartpc import MAX_SEED
-from lartpc.data import AUGMENTS, BLOSC_SHUFFLES, LOADERS, ORIENTS, RULEBOOKS
+from lartpc.data import AUGMENTS, BLOSC_COMPRESS_AT, BLOSC_SHUFFLES, LOADERS, ORIENTS, RULEBOOKS
 from lartpc.dist import BACKENDS, COMPRESSIONS
 from lartpc.errors import ConfigError
 from lartpc.models import ALGOS, HEADS, LOSSES, MODELS, SPARSE, STAGE2S, STEMS, kernel_settings
@@ -82,6 +82,11 @@ class DataConfig:
     blosc_codec: str = "lz4"  #: defaults chosen by measurement, see lartpc/data/blosc_cache.py
     blosc_clevel: int = 5
     blosc_shuffle: str = "noshuffle"  #: noshuffle | shuffle | bitshuffle
+    #: first-epoch | start: when the blosc loader compresses its shard. start is the
+    #: paper's (the whole shard before the first step, so it counts in the data loading
+    #: time; the paper presets); first-epoch compresses each event as epoch 0 first uses
+    #: it, overlapped with training (BENCHMARKS.md, "Data loading")
+    blosc_compress_at: str = "first-epoch"
     prefetch: int = 2  #: batches prepared ahead of the step in a background thread
     #: threads preparing batches (the sparse loader only: each makes whole batches, the
     #: order is kept); for a GPU's graphed SCNet step, which one thread building the
@@ -207,6 +212,7 @@ CHOICES = {
     "model.stage2": STAGE2S,
     "data.loader": ("auto", *LOADERS),
     "data.blosc_shuffle": BLOSC_SHUFFLES,
+    "data.blosc_compress_at": BLOSC_COMPRESS_AT,
     "data.augment": AUGMENTS,
     "data.orient": ORIENTS,
     "data.rulebooks": RULEBOOKS,

@@ -61,6 +61,31 @@ def test_dense_images_equal_stored_events(store, blosc):
     assert loader.resident_bytes < 0.05 * len(idx) * 4 * np.prod(store.geometry.shape)
 
 
+
+@pytest.mark.parametrize("when", ["start", "first-epoch"])
+def test_a_runs_blosc_compress_at_reaches_its_loader(store, when):
+    """``data.blosc_compress_at`` is the run's choice of when the blosc loader
+    compresses: ``start`` (the paper's, and its preset's: the whole shard before the
+    first batch, inside the data loading time) or ``first-epoch`` (overlapped with epoch
+    0). It reached no loader before: every training compressed during epoch 0."""
+    from lartpc.train.parts import make_loader
+
+    cfg = load_config("tiny-jishnet", [f"data.blosc_compress_at={when}"])
+    idx = np.arange(0, 20, 2)
+    loader = make_loader(cfg, store, "blosc", idx, torch.device("cpu"), train=True)
+    assert loader.blosc.compress_at == when
+    ready = [loader.cache.has(i) for i in range(len(idx))]
+    assert ready == [when == "start"] * len(idx)  # before any batch: all or none
+    _check_epochs(store, loader, (0,), idx)
+    assert all(loader.cache.has(i) for i in range(len(idx)))
+
+
+def test_the_paper_preset_compresses_before_training_and_a_bad_choice_is_refused():
+    assert load_config("paper-jishnet").data.blosc_compress_at == "start"
+    assert load_config("tiny-jishnet").data.blosc_compress_at == "first-epoch"
+    with pytest.raises(ConfigError, match="data.blosc_compress_at = 'later'"):
+        load_config("tiny-jishnet", ["data.blosc_compress_at=later"])
+
 def test_dense_full_resolution(full_res_events_dir):
     store = EventStore(full_res_events_dir)
     assert store.geometry.shape == (3600, 3600)

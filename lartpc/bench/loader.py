@@ -26,7 +26,7 @@ import time
 
 from lartpc.cliparse import add_batch_per_rank, check_positive
 from lartpc.config import MAX_THREADS, choices
-from lartpc.data import BLOSC_SHUFFLES, LOADERS
+from lartpc.data import BLOSC_COMPRESS_AT, BLOSC_SHUFFLES, LOADERS
 from lartpc.errors import ConfigError, LartpcError
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--band-rows", type=int, default=None, help="dense: rows per Blosc band")
     p.add_argument("--threads", type=int, default=1,
                    help="dense: Blosc threads per compression call (0 = all cores)")
-    p.add_argument("--compress-at", default=None, choices=("start", "first-epoch"),
+    p.add_argument("--compress-at", default=None, choices=BLOSC_COMPRESS_AT,
                    help="dense: compress the shard before training (paper) or during epoch 0")
     p.add_argument("--augment", default="none", choices=choices("data.augment"),
                    help="time each batch with this training augmentation applied")

@@ -14,11 +14,15 @@ LOADERS = ("blosc", "sparse", "device-dense")
 AUGMENTS = ("none", "mirror")
 ORIENTS = ("none", "start")
 BLOSC_SHUFFLES = ("noshuffle", "shuffle", "bitshuffle")
+#: when the blosc loader compresses its shard: start (before the first batch, inside the
+#: data loading time: the paper) | first-epoch (each event as epoch 0 first uses it, in
+#: the prefetch thread, overlapped with training: lartpc/data/blosc_cache.py)
+BLOSC_COMPRESS_AT = ("first-epoch", "start")
 #: forward (the model builds them: spconv in each layer's forward, or the torch layers'
 #: index tables) | loader (the sparse loader's prefetch thread builds them for the next
 #: batch: lartpc/models/rulebooks.py, lartpc/models/sparse_torch.py) | auto (loader for
 #: SCNet's torch layers where it can serve them, forward otherwise: train/parts.py)
 RULEBOOKS = ("auto", "forward", "loader")
 
-__all__ = ["AUGMENTS", "BLOSC_SHUFFLES", "LOADERS", "ORIENTS", "RULEBOOKS", "Event",
-           "EventStore", "EventStoreError", "write_shard"]
+__all__ = ["AUGMENTS", "BLOSC_COMPRESS_AT", "BLOSC_SHUFFLES", "LOADERS", "ORIENTS", "RULEBOOKS",
+           "Event", "EventStore", "EventStoreError", "write_shard"]

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import blosc2
 import numpy as np
 
+from lartpc.data import BLOSC_COMPRESS_AT
 from lartpc.data.store import Event
 from lartpc.errors import ConfigError
 
@@ -93,8 +94,9 @@ class BloscConfig:
             raise ConfigError(f"blosc shuffle {self.shuffle!r}: choose from {', '.join(_SHUFFLES)}")
         if not 0 <= self.clevel <= 9:
             raise ConfigError(f"blosc clevel {self.clevel}: must be 0..9")
-        if self.compress_at not in ("start", "first-epoch"):
-            raise ConfigError(f"blosc compress_at {self.compress_at!r}: start or first-epoch")
+        if self.compress_at not in BLOSC_COMPRESS_AT:
+            raise ConfigError(f"blosc compress_at {self.compress_at!r}: "
+                              f"{' or '.join(BLOSC_COMPRESS_AT)}")
         if self.band_rows < 1:
             raise ConfigError(f"blosc band_rows {self.band_rows}: must be >= 1")
         return blosc2.CParams(codec=codec, clevel=self.clevel, filters=[_SHUFFLES[self.shuffle]],

@@ -93,7 +93,7 @@ def make_loader(cfg: Config, store: EventStore, mode: str, indices: np.ndarray,
     if not train and len(indices) == 0:
         return None
     blosc = BloscConfig(codec=cfg.data.blosc_codec, clevel=cfg.data.blosc_clevel,
-                        shuffle=cfg.data.blosc_shuffle)
+                        shuffle=cfg.data.blosc_shuffle, compress_at=cfg.data.blosc_compress_at)
     rulebooks = rulebook_builder(cfg, model, mode, train=train)
     if rulebooks is not None and capacities is not None:
         rulebooks = capacities.padding(rulebooks)

@@ -181,6 +181,25 @@ def _budget(run: Run) -> float | None:
     return float(b) if isinstance(b, int | float) and not isinstance(b, bool) else None
 
 
+def _run_notes(run: Run, restarts, threshold: float) -> list[str]:
+    """What a reader of ``run``'s numbers should know: tolerated reading, restarts, a
+    first layer that skipped work, a loss not on the paper's scale."""
+    notes = list(run.notes) + [f"{run.name}: {n}" for n in restarts.notes]
+    if restarts.wait_s > 0:
+        notes.append(f"{run.name}: {len(restarts.waits)} restart(s); {restarts.wait_s:.0f} s "
+                     "waiting between job segments excluded from TTL")
+    if (run.meta.get("model_options") or {}).get("stem_skip_empty"):
+        notes.append(f"{run.name}: JishNet's first layer skipped the images' empty blocks "
+                     "(model.stem_skip_empty): the same numbers, but its times are not a "
+                     "dense network's (not the study's dense baseline)")
+    loss = run.meta.get("loss")
+    if loss is not None and loss != "paper":
+        notes.append(f"{run.name}: trained with model.loss = {loss}, not the paper's loss "
+                     f"scale: its time to loss {threshold:g} is not comparable with the "
+                     "paper's or with runs on that scale")
+    return notes
+
+
 def run_metrics(run: Run, threshold: float = 1.2, smooth: int | None = None,
                 clock: str = "train") -> RunMetrics:
     """Derive DLT, epoch rate, TTL and final accuracy of one run (see module docstring);
@@ -192,14 +211,7 @@ def run_metrics(run: Run, threshold: float = 1.2, smooth: int | None = None,
     n_steps = 0 if steps is None else len(steps)
     t = np.empty(0) if steps is None else steps["time"].to_numpy()
     restarts = find_restarts(t, run.meta.get("segments") or [])
-    notes = list(run.notes) + [f"{run.name}: {n}" for n in restarts.notes]
-    if restarts.wait_s > 0:
-        notes.append(f"{run.name}: {len(restarts.waits)} restart(s); {restarts.wait_s:.0f} s "
-                     "waiting between job segments excluded from TTL")
-    if (run.meta.get("model_options") or {}).get("stem_skip_empty"):
-        notes.append(f"{run.name}: JishNet's first layer skipped the images' empty blocks "
-                     "(model.stem_skip_empty): the same numbers, but its times are not a "
-                     "dense network's (not the study's dense baseline)")
+    notes = _run_notes(run, restarts, threshold)
     dlt = dlt_max = rate = img_rate = ttl = bound = final = window = ttl_wall = None
     censored, used = True, clock
     budget = _budget(run)

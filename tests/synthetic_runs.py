@@ -85,7 +85,7 @@ def write_synthetic_run(folder: str | Path, *, model: str, world_size: int,
     meta = {
         "model": model, "world_size": world_size, "start_time": start_time, "end_time": end,
         "status": "completed" if reached else "time_limit", "steps_per_epoch": steps_per_epoch,
-        "train_events": train_events, "eval_events": per_class * len(CLASSES), "loss": "ce",
+        "train_events": train_events, "eval_events": per_class * len(CLASSES), "loss": "paper",
         "config": {"model": {"name": model},
                    "train": {"seed": seed, "batch_per_rank": batch_per_rank}},
         "geometry": {"synthetic": True}, "versions": {}, "git_sha": "synthetic",

@@ -199,3 +199,20 @@ def test_a_dense_run_whose_stem_skipped_empty_blocks_is_noted(tmp_path):
     notes = run_metrics(run, threshold=1.2).notes
     assert any(n.startswith("r: JishNet's first layer skipped") and "not the study's dense "
                "baseline" in n for n in notes), notes
+
+
+def test_a_run_whose_loss_is_not_on_the_papers_scale_is_noted(tmp_path):
+    """The time to loss 1.2 is the paper's on its loss scale (``model.loss = paper``,
+    every preset's); a run trained with the logits' cross-entropy crosses 1.2 elsewhere,
+    and its metrics say so; a paper-scale run, and a run.json from before the field
+    existed, do not."""
+    run = load_run(write_synthetic_run(tmp_path / "r", model="scnet", world_size=1,
+                                       epoch_rate_per_min=0.75, ttl_s=400, dlt_s=37.5,
+                                       time_limit_s=600, train_events=700, loss_noise=0.0))
+    for loss in ("paper", None):
+        run.meta["loss"] = loss
+        assert not any("loss scale" in n for n in run_metrics(run, threshold=1.2).notes)
+    run.meta["loss"] = "ce"
+    notes = run_metrics(run, threshold=1.4).notes
+    assert any(n.startswith("r: trained with model.loss = ce, not the paper's loss scale: "
+                            "its time to loss 1.4") for n in notes), notes

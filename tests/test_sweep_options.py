@@ -465,6 +465,32 @@ def test_lsf_resubmission_is_recorded_and_not_submitted_again(tmp_path, events_d
     assert len(calls.read_text().split()) == 2  # the sweep's and the job's own
 
 
+
+def test_lsf_resubmission_leaves_out_what_the_job_worked_out_itself(tmp_path):
+    """bsub hands the next job the resubmitting shell's environment. What this job
+    worked out for itself (env.sh's defaults: NCCL's log named by this job's id, the
+    thread count; the time limit's origin) is left out, so the next job works out its
+    own; what the user set before submitting is handed on."""
+    bin_dir, seen = tmp_path / "bin", tmp_path / "bsub.env"
+    fake(bin_dir, "bsub", f'cat > /dev/null; env > {seen}; echo "Job <702> is submitted."\n')
+    script = tmp_path / "job.lsf"
+    script.write_text("#!/bin/bash\n")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "LARTPC_", "NCCL_", "OMP_", "HDF5_", "TORCH_NCCL"))}
+    env.update(PATH=f"{bin_dir}:{env['PATH']}", LSB_JOBID="701", LARTPC_SCRIPT=str(script),
+               LARTPC_RUN=str(tmp_path / "runs" / "r"), TORCH_NCCL_ASYNC_ERROR_HANDLING="0")
+    probe = (f'source {ROOT}/jobs/slurm/common.sh; lartpc_env 4; '
+             'export LARTPC_LIMIT_FROM=$(date +%s); lartpc_requeue')
+    r = subprocess.run(["bash", "-c", probe], env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and "Job <702> is submitted" in r.stderr, r.stderr
+    handed = dict(line.split("=", 1) for line in seen.read_text().splitlines() if "=" in line)
+    for name in ("NCCL_DEBUG", "NCCL_DEBUG_FILE", "NCCL_DEBUG_SUBSYS", "OMP_NUM_THREADS",
+                 "HDF5_USE_FILE_LOCKING", "LARTPC_SRUN_MPI", "LARTPC_LIMIT_FROM"):
+        assert name not in handed, (name, handed.get(name))
+    assert handed["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"  # the user's
+    assert handed["LARTPC_RESUBMIT_COUNT"] == "1"
+    assert handed["LARTPC_SCRIPT"] == str(script)
+
 _BIND = """
 import json, socket, sys
 from dataclasses import dataclass

@@ -139,6 +139,8 @@ lartpc_setup() {
         LARTPC_TRAIN_ARGS+=(--set "train.time_limit_s=$limit")
         LARTPC_LIMIT_FROM=$(date +%s)
         export LARTPC_LIMIT_FROM
+    else
+        unset LARTPC_LIMIT_FROM  # another job's, had it been handed on: not this one's
     fi
     return 0
 }
@@ -356,7 +358,11 @@ lartpc_requeue() {
         [[ -n ${LARTPC_SCRIPT:-} ]] || { lartpc_log "LARTPC_SCRIPT unset: cannot resubmit"; return 0; }
         lartpc_log "time limit reached; resubmitting $LARTPC_SCRIPT (resubmission $((n + 1)))"
         local out re='Job <([0-9]+)>'
-        if ! out=$(LARTPC_RESUBMIT_COUNT=$((n + 1)) bsub < "$LARTPC_SCRIPT" 2>&1); then
+        # Without what this job worked out for itself (lartpc_env's defaults, the time
+        # limit's origin): bsub hands the next job this shell's environment.
+        local -a unset=(-u LARTPC_LIMIT_FROM) name
+        for name in ${LARTPC_ENV_DEFAULTED:-}; do unset+=(-u "$name"); done
+        if ! out=$(env "${unset[@]}" LARTPC_RESUBMIT_COUNT=$((n + 1)) bsub < "$LARTPC_SCRIPT" 2>&1); then
             lartpc_log "bsub failed: $out"; return 0
         fi
         lartpc_log "$out"

@@ -22,8 +22,17 @@
 #                                 (horovod-srun.sbatch); `srun --mpi=list` shows the site's;
 #                                 a site file's srun_mpi is exported by the sweep
 
-# lartpc_env RANK_CORES: export the defaults above.
+# lartpc_env RANK_CORES: export the defaults above. The names of those this job had not
+# set go into LARTPC_ENV_DEFAULTED, so a job that resubmits itself (LSF's bsub copies the
+# submitting shell's environment) can leave them out and the next job works its own out
+# (its job id in NCCL's log name, its cores).
 lartpc_env() {
+    local name
+    LARTPC_ENV_DEFAULTED=""
+    for name in HDF5_USE_FILE_LOCKING OMP_NUM_THREADS TORCH_NCCL_ASYNC_ERROR_HANDLING \
+                NCCL_DEBUG NCCL_DEBUG_SUBSYS NCCL_DEBUG_FILE LARTPC_SRUN_MPI; do
+        [[ -n ${!name+set} ]] || LARTPC_ENV_DEFAULTED+=" $name"
+    done
     export HDF5_USE_FILE_LOCKING="${HDF5_USE_FILE_LOCKING:-FALSE}"
     export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$1}"
     export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"

@@ -255,12 +255,14 @@ def local_path(text: str) -> Path | None:
 
 
 def shell_value(value: str) -> str:
-    """``value`` as a shell word in which only its ``$VAR``/``${VAR}`` expand."""
+    """``value`` as a shell word in which only its ``$VAR``/``${VAR}`` expand, each to
+    an error that stops the job where the node does not set it (``${SCRATCH:?...}``):
+    an empty one would turn ``$SCRATCH/events`` into ``/events``."""
     parts, pos = [], 0
     for m in _VAR.finditer(value):
         if m.start() > pos:
             parts.append(shlex.quote(value[pos:m.start()]))
-        parts.append(f'"${{{m.group(1) or m.group(2)}}}"')
+        parts.append(f'"${{{m.group(1) or m.group(2)}:?is not set on this node}}"')
         pos = m.end()
     if pos < len(value) or not parts:
         parts.append(shlex.quote(value[pos:]))

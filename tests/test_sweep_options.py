@@ -390,7 +390,7 @@ def test_data_only_on_the_cluster_and_variables_kept_for_the_job(tmp_path, monke
     res = lartpc(*base, "--data", "${LARTPC_TEST_SCRATCH}/my events", "--no-data-check")
     assert res.returncode == 0, res.stderr
     script = (out / "jobs/jishnet-n1-s0.sbatch").read_text()
-    line = "export LARTPC_DATA=\"${LARTPC_TEST_SCRATCH}\"'/my events'\n"
+    line = "export LARTPC_DATA=\"${LARTPC_TEST_SCRATCH:?is not set on this node}\"'/my events'\n"
     assert line in script
     man = json.loads((out / "manifest.json").read_text())
     assert man["data"] == "${LARTPC_TEST_SCRATCH}/my events"
@@ -398,6 +398,11 @@ def test_data_only_on_the_cluster_and_variables_kept_for_the_job(tmp_path, monke
                            env={**os.environ, "LARTPC_TEST_SCRATCH": "/lus/x"},
                            capture_output=True, text=True)
     assert probe.stdout == "/lus/x/my events"  # expanded on the node, the rest literal
+    probe = subprocess.run(["bash", "-c", line + 'printf %s "$LARTPC_DATA"'],
+                           env={**os.environ, "LARTPC_TEST_SCRATCH": ""},
+                           capture_output=True, text=True)  # not "/my events": stopped
+    assert probe.returncode != 0 and probe.stdout == ""
+    assert "LARTPC_TEST_SCRATCH: is not set on this node" in probe.stderr
     res = lartpc(*base, "--data", "events/$LARTPC_TEST_SCRATCH", "--no-data-check")
     assert res.returncode == 2 and "must start with one or with /" in res.stderr
     res = lartpc(*base[:-1], "$LARTPC_TEST_SCRATCH/runs", "--data", str(tmp_path),

@@ -45,6 +45,22 @@ def iface_of(addr: str) -> str:
     raise SystemExit(f"srun_horovod: no interface here holds {addr}: give --iface")
 
 
+def rendezvous_addr(hosts: str) -> str:
+    """The address the other nodes reach this one at: this host's name resolved, or,
+    where that is a loopback address (Debian-style ``/etc/hosts`` maps a host's own name
+    to 127.0.1.1) and other nodes take part, the address this host sends from towards
+    the next host of ``hosts`` (``host:slots,...``; a UDP socket's connect sends
+    nothing)."""
+    addr = socket.gethostbyname(socket.gethostname())
+    names = [h.rsplit(":", 1)[0] for h in hosts.split(",") if h]
+    if not addr.startswith("127.") or len(names) < 2:
+        return addr
+    peer = socket.gethostbyname(names[1])
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((peer, 9))
+        return s.getsockname()[0]
+
+
 def launch(args: argparse.Namespace) -> int:
     from horovod.runner.http.http_server import RendezvousServer
 
@@ -52,7 +68,7 @@ def launch(args: argparse.Namespace) -> int:
     server = RendezvousServer(verbose=0)
     port = server.start()
     server.init(plan)
-    addr = args.addr or socket.gethostbyname(socket.gethostname())
+    addr = args.addr or rendezvous_addr(args.hosts)
     iface = args.iface or iface_of(addr)
     per_node = max(s.local_size for s in plan)
     env = {**os.environ, ENV_PLAN: args.hosts, "HOROVOD_GLOO_RENDEZVOUS_ADDR": addr,
@@ -93,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hosts", required=True, help="host:slots,... in rank order")
     p.add_argument("--np", type=int, required=True, help="ranks")
     p.add_argument("--addr", help="rendezvous address the ranks connect to "
-                   "(default: this host's name, resolved)")
+                   "(default: this host's name, resolved; if that is a loopback address, "
+                   "the one this host reaches the next host from)")
     p.add_argument("--iface", help="network interface for Gloo on every node "
                    "(default: the one routing to --addr)")
     p.add_argument("--srun-arg", dest="srun_args", action="append", default=[],

@@ -59,7 +59,34 @@ def _rank_process(launcher: subprocess.Popen, rank: int):
     return None
 
 
-def test_sigterm_to_one_rank_preempts_all_and_resumes(train_events_dir, tmp_path):
+@pytest.fixture(scope="module")
+def reference(train_events_dir, tmp_path_factory):
+    """An uninterrupted 2-rank, 2-epoch run: what every split run must end as."""
+    ref = tmp_path_factory.mktemp("segments") / "ref"
+    r = run(_horovodrun(train_events_dir, ref), timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:]
+    return ref
+
+
+def _same_as(ref, split) -> None:
+    """``split`` ended with ``ref``'s loss rows on both ranks, parameters and Adam state."""
+    for rank in ("000", "001"):
+        a, b = rows(ref / f"rank-{rank}.csv"), rows(split / f"rank-{rank}.csv")
+        assert [x["local_loss"] for x in a] == [x["local_loss"] for x in b]
+        assert [x["global_loss"] for x in a] == [x["global_loss"] for x in b]
+    ca = torch.load(ref / "checkpoint.pt", weights_only=True)
+    cb = torch.load(split / "checkpoint.pt", weights_only=True)
+    assert all(torch.equal(ca["model"][k], cb["model"][k]) for k in ca["model"])
+    for key, sa in ca["optimizer"]["state"].items():
+        sb = cb["optimizer"]["state"][key]
+        assert all(torch.equal(sa[n], sb[n]) for n in ("exp_avg", "exp_avg_sq"))
+
+
+def test_sigterm_to_one_rank_preempts_all_and_resumes(train_events_dir, tmp_path,
+                                                      reference):
+    """SIGTERM to one rank, wherever in the epoch it lands: both ranks checkpoint at
+    the same step, and the resumed run ends as the uninterrupted one (rows, parameters,
+    Adam state)."""
     out = tmp_path / "run"
     cmd = _horovodrun(train_events_dir, out)
     proc = subprocess.Popen(cmd, env=clean_env(), stdout=subprocess.DEVNULL,
@@ -90,6 +117,7 @@ def test_sigterm_to_one_rank_preempts_all_and_resumes(train_events_dir, tmp_path
     assert len(r0) == len(r1) == 2 * info["steps_per_epoch"]
     assert [x["global_loss"] for x in r0] == [x["global_loss"] for x in r1]
     assert len({(x["epoch"], x["batchno"]) for x in r0}) == len(r0)
+    _same_as(reference, out)
 
 
 def _adam_steps(run_dir) -> set[float]:
@@ -97,30 +125,29 @@ def _adam_steps(run_dir) -> set[float]:
     return {float(s["step"]) for s in state.values()}
 
 
-def test_split_run_matches_uninterrupted(train_events_dir, tmp_path):
-    """A 2-rank Horovod run trained in two segments (1 epoch, then resumed to 2) ends
-    with the rows, parameters and Adam state of an uninterrupted 2-epoch run; before
-    the fix the resumed segment restarted Adam from step 0."""
-    ref, split = tmp_path / "ref", tmp_path / "split"
-    r = run(_horovodrun(train_events_dir, ref), timeout=600)
+@pytest.mark.parametrize("first, status, stop", [
+    ("train.epochs=1", "completed", (1, 0)),  # at the epoch's end
+    ("train.time_limit_s=1", "time_limit", (0, 1)),  # after its first step: mid-epoch
+])
+def test_split_run_matches_uninterrupted(train_events_dir, tmp_path, reference, first,
+                                         status, stop):
+    """A 2-rank Horovod run trained in two segments (its first stopped at an epoch's
+    end, or after its first step, the limit being checked after each) ends with the
+    rows, parameters and Adam state of an uninterrupted 2-epoch run; before the fix the
+    resumed segment restarted Adam from step 0."""
+    ref, split = reference, tmp_path / "split"
+    r = run(_horovodrun(train_events_dir, split, first), timeout=600)
     assert r.returncode == 0, r.stdout[-3000:]
-    r = run(_horovodrun(train_events_dir, split, "train.epochs=1"), timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:]
+    saved = torch.load(split / "checkpoint.pt", weights_only=True)
+    assert (saved["epoch"], saved["step_in_epoch"]) == stop
     r = run(_horovodrun(train_events_dir, split), timeout=600)
     assert r.returncode == 0, r.stdout[-3000:]
     info = json.loads((split / "run.json").read_text())
-    assert [s["status"] for s in info["segments"]] == ["completed", "completed"]
+    assert [s["status"] for s in info["segments"]] == [status, "completed"]
     for rank in ("000", "001"):
-        a, b = rows(ref / f"rank-{rank}.csv"), rows(split / f"rank-{rank}.csv")
-        assert len(a) == 2 * info["steps_per_epoch"]
-        assert [x["local_loss"] for x in a] == [x["local_loss"] for x in b]
+        assert len(rows(split / f"rank-{rank}.csv")) == 2 * info["steps_per_epoch"]
     total = 2 * info["steps_per_epoch"]
     # train.noise_scale=auto by default: measured across the two ranks, resumed too
     assert len(rows(ref / "noise.csv")) == len(rows(split / "noise.csv")) > 0
     assert _adam_steps(ref) == _adam_steps(split) == {float(total)}
-    ca = torch.load(ref / "checkpoint.pt", weights_only=True)
-    cb = torch.load(split / "checkpoint.pt", weights_only=True)
-    assert all(torch.equal(ca["model"][k], cb["model"][k]) for k in ca["model"])
-    for key, sa in ca["optimizer"]["state"].items():
-        sb = cb["optimizer"]["state"][key]
-        assert all(torch.equal(sa[n], sb[n]) for n in ("exp_avg", "exp_avg_sq"))
+    _same_as(ref, split)

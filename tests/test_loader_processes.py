@@ -201,6 +201,76 @@ def test_a_process_ignores_stop_signals_and_a_killed_one_is_named():
     pool.close()
 
 
+
+def _slow_double(x):
+    import time
+
+    time.sleep(x / 10)
+    return _double(x)
+
+
+class _Alarm(Exception):
+    pass
+
+
+def test_a_call_cut_short_ends_its_process_instead_of_serving_a_stale_reply():
+    """An exception in the caller's thread while it waits (a Ctrl-C, a MemoryError)
+    used to put the process back with its reply unread: the next call took that reply
+    for its own, and every batch after was the one before's (mislabelled data, nothing
+    raised). Now the process is ended and later calls on it say why."""
+    def alarm(*_):
+        raise _Alarm
+
+    pool = Processes(_slow_double, 1, name="probe")
+    old = signal.signal(signal.SIGALRM, alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(_Alarm):
+            pool(10)  # a second's batch, cut short after 0.2 s
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    with pytest.raises(LartpcError, match="probe: process probe-0 was interrupted while "
+                                          "making a batch"):
+        pool(1)
+    pool._procs[0][0].join(timeout=10)
+    assert not pool._procs[0][0].is_alive()
+    pool.close()
+
+
+def test_a_hung_process_is_an_error_not_a_hang(monkeypatch):
+    from lartpc.data import processes
+
+    monkeypatch.setattr(processes, "BATCH_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(processes, "PARENT_POLL_S", 0.2)
+    pool = Processes(_slow_double, 1, name="probe")
+    with pytest.raises(LartpcError, match=r"probe: process probe-0 \(pid \d+\) made no "
+                                          r"batch in 1 s \(hung\?\)"):
+        pool(50)  # five seconds
+    with pytest.raises(LartpcError, match="made no batch in 1 s"):
+        pool(1)
+    pool.close()
+
+
+def test_closing_a_pool_ends_its_processes_at_once_beside_another_pool():
+    """A later pool's processes, forked with copies of the earlier pool's pipe ends,
+    used to keep its processes waiting: close() took 5 s a process and left them
+    running (they ignore SIGTERM). Now every pool's processes close the other live
+    pools' ends, and a process that does not end is killed."""
+    import time
+
+    first = Processes(_double, 2, name="first")
+    second = Processes(_double, 2, name="second")
+    assert unpack(*first(2))["x"].tolist() == [4, 4]
+    assert unpack(*second(3))["x"].tolist() == [6, 6, 6]
+    start = time.monotonic()
+    first.close()
+    assert time.monotonic() - start < 4  # was 10 s: 5 s a process, then SIGTERM, ignored
+    assert not any(proc.is_alive() for proc, _ in first._procs)
+    assert unpack(*second(1))["x"].tolist() == [2]  # the other pool unharmed
+    second.close()
+    assert not any(proc.is_alive() for proc, _ in second._procs)
+
 def test_training_with_loader_processes_is_the_same_training(world, train_events_dir,
                                                              tmp_path):
     """Two epochs through the loop: with the batches made in two processes, the rank log

@@ -62,6 +62,31 @@ def test_dense_images_equal_stored_events(store, blosc):
 
 
 
+
+def test_an_epoch_ended_by_an_error_stops_its_threads_at_once(store):
+    """An error in the consumer's part of a batch (a device out of memory, say) ends the
+    epoch; its prefetch thread used to run on while the exception was held (its
+    traceback keeps the epoch's generator), beside the next epoch's on the same
+    buffers. Now the epoch's threads are joined before the error leaves it."""
+    idx = np.arange(0, 40, 2)
+    loader = build_loader(store, "blosc", idx, 2, seed=1)
+    finish, calls = loader._finish, []
+
+    def failing(b):
+        calls.append(1)
+        if len(calls) == 2:
+            raise MemoryError("out of device memory (stood in)")
+        return finish(b)
+
+    loader._finish = failing
+    with pytest.raises(MemoryError) as held:
+        for _ in loader:
+            pass
+    assert held.value is not None  # the exception, and its traceback, still held
+    assert not [th for th in threading.enumerate() if th.name.startswith("blosc-loader")]
+    loader._finish = finish
+    _check_epochs(store, loader, (0, 1), idx)  # and the next epochs are whole
+
 @pytest.mark.parametrize("when", ["start", "first-epoch"])
 def test_a_runs_blosc_compress_at_reaches_its_loader(store, when):
     """``data.blosc_compress_at`` is the run's choice of when the blosc loader

@@ -237,11 +237,15 @@ class Loader:
             raise LartpcError(f"{self.mode} loader: an iteration is still running; finish or "
                               f"close it before starting another")
         self._iterating = True
+        items = prefetch(lambda k: self._produce(batches[k], k % slots), len(batches),
+                         self.prefetch_depth, name=f"{self.mode}-loader",
+                         workers=self.prefetch_threads)
         try:
-            items = prefetch(lambda k: self._produce(batches[k], k % slots), len(batches),
-                             self.prefetch_depth, name=f"{self.mode}-loader",
-                             workers=self.prefetch_threads)
             for b in items:
                 yield self._finish(b)
         finally:
+            # Its threads stopped and joined now: left to the garbage collector, they
+            # would run on while a handler holds the exception that ended this epoch
+            # (its traceback keeps the generator), beside the next iteration's.
+            items.close()
             self._iterating = False

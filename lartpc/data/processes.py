@@ -12,9 +12,12 @@ for every tensor.
 (the GIL released) for the result; as many calls may run at once as there are
 processes, each from its own thread (the loader's prefetch threads, one per process).
 An exception in a process is raised in the caller; a process that dies (killed, out of
-memory) is an error naming it and its exit code. A process ends when the loader's end
-of its pipe closes or, failing that (a later fork of the loader's process holds a copy
-of that end), when the loader's process is gone. A process ignores the signals that stop
+memory) or makes no batch in :data:`BATCH_TIMEOUT_S` (hung) is an error naming it; a
+call cut short (an exception in the caller's thread while it waits) ends its process,
+whose reply would otherwise be taken for the next batch's. A process ends when the
+loader's end of its pipe closes (every pool's processes close the other live pools'
+ends, so no copy keeps it open), or when the loader's process is gone; one that does
+not is killed. A process ignores the signals that stop
 a training (a cluster's SIGTERM reaches every process of the job): the training stops
 at its next step boundary and the processes end when its pipes close.
 
@@ -133,14 +136,25 @@ def _unlock(locked: list) -> None:
     locked.clear()
 
 
-def _stop(procs: list, locked: list) -> None:
+#: the loader's ends of the pipes of every live pool of this process: a process forked
+#: later closes them all, so that closing a pool's ends ends its processes at once (a
+#: copy held by another pool's process would keep them waiting)
+_LIVE_ENDS: dict[int, list] = {}
+#: seconds a pool waits for a process's batch before calling it hung (a batch takes
+#: milliseconds to a few seconds)
+BATCH_TIMEOUT_S = 900.0
+
+
+def _stop(key: int, procs: list, locked: list) -> None:
+    _LIVE_ENDS.pop(key, None)
     _unlock(locked)
     for _, conn in procs:
         conn.close()
     for proc, _ in procs:
         proc.join(timeout=5)
-        if proc.is_alive():
-            proc.terminate()
+        if proc.is_alive():  # stuck in a batch, or deaf: it ignores SIGTERM
+            proc.kill()
+            proc.join(timeout=5)
 
 
 class Processes:
@@ -157,10 +171,15 @@ class Processes:
         self._free: queue.Queue = queue.Queue()
         self._overflowed = False
         self._locked: list[int] = []  # data pointers of the slots page-locked for CUDA
+        self._broken: dict[int, str] = {}  # process -> why it can serve no more batches
+        ends: list = []
+        _LIVE_ENDS[id(self)] = ends
         for j in range(n):
             slot = mmap.mmap(-1, slot_bytes, flags=mmap.MAP_SHARED)  # before the fork
             mine, theirs = ctx.Pipe()
-            loaders_ends = [mine, *(c for _, c in self._procs)]  # closed in the process
+            ends.append(mine)
+            # closed in the process: this pool's ends and every other live pool's
+            loaders_ends = [c for pool in _LIVE_ENDS.values() for c in pool]
             proc = ctx.Process(target=_serve, args=(make, theirs, slot, loaders_ends,
                                                     os.getpid()),
                                name=f"{name}-{j}", daemon=True)
@@ -169,7 +188,8 @@ class Processes:
             self._procs.append((proc, mine))
             self._slots.append(torch.frombuffer(slot, dtype=torch.uint8))
             self._free.put(j)
-        self._finalizer = weakref.finalize(self, _stop, list(self._procs), self._locked)
+        self._finalizer = weakref.finalize(self, _stop, id(self), list(self._procs),
+                                           self._locked)
 
     def __len__(self) -> int:
         return len(self._procs)
@@ -180,13 +200,20 @@ class Processes:
         must copy: the slot is the process's again once this returns."""
         j = self._free.get()
         proc, conn = self._procs[j]
+        answered = False  # False at the end: the reply may still be in the pipe
         try:
+            if j in self._broken:
+                answered = True
+                raise LartpcError(f"{self.name}: process {proc.name} {self._broken[j]}")
             try:
                 conn.send(args)
+                self._wait(proc, conn)
                 ok, nbytes, value = conn.recv()
                 if ok and nbytes is None:
                     raw = torch.frombuffer(bytearray(conn.recv_bytes()), dtype=torch.uint8)
+                answered = True
             except (EOFError, OSError) as e:
+                answered = True  # the process is gone: every later call says so
                 proc.join(timeout=1)
                 raise LartpcError(f"{self.name}: process {proc.name} (pid {proc.pid}) ended "
                                   f"with exit code {proc.exitcode} while making a batch "
@@ -202,7 +229,31 @@ class Processes:
                 return take(raw), value
             return take(self._slots[j][:nbytes]), value
         finally:
+            if not answered:
+                self._abandon(j, "was interrupted while making a batch (its reply unread)")
             self._free.put(j)
+
+    def _wait(self, proc, conn) -> None:
+        """Until ``conn`` has the reply: a process that died with its pipe held open by
+        another fork, or that made no batch in :data:`BATCH_TIMEOUT_S`, is an error."""
+        waited = 0.0
+        while not conn.poll(PARENT_POLL_S):
+            waited += PARENT_POLL_S
+            if not proc.is_alive():
+                raise EOFError
+            if waited >= BATCH_TIMEOUT_S:
+                j = next(k for k, (p, _) in enumerate(self._procs) if p is proc)
+                self._abandon(j, f"made no batch in {BATCH_TIMEOUT_S:.0f} s (hung?)")
+                raise LartpcError(f"{self.name}: process {proc.name} (pid {proc.pid}) made "
+                                  f"no batch in {BATCH_TIMEOUT_S:.0f} s (hung?); it was ended")
+
+    def _abandon(self, j: int, why: str) -> None:
+        """Process ``j`` serves no more batches (a reply left unread would be taken for
+        the next batch's): ended, and every later call on it raises ``why``."""
+        proc, conn = self._procs[j]
+        self._broken.setdefault(j, why)
+        proc.kill()
+        conn.close()
 
     def page_lock(self) -> bool:
         """Page-lock the first :data:`LOCKED_BYTES` of every slot with CUDA

@@ -354,8 +354,12 @@ class DeviceDenseLoader(SparseLoader):
     def _new_buffer(self) -> torch.Tensor:
         if self.device.type == "cpu":
             return torch.from_numpy(np.zeros((self.batch_per_rank, 1, *self.shape), np.float32))
-        return torch.zeros((self.batch_per_rank, 1, *self.shape), dtype=torch.float32,
-                           device=self.device)
+        buffer = torch.zeros((self.batch_per_rank, 1, *self.shape), dtype=torch.float32,
+                             device=self.device)
+        # Filled on this (prefetch) thread's stream, scattered into on the consumer's,
+        # which need not be ordered after it: wait for the fill (once a slot).
+        torch.cuda.current_stream(self.device).synchronize()
+        return buffer
 
     def _nothing_written(self) -> torch.Tensor:
         return torch.zeros(0, dtype=torch.int64, device=self.device)

@@ -79,6 +79,54 @@ def test_events_made_by_index_are_the_full_stores_events(tmp_path):
         assert (a.charge == b.charge).all()
 
 
+
+def _same_events(a: EventStore, b: EventStore, indices) -> bool:
+    """Event ``indices[j]`` of ``a`` is event ``j`` of ``b``, label and pixels."""
+    for j, i in enumerate(indices):
+        x, y = a[int(i)], b[j]
+        if x.label != y.label or len(x) != len(y) or not (
+                (x.row == y.row).all() and (x.col == y.col).all()
+                and (x.charge == y.charge).all()):
+            return False
+    return True
+
+
+def test_held_out_events_are_made_again_as_the_store_made_them(tmp_path):
+    """A store made with other classes, momenta and dead wires than ``lartpc
+    simulate``'s defaults records them, compact weights read them from it
+    (``compact_weights --store``), and the held-out events made again are the store's,
+    label and pixel. They used to be made with the defaults whatever the store: other
+    events, and with other classes other labels, scored without a word."""
+    from lartpc.jobs.local.compact_weights import made_from
+
+    from lartpc.config import load_config
+    from lartpc.errors import LartpcError
+    from lartpc.sim import write_dataset
+    from lartpc.sim.readout import ReadoutConfig
+    from lartpc.train.evaluate import regenerate_held_out
+    from lartpc.train.segments import store_identity
+
+    write_dataset(tmp_path / "full", 24, seed=6, downsample=9, classes="muon,pion",
+                  momentum_gev=(0.3, 0.5), readout=ReadoutConfig(dead_wire_fraction=0.2))
+    full = EventStore(tmp_path / "full")
+    record = store_identity(full, 0)
+    events = made_from(tmp_path / "full", record)
+    assert events == {"seed": 6, "events": 24, "geometry": "isotropic", "downsample": 9,
+                      "classes": "muon,pion", "momentum_gev": [0.3, 0.5],
+                      "dead_wire_fraction": 0.2}
+    cfg = load_config("tiny-scnet", ["data.downsample=9", "data.eval_fraction=0.25"])
+    network = {"config": cfg.to_dict(), "events": events, "path": "w"}
+    indices = regenerate_held_out(network, tmp_path / "again")
+    assert len(indices) == 6
+    assert _same_events(full, EventStore(tmp_path / "again"), indices)
+    # the defaults' way: not the store's events
+    plain = {k: v for k, v in events.items() if k not in ("classes", "momentum_gev",
+                                                          "dead_wire_fraction")}
+    indices = regenerate_held_out({**network, "events": plain}, tmp_path / "plain")
+    assert not _same_events(full, EventStore(tmp_path / "plain"), indices)
+    with pytest.raises(LartpcError, match="not the store the run trained on"):
+        made_from(tmp_path / "full", {**record, "events": 23})
+
 @pytest.mark.parametrize("name", sorted(p.parent.name for p in RUNS.glob("*/weights.pt")))
 def test_committed_weights_load_with_their_record(name):
     from lartpc.train import weights

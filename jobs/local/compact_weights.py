@@ -5,7 +5,9 @@
 
 Writes ``RUN/weights.pt`` (:mod:`lartpc.train.weights`): the network's parameters in
 ``--dtype``, its config, the store it was trained on, its training time, and how its
-events are made again (``--seed``, ``--source-geometry``, ``--downsample``; the count from
+events are made again (``--seed``, ``--source-geometry``, ``--downsample``, and
+``lartpc simulate``'s defaults otherwise; or all of it, classes, momentum range and dead
+wires included, read from ``--store``, the store the run trained on; the count from
 ``run.json``'s store record), which is what ``lartpc evaluate RUN --regenerate DIR``
 needs to score its held-out events without the training events. Then run that command
 and keep the weights only if it reproduces the run's ``confusion.csv``.
@@ -20,12 +22,40 @@ from pathlib import Path
 from lartpc.errors import LartpcError
 
 
+def made_from(path: Path, record: dict) -> dict:
+    """How the events of the generated store at ``path`` were made (the ``events`` of
+    :mod:`lartpc.train.weights`), checked to be the store of ``record`` (run.json's)."""
+    from lartpc.data.store import EventStore
+    from lartpc.sim.generate import CLASSES, MOMENTUM_GEV
+    from lartpc.train.segments import store_identity
+
+    store = EventStore(path)
+    if store_identity(store, int(record["events"])) != record:
+        raise LartpcError(f"--store {path}: not the store the run trained on (its events or "
+                          "their hash differ from run.json's store record)")
+    a = store.attrs
+    if a.get("generator") != "lartpc.sim":
+        raise LartpcError(f"--store {path}: not made by lartpc simulate ({a.get('generator')})")
+    events = {"seed": int(a["seed"]), "events": int(record["events"]),
+              "geometry": str(a.get("source_geometry", "isotropic")),
+              "downsample": int(a["downsample"])}
+    made = {"classes": str(a.get("generated_classes", ",".join(CLASSES))),
+            "momentum_gev": [float(a.get("momentum_min_gev", MOMENTUM_GEV[0])),
+                             float(a.get("momentum_max_gev", MOMENTUM_GEV[1]))],
+            "dead_wire_fraction": float(a.get("dead_wire_fraction", 0.0))}
+    defaults = {"classes": ",".join(CLASSES), "momentum_gev": [float(v) for v in MOMENTUM_GEV],
+                "dead_wire_fraction": 0.0}
+    return {**events, **{k: v for k, v in made.items() if v != defaults[k]}}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m lartpc.jobs.local.compact_weights",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("run", type=Path, help="run folder holding checkpoint.pt and run.json")
-    p.add_argument("--seed", type=int, required=True, help="the events' seed")
-    p.add_argument("--source-geometry", required=True, help="the events' source geometry")
+    p.add_argument("--store", type=Path, help="the store the run trained on: how its events "
+                   "were made is read from it (then no --seed, --source-geometry, --downsample)")
+    p.add_argument("--seed", type=int, help="the events' seed")
+    p.add_argument("--source-geometry", help="the events' source geometry")
     p.add_argument("--downsample", type=int, default=1)
     p.add_argument("--dtype", default="float16", help="float16 (default), bfloat16, float32")
     p.add_argument("--out", type=Path, help="default RUN/weights.pt")
@@ -37,8 +67,13 @@ def main(argv: list[str] | None = None) -> int:
         store = read_record(args.run).get("store") or {}
         if "events" not in store:
             raise LartpcError(f"{args.run}/run.json: no store record (events)")
-        events = {"seed": args.seed, "events": int(store["events"]),
-                  "geometry": args.source_geometry, "downsample": args.downsample}
+        if args.store is not None:
+            events = made_from(args.store, store)
+        elif args.seed is None or args.source_geometry is None:
+            raise LartpcError("give --store, or --seed and --source-geometry")
+        else:
+            events = {"seed": args.seed, "events": int(store["events"]),
+                      "geometry": args.source_geometry, "downsample": args.downsample}
         out = weights.save(args.run, args.out or args.run / weights.WEIGHTS, args.dtype, events)
     except LartpcError as e:
         print(f"compact_weights: {e}", file=sys.stderr)

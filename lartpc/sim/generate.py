@@ -159,7 +159,10 @@ def write_event_shard(job: tuple) -> str:
     events = [simulate_event(int(i), seed, geometry, classes, momentum_gev, source, readout)
               for i in indices]
     attrs = {"source_geometry": source,
-             "dead_wire_fraction": float((readout or ReadoutConfig()).dead_wire_fraction)}
+             "dead_wire_fraction": float((readout or ReadoutConfig()).dead_wire_fraction),
+             "momentum_min_gev": float(momentum_gev[0]),
+             "momentum_max_gev": float(momentum_gev[1]),
+             "generated_classes": ",".join(parse_classes(classes))}
     write_shard(path, events, geometry, generator="lartpc.sim",
                 generator_version=GENERATOR_VERSION, seed=seed, attrs=attrs)
     return str(path)

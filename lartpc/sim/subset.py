@@ -24,15 +24,19 @@ from lartpc.sim.generate import (
     parse_classes,
     write_event_shard,
 )
+from lartpc.sim.readout import ReadoutConfig
 
 
 def write_events(out_dir: str | os.PathLike, indices: Sequence[int], *, seed: int,
                  source_geometry: str, downsample: int = 1,
-                 classes: Sequence[str] | str | None = None, workers: int = 1,
-                 shard_size: int = 500, overwrite: bool = False) -> list[Path]:
-    """Generate events ``indices`` of dataset ``seed`` (the default momentum range and
-    readout, as ``lartpc simulate``) into a store at ``out_dir``, in the order given;
-    each event's ``event_id`` is its index in the full dataset.
+                 classes: Sequence[str] | str | None = None,
+                 momentum_gev: Sequence[float] = MOMENTUM_GEV, dead_wire_fraction: float = 0.0,
+                 workers: int = 1, shard_size: int = 500,
+                 overwrite: bool = False) -> list[Path]:
+    """Generate events ``indices`` of dataset ``seed`` (made with ``classes``,
+    ``momentum_gev`` and ``dead_wire_fraction``: ``lartpc simulate``'s options, its
+    defaults by default) into a store at ``out_dir``, in the order given; each event's
+    ``event_id`` is its index in the full dataset.
 
     Raises
     ------
@@ -49,8 +53,10 @@ def write_events(out_dir: str | os.PathLike, indices: Sequence[int], *, seed: in
     geometry = geometry_of(downsample)
     out = Path(out_dir)
     with replace_store(out, overwrite) as stage:
+        readout = ReadoutConfig(dead_wire_fraction=float(dead_wire_fraction)) \
+            if dead_wire_fraction else None
         jobs = [(stage / SHARD_PATTERN.format(j), idx[a:a + shard_size], int(seed), geometry,
-                 classes, MOMENTUM_GEV, source_geometry, None)
+                 classes, tuple(momentum_gev), source_geometry, readout)
                 for j, a in enumerate(range(0, len(idx), shard_size))]
         if int(workers) == 1 or len(jobs) == 1:
             list(map(write_event_shard, jobs))

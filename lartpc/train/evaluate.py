@@ -105,19 +105,31 @@ def held_out(cfg, labels: np.ndarray, split: str = "validation") -> np.ndarray:
     return parts[1] if split == "validation" else parts[2]
 
 
-def generated_labels(n_events: int) -> np.ndarray:
-    """The labels of a ``lartpc simulate`` store of ``n_events`` (all five classes,
-    cycled: :func:`lartpc.sim.generate.simulate_event`), known without generating it."""
-    return np.arange(n_events) % NUM_CLASSES
+#: how a network's events were made beyond seed, count, geometry and downsample, where
+#: not ``lartpc simulate``'s defaults (``events`` of :mod:`lartpc.train.weights`)
+GENERATION = ("classes", "momentum_gev", "dead_wire_fraction")
+
+
+def generated_labels(n_events: int, classes: str | None = None) -> np.ndarray:
+    """The labels of a ``lartpc simulate`` store of ``n_events`` made with ``classes``
+    (comma-separated names, cycled: :func:`lartpc.sim.generate.simulate_event`; default
+    all five), known without generating it."""
+    if classes is None:
+        return np.arange(n_events) % NUM_CLASSES
+    from lartpc.sim.generate import CLASSES, parse_classes
+
+    codes = np.array([CLASSES.index(c) for c in parse_classes(classes)])
+    return codes[np.arange(n_events) % len(codes)]
 
 
 def regenerate_held_out(network: dict, out, workers: int = 1,
                         split: str = "validation", overwrite: bool = False) -> np.ndarray:
     """Generate the held-out events (its ``split``: :func:`held_out`) of ``network`` (see
     :func:`lartpc.train.weights.load`) alone into a store at ``out``, from its record of
-    how its events were made (``events``: seed, count, geometry, downsample); returns
-    their indices in the full dataset. Shards already in ``out`` are replaced only with
-    ``overwrite``.
+    how its events were made (``events``: seed, count, geometry, downsample; and where
+    ``lartpc simulate``'s defaults were not used, classes, momentum_gev and
+    dead_wire_fraction); returns their indices in the full dataset. Shards already in
+    ``out`` are replaced only with ``overwrite``.
 
     Raises
     ------
@@ -134,9 +146,11 @@ def regenerate_held_out(network: dict, out, workers: int = 1,
         raise LartpcError(f"{network.get('path')}: does not record how its events were made "
                           f"({', '.join(missing)} missing); give the run's store")
     cfg = config_from_dict(network["config"], str(network.get("path")))
-    indices = held_out(cfg, generated_labels(int(ev["events"])), split)
+    made = {k: ev[k] for k in GENERATION if k in ev}
+    indices = held_out(cfg, generated_labels(int(ev["events"]), made.get("classes")), split)
     write_events(out, indices, seed=int(ev["seed"]), source_geometry=str(ev["geometry"]),
-                 downsample=int(ev["downsample"]), workers=workers, overwrite=overwrite)
+                 downsample=int(ev["downsample"]), workers=workers, overwrite=overwrite,
+                 **made)
     return indices
 
 

@@ -180,8 +180,9 @@ def test_the_wall_time_signal_checkpoints_every_rank_and_requeues(slurm_env, tmp
             while sh.job_info(job, slurm_env).get("Restarts") != "1":
                 assert time.monotonic() < deadline, _log(tmp_path)
                 time.sleep(1)
+            # the first segment's record (the next may have begun and be "running")
             meta = json.loads((run / "run.json").read_text())
-            assert meta["status"] == "preempted", _log(tmp_path)
+            assert meta["segments"][0]["status"] == "preempted", _log(tmp_path)
             first = len(_rows(csv0))
     info = sh.wait(job, slurm_env)
     log = _log(tmp_path)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -84,12 +83,10 @@ def test_horovodrun_fp16_gradient_compression(tmp_path):
 
 @pytest.mark.horovod
 def test_horovodrun_failing_rank_exits_nonzero(tmp_path):
-    t0 = time.monotonic()
     r = _run([_launcher("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
               sys.executable, WORKER, "--out", str(tmp_path), "--fail-rank", "1"])
     assert r.returncode != 0
     assert "failing on purpose" in r.stdout + r.stderr
-    assert time.monotonic() - t0 < LAUNCH_TIMEOUT_S
     assert not (tmp_path / "params-rank0.pt").exists()
 
 

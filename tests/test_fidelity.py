@@ -47,7 +47,13 @@ def test_segments_on_fresh_hosts_add_up_to_the_budget(tmp_path):
     assert "resuming at epoch" in r.stderr
     res = json.loads((tmp_path / "docs" / "f.json").read_text())
     assert res == json.loads((out / "fidelity-scnet-isotropic.json").read_text())
-    assert 30 < res["training_s"] <= 45 and res["segments"] == 2
+    # the training time is the two recorded segments' (how long each took is the
+    # machine's: no wall-clock bound here)
+    from lartpc.jobs.local.fidelity import segments_s
+
+    meta = json.loads((out / "run-scnet-isotropic" / "run.json").read_text())
+    assert res["segments"] == 2 == len(meta["segments"])
+    assert res["training_s"] == pytest.approx(segments_s(meta["segments"]), abs=0.1) > 0
     cm = res["confusion"]
     assert len(cm) == 5 and sum(map(sum, cm)) == res["overall"]["events"] == 10
     assert res["overall"]["accuracy"] == pytest.approx(

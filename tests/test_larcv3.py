@@ -20,6 +20,7 @@ from train_helpers import rows, run, train_cmd
 from lartpc.cli import main
 from lartpc.data import EventStore
 from lartpc.data.larcv3 import STUDY_PDG, ClassMap
+from lartpc.errors import LartpcError
 
 try:
     import larcv
@@ -285,7 +286,7 @@ def test_class_map_default_and_toml(tmp_path):
     m = ClassMap.load(t)
     assert m.classes == ("shower", "track", "hadron") and m.pdg[13] == 1
     t.write_text('[classes]\nshower = [22]\ntrack = [22]\n')
-    with pytest.raises(Exception, match="PDG 22 is in two classes"):
+    with pytest.raises(LartpcError, match="PDG 22 is in two classes"):
         ClassMap.load(t)
 
 

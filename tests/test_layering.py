@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 #: Lowest first. Within a layer packages may use each other; jobs/ is two things: the
@@ -109,7 +111,9 @@ def test_analysis_and_config_import_no_torch():
 
 #: Third-party packages an install may lack (extras); an import of a lartpc module that
 #: needs one is checked where the package is there.
-OPTIONAL = ("horovod", "spconv", "triton", "larcv", "tensorboard")
+#: built by `make install` but not by a bare `pip install -e .[test]` (triton and
+#: tensorboard are in the test extra: missing, they fail here)
+OPTIONAL = ("horovod", "spconv", "larcv")
 
 
 def test_every_imported_name_exists():
@@ -117,12 +121,13 @@ def test_every_imported_name_exists():
     fails here, not in a user's job."""
     import importlib
 
-    missing = []
+    missing, unchecked = [], set()
     for here, module, names, line in _imports():
         try:
             mod = importlib.import_module(module)
         except ImportError as e:
             if (e.name or "").split(".")[0] in OPTIONAL:
+                unchecked.add(module)
                 continue
             missing.append(f"{here}, line {line}: {module} ({e})")
             continue
@@ -133,3 +138,6 @@ def test_every_imported_name_exists():
                 except ImportError:
                     missing.append(f"{here}, line {line}: {name} from {module}")
     assert missing == []
+    if unchecked:  # said, not passed over: `make install` installs them
+        pytest.skip(f"imports from {', '.join(sorted(unchecked))} not checked: not "
+                    "installed (run `make install`)")

@@ -206,7 +206,9 @@ def test_cuda_loader_rulebooks_give_the_same_forward_and_gradients(train_events_
     loader = build_loader(store, "sparse", np.arange(len(store)), 7, device="cuda", seed=1,
                           rulebooks=model.rulebook_builder(training=True))
     on_cpu = build_loader(store, "sparse", np.arange(len(store)), 7, device="cpu", seed=1)
+    batches = 0
     for b, c in zip(loader, on_cpu, strict=True):
+        batches += 1
         assert b.coords.is_cuda and b.rulebooks.indices is b.coords
         for name in ("labels", "coords", "features"):  # copied on the loader's stream
             assert torch.equal(getattr(b, name).cpu(), getattr(c, name)), name
@@ -218,3 +220,4 @@ def test_cuda_loader_rulebooks_give_the_same_forward_and_gradients(train_events_
             got.append([out.detach(), *(p.grad.clone() for p in model.parameters())])
         for x, y in zip(*got, strict=True):
             torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
+    assert batches == -(-len(store) // 7)  # every batch compared, none skipped

@@ -92,3 +92,5 @@ def test_watch_takes_every_status(study):
                         *[str(p) for p in sorted(study.iterdir())]],
                        capture_output=True, text=True, timeout=120, env=clean_env())
     assert r.returncode == 0, r.stderr[-2000:]
+    for status in STATUSES:  # each run's status is shown
+        assert status in r.stdout, status

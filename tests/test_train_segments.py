@@ -76,17 +76,29 @@ def test_completed_run_is_left_alone(reference, train_events_dir, tmp_path):
 
 def test_sigterm_checkpoints_preempted_and_resume_is_exact(reference, train_events_dir,
                                                           tmp_path):
+    # A held folder: a second training exits at once, naming the holder (one that
+    # cannot end by itself meanwhile: a thousand epochs, killed afterwards).
+    held = tmp_path / "held"
+    holder = subprocess.Popen(train_cmd(train_events_dir, held, "train.epochs=1000"),
+                              env=clean_env(), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        _wait_rows(held, 1, holder)
+        second = run(train_cmd(train_events_dir, held), timeout=120)
+        assert holder.poll() is None
+        assert second.returncode == 2
+        assert f"in use by another training, pid {holder.pid} on host" in second.stderr
+        assert "Traceback" not in second.stderr
+    finally:
+        holder.kill()
+        holder.wait(timeout=60)
+    # SIGTERM as soon as three steps are logged (nothing runs in between, so the
+    # two-epoch training cannot have ended)
     out = tmp_path / "run"
     proc = subprocess.Popen(train_cmd(train_events_dir, out), env=clean_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _wait_rows(out, 3, proc)
-        # The folder is held: a second training exits at once, naming the holder.
-        second = run(train_cmd(train_events_dir, out), timeout=120)
-        assert proc.poll() is None, "the first training ended before the second was refused"
-        assert second.returncode == 2
-        assert f"in use by another training, pid {proc.pid} on host" in second.stderr
-        assert "Traceback" not in second.stderr
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0, proc.stderr.read()
     finally:

@@ -39,12 +39,14 @@ def made_from(path: Path, record: dict) -> dict:
     events = {"seed": int(a["seed"]), "events": int(record["events"]),
               "geometry": str(a.get("source_geometry", "isotropic")),
               "downsample": int(a["downsample"])}
-    made = {"classes": str(a.get("generated_classes", ",".join(CLASSES))),
-            "momentum_gev": [float(a.get("momentum_min_gev", MOMENTUM_GEV[0])),
-                             float(a.get("momentum_max_gev", MOMENTUM_GEV[1]))],
-            "dead_wire_fraction": float(a.get("dead_wire_fraction", 0.0))}
-    defaults = {"classes": ",".join(CLASSES), "momentum_gev": [float(v) for v in MOMENTUM_GEV],
+    # lartpc simulate's defaults, which a store from before these attributes was made with
+    low, high = (float(v) for v in MOMENTUM_GEV)
+    defaults = {"classes": ",".join(CLASSES), "momentum_gev": [low, high],
                 "dead_wire_fraction": 0.0}
+    made = {"classes": str(a.get("generated_classes", defaults["classes"])),
+            "momentum_gev": [float(a.get("momentum_min_gev", low)),
+                             float(a.get("momentum_max_gev", high))],
+            "dead_wire_fraction": float(a.get("dead_wire_fraction", 0.0))}
     return {**events, **{k: v for k, v in made.items() if v != defaults[k]}}
 
 

@@ -207,7 +207,7 @@ class Processes:
                 raise LartpcError(f"{self.name}: process {proc.name} {self._broken[j]}")
             try:
                 conn.send(args)
-                self._wait(proc, conn)
+                self._wait(j)
                 ok, nbytes, value = conn.recv()
                 if ok and nbytes is None:
                     raw = torch.frombuffer(bytearray(conn.recv_bytes()), dtype=torch.uint8)
@@ -233,16 +233,17 @@ class Processes:
                 self._abandon(j, "was interrupted while making a batch (its reply unread)")
             self._free.put(j)
 
-    def _wait(self, proc, conn) -> None:
-        """Until ``conn`` has the reply: a process that died with its pipe held open by
-        another fork, or that made no batch in :data:`BATCH_TIMEOUT_S`, is an error."""
+    def _wait(self, j: int) -> None:
+        """Until process ``j``'s reply is in its pipe: a process that died with its pipe
+        held open by another fork, or that made no batch in :data:`BATCH_TIMEOUT_S`, is
+        an error."""
+        proc, conn = self._procs[j]
         waited = 0.0
         while not conn.poll(PARENT_POLL_S):
             waited += PARENT_POLL_S
             if not proc.is_alive():
                 raise EOFError
             if waited >= BATCH_TIMEOUT_S:
-                j = next(k for k, (p, _) in enumerate(self._procs) if p is proc)
                 self._abandon(j, f"made no batch in {BATCH_TIMEOUT_S:.0f} s (hung?)")
                 raise LartpcError(f"{self.name}: process {proc.name} (pid {proc.pid}) made "
                                   f"no batch in {BATCH_TIMEOUT_S:.0f} s (hung?); it was ended")

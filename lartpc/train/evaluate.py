@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lartpc import CLASSES, NUM_CLASSES
+from lartpc import CLASSES
 from lartpc.dist import World
 
 
@@ -114,9 +114,7 @@ def generated_labels(n_events: int, classes: str | None = None) -> np.ndarray:
     """The labels of a ``lartpc simulate`` store of ``n_events`` made with ``classes``
     (comma-separated names, cycled: :func:`lartpc.sim.generate.simulate_event`; default
     all five), known without generating it."""
-    if classes is None:
-        return np.arange(n_events) % NUM_CLASSES
-    from lartpc.sim.generate import CLASSES, parse_classes
+    from lartpc.sim.generate import parse_classes
 
     codes = np.array([CLASSES.index(c) for c in parse_classes(classes)])
     return codes[np.arange(n_events) % len(codes)]

@@ -8,7 +8,7 @@ import tempfile
 
 import pytest
 import torch
-from train_helpers import BIN, run
+from train_helpers import BIN, launcher, run
 
 from lartpc.bench.train import rank_error
 from lartpc.cli import main
@@ -65,20 +65,13 @@ def test_bench_train_checks_the_training_before_any_rank_starts(
             message)
 
 
-def _launcher(name: str) -> None:
-    """``name`` is installed beside the interpreter, or the test fails saying how to get
-    it (``make install`` builds Horovod; torch brings torchrun): never a silent skip."""
-    if not (BIN / name).is_file():
-        pytest.fail(f"{BIN / name} not found: run `make install`")
-
-
 @pytest.mark.horovod
 def test_a_rank_that_fails_under_horovod_is_named_by_its_own_error(events_dir, capsys,
                                                                    scratch):
     """Two one-process worlds (dist.backend=none) in one run folder: one rank is refused
     by the folder's lock, which only a rank finds out. Its error line, not Horovod's
     traceback, is what the bench says."""
-    _launcher("horovodrun")
+    launcher("horovodrun")
     line = refused(["bench", "train", "--model", "jishnet", "--ranks", "2", "--data",
                     str(events_dir), "--seconds", "10", "--bare-steps", "0",
                     "--no-compare-torch", "--set", "dist.backend=none"], capsys, scratch,
@@ -163,7 +156,7 @@ def test_an_existing_minibatch_out_is_kept(tmp_path, events_dir, capsys, scratch
 def test_an_existing_allreduce_out_is_replaced_only_with_overwrite(tmp_path):
     """Two ranks under torchrun (the bench needs two): an existing --out is refused,
     naming it and --overwrite, and kept; with --overwrite it becomes the profile."""
-    _launcher("torchrun")
+    launcher("torchrun")
     out = tmp_path / "profile.json"
     out.write_text('{"mine": 1}\n')
     cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "lartpc",

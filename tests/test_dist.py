@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from train_helpers import clean_env
+from train_helpers import clean_env, launcher
 
 from lartpc.dist import detect_backend
 
@@ -17,15 +16,6 @@ WORKER = str(Path(__file__).with_name("dist_worker.py"))
 BIN = Path(sys.executable).parent
 LAUNCH_TIMEOUT_S = 240
 
-
-def _launcher(name: str) -> str:
-    exe = BIN / name
-    if exe.exists():
-        return str(exe)
-    found = shutil.which(name)
-    if not found:
-        pytest.fail(f"{name} not found next to {sys.executable} or on PATH: run `make install`")
-    return found
 
 
 def _run(cmd: list[str], timeout: float = LAUNCH_TIMEOUT_S) -> subprocess.CompletedProcess:
@@ -56,7 +46,7 @@ def _check_two_ranks(out: Path, rtol: float = 1e-5, atol: float = 1e-6) -> None:
 
 @pytest.mark.horovod
 def test_horovodrun_two_ranks_match_single_process(tmp_path):
-    cmd = [_launcher("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
+    cmd = [launcher("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
            sys.executable, WORKER, "--out", str(tmp_path)]
     r = _run(cmd)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -64,7 +54,7 @@ def test_horovodrun_two_ranks_match_single_process(tmp_path):
 
 
 def test_torchrun_two_ranks_match_single_process(tmp_path):
-    cmd = [_launcher("torchrun"), "--standalone", "--nproc-per-node", "2",
+    cmd = [launcher("torchrun"), "--standalone", "--nproc-per-node", "2",
            WORKER, "--out", str(tmp_path), "--backend", "torch"]
     r = _run(cmd)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -74,7 +64,7 @@ def test_torchrun_two_ranks_match_single_process(tmp_path):
 @pytest.mark.horovod
 def test_horovodrun_fp16_gradient_compression(tmp_path):
     """Gradients sent as float16: ranks stay identical, close to the float32 result."""
-    cmd = [_launcher("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
+    cmd = [launcher("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
            sys.executable, WORKER, "--out", str(tmp_path), "--compression", "fp16"]
     r = _run(cmd)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -83,7 +73,7 @@ def test_horovodrun_fp16_gradient_compression(tmp_path):
 
 @pytest.mark.horovod
 def test_horovodrun_failing_rank_exits_nonzero(tmp_path):
-    r = _run([_launcher("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
+    r = _run([launcher("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
               sys.executable, WORKER, "--out", str(tmp_path), "--fail-rank", "1"])
     assert r.returncode != 0
     assert "failing on purpose" in r.stdout + r.stderr
@@ -91,7 +81,7 @@ def test_horovodrun_failing_rank_exits_nonzero(tmp_path):
 
 
 def test_torchrun_failing_rank_exits_nonzero(tmp_path):
-    r = _run([_launcher("torchrun"), "--standalone", "--nproc-per-node", "2",
+    r = _run([launcher("torchrun"), "--standalone", "--nproc-per-node", "2",
               WORKER, "--out", str(tmp_path), "--backend", "torch", "--fail-rank", "1"])
     assert r.returncode != 0
     assert "failing on purpose" in r.stdout + r.stderr

@@ -20,6 +20,22 @@ import torch
 HEAVY_TIMEOUT_S = 1800
 
 BIN = Path(sys.executable).parent
+
+
+def launcher(name: str) -> str:
+    """The path of launcher ``name`` (horovodrun, torchrun) beside the interpreter or on
+    PATH; missing, the test fails saying how to get it (never a silent skip)."""
+    import shutil
+
+    import pytest
+
+    exe = BIN / name
+    if exe.exists():
+        return str(exe)
+    found = shutil.which(name)
+    if not found:
+        pytest.fail(f"{name} not found next to {sys.executable} or on PATH: run `make install`")
+    return found
 LAUNCHER_VARS = ("HOROVOD_", "OMPI_", "PMI", "SLURM_", "TORCHELASTIC", "JSM_")
 
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 
-from lartpc.jobs.local import loader_probe
+import pytest
+from lartpc.jobs.local import loader_probe, table_cache_start
+
+from lartpc.data.store import EventStore
 
 
 def test_the_probe_times_batches_and_passes(train_events_dir, capsys):
@@ -36,3 +39,20 @@ def test_the_probe_times_batches_and_passes(train_events_dir, capsys):
     # each timed pass the second (the first warms the threads' and processes' memory)
     assert all(p["batches"] == 10 and p["warm"] and p["images_per_s"] > 0
                and p["own_cpu_ms_per_batch"] > 0 for p in out["threads"])
+
+
+def test_the_table_cache_start_probe(train_events_dir, capsys):
+    """``jobs/local/table_cache_start.py``: the store's events taken twice over, their
+    tables made once, with the seconds and memory; a bad ``--copies`` is refused."""
+    st = EventStore(train_events_dir)
+    pixels = sum(len(e.row) for e in st.read_many(range(len(st))))
+    assert table_cache_start.main([str(train_events_dir), "--copies", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["events"], out["copies"], out["image"], out["sites"]) == (
+        2 * len(st), 2, [400, 400], 2 * pixels)
+    assert out["tables_mb"] > 0 and out["seconds"] > 0
+    assert isinstance(out["resident_growth_mb"], float)
+    assert out["peak_growth_mb"] is None or out["peak_growth_mb"] > 0
+    with pytest.raises(SystemExit) as stop:
+        table_cache_start.main([str(train_events_dir), "--copies", "0"])
+    assert stop.value.code == 2 and "--copies must be at least 1" in capsys.readouterr().err

@@ -96,10 +96,15 @@ def test_joined_tables_are_those_build_maps_makes(store, frame, wide, request, m
         _same_maps(want, cached(coords, len(positions)))
 
 
-def test_chunks_and_an_event_without_pixels(train_events_dir):
+@pytest.mark.parametrize("room", [None, 0.0])
+def test_chunks_and_an_event_without_pixels(train_events_dir, room, monkeypatch):
     """Events in more than one chunk of the start-up's building, one of them without a
     pixel: a batch holding it joins the others' tables as build_maps builds them; a
-    batch of only that event has no tables (None), as build_maps gives."""
+    batch of only that event has no tables (None), as build_maps gives. ``room`` 0:
+    every level's arrays start with one row's room and grow at each chunk."""
+    if room is not None:
+        monkeypatch.setattr(table_cache, "ROOM", room)
+        monkeypatch.setattr(table_cache, "SLACK", 1)
     st = EventStore(train_events_dir)
     shape = tuple(st.geometry.shape)
     events = st.read_many(range(len(st)))
@@ -113,6 +118,22 @@ def test_chunks_and_an_event_without_pixels(train_events_dir):
                    cached(coords, len(positions), positions=np.array(positions)))
     coords = _coords(pixels, [CHUNK + 2])
     assert cached(coords, 1, positions=np.array([CHUNK + 2])) is None
+
+
+def test_a_column_grows_and_widens_as_rows_arrive():
+    """The start's arrays: filled chunk by chunk in place, moving to a larger one when
+    out of room and to int32 when a chunk's rows need it, equal to the chunks
+    concatenated (numpy's promotion)."""
+    rng = np.random.default_rng(3)
+    sizes = ((5, np.int16), (0, np.int16), (9, np.int16), (4, np.int32), (7, np.int16))
+    chunks = [rng.integers(-1, 300, (n, 25)).astype(t) for n, t in sizes]
+    column = table_cache._Column(6)
+    for c in chunks:
+        column.add(c)
+    got = column.array(np.int16)
+    want = np.concatenate(chunks)
+    assert got.dtype == want.dtype == np.int32 and np.array_equal(got, want)
+    assert table_cache._Column(6).array(np.int16).dtype == np.int16  # no rows
 
 
 def test_the_loaders_batches_with_the_cache_are_the_same(train_events_dir):

@@ -47,6 +47,10 @@ CHUNK = 64
 #: an event's rows are stored in int16 where every event has fewer sites than this at
 #: that level, in int32 otherwise
 SMALL_ROWS = int(np.iinfo(np.int16).max)
+#: each level's room at the start: the first chunk's sites per input pixel times every
+#: event's pixels, times this, plus :data:`SLACK` rows (only the rows filled are resident)
+ROOM = 1.25
+SLACK = 4096
 _KEY_PAD = int(np.iinfo(np.int64).max)  #: a padding row's key: sorts after every site
 
 
@@ -138,16 +142,21 @@ class TableCache:
         for size in self.pools:
             shapes.append(sparse_torch.pooled_shape(shapes[-1], size))
         self.shapes = shapes
-        parts: list[list[tuple]] = [[] for _ in range(len(self.pools) + 1)]
-        orders = []
+        sites = int(pixels.offsets[-1])
+        order = _Column(sites)
+        levels: list[_Columns] = []
         for first in range(0, self.events, CHUNK):
             positions = np.arange(first, min(first + CHUNK, self.events))
-            chunk, order = self._chunk(pixels, positions, build)
-            orders.append(order)
-            for level, part in zip(parts, chunk, strict=True):
-                level.append(part)
-        self.order = np.concatenate(orders) if orders else np.zeros(0, np.int32)
-        self.levels = [_stack(level, shape) for level, shape in zip(parts, shapes, strict=True)]
+            chunk, chunk_order = self._chunk(pixels, positions, build)
+            order.add(chunk_order)
+            if not levels:  # room for every event's sites at the first chunk's ratios
+                per_site = [len(part[0]) / max(len(chunk[0][0]), 1) for part in chunk]
+                levels = [_Columns(int(sites * r * ROOM) + SLACK) for r in per_site]
+            for columns, part in zip(levels, chunk, strict=True):
+                columns.add(part)
+        self.order = order.array(np.int32)
+        levels = levels or [_Columns(0) for _ in shapes]  # no event
+        self.levels = [c.level(shape) for c, shape in zip(levels, shapes, strict=True)]
         _warm()  # compiled (or loaded from numba's cache) here: before a loader's fork
         self.seconds = time.perf_counter() - t0
 
@@ -243,16 +252,59 @@ class TableCache:
             None if rows is None else tuple(counts))
 
 
-def _stack(parts: list[tuple], shape: tuple[int, int]) -> _Level:
-    """One level of every chunk's events as one :class:`_Level`."""
-    keys = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int32)
-    counts = np.concatenate([p[3] for p in parts]) if parts else np.zeros(0, np.int64)
-    start = np.zeros(len(counts) + 1, np.int64)
-    np.cumsum(counts, out=start[1:])
-    if not parts or parts[0][1] is None:
-        return _Level(keys, None, None, start, shape)
-    return _Level(keys, np.concatenate([p[1] for p in parts]),
-                  np.concatenate([p[2] for p in parts]), start, shape)
+class _Column:
+    """An array filled chunk by chunk in place: the start's peak is the tables and one
+    chunk, not the tables twice (chunks first, then their concatenation). ``capacity``
+    is an estimate: its pages are only touched as rows arrive, and a column that runs
+    out of room (or meets rows of a wider type) moves to a larger one."""
+
+    def __init__(self, capacity: int) -> None:
+        self.data: np.ndarray | None = None
+        self.capacity, self.n = capacity, 0
+
+    def add(self, rows: np.ndarray) -> None:
+        need = self.n + len(rows)
+        if self.data is None:
+            self.data = np.empty((max(self.capacity, need),) + rows.shape[1:], rows.dtype)
+        dtype = np.result_type(self.data.dtype, rows.dtype)
+        if need > len(self.data) or dtype != self.data.dtype:
+            wider = np.empty((max(need, len(self.data) * 3 // 2),) + self.data.shape[1:], dtype)
+            wider[:self.n] = self.data[:self.n]
+            self.data = wider
+        self.data[self.n:need] = rows
+        self.n = need
+
+    def array(self, empty) -> np.ndarray:
+        """The rows so far (dtype ``empty`` where none came)."""
+        return np.zeros(0, empty) if self.data is None else self.data[:self.n]
+
+
+class _Columns:
+    """One level's keys, table, slots and per-event counts, filled chunk by chunk."""
+
+    def __init__(self, capacity: int) -> None:
+        self.keys, self.table, self.slots = (_Column(capacity) for _ in range(3))
+        self.counts: list[np.ndarray] = []
+        self.tables = True
+
+    def add(self, part: tuple) -> None:
+        keys, table, slots, counts = part
+        self.keys.add(keys)
+        self.counts.append(counts)
+        self.tables = table is not None
+        if self.tables:
+            self.table.add(table)
+            self.slots.add(slots)
+
+    def level(self, shape: tuple[int, int]) -> _Level:
+        start = np.zeros(sum(len(c) for c in self.counts) + 1, np.int64)
+        if self.counts:
+            np.cumsum(np.concatenate(self.counts), out=start[1:])
+        keys = self.keys.array(np.int32)
+        if not self.tables or not self.counts:
+            return _Level(keys, None, None, start, shape)
+        return _Level(keys, self.table.array(np.int16), self.slots.array(np.int16), start,
+                      shape)
 
 
 class CachedTables:

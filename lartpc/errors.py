@@ -7,3 +7,8 @@ class LartpcError(Exception):
 
 class ConfigError(LartpcError, ValueError):
     """A config key, value or combination is invalid."""
+
+
+class MissingPackage(LartpcError, ImportError):
+    """An optional package the chosen option needs is not installed (the message says
+    how to install it)."""

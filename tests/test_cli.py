@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -83,3 +84,33 @@ def test_help_shows_defaults_and_every_kind(argv, shown, capsys):
     for text in shown:
         assert " ".join(text.split()) in out
     assert "(default: None)" not in out and "(default: False)" not in out
+
+
+def _without_spconv(tmp_path: Path, error: str) -> dict:
+    """An environment whose ``import spconv`` raises ``error`` (a package of that name
+    first on the path), as a host without spconv or with a broken build."""
+    fake = tmp_path / "fake" / "spconv"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(f"raise {error}\n")
+    return {**os.environ, "PYTHONPATH": str(fake.parent)}
+
+
+def test_scnet_without_spconv_is_one_line_naming_the_install(train_events_dir, tmp_path):
+    env = _without_spconv(tmp_path, "ImportError(\"No module named 'spconv'\")")
+    out = tmp_path / "run"
+    r = subprocess.run([LARTPC, "train", "--config", "tiny-scnet", "--data",
+                        str(train_events_dir), "--out", str(out), "--set",
+                        "data.downsample=9"], capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "spconv is not installed" in r.stderr and "lartpc[sparse]" in r.stderr
+    assert not out.exists()
+
+
+def test_env_reports_a_spconv_that_fails_at_import(tmp_path):
+    env = _without_spconv(tmp_path, "OSError('libcuda.so.1: cannot open shared object file')")
+    r = subprocess.run([LARTPC, "env"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = dict(line.split(": ", 1) for line in r.stdout.splitlines())
+    assert lines["spconv"].startswith("not available (OSError: libcuda.so.1"), lines["spconv"]

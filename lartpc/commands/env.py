@@ -54,8 +54,8 @@ def env_lines() -> list[str]:
         build = "CPU build" if CPU_ONLY_BUILD else "CUDA build"
         note = f" ({build})" if cuda else f" ({build}, stream fix applied)"
         lines.append(f"spconv: {_version('spconv')}{note}")
-    except ImportError as e:
-        lines.append(f"spconv: not available ({e})")
+    except Exception as e:  # an ImportError, or a broken build failing at import
+        lines.append(f"spconv: not available ({type(e).__name__}: {e})")
     lines += [
         f"blosc2: {_version('blosc2')}",
         f"h5py: {_version('h5py')} (HDF5 {_hdf5_version()})",

@@ -15,6 +15,8 @@ import importlib
 import logging
 import warnings
 
+from lartpc.errors import MissingPackage
+
 log = logging.getLogger(__name__)
 _PATCHED_MODULES = ("spconv.pytorch.ops", "spconv.pytorch.hash")
 _patched = False
@@ -61,8 +63,8 @@ def import_spconv():
 
     Raises
     ------
-    ImportError
-        With an install hint when spconv is missing.
+    MissingPackage
+        (an ImportError) with an install hint when spconv is missing.
     """
     global _patched
     import torch
@@ -75,9 +77,11 @@ def import_spconv():
                                     category=DeprecationWarning)
             spconv = importlib.import_module("spconv.pytorch")
     except ImportError as e:
-        raise ImportError(
-            "spconv is not installed: run `make install` (CPU build `spconv`) or, on a "
-            "CUDA host, `pip install spconv-cu120` matching your CUDA version"
+        raise MissingPackage(
+            "spconv is not installed (SCNet needs it): `make install` in a checkout picks "
+            "the build matching torch; in a pip install, `pip install 'lartpc[sparse]'` "
+            "for the CPU build, or spconv-cu12X matching torch's CUDA 12.X (e.g. "
+            "spconv-cu126; jobs/env/install_spconv.sh picks it)"
         ) from e
     # spconv indexes with a list of slices, which torch >= 2.9 warns about on every call.
     warnings.filterwarnings("ignore", message="Using a non-tuple sequence for multidimensional",

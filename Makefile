@@ -17,40 +17,54 @@ XDIST := -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: install test test-fast demo bench-gpu gpu-bundle lint clean-venv
 
+# `make install` always installs; the targets that need an installed venv install only
+# when the venv lacks it or the files that define it changed since (INSTALLED, a stamp):
+# an installed venv then runs `make test` or `make demo` without a package index.
+INSTALLED := $(VENV)/.lartpc-installed
+INSTALL_INPUTS := Makefile pyproject.toml $(wildcard jobs/env/install_*.sh)
+
 install:
+	@rm -f $(INSTALLED)
+	@$(MAKE) --no-print-directory $(INSTALLED)
+
+$(INSTALLED): $(INSTALL_INPUTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip --version >/dev/null 2>&1 || $(PY) -m ensurepip -q >/dev/null 2>&1 || { \
+	  echo "make install: $(VENV) has no pip (was python3-venv missing when it was made?):" \
+	       "install it, remove $(VENV) and run make install again" >&2; exit 1; }
 	@$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q "torch==$(TORCH_VERSION)"
 	@$(PY) -m pip install -q -e '.[test,horovod]'
 	@bash jobs/env/install_spconv.sh $(PY) $(SPCONV)
 	@bash jobs/env/install_horovod.sh $(PY)
 	@bash jobs/env/install_larcv.sh $(PY)
 	@$(VENV)/bin/lartpc env
+	@touch $@
 
 # The venv's bin first: tests call lartpc, horovodrun, torchrun and shellcheck from it.
 RUN_IN_VENV := PATH="$(abspath $(VENV))/bin:$$PATH"
 
-test: install
+test: $(INSTALLED)
 	$(RUN_IN_VENV) $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
-test-fast: install
+test-fast: $(INSTALLED)
 	$(RUN_IN_VENV) $(PY) -m pytest $(XDIST) -m "not slow and not slurm" $(PYTEST_ARGS)
 
-demo: install
+demo: $(INSTALLED)
 	$(RUN_IN_VENV) $(PY) -m lartpc.jobs.local.study --out demo
 
 # Every GPU speed measurement on this host's GPU, into GPU_BENCH_OUT; run it in
 # parts with e.g. GPU_BENCH_ARGS="--only 'model-*'" (python -m lartpc.jobs.local.gpu_bench --help).
 GPU_BENCH_OUT ?= gpu-bench
 GPU_BENCH_ARGS ?=
-bench-gpu: install
+bench-gpu: $(INSTALLED)
 	$(RUN_IN_VENV) $(PY) -m lartpc.jobs.local.gpu_bench --out $(GPU_BENCH_OUT) $(GPU_BENCH_ARGS)
 
 # The packages an offline GPU host lacks (spconv-cu126, blosc2, ...), repacked to travel
 # under 64 MiB with the working tree; on the host: bash gpu-bundle/install.sh (README).
-gpu-bundle: install
+gpu-bundle: $(INSTALLED)
 	$(PY) -m lartpc.jobs.gpu_bundle --out gpu-bundle
 
-lint: install
+lint: $(INSTALLED)
 	$(VENV)/bin/ruff check lartpc analysis jobs tests
 
 clean-venv:

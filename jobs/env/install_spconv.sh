@@ -20,12 +20,30 @@ if [[ "$want" == auto ]]; then
         want="spconv-cu${tag}"
     fi
 fi
-installed=$("$PYTHON" -m pip list --format=freeze 2>/dev/null | grep -i '^spconv' | cut -d= -f1 || true)
-if [[ "${installed,,}" == "${want,,}" ]]; then
-    exit 0
+# Every spconv build installed (the CPU build and a CUDA one can sit side by side, e.g.
+# after `pip install .[sparse,gpu]`): one of the wanted name at a version the project
+# supports stays; any other is removed before the wanted one goes in.
+mapfile -t installed < <("$PYTHON" -m pip list --format=freeze 2>/dev/null | grep -i '^spconv' || true)
+keep=no
+others=()
+for line in "${installed[@]}"; do
+    name=${line%%==*}
+    version=${line#*==}
+    if [[ "${name,,}" == "${want,,}" ]] && "$PYTHON" - "$version" <<'PY'
+import re, sys
+sys.exit(0 if tuple(map(int, re.findall(r"\d+", sys.argv[1])[:3])) >= (2, 3, 6) else 1)
+PY
+    then
+        keep=yes
+    else
+        others+=("$name")
+    fi
+done
+if [[ ${#others[@]} -gt 0 ]]; then
+    "$PYTHON" -m pip uninstall -q -y "${others[@]}"
 fi
-if [[ -n "$installed" ]]; then
-    "$PYTHON" -m pip uninstall -q -y "$installed"
+if [[ $keep == yes ]]; then
+    exit 0
 fi
 echo "installing $want"
 "$PYTHON" -m pip install -q "$want>=2.3.6"

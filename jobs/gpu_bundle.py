@@ -40,6 +40,8 @@ INSTALLER = HERE / "gpu_bundle_install.py"
 #: What the bundle may weigh, leaving room for the working tree under the 64 MiB a call
 #: to the GPU host carries.
 BUDGET_BYTES = 56 * 2**20
+#: What one call to the GPU host carries: the bundle and the working tree together.
+CALL_BYTES = 64 * 2**20
 #: Imported by the installer's check, in this order (after unpacking).
 CHECKS = ("blosc2", "cumm", "spconv", "spconv.pytorch")
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
@@ -169,6 +171,38 @@ def build(out: Path, pins_file: Path = PINS, python: str = "3.12",
     return manifest
 
 
+def tracked_files(root: Path) -> list[tuple[int, str]] | None:
+    """``(bytes, path)`` of every file git tracks in ``root``, largest first (None where
+    ``root`` is not a git checkout): the working tree that travels with the bundle."""
+    try:
+        out = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True,
+                             timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    names = [n.decode() for n in out.stdout.split(b"\0") if n]
+    return sorted(((root / n).stat().st_size if (root / n).is_file() else 0, n)
+                  for n in names)[::-1]
+
+
+def call_note(bundle_bytes: int, root: Path) -> str:
+    """What a call to the GPU host would carry: the bundle and the checkout's tracked
+    files, and, over :data:`CALL_BYTES`, the largest files to leave out of the copy."""
+    files = tracked_files(root)
+    if files is None:
+        return f"{root} is not a git checkout: the working tree's size is not known"
+    tree = sum(b for b, _ in files)
+    total = bundle_bytes + tree
+    line = (f"with the checkout's tracked files ({tree / 2**20:.1f} MiB) a call carries "
+            f"{total / 2**20:.1f} MiB of its {CALL_BYTES / 2**20:.0f} MiB")
+    if total <= CALL_BYTES:
+        return line
+    largest = ", ".join(f"{name} ({b / 2**20:.1f} MiB)" for b, name in files[:5])
+    return (f"warning: {line}: leave files out of the copy sent to the host; the "
+            f"largest: {largest}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lartpc.jobs.gpu_bundle", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -187,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{p['archive_bytes'] / 2**20:.1f} MiB")
     print(f"{args.out}: {m['total_archive_bytes'] / 2**20:.1f} MiB; on the GPU host: "
           f"bash {args.out}/install.sh")
+    print(call_note(m["total_archive_bytes"], HERE.parent))
     return 0
 
 

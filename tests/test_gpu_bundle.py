@@ -191,3 +191,24 @@ def test_a_source_checkout_on_pythonpath_imports_analysis_and_jobs(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(repo / "jobs/local/gpu_bench.py"),
                                   str(repo / "analysis/metrics.py")]
+
+
+def test_the_call_note_weighs_the_bundle_with_the_tracked_tree(tmp_path):
+    """What a call to the GPU host carries: the bundle and the checkout's tracked files
+    (untracked ones stay behind); over the 64 MiB, the largest files to leave out."""
+    repo = tmp_path / "checkout"
+    (repo / "docs").mkdir(parents=True)
+    (repo / "docs" / "weights.pt").write_bytes(b"w" * 3 * 2**20)
+    (repo / "README.md").write_text("lartpc\n")
+    (repo / "untracked.bin").write_bytes(b"u" * 50 * 2**20)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True, timeout=30)
+    subprocess.run([*git, "add", "docs", "README.md"], check=True, timeout=30)
+    note = gpu_bundle.call_note(40 * 2**20, repo)
+    assert note == ("with the checkout's tracked files (3.0 MiB) a call carries 43.0 MiB "
+                    "of its 64 MiB")
+    note = gpu_bundle.call_note(62 * 2**20, repo)
+    assert note.startswith("warning: with the checkout's tracked files (3.0 MiB) a call "
+                           "carries 65.0 MiB")
+    assert note.endswith("the largest: docs/weights.pt (3.0 MiB), README.md (0.0 MiB)")
+    assert "not a git checkout" in gpu_bundle.call_note(1, tmp_path / "elsewhere")

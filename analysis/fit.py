@@ -30,7 +30,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-from lartpc.analysis.metrics import RunMetrics
+from lartpc.analysis.metrics import SETTING, RunMetrics
 from scipy import special  # not scipy.stats: stats probes sys.modules for torch on import
 
 N_BOOT = 2000
@@ -231,7 +231,9 @@ def summarize_model(rows: list[RunMetrics], seed: int = 0) -> dict:
     ok = [r for r in rows if not r.ttl_censored]
     dropped = fit_power_law([r.world_size for r in ok], [r.ttl_s for r in ok], "TTL",
                             seed=seed)
-    bounded = [r for r in rows if not r.ttl_censored or r.ttl_lower_bound_s]
+    # a diverged run's censoring is no lower bound: it would not have got there
+    bounded = [r for r in rows if not r.ttl_censored
+               or (r.ttl_lower_bound_s and r.status != "diverged")]
     ttl, fallback = dropped, None
     if len(bounded) > len(ok):  # censored runs with a lower bound: they enter the fit
         ttl = fit_censored_power_law([r.world_size for r in bounded],
@@ -255,12 +257,12 @@ def summarize_model(rows: list[RunMetrics], seed: int = 0) -> dict:
         used = len(bounded) - len(ok) if fallback is None else 0
         notes.append(f"{n_cens} censored run(s) never reached the threshold: {names}; "
                      + (f"{used} enter the TTL fit as lower bounds (censored fit)"
-                        + (f", {n_cens - used} without a wall time are left out"
+                        + (f", {n_cens - used} left out (diverged, or no wall time)"
                            if used < n_cens else "")
                         if used else "none enters the TTL fit")
                      + ("; with them dropped the exponent would be "
                         + _exp_text(dropped) if ttl is not dropped else ""))
-    warnings = [fallback] if fallback else []
+    warnings = ([fallback] if fallback else []) + _mixed_settings(rows)
     if len(rated) < len(rows):
         notes.append(f"{len(rows) - len(rated)} run(s) logged fewer than 2 steps: no epoch "
                      "rate")
@@ -284,6 +286,25 @@ def summarize_model(rows: list[RunMetrics], seed: int = 0) -> dict:
         # the fit over the runs that reached the threshold only, for comparison
         "ttl_fit_uncensored_only": dropped.to_dict(),
     }
+
+
+def _mixed_settings(rows: list[RunMetrics]) -> list[str]:
+    """A warning where the runs of one fit differ in a setting they must share."""
+    differ = {}
+    for key in SETTING:
+        # one process without a launcher (backend none) goes with any backend's runs
+        values = {r.setting.get(key) for r in rows
+                  if r.setting.get(key) not in (None, "none" if key == "backend" else None)}
+        if len(values) > 1:
+            differ[key] = ", ".join(str(v) for v in sorted(
+                values, key=lambda v: (isinstance(v, str), v if isinstance(v, str) else
+                                       float(v))))
+    if not differ:
+        return []
+    return [f"the {rows[0].model} runs differ in "
+            + "; ".join(f"{k} ({v})" for k, v in differ.items())
+            + ": this fit pools them, so its exponents mix settings; fit the runs of one "
+            "setting (give their folders)"]
 
 
 def _exp_text(f: PowerLawFit) -> str:

@@ -20,8 +20,9 @@ from pathlib import Path
 
 from lartpc.analysis.runcheck import check_live_meta
 
+from lartpc.runfolder.lock import holder_gone
 from lartpc.runfolder.record import read_record, record_path
-from lartpc.runfolder.schema import EVAL_CSV, RunFolderError, rank_csv_name
+from lartpc.runfolder.schema import EVAL_CSV, LOCK, RunFolderError, rank_csv_name
 
 CHUNK = 1 << 20
 SMOOTH_STEPS = 20  #: rows averaged for the smoothed loss/accuracy and for images/s
@@ -84,6 +85,9 @@ class CsvTail:
 
 
 PENDING = "pending"  #: shown for a run that has not logged a step yet
+#: shown for a run whose run.json says running but whose training process (named in
+#: run.lock, on this host) is gone: killed before it could write its status
+KILLED = "killed?"
 #: Columns of rank-000.csv the view reads (the timing columns are optional: old logs).
 VIEW_COLUMNS = ("time", "epoch", "data_size", "global_loss", "global_acc")
 #: Columns of eval.csv the view reads.
@@ -109,8 +113,10 @@ class Snapshot:
     """What ``lartpc watch`` shows for one run; None where not known yet.
 
     ``status`` is ``run.json``'s, or :data:`PENDING` before the folder has a
-    ``run.json`` or while a running run has no step yet; ``active`` is True while
-    ``run.json`` says running (a pending run that has started its segment included).
+    ``run.json`` or while a running run has no step yet, or :data:`KILLED` where
+    ``run.json`` says running but the training process ``run.lock`` names, on this
+    host, is gone; ``active`` is True while ``run.json`` says running and the run is
+    not known killed (a pending run that has started its segment included).
     """
 
     name: str
@@ -208,6 +214,8 @@ class LiveRun:
         rows = list(self.steps.rows)
         ev = self.last_eval()
         status = str(meta.get("status", PENDING))
+        if status == "running" and holder_gone(self.path / LOCK):
+            status = KILLED
         world = meta.get("world_size", self.hint.get("gpus"))
         snap = Snapshot(
             name=self.path.name,

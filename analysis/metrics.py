@@ -43,6 +43,9 @@ import pandas as pd
 from lartpc.analysis.runs import Run
 from lartpc.analysis.segments import Restarts, find_restarts
 
+from lartpc.runfolder.lock import holder_gone
+from lartpc.runfolder.schema import LOCK
+
 DEFAULT_SMOOTH_MAX = 50
 #: What TTL and the epoch rate are measured on (see the module docstring).
 CLOCKS = ("train", "wall")
@@ -81,9 +84,24 @@ class RunMetrics:
     checkpoint_time_s: float | None = None  #: checkpoints' time from run.json, when recorded
     budget_s: float | None = None  #: run.json's train.budget_s, when recorded
     notes: list[str] = field(default_factory=list)
+    #: what must be the same for runs to share one fit (:data:`SETTING`), from run.json
+    setting: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+#: run.json's settings that runs in one scaling fit must share (the world size varies):
+#: the image, the training set, the per-rank minibatch, the loss, the device, the backend
+SETTING = ("image", "train_events", "batch_per_rank", "loss", "device", "backend")
+
+
+def run_setting(meta: dict) -> dict:
+    """:data:`SETTING` of one run.json (None where not recorded)."""
+    geometry = meta.get("geometry") or {}
+    image = (f"{geometry['height']}x{geometry['width']}"
+             if "height" in geometry and "width" in geometry else None)
+    return {"image": image, **{k: meta.get(k) for k in SETTING[1:]}}
 
 
 def smoothing_window(n_steps: int, smooth: int | None) -> int:
@@ -192,12 +210,32 @@ def _run_notes(run: Run, restarts, threshold: float) -> list[str]:
         notes.append(f"{run.name}: JishNet's first layer skipped the images' empty blocks "
                      "(model.stem_skip_empty): the same numbers, but its times are not a "
                      "dense network's (not the study's dense baseline)")
+    notes += _status_notes(run)
     loss = run.meta.get("loss")
     if loss is not None and loss != "paper":
         notes.append(f"{run.name}: trained with model.loss = {loss}, not the paper's loss "
                      f"scale: its time to loss {threshold:g} is not comparable with the "
                      "paper's or with runs on that scale")
     return notes
+
+
+def _status_notes(run: Run) -> list[str]:
+    """What the run's ``run.json`` status means for its numbers, where it is not a
+    normal end (completed, or stopped at a time limit or by a signal, checkpointed)."""
+    status = run.meta.get("status")
+    if status == "running":
+        if holder_gone(run.path / LOCK):
+            return [f"{run.name}: run.json says running but its training process is gone "
+                    "(killed before it could write its status): its numbers end at its "
+                    "last logged step"]
+        return [f"{run.name}: still running: its numbers are provisional"]
+    if status == "failed":
+        error = str(run.meta.get("error") or "not recorded")
+        return [f"{run.name}: ended with an error ({error[:200]}): its numbers end there"]
+    if status == "diverged":
+        return [f"{run.name}: its loss diverged (non-finite): a threshold it never reached "
+                "is not a lower bound of its time to loss (left out of the TTL fit)"]
+    return []
 
 
 def run_metrics(run: Run, threshold: float = 1.2, smooth: int | None = None,
@@ -228,6 +266,10 @@ def run_metrics(run: Run, threshold: float = 1.2, smooth: int | None = None,
         if rate is not None and run.meta.get("train_events"):
             img_rate = rate * run.meta["train_events"] / 60.0 / run.world_size
         window = smoothing_window(n_steps, smooth)
+        if window > n_steps:
+            notes.append(f"{run.name}: the smoothing window ({window} steps) is longer than "
+                         f"its {n_steps} steps: no smoothed loss, so no time to loss "
+                         "(censored)")
         sm = smoothed_loss(steps, window).to_numpy()
         within = np.ones(n_steps, bool)
         if budget is not None and trained is not None:
@@ -258,4 +300,5 @@ def run_metrics(run: Run, threshold: float = 1.2, smooth: int | None = None,
         accuracy=acc, accuracy_se=se, accuracy_wilson95=wilson, n_eval=n_eval,
         queue_wait_s=restarts.wait_s, clock=used, ttl_wall_s=ttl_wall,
         train_time_s=run.meta.get("train_time_s"), eval_time_s=run.meta.get("eval_time_s"),
-        checkpoint_time_s=run.meta.get("checkpoint_time_s"), budget_s=budget, notes=notes)
+        checkpoint_time_s=run.meta.get("checkpoint_time_s"), budget_s=budget, notes=notes,
+        setting=run_setting(run.meta))

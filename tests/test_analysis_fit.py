@@ -216,3 +216,32 @@ def test_a_run_whose_loss_is_not_on_the_papers_scale_is_noted(tmp_path):
     notes = run_metrics(run, threshold=1.4).notes
     assert any(n.startswith("r: trained with model.loss = ce, not the paper's loss scale: "
                             "its time to loss 1.4") for n in notes), notes
+
+
+def test_runs_of_different_settings_in_one_fit_are_a_warning(tmp_path):
+    """Runs of one model that differ in what a scaling study holds fixed (here the
+    training set) are pooled with a warning naming the field and its values; the same
+    settings (a 1-rank run without a launcher among Horovod ones too) give none."""
+    kw = dict(model="scnet", epoch_rate_per_min=2.0, ttl_s=300.0, dlt_s=5.0,
+              time_limit_s=600.0)
+    for n in (1, 2):
+        write_synthetic_run(tmp_path / "same" / f"n{n}", world_size=n, **kw)
+    rows = [run_metrics(r, smooth=5) for r in load_runs([tmp_path / "same"])]
+    assert not any("differ" in w for w in summarize(rows)["scnet"]["warnings"])
+    write_synthetic_run(tmp_path / "mixed" / "n4", world_size=4, train_events=240, **kw)
+    rows += [run_metrics(r, smooth=5) for r in load_runs([tmp_path / "mixed"])]
+    warnings = summarize(rows)["scnet"]["warnings"]
+    assert [w for w in warnings if "differ" in w] == [
+        "the scnet runs differ in train_events (240, 15000): this fit pools them, so its "
+        "exponents mix settings; fit the runs of one setting (give their folders)"]
+
+
+def test_a_smoothing_window_longer_than_the_run_is_said(tmp_path):
+    run = load_run(write_synthetic_run(tmp_path / "r", model="scnet", world_size=1,
+                                       epoch_rate_per_min=2.0, ttl_s=300.0, dlt_s=5.0,
+                                       time_limit_s=600.0))
+    m = run_metrics(run, smooth=100_000)
+    assert m.ttl_censored
+    assert (f"r: the smoothing window (100000 steps) is longer than its {m.n_steps} "
+            "steps: no smoothed loss, so no time to loss (censored)") in m.notes
+    assert not any("smoothing window" in n for n in run_metrics(run, smooth=5).notes)

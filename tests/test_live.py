@@ -8,12 +8,14 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 from lartpc.analysis.live import SMOOTH_STEPS, CsvTail, LiveRun
-from train_helpers import rows, run, train_cmd
+from train_helpers import BIN, rows, run, train_cmd
 
 from lartpc.cli import main
+from lartpc.runfolder.lock import RunLock
 
 HEADER = "time,epoch,rank,batchno,data_size,global_loss,global_acc\n"
 
@@ -27,10 +29,15 @@ def trained(train_events_dir, tmp_path_factory):
     return out
 
 
+_HELD: list[RunLock] = []  # the copies' locks, held as their training would hold them
+
+
 def _as_running(src, dst, torn: str):
-    """A copy of ``src`` as it looks mid-training: status running, no eval yet, and
-    ``torn`` appended to rank 0's CSV without a newline."""
+    """A copy of ``src`` as it looks mid-training: status running, its run.lock held
+    (here by this process), no eval yet, and ``torn`` appended to rank 0's CSV without
+    a newline."""
     shutil.copytree(src, dst)
+    _HELD.append(RunLock(dst, time.time()).acquire())
     meta = json.loads((dst / "run.json").read_text())
     meta.update(status="running", end_time=None)
     meta["segments"][-1]["end_time"] = None
@@ -133,6 +140,32 @@ def test_eta_and_images_per_s(tmp_path):
     meta["config"]["train"]["time_limit_s"] = 25.0
     (p / "run.json").write_text(json.dumps(meta))
     assert LiveRun(p).snapshot(now=110.0).eta_s == pytest.approx(5.0)
+
+
+def test_watch_exits_when_its_training_was_killed(train_events_dir, tmp_path):
+    """A training killed (SIGKILL) after its first steps leaves run.json saying running:
+    watch shows it killed (its run.lock names a process of this host that is gone) and
+    exits instead of waiting for it."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(train_cmd(train_events_dir, out, "train.epochs=1000"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = out / "rank-000.csv"
+    try:
+        deadline = time.monotonic() + 300
+        while not (log.exists() and rows(log)) and proc.poll() is None:
+            assert time.monotonic() < deadline, "no step logged in 300 s"
+            time.sleep(0.1)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert json.loads((out / "run.json").read_text())["status"] == "running"
+    assert rows(log), "the training ended before its first step"
+    snap = LiveRun(out).snapshot()
+    assert (snap.status, snap.active) == ("killed?", False)
+    r = run([str(BIN / "lartpc"), "watch", "--interval", "0.05", str(out)], timeout=120,
+            COLUMNS="200")  # before: it waited for the dead run for ever
+    assert r.returncode == 0, r.stderr
+    assert _rows(r.stdout)["run"][2] == "killed?"
 
 
 def test_watch_exits_when_no_run_is_running(tmp_path, capsys, monkeypatch):

@@ -92,5 +92,26 @@ def test_watch_takes_every_status(study):
                         *[str(p) for p in sorted(study.iterdir())]],
                        capture_output=True, text=True, timeout=120, env=clean_env())
     assert r.returncode == 0, r.stderr[-2000:]
-    for status in STATUSES:  # each run's status is shown
-        assert status in r.stdout, status
+    shown = {c[1]: c[2] for c in ([x.strip() for x in ln.split("│")]
+                                  for ln in r.stdout.splitlines() if "│" in ln)}
+    # each run's status is shown; the killed one's run.json still says running, but its
+    # process (named in run.lock, on this host) is gone
+    assert shown == {s: "killed?" if s == "running" else s for s in STATUSES}
+
+
+def test_fit_says_what_each_status_means(study):
+    """The notes of a run that did not end normally; a diverged run's censoring is no
+    lower bound of its time to loss, so it stays out of the TTL fit."""
+    r = _analysis("fit", str(study), "--strict", "--json", "--no-figures")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    notes = " | ".join(n for m in out["runs"] for n in m["notes"])
+    assert "running: run.json says running but its training process is gone" in notes
+    assert "failed: ended with an error (" in notes
+    assert "diverged: its loss diverged (non-finite)" in notes
+    fit = out["models"]["jishnet"]
+    runs = {m["name"]: m for m in out["runs"]}
+    assert runs["diverged"]["ttl_censored"] and runs["diverged"]["ttl_lower_bound_s"]
+    entered = [m for m in runs.values() if not m["ttl_censored"] or (
+        m["ttl_lower_bound_s"] and m["status"] != "diverged")]
+    assert fit["ttl_fit"]["n_points"] == len(entered) < len(runs)

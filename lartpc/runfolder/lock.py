@@ -144,6 +144,33 @@ def read_holder(path: Path) -> dict:
     return info if isinstance(info, dict) else {}
 
 
+def holder_gone(path: Path) -> bool:
+    """Whether the lock file at ``path`` names a process of this host that is gone, and
+    nothing here holds the lock: a training killed (SIGKILL, out of memory) before it
+    could write its status. False where the holder runs, is on another host (which this
+    host cannot check), or is not recorded."""
+    held = read_holder(path)
+    if held.get("host") != socket.gethostname() or not isinstance(held.get("pid"), int):
+        return False
+    if held["pid"] == os.getpid() or _alive(held["pid"]):
+        return False
+    return _locked_here(Path(path)) is False
+
+
+def _locked_here(path: Path) -> bool | None:
+    """Whether a process of this host holds a lock on ``path`` (``/proc/locks``); None
+    where that cannot be read."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks") as f:
+            table = f.read()
+    except OSError:
+        return None
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    return any(len(f := line.split()) > 5 and f[5] == dev
+               for line in table.splitlines())
+
+
 def _alive(pid) -> bool:
     if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
         return False

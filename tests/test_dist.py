@@ -118,3 +118,29 @@ def test_bad_backend_is_config_error():
 
     with pytest.raises(ConfigError, match="dist.backend"):
         init("mpi")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_torch_ranks_on_cuda_reduce_cpu_and_cuda_tensors(tmp_path):
+    """A torch.distributed world on CUDA takes the loop's CPU-tensor agreements (step
+    vote, evaluation counts, checkpoint checks) as well as CUDA gradients: NCCL alone
+    refused every CPU collective ("No backend type associated with device type cpu")."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = ("import torch, torch.distributed as dist\n"
+            "from lartpc.dist import init\n"
+            "w = init('torch', device='cuda')\n"
+            "a, b = torch.ones(3), torch.ones(3, device='cuda')\n"
+            "dist.all_reduce(a); dist.all_reduce(b); dist.barrier()\n"
+            "print(w.backend, a.tolist(), b.cpu().tolist())\n"
+            "dist.destroy_process_group()\n")
+    env = clean_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split("\n")[-2] == "torch [1.0, 1.0, 1.0] [1.0, 1.0, 1.0]"

@@ -83,6 +83,17 @@ def test_cuda_loader_gives_the_cpu_batches(store, mode):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason=NO_CUDA)
+def test_device_dense_pixels_wait_page_locked_for_their_copy(store):
+    """The device-dense loader's prefetch thread page-locks a batch's pixel indices and
+    charges, so the consumer's copies are queued without waiting for its stream (a copy
+    from pageable memory waited for the previous step, counted as data wait)."""
+    loader = build_loader(store, "device-dense", np.arange(2, 25), 4, device="cuda", seed=5)
+    job = loader._produce(np.arange(4), 0)
+    assert job.flat.is_pinned() and job.vals.is_pinned() and not job.done
+
+
+@pytest.mark.gpu
 @pytest.mark.sparse
 @pytest.mark.skipif(not CUDA, reason=NO_CUDA)
 def test_scnet_forward_on_cuda_equals_cpu(store):

@@ -564,3 +564,27 @@ def test_the_eager_steps_tables_do_not_depend_on_when_the_loader_built_them(
                         lambda self, coords, batch_size, **kw: self.builder(
                             coords, batch_size, **kw))
     _same(padded, _fit(world, train_events_dir, tmp_path / "late", "tiny-scnet", *sets))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_benchs_captured_step_does_not_add_up_gradients_on_cuda():
+    """``bench model --cuda-graph``'s capture: each replay's gradients are that step's
+    own (the capture used to add them to the warm-up's, so replay k gave k + 1 times
+    the gradient)."""
+    from lartpc.bench.graphed import _captured, steps
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 5).cuda()
+    x, y = torch.randn(7, 16, device="cuda"), torch.randint(0, 5, (7,), device="cuda")
+    opt = torch.optim.Adam(model.parameters(), lr=0.0, capturable=True)  # lr 0: fixed
+    step, eager = steps(lambda: torch.nn.functional.cross_entropy(model(x), y), opt)
+    params = list(model.parameters())
+    graph, _ = _captured(step, eager, 3, params)
+    grads = [p.grad for p in params]  # what the captured backward writes
+    want = torch.autograd.grad(torch.nn.functional.cross_entropy(model(x), y), params)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, g in zip(grads, want, strict=True):
+            torch.testing.assert_close(got, g)

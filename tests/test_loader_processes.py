@@ -18,7 +18,7 @@ from test_sparse_torch import _pair
 from test_step_overlap import _fit, _same
 
 from lartpc.config import load_config
-from lartpc.data import packing
+from lartpc.data import packing, processes
 from lartpc.data.loaders import build_loader
 from lartpc.data.packing import pack, unpack, walk
 from lartpc.data.processes import Processes
@@ -113,12 +113,19 @@ CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device")])
 
 
-@pytest.mark.parametrize("device", ["cpu", CUDA])
-def test_batches_made_in_processes_equal_the_threads(train_events_dir, device):
+@pytest.mark.parametrize("device,locked", [
+    ("cpu", None), pytest.param("cuda", None, marks=CUDA.marks),
+    # only a batch's first 4 kB page-locked in the slot: the rest through a locked copy
+    pytest.param("cuda", 4096, marks=CUDA.marks)])
+def test_batches_made_in_processes_equal_the_threads(train_events_dir, device, locked,
+                                                     monkeypatch):
     """Every tensor of every batch of an epoch (labels, coordinates, charges, each
     level's tables, padded to the graph's sizes) equals the prefetch thread's on the CPU,
     and the tables are built for the batch's very coordinate tensor (the model checks
-    that); on CUDA every tensor is a view of one copy on the device."""
+    that); on CUDA every tensor is a view of one copy on the device, also for batches
+    longer than the slot's page-locked part."""
+    if locked is not None:
+        monkeypatch.setattr(processes, "LOCKED_BYTES", locked)
     shape = tuple(EventStore(train_events_dir).geometry.shape)
     _, model = _pair(shape)
     caps = Capacities()

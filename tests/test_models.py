@@ -351,8 +351,7 @@ def test_spconv_import_prints_no_dependency_warning():
 @pytest.mark.parametrize("fails", [False, True])
 def test_max_batch_search_leaves_cudnn_autotuning_as_the_run_set_it(monkeypatch, fails):
     """`bench model --max-batch` searches with cuDNN's default algorithms (autotuning
-    each size took minutes), then gives the run's setting back: what the same call
-    measures after it (--cuda-graph) is timed as the run asked, also when the search
+    each size took minutes), then gives the run's setting back, also when the search
     fails. The GPU's search is stood in; its step runs on a real event."""
     from lartpc.bench import model as bench_model
     from lartpc.bench import stages
@@ -364,7 +363,7 @@ def test_max_batch_search_leaves_cudnn_autotuning_as_the_run_set_it(monkeypatch,
         step_at(start + 1)  # a size the batch is repeated to
         if fails:
             raise RuntimeError("search failed")
-        return start + 1, 1000
+        return start + 1, 1000, "minibatch 4: out of memory"
 
     class Props:
         total_memory = 4096
@@ -384,6 +383,34 @@ def test_max_batch_search_leaves_cudnn_autotuning_as_the_run_set_it(monkeypatch,
         with pytest.raises(RuntimeError, match="search failed"):
             step()
     else:
-        assert step() == {"max_batch": 3, "max_batch_peak_memory_bytes": 1000,
+        assert step() == {"max_batch": 3, "max_batch_limited_by": "minibatch 4: out of memory",
+                          "max_batch_peak_memory_bytes": 1000,
                           "max_batch_memory_per_image_bytes": 333, "gpu_memory_bytes": 4096}
     assert seen == [False] and torch.backends.cudnn.benchmark is True
+
+
+@pytest.mark.parametrize("error,why", [
+    (torch.OutOfMemoryError("CUDA out of memory"), "minibatch 38: out of memory"),
+    (RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED\nmore"),
+     "minibatch 38: RuntimeError: cuDNN error: CUDNN_STATUS_NOT_SUPPORTED"),
+])
+def test_max_batch_search_stops_at_any_error_a_size_raises(monkeypatch, error, why):
+    """`bench model --max-batch`: the largest size that ran, found by doubling from 7 and
+    bisecting, whichever error the sizes above it raise (before, only an out-of-memory
+    error was caught, and any other lost the whole JSON); the smallest failing size and
+    its error are reported. The device's memory calls are stood in on the CPU."""
+    from lartpc.bench import stages
+
+    for name in ("empty_cache", "reset_peak_memory_stats", "synchronize"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a: None)
+    tried = []
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 100 * tried[-1])
+
+    def step_at(b: int) -> None:
+        tried.append(b)
+        if b > 37:
+            raise error
+
+    assert stages.max_batch(step_at, 7) == (37, 3700, why)
+    assert tried[:4] == [7, 14, 28, 56]
+    assert stages.max_batch(lambda b: None, 2048)[2] == "the search's cap of 4096"

@@ -119,11 +119,14 @@ train_graph train-scnet-torch-graph-threads-3-table-cache-fused-adam \
 train_graph train-scnet-torch-graph-threads-3 data.prefetch_threads=3
 # 2. the CUDA tests: both ways of building ahead (equality, no synchronisation), the
 #    batches from loader processes, the tables' kernels, the captured step (equal to the
-#    eager one), the fused stages
+#    eager one, and the bench's capture), the fused stages, the device-dense loader's
+#    page-locked pixels, torch.distributed on CUDA with CPU-tensor collectives
 part gpu-tests "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_sparse_torch.py \
     tests/test_table_kernels.py tests/test_graphed_step.py tests/test_rulebooks.py \
     tests/test_loader_processes.py tests/test_fused_stage2.py tests/test_fused_stem.py \
-    tests/test_table_graph.py tests/test_table_cache.py
+    tests/test_table_graph.py tests/test_table_cache.py \
+    tests/test_gpu.py::test_device_dense_pixels_wait_page_locked_for_their_copy \
+    tests/test_dist.py::test_torch_ranks_on_cuda_reduce_cpu_and_cuda_tensors
 # 3. issue 35: the stem's launches and ways of summing its taps (second lease of
 #    2026-11-28: dot at 64:4 the fastest, band and patch slower; hoist since), the fused second
 #    stage's (64:8:64 hybrid the fastest, 4.9 ms against cuDNN's 6.9: now the default;
@@ -173,8 +176,8 @@ if [ "$DEVICE" = cuda ]; then
     # 3600 x 3600 events ~1.3 % of its blocks of 64 outputs have charge under them)
     part model-jishnet-stages-skip-empty "$PY" -m lartpc bench model --model jishnet \
         --device cuda --batch-per-rank 7 --elu-after-pool --cudnn-benchmark --amp bf16 \
-        --channels-last --stem fused "${FASTEST[@]}" --stem-skip-empty --stages --repeats 10 \
-        --cuda-graph
+        --channels-last "${FASTEST[@]}" --stem fused --stem-skip-empty --stages --repeats 10 \
+        --cuda-graph  # fused after the picks: skipping empty blocks is the fused stem's
 fi
 # 3b. issue 36 again: the graphed training with the batches made in 8 loader processes
 #    (tables on their CPUs), and the table cache with one loader thread (Adam as one
@@ -188,7 +191,7 @@ if [ "$DEVICE" = cuda ]; then
     part train-jishnet-graph-skip-empty "$PY" -m lartpc bench train --ranks 1 \
         --backend none --device cuda --data "$EV" --downsample "$EVDS" --seconds "$SECS" \
         --model jishnet --set model.elu_after_pool=true --set train.cuda_graph=true \
-        "${JISH[@]}" --set model.stem=fused "${FASTEST_SETS[@]}" \
+        "${JISH[@]}" "${FASTEST_SETS[@]}" --set model.stem=fused \
         --set model.stem_skip_empty=true
     cp "$OUT/train-jishnet-graph-skip-empty.out" "$OUT/train-jishnet-graph-skip-empty.json" \
         2>/dev/null

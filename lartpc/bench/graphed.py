@@ -23,9 +23,12 @@ import statistics
 from lartpc.train.graphed import round_up
 
 
-def _captured(step, eager, warmup: int):
+def _captured(step, eager, warmup: int, params):
     """``step`` captured as a CUDA graph after ``eager`` warm-up steps on a side stream
-    (as torch asks): the graph and what the captured ``step`` returned."""
+    (as torch asks): the graph and what the captured ``step`` returned. The gradients of
+    ``params`` are cleared just before the capture, so its backward writes them into
+    the graph's own memory each replay; left from the warm-up, the graph would add each
+    replay's gradients to theirs."""
     import torch
 
     side = torch.cuda.Stream()
@@ -34,10 +37,29 @@ def _captured(step, eager, warmup: int):
         for _ in range(max(warmup, 3)):
             eager()
     torch.cuda.current_stream().wait_stream(side)
+    for p in params:
+        p.grad = None
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = step()
     return graph, out
+
+
+def steps(loss_of, opt):
+    """A training step (``loss_of()``, backward, ``opt``'s update) returning its loss,
+    and the same step eagerly with the gradients cleared first."""
+
+    def step():
+        loss = loss_of()
+        loss.backward()
+        opt.step()
+        return loss
+
+    def eager():
+        opt.zero_grad(set_to_none=True)
+        step()
+
+    return step, eager
 
 
 def _per_step(fn, repeats: int) -> float:
@@ -117,19 +139,8 @@ def _graph_against_eager(model, forward, labels, loss_fn, repeats: int, warmup: 
     import torch
 
     opt = torch.optim.Adam(model.parameters(), lr=1e-5, foreach=True, capturable=True)
-
-    def step():
-        loss = loss_fn(forward(), labels)
-        loss.backward()
-        opt.step()
-        return loss
-
-    def eager():
-        opt.zero_grad(set_to_none=True)
-        step()
-
-    opt.zero_grad(set_to_none=True)
-    graph, captured_loss = _captured(step, eager, warmup)
+    step, eager = steps(lambda: loss_fn(forward(), labels), opt)
+    graph, captured_loss = _captured(step, eager, warmup, list(model.parameters()))
     with torch.no_grad():
         want = float(loss_fn(forward(), labels))
     graph.replay()

@@ -231,15 +231,16 @@ def _max_batch(model, batch, loss_fn, autocast, start: int) -> dict:
         del dense, labels, logits
 
     # autotuning each size tried (and every size that runs out of memory) took minutes
-    # on an H200; the search runs with cuDNN's default algorithms, and what is measured
-    # after it (--cuda-graph) with the run's own setting again
+    # on an H200; the search runs with cuDNN's default algorithms, and gives the run's
+    # own setting back
     tuned = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = False
     try:
-        largest, peak = max_batch(step_at, start)
+        largest, peak, why = max_batch(step_at, start)
     finally:
         torch.backends.cudnn.benchmark = tuned
-    return {"max_batch": largest, "max_batch_peak_memory_bytes": int(peak),
+    return {"max_batch": largest, "max_batch_limited_by": why,
+            "max_batch_peak_memory_bytes": int(peak),
             "max_batch_memory_per_image_bytes": int(peak / largest) if largest else None,
             "gpu_memory_bytes": torch.cuda.get_device_properties(0).total_memory}
 
@@ -367,9 +368,6 @@ def run(args) -> int:
         # the model as built (not compiled): each stage alone
         result["stages"] = stage_times(plain, batch.dense, batch.labels, loss_fn, autocast,
                                        args.repeats, args.warmup, sync)
-    if args.max_batch:
-        # the model as built: torch.compile would recompile for every size tried
-        result.update(_max_batch(plain, batch, loss_fn, autocast, args.batch_per_rank))
     if args.cuda_graph:
         from lartpc.bench.graphed import measure, measure_dense
 
@@ -383,5 +381,8 @@ def run(args) -> int:
             first = str(e).splitlines()[0] if str(e) else ""
             result["graphed"] = {"error": f"{type(e).__name__}: {first}"}
             log.warning("--cuda-graph: the capture failed (%s)", result["graphed"]["error"])
+    if args.max_batch:  # last: sizes past what the kernels were run at may fail badly
+        # the model as built: torch.compile would recompile for every size tried
+        result.update(_max_batch(plain, batch, loss_fn, autocast, args.batch_per_rank))
     print(json.dumps(result), file=sys.stdout, flush=True)
     return 0

@@ -149,9 +149,12 @@ def top_kernels(fn: Callable[[], object], device_type: str, calls: int = PROFILE
              "ms": round(busy(e) / calls / 1e3, 4)} for e in rows[:top]]
 
 
-def max_batch(train_step_at: Callable[[int], None], start: int) -> tuple[int, int]:
-    """The largest minibatch ``b`` for which ``train_step_at(b)`` runs without a CUDA
-    out-of-memory error, and the peak memory it took; ``start`` must fit."""
+def max_batch(train_step_at: Callable[[int], None], start: int) -> tuple[int, int, str]:
+    """The largest minibatch ``b`` for which ``train_step_at(b)`` runs, the peak memory
+    it took, and what stopped the search: the error of the smallest size that failed (a
+    CUDA out-of-memory error, or any other a size can raise: a library's missing kernel
+    for it, an index past 2**31), or the search's cap. ``start`` must fit."""
+    failed: dict[int, str] = {}
 
     def fits(b: int) -> int | None:
         torch.cuda.empty_cache()
@@ -160,14 +163,27 @@ def max_batch(train_step_at: Callable[[int], None], start: int) -> tuple[int, in
             train_step_at(b)
             torch.cuda.synchronize()
         except torch.OutOfMemoryError:
+            failed[b] = "out of memory"
+            return None
+        except RuntimeError as e:  # the search goes on below it; the JSON says why
+            failed[b] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
             return None
         finally:
             torch.cuda.empty_cache()
         return torch.cuda.max_memory_allocated()
 
+    largest, peak, failing = _largest(fits, start)
+    why = (f"minibatch {failing}: {failed[failing]}" if failing is not None
+           else f"the search's cap of {MAX_BATCH_CAP}")
+    return largest, peak, why
+
+
+def _largest(fits: Callable[[int], int | None], start: int) -> tuple[int, int, int | None]:
+    """Doubling, then bisection: the largest size ``fits`` takes (its peak), and the
+    smallest it was seen to refuse (None: none up to the cap)."""
     peak = fits(start)
     if peak is None:
-        return 0, 0
+        return 0, 0, start
     lo, hi = start, None
     while hi is None and lo < MAX_BATCH_CAP:
         b = min(2 * lo, MAX_BATCH_CAP)
@@ -183,4 +199,4 @@ def max_batch(train_step_at: Callable[[int], None], start: int) -> tuple[int, in
             hi = mid
         else:
             lo, peak = mid, p
-    return lo, peak
+    return lo, peak, hi

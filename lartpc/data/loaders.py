@@ -28,7 +28,7 @@ from functools import partial
 import numpy as np
 import torch
 
-from lartpc.data import LOADERS
+from lartpc.data import LOADERS, processes
 from lartpc.data.batch import Batch
 from lartpc.data.blosc_cache import BloscConfig, BloscImageCache
 from lartpc.data.loader_base import Loader, SparseEvents
@@ -152,6 +152,16 @@ def _to_device(stream: torch.cuda.Stream, view: torch.Tensor) -> torch.Tensor:
     return copy
 
 
+def _slot_to_device(stream: torch.cuda.Stream, view: torch.Tensor) -> torch.Tensor:
+    """A batch in a loader process's slot copied as :func:`_to_device` copies it. Only
+    the slot's first :data:`~lartpc.data.processes.LOCKED_BYTES` are page-locked: a
+    batch longer than that is first copied into page-locked memory of torch's (one DMA
+    from a range only partly locked is not one the driver promises to get right)."""
+    if view.numel() > processes.LOCKED_BYTES:
+        view = view.pin_memory()
+    return _to_device(stream, view)
+
+
 class _Copied:
     """A batch on its way to the GPU on the loader's copy stream; ``done`` marks arrival."""
 
@@ -265,7 +275,7 @@ class SparseLoader(Loader):
             labels, coords, features, tables = unpack(buffer, skeleton)
             return replace(self._host_batch(positions), labels=labels, coords=coords,
                            features=features, rulebooks=tables)
-        copy, skeleton = self._pool(positions, state, take=partial(_to_device, stream))
+        copy, skeleton = self._pool(positions, state, take=partial(_slot_to_device, stream))
         done = torch.cuda.Event()
         done.record(stream)  # already reached (the copy was waited for): no wait
         labels, coords, features, tables = unpack(copy, skeleton)
@@ -368,12 +378,16 @@ class DeviceDenseLoader(SparseLoader):
         bidx, row, col, charge = self.pixels.gather(positions)
         h, w = self.shape
         flat = torch.from_numpy(bidx * (h * w) + row.astype(np.int64) * w + col)
+        vals = torch.from_numpy(charge)
         batch = self._host_batch(positions, dense=self._slot_buffer(slot)[: len(positions)],
                                  dense_reused=True)
-        job = _Scatter(self, slot, batch, flat, torch.from_numpy(charge))
         if self.device.type == "cpu":  # all host work: do it here, in the prefetch thread
-            job.run()
-        return job  # device kernels are queued from the consumer's thread and stream
+            return _Scatter(self, slot, batch, flat, vals).ran()
+        # page-locked here, so the consumer's copies are queued without waiting: a copy
+        # from pageable memory waits for the consumer's stream, i.e. for the last step
+        # (which the step's time would then count as waiting for data); torch's pinned
+        # allocator keeps each block until its copy is done
+        return _Scatter(self, slot, batch, flat.pin_memory(), vals.pin_memory())
 
     def _finish(self, job: _Scatter) -> Batch:
         return job.run().to(self.device, non_blocking=True)
@@ -401,11 +415,16 @@ class _Scatter:
                 whole.zero_()
             else:
                 whole[stale] = 0.0
-            flat = self.flat.to(whole.device)
-            whole[flat] = self.vals.to(whole.device)
+            flat = self.flat.to(whole.device, non_blocking=True)
+            whole[flat] = self.vals.to(whole.device, non_blocking=True)
             self.loader._end_write(self.slot, flat)
             self.done = True
         return self.batch
+
+    def ran(self) -> _Scatter:
+        """This job, its scatter done (on the CPU: in the producing thread)."""
+        self.run()
+        return self
 
 
 _CLASSES = {"blosc": DenseBloscLoader, "sparse": SparseLoader, "device-dense": DeviceDenseLoader}

@@ -67,8 +67,8 @@ PARENT_POLL_S = 1.0
 #: touched (a batch of 7 at 3600 x 3600 with its tables is ~6 MB)
 SLOT_BYTES = 64 << 20
 #: bytes at the start of each slot page-locked for a GPU (:meth:`Processes.page_lock`):
-#: locked memory is resident, so not the whole slot; a larger batch is copied from
-#: pageable memory (the driver stages it), correct but slower
+#: locked memory is resident, so not the whole slot; a larger batch goes through a
+#: page-locked copy of torch's first (``loaders._slot_to_device``), correct but slower
 LOCKED_BYTES = 16 << 20
 
 

@@ -28,6 +28,11 @@ log = logging.getLogger(__name__)
 _MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "JSM_NAMESPACE_RANK")
 
 
+#: torch.distributed's backends on CUDA ranks: collectives of CUDA tensors by NCCL,
+#: of CPU tensors by gloo
+TORCH_CUDA_BACKENDS = "cpu:gloo,cuda:nccl"
+
+
 def job_port(job_id: int) -> int:
     """The rendezvous port of a scheduler job, one per job so two jobs sharing a node do
     not collide: 10000-29999, below Linux's ephemeral ports (32768-60999), which a busy
@@ -273,8 +278,11 @@ def init(backend: str = "auto", device: str = "auto", timeout_s: float = 300.0) 
         dev = torch.device("cpu")
 
     if chosen == "torch" and not torch.distributed.is_initialized():
+        # on GPUs the gradients go by NCCL; the loop's small agreements (the step vote,
+        # evaluation counts, checkpoint checks, the noise scale) are CPU tensors, which
+        # NCCL does not take: gloo carries those
         torch.distributed.init_process_group(
-            backend="nccl" if use_cuda else "gloo", rank=rank, world_size=size,
+            backend=TORCH_CUDA_BACKENDS if use_cuda else "gloo", rank=rank, world_size=size,
             timeout=datetime.timedelta(seconds=timeout_s),
             device_id=dev if use_cuda else None)
     world = _world_class(chosen)(rank=rank, local_rank=local_rank, size=size,

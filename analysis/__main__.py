@@ -58,7 +58,8 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     _common(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     _figures_option(p)
-    for name, text in (("curves", "loss vs wall time (TTL inset), epoch rate vs N"),
+    for name, text in (("curves", "loss vs time (TTL inset), epoch rate, speedup and "
+                        "efficiency, and TTL vs N, per model"),
                        ("confusion", "confusion matrices as PNG, CSV and Markdown"),
                        ("report", "one self-contained HTML report with the paper's numbers")):
         p = sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)

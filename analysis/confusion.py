@@ -41,7 +41,9 @@ def markdown_table(counts: np.ndarray, title: str, classes: tuple[str, ...] = CL
     """Markdown table of row percent with counts in brackets, then the accuracy line."""
     pct = row_percent(counts)
     acc = accuracy(counts)
-    lines = [f"### {title}", "", "| true \\ predicted | " + " | ".join(classes) + " | n |",
+    lines = [f"### {title}", "", "Rows: the true class; columns: the predicted class; each "
+             "row in percent of its true class's events (counts in brackets).", "",
+             "| true \\ predicted | " + " | ".join(classes) + " | n |",
              "|---" * (len(classes) + 2) + "|"]
     for i, cls in enumerate(classes):
         cells = [f"{pct[i, j]:.1f}% ({counts[i, j]})" for j in range(len(classes))]

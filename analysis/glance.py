@@ -69,14 +69,15 @@ def shared_host(a: Analysis) -> list[str]:
 
 def noise_lines(predictions: list[dict] | None) -> list[str]:
     """The noise scale and what it forecasts, from :func:`lartpc.analysis.predict.run_predict`."""
+    from lartpc.analysis.predict import noise_text
+
     out = []
     for r in predictions or []:
-        b, n = r.get("b_noise"), r.get("n_crit")
-        if b is None or n is None:
+        if r.get("b_noise") is None or r.get("n_crit") is None:
             continue
-        out.append(f"{r['model']}: gradient noise scale B_noise {b:.3g} (N_crit = "
-                   f"B_noise / minibatch ~ {n:.3g} ranks): beyond that, more ranks at this "
-                   "per-rank minibatch barely shorten the time to loss.")
+        out.append(f"{r['model']}: gradient noise scale {noise_text(r)} ranks (N_crit = "
+                   "B_noise / minibatch): beyond that, more ranks at this per-rank "
+                   "minibatch barely shorten the time to loss.")
     return out
 
 

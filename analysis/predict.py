@@ -406,12 +406,13 @@ def predict(inp: Inputs, prof: Profile, gpus: list[int], algo: str = "ring",
             "noise_per_run": [vars(v) for v in inp.noise],
             "s_min": f"steps to the threshold in {', '.join(inp.runs)}" if s_min else
                      "not available: no base run reached the threshold",
-            **({"compute": comp_src} if prof.compute in ("runs", "images_per_s") else {}),
+            **({"compute": comp_src} if prof.compute == "runs" else {}),
             **({"dlt": "measured in the base runs",
                 "pauses": "evaluation/checkpoint time per epoch measured in the base runs, "
                           "assumed the same at every N"} if local else {})},
         "assumed": {
-            **({"compute": comp_src} if prof.compute not in ("runs", "images_per_s") else {}),
+            # a published throughput (the paper's) is taken, not measured here
+            **({"compute": comp_src} if prof.compute != "runs" else {}),
             **({} if local else {"dlt": "not modelled (0)", "pauses": "not modelled (0)"}),
             "steps": "S(B) = S_min (1 + B_noise / B), fitted for SGD; here Adam, fixed lr",
             "allreduce": f"{algo} allreduce, links from {prof.name}: "
@@ -463,6 +464,21 @@ def check_options(args) -> tuple[list[int], Profile]:
     prof = choose_profile(args.cluster, args.alpha_us, args.beta_gbps, args.compute_ms,
                           getattr(args, "cluster_file", None))
     return gpus, prof
+
+
+def noise_text(r: dict) -> str:
+    """``B_noise 18.3 at loss 1.2, N_crit 2.61`` for one of :func:`run_predict`'s
+    results, saying what the numbers are: ``>`` where B_noise is a lower bound (|G|^2
+    not resolved), and the loss it was taken at where a run never reached the
+    threshold (its lowest-loss rows, not the threshold's)."""
+    bound = ">" if r["b_noise_is_lower_bound"] else ""
+    used = r["measured"].get("noise_per_run") or []
+    short = [v["run"] for v in used if not v["reached"]]
+    at = f"at loss {r['threshold_loss']:g}"
+    if short:
+        at = (f"at loss {float(np.mean([v['loss'] for v in used])):.3g} (loss "
+              f"{r['threshold_loss']:g} not reached by {', '.join(short)}: its lowest rows)")
+    return f"B_noise {bound}{r['b_noise']:.3g} {at}, N_crit {bound}{r['n_crit']:.3g}"
 
 
 def run_predict(runs: list[Run], args) -> tuple[list[dict], dict]:

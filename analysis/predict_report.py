@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 from lartpc.analysis.noise import binned, noise_tables, smoothed
-from lartpc.analysis.predict import FIT_RANGE, run_predict
+from lartpc.analysis.predict import FIT_RANGE, noise_text, run_predict
 from lartpc.analysis.runs import Run, RunFolderError
 
 from lartpc.fsutil import atomic_write
@@ -35,10 +35,8 @@ def to_text(results: list[dict], measured: dict[tuple[str, int], dict]) -> str:
                else f"TTL ~ N^{r['ttl_exponent']:.2f}")
         exps = (f"fitted over {r['fit_range'][0]}-{r['fit_range'][1]} GPUs: {ttl}, "
                 f"epoch rate ~ N^{_fmt(r['epoch_rate_exponent'], '.2f')}")
-        bound = ">" if r["b_noise_is_lower_bound"] else ""
         lines += [f"{r['model']} on {r['cluster']} ({r['allreduce']} allreduce): "
-                  f"B_noise {bound}{r['b_noise']:.3g} at loss {r['threshold_loss']}, "
-                  f"N_crit {bound}{r['n_crit']:.3g}, "
+                  f"{noise_text(r)}, "
                   f"step {r['compute_s_per_step'] * 1e3:.1f} ms + allreduce", exps,
                   f"{'GPUs':>6} {'TTL s':>10} {'epochs/min':>11} {'effic.':>7} "
                   f"{'allreduce ms':>13} {'meas. TTL s':>12} {'meas. ep/min':>13}"]
@@ -159,11 +157,12 @@ def noise_section(runs: list[Run], threshold: float, smooth: int | None, out: Pa
     except RunFolderError as e:  # PredictError, or a noise scale the runs cannot resolve
         return "".join(parts) + f"<p>No prediction: {html.escape(str(e))}</p>", []
     pred = write_figure(results, measured, out)
-    lines = [f"{r['model']}: B_noise {r['b_noise']:.3g} at loss {threshold:g}, N_crit "
-             f"{r['n_crit']:.3g} GPUs; predicted on this machine's step time and an assumed "
-             f"Gloo link: TTL ~ N^{_fmt(r['ttl_exponent'], '.2f')}, epoch rate ~ N^"
-             f"{_fmt(r['epoch_rate_exponent'], '.2f')} over {FIT_RANGE[0]}-{FIT_RANGE[1]}"
-             for r in results]
+    lines = [f"{r['model']}: {noise_text(r)} ranks; predicted with the runs' own measured "
+             "step time and an assumed Gloo link (the local-cpu profile): "
+             + ("TTL not predicted (no run reached the threshold)"
+                if r["ttl_exponent"] is None else f"TTL ~ N^{r['ttl_exponent']:.2f}")
+             + f", epoch rate ~ N^{_fmt(r['epoch_rate_exponent'], '.2f')} over "
+             f"{FIT_RANGE[0]}-{FIT_RANGE[1]} ranks" for r in results]
     parts += ["<ul>" + "".join(f"<li>{html.escape(t)}</li>" for t in lines) + "</ul>",
               img(pred, "predicted TTL and epoch rate"),
               "<p>Other clusters: <code>lartpc analyze predict RUNS --cluster "

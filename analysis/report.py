@@ -7,6 +7,9 @@ import base64
 import html
 import logging
 import math
+import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -76,15 +79,18 @@ def _accuracy_at(runs: list, n: int) -> str:
     """The validation accuracy of the runs at ``n`` GPUs: one run's with its binomial
     SE; several runs' mean with the standard error of that mean from their spread
     (seeds and evaluation sampling together), the runs' own binomial SE beside it."""
-    accs = [100 * r.accuracy for r in runs if r.accuracy is not None]
-    ses = [100 * r.accuracy_se for r in runs if r.accuracy is not None]
+    done = [r for r in runs if r.accuracy is not None]
+    accs = [100 * r.accuracy for r in done]
+    ses = [100 * r.accuracy_se for r in done]
     if not accs:
         return "–"
+    gpus = f"{n} GPU" + ("s" if n != 1 else "")
     if len(accs) == 1:
-        return f"{accs[0]:.1f} % ± {ses[0]:.1f} % (binomial SE, N={n})"
+        return (f"{accs[0]:.1f} % ± {ses[0]:.1f} % (binomial SE, n = {done[0].n_eval} "
+                f"events; the run at {gpus})")
     sem = float(np.std(accs, ddof=1)) / math.sqrt(len(accs))
-    return (f"{np.mean(accs):.1f} % ± {sem:.1f} % (mean of {len(accs)} runs ± its SE "
-            f"from their spread; binomial SE of one run {np.mean(ses):.1f} %, N={n})")
+    return (f"{np.mean(accs):.1f} % ± {sem:.1f} % (mean of {len(accs)} runs at {gpus} ± "
+            f"its SE from their spread; binomial SE of one run {np.mean(ses):.1f} %)")
 
 
 def _table(head: list[str], rows: list[list[str]], left: int = 1) -> str:
@@ -228,10 +234,31 @@ def check_report_target(out: Path) -> None:
 
 
 def write_report(a: Analysis, out: Path) -> Path:
-    """Write ``out/report.html`` (self-contained) plus the PNGs it embeds."""
+    """Write ``out/report.html`` (self-contained) plus the PNGs it embeds. Everything is
+    made in a folder inside ``out`` first and moved into place at the end, the report
+    last: a report that fails halfway (a run's file that cannot be read under
+    ``--strict``) leaves ``out`` as it was."""
     check_report_target(out)
     out.mkdir(parents=True, exist_ok=True)
     # before anything is written: a confusion/ planted as a link is refused, not followed
+    confusion = subfolder(out, "confusion", "the confusion folder")
+    stage = Path(tempfile.mkdtemp(prefix=".report-partial-", dir=out))
+    try:
+        atomic_write(stage / REPORT_HTML, _report(a, stage))
+        for name in sorted(os.listdir(stage / "confusion")):
+            os.replace(stage / "confusion" / name, confusion / name)
+        for name in sorted(os.listdir(stage), key=lambda n: n == REPORT_HTML):
+            if name != "confusion":
+                os.replace(stage / name, out / name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    path = out / REPORT_HTML
+    log.info("wrote %s", path)
+    return path
+
+
+def _report(a: Analysis, out: Path) -> str:
+    """The report's page, its figures written into ``out`` (and ``out/confusion``)."""
     confusion = subfolder(out, "confusion", "the confusion folder")
     figs = write_curves(a, out)
     defs = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>"
@@ -264,9 +291,5 @@ def write_report(a: Analysis, out: Path) -> Path:
                         + _matrix_table(np.array(p["confusion_percent"])))
     body += ["<h2>All runs</h2><pre>" + html.escape(to_text(a)) + "</pre>",
              f"<h2>Definitions</h2><ul>{defs}</ul>"]
-    doc = (f"{REPORT_HEAD}<style>{CSS}</style></head><body>{''.join(body)}</body></html>")
-    path = out / REPORT_HTML
-    atomic_write(path, doc)
-    log.info("wrote %s", path)
-    return path
+    return f"{REPORT_HEAD}<style>{CSS}</style></head><body>{''.join(body)}</body></html>"
 

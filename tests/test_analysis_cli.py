@@ -156,6 +156,30 @@ def test_report_is_self_contained(runs_root, tmp_path):
                 ) in sec
 
 
+def test_a_report_that_fails_halfway_leaves_its_folder_as_it_was(runs_root, tmp_path,
+                                                                 monkeypatch):
+    """Every figure is made aside and moved in at the end, the page last: a report that
+    fails after its figures (here its confusion section) adds and replaces nothing, in
+    an empty folder or over an earlier report."""
+    from lartpc.analysis import report
+
+    def _fails(*_):
+        raise RunFolderError("confusion.csv: stood-in failure")
+
+    first = tmp_path / "fresh"
+    monkeypatch.setattr(report, "_confusion_section", _fails)
+    assert main(["report", str(runs_root), "--out", str(first)]) == 2
+    assert sorted(p.name for p in first.rglob("*")) == ["confusion"]  # made before: a check
+    monkeypatch.undo()
+    done = tmp_path / "done"
+    assert main(["report", str(runs_root / "scnet"), "--out", str(done)]) == 0
+    before = {p: p.read_bytes() for p in done.rglob("*") if p.is_file()}
+    assert len(before) > 5
+    monkeypatch.setattr(report, "_confusion_section", _fails)
+    assert main(["report", str(runs_root), "--out", str(done)]) == 2
+    assert {p: p.read_bytes() for p in done.rglob("*") if p.is_file()} == before
+
+
 def test_curves_and_confusion_files(runs_root, tmp_path, capsys):
     assert main(["curves", str(runs_root), "--out", str(tmp_path / "c")]) == 0
     pngs = sorted(p.name for p in (tmp_path / "c").glob("*.png"))

@@ -36,9 +36,25 @@ def test_glance_on_real_runs(train_events_dir, tmp_path):
         assert "the 1-rank one" in crowded[0]
 
 
+def _result(b: float | None, n: float | None, bound: bool = False, runs=()) -> dict:
+    return {"model": "scnet", "b_noise": b, "n_crit": n, "threshold_loss": 1.2,
+            "b_noise_is_lower_bound": bound, "measured": {"noise_per_run": list(runs)}}
+
+
 def test_noise_lines_say_n_crit():
-    lines = noise_lines([{"model": "scnet", "b_noise": 50.0, "n_crit": 7.1},
+    lines = noise_lines([_result(50.0, 7.1, runs=[{"run": "a", "loss": 1.2,
+                                                    "reached": True}]),
                          {"model": "jishnet", "b_noise": None, "n_crit": None}])
-    assert lines == ["scnet: gradient noise scale B_noise 50 (N_crit = B_noise / minibatch "
-                     "~ 7.1 ranks): beyond that, more ranks at this per-rank minibatch barely "
-                     "shorten the time to loss."]
+    assert lines == ["scnet: gradient noise scale B_noise 50 at loss 1.2, N_crit 7.1 ranks "
+                     "(N_crit = B_noise / minibatch): beyond that, more ranks at this "
+                     "per-rank minibatch barely shorten the time to loss."]
+
+
+def test_noise_lines_say_a_lower_bound_and_the_loss_it_was_taken_at():
+    """A noise scale whose |G|^2 was not resolved is a lower bound (>), and one taken
+    from a run that never reached the threshold is at the loss of its lowest rows."""
+    lines = noise_lines([_result(18.3, 2.61, bound=True, runs=[
+        {"run": "jishnet-n1", "loss": 1.71, "reached": False}])])
+    assert lines[0].startswith("scnet: gradient noise scale B_noise >18.3 at loss 1.71 "
+                               "(loss 1.2 not reached by jishnet-n1: its lowest rows), "
+                               "N_crit >2.61 ranks")

@@ -249,6 +249,14 @@ def test_text_table_names_its_sources_and_missing_values(runs, capsys):
     assert all(s.split(",")[0] in ("measured", "assumed") for s in src)
 
 
+def test_a_published_throughput_is_not_called_measured(runs, capsys):
+    """summitdev's step time is the paper's per-GPU throughput: taken, not measured."""
+    assert main(["predict", str(runs), "--cluster", "summitdev", "--gpus", "1,8"]) == 0
+    out = capsys.readouterr().out
+    assert "assumed, step time: summitdev's published" in out
+    assert "measured, step time" not in out
+
+
 def test_step_time_and_steps_come_from_every_base_run(runs, capsys):
     """A 1-rank run without noise.csv still gives its step time and steps; the noise
     scale only comes from the run that measured it."""

@@ -3,9 +3,13 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# CPU hosts take the CPU wheel of this torch; on a GPU host install the CUDA build of
-# torch into $(VENV) first (see README) and it is kept as it is.
+# The torch installed when the venv has none; on a GPU host install the CUDA build of
+# torch into $(VENV) first (see README) and it is kept as it is. Which build pip takes
+# is the package index's choice: an index that serves torch's CUDA build on Linux (the
+# public one does) pulls it onto a CPU host too; there, point pip at PyTorch's CPU-only
+# wheel index (its install page gives the address): TORCH_PIP_ARGS="--index-url URL".
 TORCH_VERSION ?= 2.13.0
+TORCH_PIP_ARGS ?=
 # spconv build: "auto" = spconv-cu12x matching torch's CUDA, or the CPU build `spconv`.
 SPCONV ?= auto
 PYTEST_ARGS ?=
@@ -32,7 +36,7 @@ $(INSTALLED): $(INSTALL_INPUTS)
 	@$(PY) -m pip --version >/dev/null 2>&1 || $(PY) -m ensurepip -q >/dev/null 2>&1 || { \
 	  echo "make install: $(VENV) has no pip (was python3-venv missing when it was made?):" \
 	       "install it, remove $(VENV) and run make install again" >&2; exit 1; }
-	@$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q "torch==$(TORCH_VERSION)"
+	@$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q $(TORCH_PIP_ARGS) "torch==$(TORCH_VERSION)"
 	@$(PY) -m pip install -q -e '.[test,horovod]'
 	@bash jobs/env/install_spconv.sh $(PY) $(SPCONV)
 	@bash jobs/env/install_horovod.sh $(PY)

@@ -267,6 +267,11 @@ def _report(a: Analysis, out: Path) -> str:
             f"<p>Generated {time.strftime('%Y-%m-%d %H:%M:%S')}. TTL threshold "
             f"{a.threshold:g}; smoothing {a.smooth or 'auto'} steps. Paper: "
             f"{html.escape(SOURCE)}.</p>"]
+    cpu = sorted(r.name for r in a.runs if str(r.meta.get("device", "")).startswith("cpu"))
+    if cpu:
+        body.append(f'<p class="warn">{len(cpu)} of the {len(a.runs)} runs trained on CPU '
+                    "ranks: where this report says GPUs, read ranks (one rank stands for "
+                    "one GPU of the study, one core each at best).</p>")
     if a.notes:
         body.append('<h2>Notes on the input</h2><ul>' + "".join(
             f'<li class="warn">{html.escape(n)}</li>' for n in a.notes) + "</ul>")

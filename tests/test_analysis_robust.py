@@ -264,4 +264,4 @@ def test_confusion_of_a_run_folder_with_a_hostile_name(run, tmp_path, capsys):
     assert main(["confusion", str(odd), "--out", str(tmp_path / "m")]) == 0
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == [
         f"r__x___1_confusion{s}" for s in (".md", ".png", "_counts.csv", "_percent.csv")]
-    assert "### jishnet, 1 GPUs" in capsys.readouterr().out
+    assert "### jishnet, 1 GPU, seed 0" in capsys.readouterr().out

@@ -122,3 +122,5 @@ def test_report_on_real_runs_names_the_dead_job(study, tmp_path):
     html = (out / "report.html").read_text()
     assert "setup-failed" in html and "never started training" in html
     assert html.count('src="data:image/png;base64,') == 4 + 2  # curves + 2 confusion
+    # trained on this machine's CPU: the report says its "GPUs" are ranks
+    assert "runs trained on CPU ranks: where this report says GPUs, read ranks" in html

@@ -48,6 +48,20 @@ def test_tiny_run_rescored_from_weights_reproduces_its_confusion(tmp_path):
     store = EventStore(tmp_path / "events")
     assert len(store) == 60 and len(set(res["event_ids"])) == 60
     assert (np.asarray(res["event_ids"]) % len(CLASSES) == np.asarray(store.labels)).all()
+    # each event's true label beside its prediction; the matrix's orientation; the
+    # accuracy's binomial SE and 95 % Wilson interval
+    labels, predicted = np.asarray(res["labels"]), np.asarray(res["predicted"])
+    assert (labels == np.asarray(res["event_ids"]) % len(CLASSES)).all()
+    assert res["accuracy"] == float(np.mean(labels == predicted))
+    conf = np.zeros((len(CLASSES), len(CLASSES)), int)
+    np.add.at(conf, (labels, predicted), 1)
+    assert res["confusion"] == conf.tolist()
+    assert (res["confusion_rows"], res["confusion_columns"]) == ("true class",
+                                                                "predicted class")
+    p = res["accuracy"]
+    assert res["accuracy_se"] == pytest.approx((p * (1 - p) / 60) ** 0.5)
+    lo, hi = res["accuracy_wilson95"]
+    assert 0 <= lo < p < hi <= 1
 
 
 def test_torch_layers_rescore_the_tiny_run_to_the_same_predictions(tmp_path):

@@ -80,15 +80,23 @@ def result(network: dict, preds, run: Path, held_out: bool, split: str = "valida
         from lartpc.analysis.csvread import read_confusion
 
         recorded = read_confusion(run / "confusion.csv", classes).tolist()
+    from lartpc.analysis.metrics import binomial_se, wilson_interval
+
     return {
         "network": network["path"], "dtype": network["dtype"],
-        "events": n, "accuracy": k / n if n else None, "classes": list(classes),
-        "confusion": conf.tolist(),
+        "events": n, "accuracy": k / n if n else None,
+        # binomial standard error and the 95 % Wilson score interval of the accuracy
+        "accuracy_se": binomial_se(k / n, n) if n else None,
+        "accuracy_wilson95": list(wilson_interval(k, n)) if n else None,
+        "classes": list(classes),
+        "confusion": conf.tolist(), "confusion_rows": "true class",
+        "confusion_columns": "predicted class",
         "per_class": {c: (int(conf[i, i]) / int(conf[i].sum()) if conf[i].sum() else None)
                       for i, c in enumerate(classes)},
         "held_out": held_out, **({"split": split} if held_out else {}),
         **({"matches_run_confusion": recorded == conf.tolist()} if recorded else {}),
-        "event_ids": preds.event_ids.tolist(), "predicted": preds.predicted.tolist(),
+        "event_ids": preds.event_ids.tolist(), "labels": preds.labels.tolist(),
+        "predicted": preds.predicted.tolist(),
     }
 
 

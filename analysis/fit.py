@@ -254,14 +254,16 @@ def summarize_model(rows: list[RunMetrics], seed: int = 0) -> dict:
     if n_cens:
         names = ", ".join(f"{r.name} (N={r.world_size}, > {r.ttl_lower_bound_s or 0:.0f} s)"
                           for r in rows if r.ttl_censored)
-        used = len(bounded) - len(ok) if fallback is None else 0
+        # none enters a fit that was not made (one N) or fell back to the reached runs
+        used = len(bounded) - len(ok) if fallback is None and ttl.exponent is not None else 0
         notes.append(f"{n_cens} censored run(s) never reached the threshold: {names}; "
                      + (f"{used} enter the TTL fit as lower bounds (censored fit)"
                         + (f", {n_cens - used} left out (diverged, or no wall time)"
                            if used < n_cens else "")
                         if used else "none enters the TTL fit")
                      + ("; with them dropped the exponent would be "
-                        + _exp_text(dropped) if ttl is not dropped else ""))
+                        + _exp_text(dropped) if ttl is not dropped and dropped.exponent
+                        is not None else ""))
     warnings = ([fallback] if fallback else []) + _mixed_settings(rows)
     if len(rated) < len(rows):
         notes.append(f"{len(rows) - len(rated)} run(s) logged fewer than 2 steps: no epoch "

@@ -38,6 +38,13 @@ def save_figure(fig: plt.Figure, path: Path) -> Path:
     return path
 
 
+def clock_name(rows) -> str:
+    """What the runs' TTLs are read on (metrics.CLOCKS): 'training clock' (the steps'
+    own time), 'wall clock' (evaluation and checkpoints included), or both."""
+    names = {"train": "training clock", "wall": "wall clock"}
+    return " / ".join(names.get(c, c) for c in sorted({m.clock for m in rows})) or "clock"
+
+
 def gpu_axis(ax: plt.Axes, gpus: list[int]) -> None:
     """Log x axis labelled with the GPU counts actually used."""
     ax.set_xscale("log")
@@ -122,7 +129,7 @@ def loss_curves(runs: list[Run], rows: list[RunMetrics], ttl_fit: PowerLawFit, m
     log_y(ins)
     gpu_axis(ins, gpus)
     ins.set_xlabel("GPUs", fontsize=8)
-    ins.set_ylabel(f"TTL({threshold:g}) ({unit})", fontsize=8)
+    ins.set_ylabel(f"TTL({threshold:g}) ({unit}, {clock_name(rows)})", fontsize=8)
     ins.tick_params(labelsize=7, which="both")
     ins.grid(alpha=0.3, which="both")
     ins.legend(fontsize=7, loc="lower left")

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from lartpc.analysis.fit import PowerLawFit  # noqa: E402
 from lartpc.analysis.metrics import RunMetrics  # noqa: E402
-from lartpc.analysis.plots import fit_label, gpu_axis, log_y, save_figure  # noqa: E402
+from lartpc.analysis.plots import clock_name, fit_label, gpu_axis, log_y, save_figure  # noqa: E402
 
 
 def speedup_efficiency(scaling: list[dict], model: str, out: Path) -> Path:
@@ -73,7 +73,7 @@ def ttl_vs_n(rows: list[RunMetrics], fit: PowerLawFit, dropped: PowerLawFit | No
         log_y(ax)
     gpu_axis(ax, gpus)
     ax.set_xlabel("GPUs (N)")
-    ax.set_ylabel(f"time to loss {threshold:g} (s)")
+    ax.set_ylabel(f"time to loss {threshold:g} (s, {clock_name(rows)})")
     ax.set_title(f"{model}: time to loss against GPU count")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)

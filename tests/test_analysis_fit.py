@@ -245,3 +245,16 @@ def test_a_smoothing_window_longer_than_the_run_is_said(tmp_path):
     assert (f"r: the smoothing window (100000 steps) is longer than its {m.n_steps} "
             "steps: no smoothed loss, so no time to loss (censored)") in m.notes
     assert not any("smoothing window" in n for n in run_metrics(run, smooth=5).notes)
+
+
+def test_censored_runs_at_one_n_are_not_said_to_enter_a_fit(tmp_path):
+    """At one N there is no fit: the note says no censored run entered one (it said they
+    entered the TTL fit as lower bounds)."""
+    for s in (0, 1):
+        write_synthetic_run(tmp_path / f"s{s}", model="scnet", world_size=2, seed=s,
+                            epoch_rate_per_min=2.0, ttl_s=900.0, dlt_s=5.0, time_limit_s=300.0)
+    rows = [run_metrics(r, smooth=5) for r in load_runs([tmp_path])]
+    out = summarize(rows)["scnet"]
+    assert out["ttl_exponent"] is None and out["n_censored"] == 2
+    (note,) = [n for n in out["notes"] if "censored run(s)" in n]
+    assert note.endswith("; none enters the TTL fit") and "lower bounds" not in note

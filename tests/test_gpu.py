@@ -91,6 +91,7 @@ def test_device_dense_pixels_wait_page_locked_for_their_copy(store):
     loader = build_loader(store, "device-dense", np.arange(2, 25), 4, device="cuda", seed=5)
     job = loader._produce(np.arange(4), 0)
     assert job.flat.is_pinned() and job.vals.is_pinned() and not job.done
+    assert job.batch.labels.is_pinned()
 
 
 @pytest.mark.gpu

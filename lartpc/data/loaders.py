@@ -387,6 +387,7 @@ class DeviceDenseLoader(SparseLoader):
         # from pageable memory waits for the consumer's stream, i.e. for the last step
         # (which the step's time would then count as waiting for data); torch's pinned
         # allocator keeps each block until its copy is done
+        batch = replace(batch, labels=batch.labels.pin_memory())  # the same for its labels
         return _Scatter(self, slot, batch, flat.pin_memory(), vals.pin_memory())
 
     def _finish(self, job: _Scatter) -> Batch:

@@ -31,29 +31,50 @@ PY
     exit 0
 fi
 
-# HDF5: the headers the C++ build needs and the shared library the wheel links to
-# (libhdf5_serial), for a cached wheel too. Without them (no root, no apt) larcv is left
-# out with a warning: the larcv3 options then say so, and CI's LARTPC_REQUIRE_LARCV=1
-# turns its tests' skips into failures.
-if ! { [[ -f /usr/include/hdf5/serial/hdf5.h ]] || [[ -f /usr/include/hdf5.h ]]; }; then
+# HDF5: the headers the C++ build needs and the shared library the wheel links to, for
+# a cached wheel too. Looked for where an HPC module or conda puts them (HDF5_ROOT,
+# HDF5_DIR, HDF5_HOME, CPATH, C_INCLUDE_PATH; the build's CMake is given the one found),
+# then in the system's include folders (libhdf5-dev, libhdf5_serial). Without them it
+# installs libhdf5-dev (root or sudo, apt); failing that, larcv is left out with a
+# warning: the larcv3 options then say so, and CI's LARTPC_REQUIRE_LARCV=1 turns its
+# tests' skips into failures.
+hdf5_include() {
+    local dir roots=()
+    for root in "${HDF5_ROOT:-}" "${HDF5_DIR:-}" "${HDF5_HOME:-}"; do
+        [[ -n $root ]] && roots+=("$root/include")
+    done
+    IFS=: read -r -a paths <<< "${CPATH:-}:${C_INCLUDE_PATH:-}"
+    for dir in "${roots[@]}" "${paths[@]}" /usr/include/hdf5/serial /usr/include; do
+        if [[ -n $dir && -f $dir/H5public.h && -f $dir/hdf5.h ]]; then
+            echo "$dir"
+            return 0
+        fi
+    done
+    return 1
+}
+if ! h5include=$(hdf5_include); then
     echo "install_larcv.sh: HDF5 headers missing; installing libhdf5-dev"
     if [[ $(id -u) == 0 ]]; then sudo=(); else sudo=(sudo -n); fi
     export DEBIAN_FRONTEND=noninteractive
     if ! { "${sudo[@]}" apt-get install -y -q libhdf5-dev >/dev/null 2>&1 \
            || { "${sudo[@]}" apt-get update -q >/dev/null 2>&1 \
-                && "${sudo[@]}" apt-get install -y -q libhdf5-dev >/dev/null; }; }; then
-        echo "install_larcv.sh: WARNING: could not install libhdf5-dev (needs root and" \
-             "apt); larcv not installed, so the larcv3 options are unavailable" >&2
+                && "${sudo[@]}" apt-get install -y -q libhdf5-dev >/dev/null; }; } \
+       || ! h5include=$(hdf5_include); then
+        echo "install_larcv.sh: WARNING: no HDF5 headers (set HDF5_ROOT to an HDF5" \
+             "install, or install libhdf5-dev: needs root and apt); larcv not installed," \
+             "so the larcv3 options are unavailable" >&2
         exit 0
     fi
 fi
+case $h5include in  # outside the system's folders: the build's CMake looks there first
+    /usr/include|/usr/include/hdf5/serial) ;;
+    *) export HDF5_ROOT=${h5include%/include} ;;
+esac
+echo "install_larcv.sh: HDF5 headers in $h5include"
 
 # the wheel links to this HDF5's shared library: part of the cache key
-for h5public in /usr/include/hdf5/serial/H5public.h /usr/include/H5public.h; do
-    [[ -f "$h5public" ]] && break
-done
 hdf5=$(awk '/define H5_VERS_(MAJOR|MINOR|RELEASE) /{v = v (v ? "." : "") $3} END {print v}' \
-       "$h5public")
+       "$h5include/H5public.h")
 key="larcv-${LARCV}_${py_tag}_numpy${np_major}_hdf5-${hdf5}"
 wheel_dir="$CACHE/$key"
 # shellcheck source=jobs/env/wheel_cache.sh

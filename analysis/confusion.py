@@ -68,8 +68,7 @@ def _csv(matrix: np.ndarray, fmt: str, classes: tuple[str, ...] = CLASSES) -> st
 
 def run_title(run: Run) -> str:
     seed = f", seed {run.seed}" if run.seed is not None else ""
-    gpus = f"{run.world_size} GPU" + ("" if run.world_size == 1 else "s")
-    return f"{run.model}, {gpus}{seed} ({run.name})"
+    return f"{run.model}, {plots.gpus_text(run.world_size)}{seed} ({run.name})"
 
 
 #: File names made from a label are cut to 120 characters (:func:`safe_name`), so

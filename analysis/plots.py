@@ -61,7 +61,8 @@ def fit_label(fit: PowerLawFit, what: str) -> str:
     return f"fit: {what} ∝ N^({fit.exponent:.2f}{err})"
 
 
-def _gpus(n: int) -> str:
+def gpus_text(n: int) -> str:
+    """``1 GPU``, ``2 GPUs``."""
     return f"{n} GPU" + ("" if n == 1 else "s")
 
 
@@ -98,7 +99,7 @@ def loss_curves(runs: list[Run], rows: list[RunMetrics], ttl_fit: PowerLawFit, m
         t = (steps["time"].to_numpy() - run.meta["start_time"]) / scale
         c = colour[run.world_size]
         ax.plot(t, steps["global_loss"].to_numpy(), color=c, alpha=0.12, lw=0.5)
-        label = None if run.world_size in labelled else _gpus(run.world_size)
+        label = None if run.world_size in labelled else gpus_text(run.world_size)
         labelled.add(run.world_size)
         smooth = smoothed_loss(steps, m.smooth_window or 1).to_numpy()
         ax.plot(t, smooth, color=c, lw=1.8, label=label)

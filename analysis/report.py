@@ -84,7 +84,7 @@ def _accuracy_at(runs: list, n: int) -> str:
     ses = [100 * r.accuracy_se for r in done]
     if not accs:
         return "–"
-    gpus = f"{n} GPU" + ("s" if n != 1 else "")
+    gpus = plots.gpus_text(n)
     if len(accs) == 1:
         return (f"{accs[0]:.1f} % ± {ses[0]:.1f} % (binomial SE, n = {done[0].n_eval} "
                 f"events; the run at {gpus})")

@@ -285,14 +285,12 @@ class _Columns:
     def __init__(self, capacity: int) -> None:
         self.keys, self.table, self.slots = (_Column(capacity) for _ in range(3))
         self.counts: list[np.ndarray] = []
-        self.tables = True
 
     def add(self, part: tuple) -> None:
         keys, table, slots, counts = part
         self.keys.add(keys)
         self.counts.append(counts)
-        self.tables = table is not None
-        if self.tables:
+        if table is not None:  # None: the last level's, keys only
             self.table.add(table)
             self.slots.add(slots)
 
@@ -301,7 +299,7 @@ class _Columns:
         if self.counts:
             np.cumsum(np.concatenate(self.counts), out=start[1:])
         keys = self.keys.array(np.int32)
-        if not self.tables or not self.counts:
+        if self.table.data is None:  # the last level, or no event
             return _Level(keys, None, None, start, shape)
         return _Level(keys, self.table.array(np.int16), self.slots.array(np.int16), start,
                       shape)

@@ -4,11 +4,14 @@ with our numbers beside the paper's."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
 import logging
 import math
 import os
+import re
 import shutil
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -208,6 +211,10 @@ def _confusion_section(a: Analysis, folder: Path) -> str:
 #: existing report.html that does not is the user's own page, never replaced.
 REPORT_HTML = "report.html"
 REPORT_HEAD = "<!DOCTYPE html><html><head><meta charset='utf-8'><title>lartpc analysis</title>"
+#: The list of files the report wrote into ``--out`` (one relative name a line): the next
+#: report into that folder removes those of them it does not write again, nothing else.
+REPORT_FILES = ".report-files"
+_OWN_FILE = re.compile(r"(confusion/)?[A-Za-z0-9_+-][A-Za-z0-9_.+-]{0,199}")
 
 
 def check_report_target(out: Path) -> None:
@@ -241,20 +248,45 @@ def write_report(a: Analysis, out: Path) -> Path:
     check_report_target(out)
     out.mkdir(parents=True, exist_ok=True)
     # before anything is written: a confusion/ planted as a link is refused, not followed
-    confusion = subfolder(out, "confusion", "the confusion folder")
+    subfolder(out, "confusion", "the confusion folder")
     stage = Path(tempfile.mkdtemp(prefix=".report-partial-", dir=out))
     try:
         atomic_write(stage / REPORT_HTML, _report(a, stage))
-        for name in sorted(os.listdir(stage / "confusion")):
-            os.replace(stage / "confusion" / name, confusion / name)
-        for name in sorted(os.listdir(stage), key=lambda n: n == REPORT_HTML):
-            if name != "confusion":
-                os.replace(stage / name, out / name)
+        wrote = [f"confusion/{n}" for n in sorted(os.listdir(stage / "confusion"))]
+        wrote += sorted((n for n in os.listdir(stage) if n != "confusion"),
+                        key=lambda n: n == REPORT_HTML)
+        earlier = _earlier_files(out)
+        for name in wrote:
+            os.replace(stage / name, out / name)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+    atomic_write(out / REPORT_FILES, "".join(f"{n}\n" for n in wrote))
+    _remove_stale(out, earlier - set(wrote))
     path = out / REPORT_HTML
     log.info("wrote %s", path)
     return path
+
+
+def _earlier_files(out: Path) -> set[str]:
+    """The files the report last written into ``out`` listed in its :data:`REPORT_FILES`
+    (none when there is no such list, or it is not a file lartpc could have written)."""
+    try:
+        text = read_nofollow(out / REPORT_FILES).decode("utf-8")
+    except (OSError, UnicodeDecodeError):  # no list (a first report), or not ours
+        return set()
+    return {n for n in text.splitlines() if _OWN_FILE.fullmatch(n)}
+
+
+def _remove_stale(out: Path, names: set[str]) -> None:
+    """Remove the files an earlier report wrote into ``out`` that this one did not (the
+    confusion files of runs it no longer holds, a model's curves): its page no longer
+    shows them. Only regular files by those names; a link or folder is left alone."""
+    for name in sorted(names):
+        path = out / name
+        with contextlib.suppress(OSError):
+            if stat.S_ISREG(path.lstat().st_mode):
+                path.unlink()
+                log.info("removed %s (an earlier report's, not in this one)", path)
 
 
 def _report(a: Analysis, out: Path) -> str:

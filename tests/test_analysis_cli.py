@@ -228,3 +228,23 @@ def test_runs_with_the_same_folder_name_keep_their_own_confusion(tmp_path):
         (out / "b_run-1_confusion.md").read_text()
     assert main(["report", str(tmp_path / "study"), "--out", str(tmp_path / "rep")]) == 0
     assert len(list((tmp_path / "rep" / "confusion").glob("*.png"))) == 2
+
+
+def test_a_report_written_again_removes_only_its_own_earlier_files(runs_root, tmp_path):
+    """A report written again into the same --out with fewer runs removes the files the
+    earlier report wrote that it does not (here JishNet's curves and confusion files),
+    keeps everything else a user put there, and lists what it wrote."""
+    out = tmp_path / "rep"
+    assert main(["report", str(runs_root), "--out", str(out)]) == 0
+    both = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    jish = {n for n in both if "jishnet" in n}
+    assert "loss_jishnet.png" in jish and any(n.startswith("confusion/") for n in jish)
+    (out / "my-notes.txt").write_text("mine")
+    (out / "confusion" / "jishnet-by-hand.csv").write_text("mine")
+    assert main(["report", str(runs_root / "scnet"), "--out", str(out)]) == 0
+    left = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert left == (both - jish) | {"my-notes.txt", "confusion/jishnet-by-hand.csv"}
+    listed = (out / ".report-files").read_text().splitlines()
+    assert set(listed) == left - {".report-files", "my-notes.txt",
+                                  "confusion/jishnet-by-hand.csv"}
+    assert listed[-1] == "report.html"

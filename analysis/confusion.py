@@ -68,7 +68,8 @@ def _csv(matrix: np.ndarray, fmt: str, classes: tuple[str, ...] = CLASSES) -> st
 
 def run_title(run: Run) -> str:
     seed = f", seed {run.seed}" if run.seed is not None else ""
-    return f"{run.model}, {plots.gpus_text(run.world_size)}{seed} ({run.name})"
+    unit = plots.count_unit([run.meta.get("device")])
+    return f"{run.model}, {plots.gpus_text(run.world_size, unit)}{seed} ({run.name})"
 
 
 #: File names made from a label are cut to 120 characters (:func:`safe_name`), so

@@ -61,9 +61,15 @@ def fit_label(fit: PowerLawFit, what: str) -> str:
     return f"fit: {what} ∝ N^({fit.exponent:.2f}{err})"
 
 
-def gpus_text(n: int) -> str:
-    """``1 GPU``, ``2 GPUs``."""
-    return f"{n} GPU" + ("" if n == 1 else "s")
+def gpus_text(n: int, unit: str = "GPU") -> str:
+    """``1 GPU``, ``2 GPUs`` (``2 ranks`` with ``unit`` rank)."""
+    return f"{n} {unit}" + ("" if n == 1 else "s")
+
+
+def count_unit(devices) -> str:
+    """What N counts for runs on these ``devices`` (run.json's): ``GPU``, or ``rank``
+    when any of them trained on CPU ranks (a rank stands for one GPU of the study)."""
+    return "rank" if any(str(d or "").startswith("cpu") for d in devices) else "GPU"
 
 
 def log_y(ax: plt.Axes) -> None:
@@ -84,7 +90,9 @@ def _colours(gpus: list[int]) -> dict[int, tuple]:
 def loss_curves(runs: list[Run], rows: list[RunMetrics], ttl_fit: PowerLawFit, model: str,
                 threshold: float, out: Path) -> Path:
     """Smoothed global training loss vs wall time since start, one colour per GPU count,
-    with the threshold line and an inset of TTL vs N (censored runs as lower bounds)."""
+    with the threshold line and an inset of TTL vs N (censored runs as lower bounds).
+    On CPU ranks the labels count ranks (:func:`count_unit`)."""
+    unit = count_unit(r.meta.get("device") for r in runs)
     fig, ax = plt.subplots(figsize=(8.5, 5.5))
     gpus = sorted({r.world_size for r in runs})
     colour = _colours(gpus)
@@ -99,7 +107,7 @@ def loss_curves(runs: list[Run], rows: list[RunMetrics], ttl_fit: PowerLawFit, m
         t = (steps["time"].to_numpy() - run.meta["start_time"]) / scale
         c = colour[run.world_size]
         ax.plot(t, steps["global_loss"].to_numpy(), color=c, alpha=0.12, lw=0.5)
-        label = None if run.world_size in labelled else gpus_text(run.world_size)
+        label = None if run.world_size in labelled else gpus_text(run.world_size, unit)
         labelled.add(run.world_size)
         smooth = smoothed_loss(steps, m.smooth_window or 1).to_numpy()
         ax.plot(t, smooth, color=c, lw=1.8, label=label)
@@ -129,7 +137,7 @@ def loss_curves(runs: list[Run], rows: list[RunMetrics], ttl_fit: PowerLawFit, m
                  label=fit_label(ttl_fit, "TTL"))
     log_y(ins)
     gpu_axis(ins, gpus)
-    ins.set_xlabel("GPUs", fontsize=8)
+    ins.set_xlabel(f"{unit}s", fontsize=8)
     ins.set_ylabel(f"TTL({threshold:g}) ({unit}, {clock_name(rows)})", fontsize=8)
     ins.tick_params(labelsize=7, which="both")
     ins.grid(alpha=0.3, which="both")
@@ -137,8 +145,10 @@ def loss_curves(runs: list[Run], rows: list[RunMetrics], ttl_fit: PowerLawFit, m
     return save_figure(fig, out)
 
 
-def epoch_rate(rows: list[RunMetrics], fit: PowerLawFit, model: str, out: Path) -> Path:
-    """Epoch rate vs GPU count on log-log axes with the power-law fit and ideal scaling."""
+def epoch_rate(rows: list[RunMetrics], fit: PowerLawFit, model: str, out: Path,
+               unit: str = "GPU") -> Path:
+    """Epoch rate vs GPU count (``unit`` count) on log-log axes with the power-law fit
+    and ideal scaling."""
     fig, ax = plt.subplots(figsize=(6.5, 5))
     pts = [m for m in rows if m.epoch_rate_per_min is not None]
     gpus = sorted({m.world_size for m in pts}) or [1]
@@ -154,9 +164,9 @@ def epoch_rate(rows: list[RunMetrics], fit: PowerLawFit, model: str, out: Path) 
                     label=fit_label(fit, "rate"))
     log_y(ax)
     gpu_axis(ax, gpus)
-    ax.set_xlabel("GPUs (N)")
+    ax.set_xlabel(f"{unit}s (N)")
     ax.set_ylabel("epoch rate (epochs/min, data loading excluded)")
-    ax.set_title(f"{model}: epoch rate vs GPU count", **PLAIN)
+    ax.set_title(f"{model}: epoch rate vs {unit} count", **PLAIN)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=9)
     return save_figure(fig, out)

@@ -47,16 +47,17 @@ def write_curves(a: Analysis, out: Path) -> dict[str, list[Path]]:
     for model, s in a.models.items():
         pairs = [(r, m) for r, m in zip(a.runs, a.rows, strict=True) if r.model == model]
         runs, rows = [p[0] for p in pairs], [p[1] for p in pairs]
+        unit = plots.count_unit(r.meta.get("device") for r in runs)
         made[model] = [
             plots.loss_curves(runs, rows, PowerLawFit(**s["ttl_fit"]), model, a.threshold,
                               out / safe_name(f"loss_{model}.png")),
             plots.epoch_rate(rows, PowerLawFit(**s["epoch_rate_fit"]), model,
-                             out / safe_name(f"epoch_rate_{model}.png")),
+                             out / safe_name(f"epoch_rate_{model}.png"), unit),
             scaling_plots.speedup_efficiency(s["scaling"], model,
-                                             out / safe_name(f"speedup_{model}.png")),
+                                             out / safe_name(f"speedup_{model}.png"), unit),
             scaling_plots.ttl_vs_n(rows, PowerLawFit(**s["ttl_fit"]),
                                    PowerLawFit(**s["ttl_fit_uncensored_only"]), model,
-                                   a.threshold, out / safe_name(f"ttl_{model}.png")),
+                                   a.threshold, out / safe_name(f"ttl_{model}.png"), unit),
         ]
     return made
 
@@ -87,7 +88,7 @@ def _accuracy_at(runs: list, n: int) -> str:
     ses = [100 * r.accuracy_se for r in done]
     if not accs:
         return "–"
-    gpus = plots.gpus_text(n)
+    gpus = plots.gpus_text(n, plots.count_unit(r.setting.get("device") for r in runs))
     if len(accs) == 1:
         return (f"{accs[0]:.1f} % ± {ses[0]:.1f} % (binomial SE, n = {done[0].n_eval} "
                 f"events; the run at {gpus})")
@@ -124,9 +125,11 @@ def _model_section(a: Analysis, model: str, s: dict, figs: list[Path]) -> str:
     ips = np.mean([r.images_per_s_per_gpu for r in at_max if r.images_per_s_per_gpu]
                   or [np.nan])
     acc = _accuracy_at(at_max, nmax)
+    unit = plots.count_unit(r.setting.get("device") for r in rows)
+    mine = "" if unit == "GPU" else " (the paper's: GPUs)"
     prate = ", ".join(f"{v} at {k} GPUs" for k, v in p.get("epoch_rate_per_min", {}).items())
     comp = _table(["quantity", "this study", "paper"], [
-        ["GPU counts", str(s["gpu_counts"]), str(p.get("gpu_counts", "–"))],
+        [f"{unit} counts{mine}", str(s["gpu_counts"]), str(p.get("gpu_counts", "–"))],
         [f"TTL({a.threshold:g}) exponent b", _exp(s["ttl_exponent"], s["ttl_exponent_err"],
                                                   s["ttl_exponent_ci95"],
                                                   s.get("ttl_ci_method")),
@@ -143,8 +146,8 @@ def _model_section(a: Analysis, model: str, s: dict, figs: list[Path]) -> str:
                                        s["epoch_rate_exponent_ci95"],
                                        s.get("epoch_rate_ci_method")),
          _num(p.get("epoch_rate_exponent"), "{:+.1f}")],
-        ["epochs/min", f"{_num(rate)} at {nmax} GPUs", prate or "–"],
-        ["images/s per GPU", f"{_num(ips)} at {nmax} GPUs",
+        ["epochs/min", f"{_num(rate)} at {plots.gpus_text(nmax, unit)}", prate or "–"],
+        [f"images/s per {unit}{mine}", f"{_num(ips)} at {plots.gpus_text(nmax, unit)}",
          _num(p.get("images_per_s_per_gpu"))],
         ["validation accuracy", acc,
          f"{100 * p['accuracy']:.1f} % ± {100 * p['accuracy_err']:.1f} % "
@@ -163,13 +166,13 @@ def _model_section(a: Analysis, model: str, s: dict, figs: list[Path]) -> str:
     return (f"<h2>{html.escape(p.get('label', model))}</h2>{comp}"
             f"<ul>{warns}{notes}</ul>"
             f'<div>{_img(figs[0], f"{model} loss vs wall time")}</div>'
-            f'<div>{_img(figs[1], f"{model} epoch rate vs GPUs")}</div>'
-            f"<h3>Scaling relative to N0 = {s['baseline_gpus']} GPUs</h3>"
+            f'<div>{_img(figs[1], f"{model} epoch rate vs {unit}s")}</div>'
+            f"<h3>Scaling relative to N0 = {plots.gpus_text(s['baseline_gpus'], unit)}</h3>"
             "<p>Speedup, efficiency and Karp–Flatt from the mean epoch rate per N; TTL "
             "speedup relative to the smallest N whose runs reached the threshold (mean of "
             f"uncensored runs).</p>{scal}"
-            f'<div>{_img(figs[2], f"{model} speedup and efficiency vs GPUs")}</div>'
-            f'<div>{_img(figs[3], f"{model} time to loss vs GPUs")}</div>')
+            f'<div>{_img(figs[2], f"{model} speedup and efficiency vs {unit}s")}</div>'
+            f'<div>{_img(figs[3], f"{model} time to loss vs {unit}s")}</div>')
 
 
 def _confusion_section(a: Analysis, folder: Path) -> str:
@@ -302,8 +305,9 @@ def _report(a: Analysis, out: Path) -> str:
     cpu = sorted(r.name for r in a.runs if str(r.meta.get("device", "")).startswith("cpu"))
     if cpu:
         body.append(f'<p class="warn">{len(cpu)} of the {len(a.runs)} runs trained on CPU '
-                    "ranks: where this report says GPUs, read ranks (one rank stands for "
-                    "one GPU of the study, one core each at best).</p>")
+                    "ranks: their figures count ranks, and where this report's tables say GPUs, "
+                    "read ranks (one rank stands for one GPU of the study, one core each "
+                    "at best).</p>")
     if a.notes:
         body.append('<h2>Notes on the input</h2><ul>' + "".join(
             f'<li class="warn">{html.escape(n)}</li>' for n in a.notes) + "</ul>")

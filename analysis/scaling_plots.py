@@ -16,9 +16,10 @@ from lartpc.analysis.metrics import RunMetrics  # noqa: E402
 from lartpc.analysis.plots import clock_name, fit_label, gpu_axis, log_y, save_figure  # noqa: E402
 
 
-def speedup_efficiency(scaling: list[dict], model: str, out: Path) -> Path:
+def speedup_efficiency(scaling: list[dict], model: str, out: Path, unit: str = "GPU") -> Path:
     """Two panels from :func:`lartpc.analysis.fit.scaling_table` rows: speedup (epoch rate, and
-    time-to-loss where reached) against N with the ideal N/N0, and efficiency with 1."""
+    time-to-loss where reached) against N (counted in ``unit``) with the ideal N/N0, and efficiency
+    with 1."""
     fig, (ax_s, ax_e) = plt.subplots(1, 2, figsize=(11, 4.5))
     gpus = [r["gpus"] for r in scaling] or [1]
     n0 = gpus[0]
@@ -35,7 +36,7 @@ def speedup_efficiency(scaling: list[dict], model: str, out: Path) -> Path:
             ax_e.plot([r["gpus"] for r in pts], [r[eff] for r in pts], style, label=label)
     for ax in (ax_s, ax_e):
         gpu_axis(ax, gpus)
-        ax.set_xlabel("GPUs (N)")
+        ax.set_xlabel(f"{unit}s (N)")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     log_y(ax_s)
@@ -47,7 +48,7 @@ def speedup_efficiency(scaling: list[dict], model: str, out: Path) -> Path:
 
 
 def ttl_vs_n(rows: list[RunMetrics], fit: PowerLawFit, dropped: PowerLawFit | None,
-             model: str, threshold: float, out: Path) -> Path:
+             model: str, threshold: float, out: Path, unit: str = "GPU") -> Path:
     """Time-to-loss per run against N; censored runs drawn at their lower bound (a run
     that stopped above the threshold); the fitted law with its 95 % band, and the fit
     without the censored runs where it differs."""
@@ -72,9 +73,9 @@ def ttl_vs_n(rows: list[RunMetrics], fit: PowerLawFit, dropped: PowerLawFit | No
     if done or cens:
         log_y(ax)
     gpu_axis(ax, gpus)
-    ax.set_xlabel("GPUs (N)")
+    ax.set_xlabel(f"{unit}s (N)")
     ax.set_ylabel(f"time to loss {threshold:g} (s, {clock_name(rows)})")
-    ax.set_title(f"{model}: time to loss against GPU count")
+    ax.set_title(f"{model}: time to loss against {unit} count")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     return save_figure(fig, out)

@@ -5,6 +5,7 @@ in set-up, side by side in one study tree."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -122,5 +123,10 @@ def test_report_on_real_runs_names_the_dead_job(study, tmp_path):
     html = (out / "report.html").read_text()
     assert "setup-failed" in html and "never started training" in html
     assert html.count('src="data:image/png;base64,') == 4 + 2  # curves + 2 confusion
-    # trained on this machine's CPU: the report says its "GPUs" are ranks
-    assert "runs trained on CPU ranks: where this report says GPUs, read ranks" in html
+    # trained on this machine's CPU: the report says its "GPUs" are ranks, and its
+    # figures (here the confusion matrices' titles) count ranks
+    assert ("runs trained on CPU ranks: their figures count ranks, and where this "
+            "report's tables say GPUs, read ranks") in html
+    assert re.search(r'alt="\w+, 1 rank, seed', html)
+    assert not re.search(r'alt="[^"]*GPU', html)
+    assert re.search(r'<td class="">[0-9.]+ at 1 rank</td>', html)

@@ -68,6 +68,9 @@ class SweepRequest:
     max_requeues: int = 20
     sets: list[str] = field(default_factory=list)  #: train overrides for every point
     check_data: bool = True  #: check ``data`` here against every point
+    #: with check_data: a misfit goes into :attr:`SweepPlan.data_problem` instead of
+    #: being raised (``--dry-run``, which writes nothing, says it and goes on)
+    data_advice: bool = False
     submit: bool = False  #: to be submitted: the scheduler's submit command must exist
 
 
@@ -85,6 +88,9 @@ class SweepPlan:
     copies: dict[Path, str]  #: files copied into the sweep's jobs/ folder -> their text
     network: str | None = None  #: the network measurement's script (measure_network)
     network_env: dict[str, str] | None = None
+    #: why the data does not fit (or was not found here) when the request asked for
+    #: ``data_advice``; None when it fits or was not checked
+    data_problem: str | None = None
 
     @property
     def jobs_dir(self) -> Path:
@@ -144,8 +150,14 @@ def plan(request: SweepRequest) -> SweepPlan:
     cores = resolve.cores_per_rank(req)
     data, out_dir = _check_paths(req)
     _check_manifest(out_dir / "manifest.json")
+    problem = None
     if req.check_data:
-        _check_data(req, data, configs, gpus, seeds)
+        try:
+            _check_data(req, data, configs, gpus, seeds)
+        except LartpcError as e:
+            if not req.data_advice:
+                raise
+            problem = str(e)
     jobs_dir = out_dir / "jobs"
     configs, copies = _copies(req, configs, jobs_dir)
     shape = JobShape(scheduler=req.scheduler, launcher=req.launcher, time=req.time,
@@ -156,8 +168,8 @@ def plan(request: SweepRequest) -> SweepPlan:
                      prelude=str(jobs_dir / "prelude.sh") if req.prelude else None,
                      max_requeues=req.max_requeues)
     return _render_scripts(SweepPlan(request=req, shape=shape, data=data, out_dir=out_dir,
-                                     configs=configs, points=[], scripts={}, copies=copies),
-                           gpus, seeds)
+                                     configs=configs, points=[], scripts={}, copies=copies,
+                                     data_problem=problem), gpus, seeds)
 
 
 def _check_manifest(path: Path) -> None:

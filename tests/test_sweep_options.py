@@ -188,6 +188,26 @@ def test_data_that_does_not_fit_is_refused_before_writing(tmp_path, events_dir, 
     assert not (tmp_path / "runs").exists()
 
 
+def test_dry_run_says_whether_the_data_fits(tmp_path, events_dir):
+    """--dry-run checks the data as writing would, and says so on stderr after the
+    scripts (exit 0: it writes nothing either way); --no-data-check says nothing."""
+    base = ("sweep", "--models", "jishnet", "--data", str(events_dir), "--out-dir",
+            str(tmp_path / "runs"), "--scheduler", "slurm", "--launcher", "torchrun",
+            "--cores-per-rank", "1", "--dry-run")
+    res = lartpc(*base, "--config-prefix", "tiny", "--gpus", "1,64")
+    assert res.returncode == 0 and "#!/usr/bin/env bash" in res.stdout, res.stderr
+    assert f"--data {events_dir} does not fit jishnet on 64 ranks" in res.stderr
+    assert "(writing or submitting would refuse it)" in res.stderr
+    res = lartpc(*base, "--config-prefix", "tiny", "--gpus", "1,2")
+    assert res.returncode == 0, res.stderr
+    assert f"--dry-run: --data {events_dir} fits every point" in res.stderr
+    res = lartpc(*base, "--config-prefix", "tiny", "--gpus", "1,64", "--no-data-check")
+    assert res.returncode == 0 and "--data" not in res.stderr, res.stderr
+    res = lartpc(*base[:4], str(tmp_path / "elsewhere"), *base[5:], "--gpus", "1")
+    assert res.returncode == 0 and "no such folder here" in res.stderr, res.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 def test_cores_per_rank_from_the_nodes_cpus(tmp_path):
     bin_dir = tmp_path / "bin"
     fake(bin_dir, "sinfo", 'echo 64\necho 96\n')

@@ -3,7 +3,8 @@
 Writes ``<out-dir>/jobs/<model>-n<N>-s<seed>.<sbatch|lsf>``, ``<out-dir>/logs/`` for the
 scheduler's output and ``<out-dir>/manifest.json``; each job trains into
 ``<out-dir>/<model>-n<N>-s<seed>``. ``--dry-run`` prints the scripts (checked with
-``bash -n``, never run) and the launcher line each would run, writing nothing;
+``bash -n``, never run) and the launcher line each would run, writing nothing, and says
+on stderr whether the data fits (exit 0 either way);
 ``--submit`` also submits them (sbatch/bsub), skipping points already completed, queued
 or running (asked of squeue/bjobs for every point first: if that fails, nothing is
 submitted), and records the job ids in the manifest. Every value that goes into a script
@@ -112,7 +113,7 @@ def _add_extras(p: argparse.ArgumentParser) -> None:
 
 #: SweepRequest fields that are not options of their own (set from the mode options or
 #: by the site).
-_NOT_OPTIONS = {"check_data", "submit", "srun_mpi"}
+_NOT_OPTIONS = {"check_data", "data_advice", "submit", "srun_mpi"}
 
 
 def request(args: argparse.Namespace) -> SweepRequest:
@@ -121,7 +122,7 @@ def request(args: argparse.Namespace) -> SweepRequest:
 
     names = [f.name for f in dataclasses.fields(SweepRequest) if f.name not in _NOT_OPTIONS]
     return SweepRequest(**{n: getattr(args, n) for n in names}, submit=args.submit,
-                        check_data=not (args.dry_run or args.no_data_check))
+                        check_data=not args.no_data_check, data_advice=args.dry_run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -130,6 +131,11 @@ def run(args: argparse.Namespace) -> int:
     sweep = sweeplib.plan(request(args))
     if args.dry_run:  # render and check only: no script is run
         sweeplib.render(sweep, sys.stdout)
+        if not args.no_data_check:  # what writing or submitting would say of the data
+            fits = f"--data {args.data} fits every point"
+            print(f"lartpc sweep --dry-run: {sweep.data_problem or fits}"
+                  + (" (writing or submitting would refuse it)" if sweep.data_problem
+                     else ""), file=sys.stderr)
         return 0
     result = sweeplib.submit(sweep) if args.submit else sweeplib.write(sweep)
     if result.network_job:

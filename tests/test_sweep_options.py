@@ -4,6 +4,7 @@ and the ranks' environment."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -515,6 +516,31 @@ def test_lsf_resubmission_leaves_out_what_the_job_worked_out_itself(tmp_path):
     assert handed["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"  # the user's
     assert handed["LARTPC_RESUBMIT_COUNT"] == "1"
     assert handed["LARTPC_SCRIPT"] == str(script)
+
+def test_lsf_chain_stops_when_its_script_was_rewritten(tmp_path):
+    """An LSF chain resubmits its script from disk: its first job notes the script's hash
+    and hands it on, and a job whose script has been rewritten since (another sweep into
+    the same folder) does not resubmit it."""
+    bin_dir, seen = tmp_path / "bin", tmp_path / "bsub.env"
+    fake(bin_dir, "bsub", f'cat > /dev/null; env > {seen}; echo "Job <702> is submitted."\n')
+    script = tmp_path / "job.lsf"
+    script.write_text("#!/bin/bash\n# LARTPC_SET=train.epochs=3\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "LARTPC_"))}
+    env.update(PATH=f"{bin_dir}:{env['PATH']}", LSB_JOBID="701", LARTPC_SCRIPT=str(script))
+    chain = f"source {ROOT}/jobs/slurm/common.sh; lartpc_note_script; "
+    r = subprocess.run(["bash", "-c", chain + "lartpc_requeue"], env=env, capture_output=True,
+                       text=True)
+    assert r.returncode == 0 and "Job <702> is submitted" in r.stderr, r.stderr
+    handed = dict(line.split("=", 1) for line in seen.read_text().splitlines() if "=" in line)
+    assert handed["LARTPC_SCRIPT_SHA256"] == hashlib.sha256(script.read_bytes()).hexdigest()
+    seen.unlink()
+    # job 702 starts with the hash handed on; the script is rewritten while it runs
+    env["LARTPC_SCRIPT_SHA256"] = handed["LARTPC_SCRIPT_SHA256"]
+    r = subprocess.run(["bash", "-c", chain + f"echo changed >> {script}; lartpc_requeue"],
+                       env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and "not the script this chain started with" in r.stderr
+    assert "not resubmitted" in r.stderr and not seen.exists(), r.stderr
+
 
 _BIND = """
 import json, socket, sys

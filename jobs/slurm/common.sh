@@ -92,6 +92,7 @@ lartpc_time_limit_s() {
 # lartpc_prepare: source the prelude, set the ranks' environment (env.sh), activate
 # the environment and check lartpc is there.
 lartpc_prepare() {
+    lartpc_note_script
     if [[ -n ${LARTPC_PRELUDE:-} && ${LARTPC_DRY_RUN:-0} != 1 ]]; then
         [[ -r $LARTPC_PRELUDE ]] || lartpc_die "prelude $LARTPC_PRELUDE not readable"
         lartpc_log "prelude: $LARTPC_PRELUDE"
@@ -344,6 +345,24 @@ lartpc_launch() {
     exit "$rc"
 }
 
+# An LSF chain resubmits $LARTPC_SCRIPT as it is on disk then (SLURM requeues the text it
+# was given). Its first job notes the script's hash; a later one hands it on with the
+# rest of its environment, so a chain whose script has since changed (a new sweep into
+# the same folder, other settings) stops instead of going on with the new one.
+lartpc_note_script() {
+    if [[ -n ${LSB_JOBID:-} && -n ${LARTPC_SCRIPT:-} && -z ${LARTPC_SCRIPT_SHA256:-} ]]; then
+        LARTPC_SCRIPT_SHA256=$(lartpc_sha256 "$LARTPC_SCRIPT")
+        export LARTPC_SCRIPT_SHA256
+    fi
+    return 0
+}
+
+lartpc_sha256() {
+    local sum
+    sum=$(sha256sum < "$1" 2>/dev/null) || { echo unreadable; return 0; }
+    echo "${sum%% *}"
+}
+
 lartpc_requeue() {
     local max=${LARTPC_MAX_REQUEUES:-20}
     if [[ -n ${SLURM_JOB_ID:-} ]]; then
@@ -356,6 +375,10 @@ lartpc_requeue() {
         local n=${LARTPC_RESUBMIT_COUNT:-0}
         if (( n >= max )); then lartpc_log "resubmitted $n times already; giving up"; return 0; fi
         [[ -n ${LARTPC_SCRIPT:-} ]] || { lartpc_log "LARTPC_SCRIPT unset: cannot resubmit"; return 0; }
+        if [[ -n ${LARTPC_SCRIPT_SHA256:-} && $(lartpc_sha256 "$LARTPC_SCRIPT") != "$LARTPC_SCRIPT_SHA256" ]]; then
+            lartpc_log "$LARTPC_SCRIPT is not the script this chain started with (rewritten since, by another sweep into its folder?): not resubmitted; submit it again to resume with it"
+            return 0
+        fi
         lartpc_log "time limit reached; resubmitting $LARTPC_SCRIPT (resubmission $((n + 1)))"
         local out re='Job <([0-9]+)>'
         # Without what this job worked out for itself (lartpc_env's defaults, the time

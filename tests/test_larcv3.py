@@ -13,6 +13,7 @@ import json
 import os
 import sys
 
+import h5py
 import numpy as np
 import pytest
 from train_helpers import rows, run, train_cmd
@@ -59,10 +60,11 @@ def _events(store_path):
 
 
 def write_larcv(path, events, width, *, pdgs=None, producer="wire", particles="truth",
-                empty=False, rows=None):
+                empty=False, rows=None, no_particle=()):
     """A larcv3 file written by larcv's own IOManager: per event, projection 0 holds the
     event's pixels and projection 1 the pixels of the event in reverse order (so the two
-    differ); one particle with the event's PDG (or ``pdgs[i]``)."""
+    differ); one particle with the event's PDG (or ``pdgs[i]``), none in the entries
+    numbered in ``no_particle``."""
     io = larcv.IOManager(larcv.IOManager.kWRITE)
     io.set_out_file(str(path))
     io.initialize()
@@ -84,7 +86,8 @@ def write_larcv(path, events, width, *, pdgs=None, producer="wire", particles="t
             io.get_data("sparse2d", producer).set(vs, metas[proj])
         part = larcv.Particle()
         part.pdg_code(int(ev.truth["pdg"] if pdgs is None else pdgs[i]))
-        io.get_data("particle", particles).append(part)
+        if i not in no_particle:
+            io.get_data("particle", particles).append(part)
         io.save_entry()
     io.finalize()
 
@@ -124,6 +127,39 @@ def test_larcv_file_converts_pixel_for_pixel(sim_store, tmp_path, capsys):
         # every class is there
         assert set(got.labels.tolist()) == set(range(5))
         assert got.attrs["source_format"] == "larcv3"
+
+
+@needs_larcv
+def test_an_empty_entry_never_takes_the_last_ones(sim_store, tmp_path, capsys):
+    """larcv's reader hands back the last entry's particle (or tensors) for an entry
+    that holds none: such an entry is skipped as having no particle (or refused as
+    having no projection), never given its neighbour's label or pixels."""
+    store, events = _events(sim_store)
+    src = tmp_path / "in.h5"
+    write_larcv(src, events, store.geometry.width, no_particle={4})
+    out = tmp_path / "out"
+    assert main(["convert", "--from", "larcv3", str(src), "--out", str(out), "--producer",
+                 "wire", "--particles", "truth"]) == 0
+    said = capsys.readouterr().out
+    assert "converted 19 events" in said and "1 with no particle" in said, said
+    got = EventStore(out)
+    for j, i in enumerate(i for i in range(len(events)) if i != 4):
+        _same_pixels(got[j], events[i])
+        assert got[j].label == events[i].label
+    # larcv's writer repeats the last tensors for an entry given none: set its count by hand
+    src = tmp_path / "in2.h5"
+    write_larcv(src, events, store.geometry.width)
+    with h5py.File(src, "r+") as f:
+        ext = f["Data/sparse2d_wire_group/extents"]
+        row = ext[6]
+        row["N"] = 0
+        ext[6] = row
+    assert main(["convert", "--from", "larcv3", str(src), "--out", str(tmp_path / "o2"),
+                 "--producer", "wire", "--particles", "truth"]) == 2
+    err = capsys.readouterr().err
+    assert f"{src}: entry 6: sparse2d producer 'wire' has no projection 0 (it has: none)" \
+        in err, err
+    assert not (tmp_path / "o2").exists()
 
 
 @needs_larcv

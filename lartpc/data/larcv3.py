@@ -136,9 +136,14 @@ class ClassMap:
 
 # ---------------------------------------------------------------- reading larcv3 files
 
-def _check_file(p: Path, producer: str, particles: str) -> None:
+def _check_file(p: Path, producer: str, particles: str) -> dict[str, np.ndarray]:
     """The file is whole HDF5 with larcv3's groups and both producers (checked with h5py,
-    before larcv's C++ reader sees it)."""
+    before larcv's C++ reader sees it); per producer kind (``sparse2d``, ``particle``),
+    how many objects each entry holds (its ``extents``' N).
+
+    larcv's reader does not clear an entry that holds none: it hands back the last
+    entry's particle or tensors, so those counts, not the reader, say an entry is empty.
+    """
     import h5py
 
     if not p.is_file():
@@ -155,12 +160,20 @@ def _check_file(p: Path, producer: str, particles: str) -> None:
                     raise LartpcError(f"{p}: no {kind} producer {name!r} "
                                       f"(the file has: {', '.join(have) or 'none'})")
             # read every dataset once: a truncated file fails here, not in larcv's C++
+            n = len(f["Events"]["event_id"][...])
+            held = {}
             for kind, name in (("sparse2d", producer), ("particle", particles)):
                 grp = f["Data"][f"{kind}_{name}_group"]
                 for ds in grp.values():
                     if isinstance(ds, h5py.Dataset):
                         ds[...]
-            f["Events"]["event_id"][...]
+                ext = grp.get("extents")
+                if not isinstance(ext, h5py.Dataset) or "N" not in (ext.dtype.names or ()) \
+                        or len(ext) != n:
+                    raise LartpcError(f"{p}: Data/{kind}_{name}_group/extents is not one "
+                                      f"(first, N) row per event ({n} events)")
+                held[kind] = np.asarray(ext["N"][...], dtype=np.int64)
+            return held
     except LartpcError:
         raise
     except (OSError, ValueError, KeyError, RuntimeError) as e:
@@ -294,8 +307,7 @@ def convert_larcv3(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
     files = [Path(p) for p in inputs]
     if not files:
         raise LartpcError("convert: no input files given")
-    for p in files:  # fail before writing anything
-        _check_file(p, producer, particles)
+    held = {p: _check_file(p, producer, particles) for p in files}  # before writing
     rows, cols = _image_shape(larcv, files, producer, particles, projection)
     side = max(rows, cols)
     try:
@@ -327,7 +339,8 @@ def convert_larcv3(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
                 for i in range(n):
                     io.read_entry(i)
                     ev = _event(io, producer, particles, projection, (rows, cols), geom,
-                                cmap, counts, unmapped, f"{p}: entry {i}")
+                                cmap, counts, unmapped, f"{p}: entry {i}",
+                                {k: int(v[i]) for k, v in held[p].items()})
                     counts["source"] += 1
                     if bar:
                         bar.update(1)
@@ -351,10 +364,15 @@ def convert_larcv3(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
 
 
 def _event(io, producer, particles, projection, shape, geom, cmap, counts, unmapped,
-           where) -> Event | None:
+           where, held: dict[str, int]) -> Event | None:
+    """The entry read into ``io`` as an Event (None: skipped, counted); ``held``: how
+    many tensors and particles the file says it has (:func:`_check_file`)."""
+    if held["sparse2d"] == 0:  # larcv would hand back the last entry's tensors
+        raise LartpcError(f"{where}: sparse2d producer {producer!r} has no projection "
+                          f"{projection} (it has: none)")
     t, _ = _projection_tensor(io, producer, projection, shape, where)
     ev_part = io.get_data("particle", particles)
-    if ev_part.size() == 0:
+    if held["particle"] == 0 or ev_part.size() == 0:
         counts["no_particle"] += 1
         return None
     part = ev_part.at(0)

@@ -196,7 +196,7 @@ def test_a_float_image_converts_its_fractions_and_refuses_nan(tmp_path, capsys):
     out = tmp_path / "store"
     assert main(["convert", str(src), "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "float.h5: image/wires of event 1 holds NaN" in err
+    assert "float.h5: image/wires of event 1 (of this file) holds NaN" in err
     assert not out.exists() or not any(out.iterdir())
     with h5py.File(src, "r+") as f:
         f["image/wires"][1, 2, 3, 7] = 2.0
@@ -215,3 +215,58 @@ def test_no_event_converted_is_an_error_and_writes_no_store(tmp_path, capsys):
         capsys.readouterr().err
     assert not out.exists()  # the folder it made for the store goes too
     assert sorted(p.name for p in tmp_path.iterdir()) == ["protons.h5"]
+
+
+def test_event_numbers_count_within_each_file(tmp_path, capsys):
+    """With several inputs, a bad event is numbered within its own file."""
+    good, bad = tmp_path / "good.h5", tmp_path / "bad.h5"
+    _write_upstream(good, [_label("mu+")] * 3)
+    with h5py.File(bad, "w") as f:
+        w = np.zeros((2, 3, 96, 36), np.float32)
+        w[1, 2, 3, 7] = np.nan
+        f["image/wires"] = w
+        f["label/type"] = np.array([_label("mu+"), _label("K+")], np.int32)
+    assert main(["convert", str(good), str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert "bad.h5: image/wires of event 1 (of this file) holds NaN" in capsys.readouterr().err
+
+
+def test_inputs_that_are_shards_of_out_are_never_removed(tmp_path, capsys):
+    """convert --overwrite into the folder its inputs sit in, named as shards: refused
+    before anything is written (the new store would have removed them)."""
+    out = tmp_path / "dd"
+    out.mkdir()
+    for i in range(2):
+        _write_upstream(out / f"events-0000{i}.h5", [_label("mu+")] * 2)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    inputs = [str(out / "events-00000.h5"), str(out / "events-00001.h5")]
+    assert main(["convert", *inputs, "--out", str(out), "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert f"{out / 'events-00000.h5'}: is a shard of --out {out}" in err, err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_bad_input_shapes_are_one_line(tmp_path, capsys):
+    """image/wires a group, not a dataset; an input that is a folder."""
+    src = tmp_path / "grp.h5"
+    with h5py.File(src, "w") as f:
+        f.create_group("image/wires")
+        f["label/type"] = np.array([_label("mu+")], np.int32)
+    assert main(["convert", str(src), "--out", str(tmp_path / "o")]) == 2
+    assert "grp.h5: missing dataset 'image/wires'" in capsys.readouterr().err
+    assert main(["convert", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert f"{tmp_path}: is a folder; give the input files in it" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_out_given_as_the_current_folder_counts_its_files(tmp_path, capsys, monkeypatch):
+    """--out . : the store replaces the folder the shell is in; the count and the folder
+    named are the new store's (it said 0 files: "." still named the old one)."""
+    src = tmp_path / "up.h5"
+    _write_upstream(src, [_label("mu+")] * 3)
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert main(["convert", str(src), "--out", ".", "--shard-size", "2"]) == 0
+    said = capsys.readouterr().out
+    assert "converted 3 events into 2 file(s)" in said, said
+    assert len(EventStore(here)) == 3

@@ -116,6 +116,11 @@ def test_generator_origin_drops_pixels_pushed_past_the_image(tmp_path):
     (["--charge-scale", "0"], "--charge-scale"),
     (["--charge-scale", "nan"], "--charge-scale"),
     (["--time-origin", "generator", "--trigger-tick", "-5"], "--trigger-tick"),
+    # the larcv3 options would be ignored here: refused, not silently dropped
+    (["--classes", "two.toml"], "--classes: applies to --from larcv3 only"),
+    (["--projection", "2"], "--projection: applies to --from larcv3 only"),
+    (["--producer", "wire"], "--producer: applies to --from larcv3 only"),
+    (["--particles", "truth"], "--particles: applies to --from larcv3 only"),
 ])
 def test_bad_convert_options(tmp_path, capsys, argv, needle):
     src = tmp_path / "up.h5"

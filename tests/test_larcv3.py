@@ -262,6 +262,28 @@ def test_export_refuses_an_existing_file(sim_store, tmp_path, capsys):
 
 
 @needs_larcv
+def test_export_replaces_only_an_earlier_larcv3_file(sim_store, tmp_path, capsys):
+    """--overwrite replaces a larcv3 file, never a user's other file or a folder, and no
+    output is named as a store's shard (in a store's folder the store would read it)."""
+    mine = tmp_path / "notes.py"
+    mine.write_text("x = 1\n")
+    assert main(["export", "--to", "larcv3", str(sim_store), str(mine), "--overwrite"]) == 2
+    assert "exists and is not a larcv3 file" in capsys.readouterr().err
+    assert mine.read_text() == "x = 1\n"
+    assert main(["export", "--to", "larcv3", str(sim_store), str(tmp_path), "--overwrite"]) == 2
+    assert "is a folder; name the larcv3 file to write" in capsys.readouterr().err
+    f = tmp_path / "ev.larcv.h5"
+    assert main(["export", "--to", "larcv3", str(sim_store), str(f)]) == 0
+    assert main(["export", "--to", "larcv3", str(sim_store), str(f), "--overwrite"]) == 0
+    other = tmp_path / "store2"
+    other.mkdir()
+    assert main(["export", "--to", "larcv3", str(sim_store),
+                 str(other / "events-00001.h5")]) == 2
+    assert "named as an event store names its shards" in capsys.readouterr().err
+    assert list(other.iterdir()) == []
+
+
+@needs_larcv
 def test_export_to_another_projection_converts_back(sim_store, tmp_path, capsys):
     """--projection 2 (MicroBooNE's collection plane): the projections below it hold
     empty tensors (larcv3 would not save the entry otherwise) and convert reads it back

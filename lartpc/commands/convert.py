@@ -36,7 +36,9 @@ def run(args: argparse.Namespace) -> int:
         from lartpc.commands.larcv3_options import run_convert
 
         return run_convert(args)
+    from lartpc.commands.larcv3_options import refuse_larcv3_options
 
+    refuse_larcv3_options(args)
     res = convert(args.inputs, args.out, downsample=args.downsample,
                   shard_size=args.shard_size, overwrite=args.overwrite, progress=True,
                   time_origin=args.time_origin, trigger_tick=args.trigger_tick,

@@ -20,6 +20,24 @@ def add_larcv3_arguments(p: argparse.ArgumentParser) -> None:
                         "muon -13, pion 211, kaon 321)")
 
 
+def refuse_larcv3_options(args: argparse.Namespace) -> None:
+    """``--from upstream``: the larcv3 options, when given, would be ignored: refused.
+
+    Raises
+    ------
+    LartpcError
+        Naming the first such option.
+    """
+    from lartpc.errors import LartpcError
+
+    for opt, value, default in (("--producer", args.producer, "lartpc"),
+                                ("--projection", args.projection, 0),
+                                ("--particles", args.particles, None),
+                                ("--classes", args.classes, None)):
+        if value != default:
+            raise LartpcError(f"{opt}: applies to --from larcv3 only")
+
+
 def run_convert(args: argparse.Namespace) -> int:
     from lartpc.data.larcv3 import ClassMap, convert_larcv3
     from lartpc.errors import LartpcError

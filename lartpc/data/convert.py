@@ -34,7 +34,7 @@ import numpy as np
 
 from lartpc import CLASSES
 from lartpc.cliparse import check_positive, geometry_of
-from lartpc.data.staging import existing_shards, replace_store
+from lartpc.data.staging import check_input_file, existing_shards, replace_store
 from lartpc.data.store import Event, ShardBuffer
 from lartpc.errors import LartpcError
 from lartpc.geometry import Geometry
@@ -104,7 +104,7 @@ def _open_upstream(path: Path):
     except (OSError, ValueError) as e:
         raise LartpcError(f"{path}: cannot open as HDF5 ({e})") from None
     for name in ("image/wires", "label/type"):
-        if name not in f:
+        if not isinstance(f.get(name), h5py.Dataset):
             f.close()
             raise LartpcError(f"{path}: missing dataset '{name}' (not an upstream LArSoft file)")
     w, lab = f["image/wires"], f["label/type"]
@@ -183,15 +183,14 @@ def convert(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
     if not files:
         raise LartpcError("convert: no input files given")
     for p in files:  # fail before writing anything
-        if not p.is_file():
-            raise LartpcError(f"{p}: no such input file")
+        check_input_file(p)
         f = _open_upstream(p)
         shp = f["image/wires"].shape
         f.close()
         if shp[2] // geom.tick_group > geom.full_size or shp[3] > geom.full_size:
             raise LartpcError(f"{p}: image/wires {shp} does not fit a {geom.full_size}-pixel image")
-    out = Path(out_dir)
-    with replace_store(out, overwrite) as stage:
+    out = Path(os.path.abspath(out_dir))  # names the new folder after the swap, as "." not
+    with replace_store(out, overwrite, files) as stage:
         attrs = {"time_origin": time_origin, "time_shift_rows": shift,
                  "charge_scale": float(charge_scale)}
         counts = _convert_into(stage, files, geom, shift, charge_scale, shard_size, progress,
@@ -221,6 +220,7 @@ def _convert_file(p: Path, geom: Geometry, shift: int, charge_scale: float, coun
                   take, progress: bool) -> None:
     f = _open_upstream(p)
     bar = None
+    b0 = 0
     try:
         wires = f["image/wires"]
         labels = f["label/type"][:]
@@ -237,8 +237,8 @@ def _convert_file(p: Path, geom: Geometry, shift: int, charge_scale: float, coun
                     counts["skipped"] += 1
                 else:
                     if block.dtype.kind == "f" and not np.isfinite(block[j]).all():
-                        raise LartpcError(f"{p}: image/wires of event {counts['source']} "
-                                          "holds NaN or infinite values")
+                        raise LartpcError(f"{p}: image/wires of event {b0 + j} (of this "
+                                          "file) holds NaN or infinite values")
                     row, col, q = dense_to_sparse(block[j], geom, row_shift=shift,
                                                   charge_scale=charge_scale)
                     take(Event(row, col, q, lab[0], {"pdg": lab[1]}, counts["source"]))
@@ -247,7 +247,7 @@ def _convert_file(p: Path, geom: Geometry, shift: int, charge_scale: float, coun
             if bar:
                 bar.update(b1 - b0)
     except OSError as e:
-        raise LartpcError(f"{p}: cannot read event {counts['source']} ({e})") from None
+        raise LartpcError(f"{p}: cannot read its events from {b0} on ({e})") from None
     finally:
         if bar:
             bar.close()

@@ -38,7 +38,7 @@ import numpy as np
 
 from lartpc.cliparse import check_positive
 from lartpc.data.convert import ConvertResult
-from lartpc.data.staging import existing_shards, replace_store
+from lartpc.data.staging import SHARD_NAME, check_input_file, existing_shards, replace_store
 from lartpc.data.store import Event, EventStore, ShardBuffer
 from lartpc.errors import LartpcError
 from lartpc.fsutil import atomic_path, output_file
@@ -146,8 +146,7 @@ def _check_file(p: Path, producer: str, particles: str) -> dict[str, np.ndarray]
     """
     import h5py
 
-    if not p.is_file():
-        raise LartpcError(f"{p}: no such input file")
+    check_input_file(p)
     try:
         with h5py.File(p, "r") as f:
             if "Data" not in f or "Events" not in f or "event_id" not in f["Events"]:
@@ -321,8 +320,8 @@ def convert_larcv3(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
     attrs = {"source_format": "larcv3", "sparse2d_producer": producer,
              "particle_producer": particles, "projection": projection,
              "pdg_classes": cmap.to_json(), "source_rows": rows, "source_cols": cols}
-    out = Path(out_dir)
-    with replace_store(out, overwrite) as stage:
+    out = Path(os.path.abspath(out_dir))  # names the new folder after the swap, as "." not
+    with replace_store(out, overwrite, files) as stage:
         shards = ShardBuffer(stage, shard_size, geom, generator="lartpc.data.larcv3",
                              generator_version=",".join(p.name for p in files)[:1000],
                              attrs=attrs, classes=cmap.classes)
@@ -425,6 +424,27 @@ def _particle(larcv, ev: Event):
     return part
 
 
+def _check_replaceable(out: Path, overwrite: bool) -> None:
+    """An existing ``out`` is replaced only with ``overwrite`` and only when it is a
+    larcv3 file (an earlier export): never a folder or a user's other file."""
+    if not os.path.lexists(out):
+        return
+    if out.is_dir():
+        raise LartpcError(f"{out}: is a folder; name the larcv3 file to write")
+    if not overwrite:
+        raise LartpcError(f"{out}: exists; choose another name or pass --overwrite")
+    import h5py
+
+    try:
+        with h5py.File(out, "r") as f:
+            ours = "Data" in f and "Events" in f
+    except (OSError, ValueError):
+        ours = False
+    if not ours:
+        raise LartpcError(f"{out}: exists and is not a larcv3 file; refusing to replace "
+                          "it (choose another name)")
+
+
 def export(store_path: str | os.PathLike, out_file: str | os.PathLike, *,
            producer: str = DEFAULT_PRODUCER, projection: int = 0,
            overwrite: bool = False, progress: bool = False) -> int:
@@ -441,8 +461,10 @@ def export(store_path: str | os.PathLike, out_file: str | os.PathLike, *,
     if any(out.exists() and os.path.samefile(out, p) for p in store.paths):
         raise LartpcError(f"{out}: is a shard of the store being exported; choose another "
                           "name")
-    if out.exists() and not overwrite:
-        raise LartpcError(f"{out}: exists; choose another name or overwrite")
+    if SHARD_NAME.match(out.name):  # in a store's folder, a file the store would read
+        raise LartpcError(f"{out}: named as an event store names its shards; choose "
+                          "another name")
+    _check_replaceable(out, overwrite)
     if not out.parent.is_dir():
         raise LartpcError(f"{out}: folder {out.parent} does not exist")
     if len(store) == 0:

@@ -23,7 +23,7 @@ import secrets
 import stat
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from lartpc.errors import LartpcError
@@ -55,17 +55,32 @@ def _stages(out: Path) -> list[Path]:
     return sorted(p for p in out.parent.iterdir() if pat.match(p.name))
 
 
+def check_input_file(p: Path) -> None:
+    """``p`` is a file to read (one line naming it otherwise).
+
+    Raises
+    ------
+    LartpcError
+        When it is a folder or missing.
+    """
+    if p.is_dir():
+        raise LartpcError(f"{p}: is a folder; give the input files in it")
+    if not p.is_file():
+        raise LartpcError(f"{p}: no such input file")
+
+
 @contextlib.contextmanager
-def replace_store(out: Path, overwrite: bool) -> Iterator[Path]:
+def replace_store(out: Path, overwrite: bool, inputs: Sequence[Path] = ()) -> Iterator[Path]:
     """A fresh staging folder to write the store ``out`` into, under the store's lock.
     When the block succeeds the new store replaces ``out`` in one rename; when it fails
-    (or is killed) ``out`` is as it was.
+    (or is killed) ``out`` is as it was. ``inputs``: the files read while writing.
 
     Raises
     ------
     LartpcError
         Naming ``--out``: not creatable or writable, holding shards without
-        ``overwrite``, or being written by another process (its pid and host).
+        ``overwrite``, or being written by another process (its pid and host); or naming
+        an input that is one of ``out``'s shards (the new store would remove it).
     """
     out = output_folder(out)  # the folder a link of the user's names is the one swapped
     made = not os.path.lexists(out)
@@ -82,6 +97,7 @@ def replace_store(out: Path, overwrite: bool) -> Iterator[Path]:
     try:
         _clean_up_after_dead_writers(out)
         _check_out(out, overwrite)
+        _check_inputs(out, inputs)
         stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.stage-",
                                       suffix=TEMP_SUFFIX))
         try:
@@ -109,7 +125,16 @@ def _check_out(out: Path, overwrite: bool) -> None:
     old = existing_shards(out)
     if old and not overwrite:
         raise LartpcError(f"--out {out}: already holds {len(old)} event shard(s); "
-                          "choose an empty folder or overwrite")
+                          "choose an empty folder or pass --overwrite")
+
+
+def _check_inputs(out: Path, inputs: Sequence[Path]) -> None:
+    """No input is one of ``out``'s shards, which the new store removes."""
+    shards = existing_shards(out)
+    for p in inputs:
+        if any(os.path.samefile(p, s) for s in shards):
+            raise LartpcError(f"{p}: is a shard of --out {out}, which the new store "
+                              "replaces; write it into another folder")
 
 
 def _swap_in(stage: Path, out: Path) -> None:

@@ -206,7 +206,7 @@ def write_dataset(out_dir: str | os.PathLike, n_events: int, *, seed: int = 0,
         check_positive(value, option)
     check_seed(seed)
     geometry = geometry_of(downsample)
-    out = Path(out_dir)
+    out = Path(os.path.abspath(out_dir))  # names the new folder after the swap, as "." not
     with replace_store(out, overwrite) as stage:
         _simulate_into(stage, int(n_events), int(seed), geometry, classes, momentum_gev,
                        int(workers), int(shard_size), progress, source_geometry, readout)

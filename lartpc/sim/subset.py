@@ -51,7 +51,7 @@ def write_events(out_dir: str | os.PathLike, indices: Sequence[int], *, seed: in
         raise LartpcError("events to generate: need one index or more, none negative")
     check_positive(workers, "--workers")
     geometry = geometry_of(downsample)
-    out = Path(out_dir)
+    out = Path(os.path.abspath(out_dir))  # names the new folder after the swap, as "." not
     with replace_store(out, overwrite) as stage:
         readout = ReadoutConfig(dead_wire_fraction=float(dead_wire_fraction)) \
             if dead_wire_fraction else None

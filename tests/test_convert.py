@@ -270,3 +270,16 @@ def test_out_given_as_the_current_folder_counts_its_files(tmp_path, capsys, monk
     said = capsys.readouterr().out
     assert "converted 3 events into 2 file(s)" in said, said
     assert len(EventStore(here)) == 3
+
+
+def test_display_names_a_converted_stores_charge_unit(tmp_path):
+    """A converted store's charges are summed ADC (times --charge-scale), not the
+    generator's 10^3 electrons: the display's colour bar says which."""
+    from lartpc.commands.display import charge_unit
+
+    src = tmp_path / "up.h5"
+    _write_upstream(src, [_label("mu+")] * 2)
+    convert([src], tmp_path / "raw")
+    assert charge_unit(EventStore(tmp_path / "raw").attrs) == "summed ADC"
+    convert([src], tmp_path / "scaled", charge_scale=0.25)
+    assert charge_unit(EventStore(tmp_path / "scaled").attrs) == "summed ADC x 0.25"

@@ -35,6 +35,13 @@ def test_display_full_resolution(full_res_events_dir, tmp_path):
     assert (pngs["ev2"] != pngs["ev3"]).sum() > 500
 
 
+def test_a_simulated_stores_charge_is_in_thousands_of_electrons(full_res_events_dir):
+    from lartpc.commands.display import charge_unit
+    from lartpc.data import EventStore
+
+    assert charge_unit(EventStore(full_res_events_dir).attrs) == "10$^3$ electrons"
+
+
 def test_display_bad_event(full_res_events_dir, tmp_path, capsys):
     out = tmp_path / "ev.png"
     assert main(["display", str(full_res_events_dir), "--event", "99", "--out", str(out)]) == 2

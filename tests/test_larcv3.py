@@ -433,3 +433,13 @@ def test_non_square_image_is_padded_and_downsample_bins_it(sim_store, tmp_path, 
         dense = np.zeros((100, 100))
         np.add.at(dense, (want.row // 4, want.col // 4), want.charge.astype(np.float64))
         np.testing.assert_allclose(small.dense((100, 100)), dense, rtol=1e-5)
+
+
+@needs_larcv
+def test_display_names_a_larcv3_stores_charge_as_its_voxel_values(sim_store, tmp_path):
+    from lartpc.commands.display import charge_unit
+
+    f, back = tmp_path / "ev.h5", tmp_path / "back"
+    assert main(["export", "--to", "larcv3", str(sim_store), str(f)]) == 0
+    assert main(["convert", "--from", "larcv3", str(f), "--out", str(back)]) == 0
+    assert charge_unit(EventStore(back).attrs) == "the larcv3 file's voxel values"

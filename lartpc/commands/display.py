@@ -55,8 +55,20 @@ def _view(event, geometry, margin: int) -> tuple[int, int, int, int]:
     return r0, r1, c0, c1
 
 
+def charge_unit(attrs: dict) -> str:
+    """What a store's charges are, from its shards' attributes: the generator's 10^3
+    electrons, a converted file's summed ADC (times its --charge-scale), or a larcv3
+    file's voxel values as they were."""
+    if attrs.get("source_format") == "larcv3":
+        return "the larcv3 file's voxel values"
+    if attrs.get("generator") == "lartpc.data.convert":
+        scale = float(attrs.get("charge_scale", 1.0))
+        return "summed ADC" if scale == 1.0 else f"summed ADC x {scale:g}"
+    return "10$^3$ electrons"
+
+
 def render(event, geometry, out: str | Path, *, title: str, margin: int = 40,
-           crop: bool = True) -> Path:
+           crop: bool = True, unit: str = "10$^3$ electrons") -> Path:
     """Draw ``event`` to a PNG: wire (x) vs time pixel (y), log colour scale.
 
     Parameters
@@ -68,6 +80,7 @@ def render(event, geometry, out: str | Path, *, title: str, margin: int = 40,
     margin : margin around the charge, in full-resolution pixels.
     crop : crop to the box holding 99.8 % of the charge (a track is invisible at
         3600 x 3600; the few noise-only ROIs scattered over the plane are left out).
+    unit : what the charges are (:func:`charge_unit`), for the colour bar.
     """
 
     import matplotlib
@@ -91,7 +104,7 @@ def render(event, geometry, out: str | Path, *, title: str, margin: int = 40,
     im = ax.imshow(img, origin="lower", cmap="viridis", interpolation="nearest",
                    norm=LogNorm(vmin=max(vmin, 1e-3), vmax=max(vmax, vmin * 10)),
                    extent=(c0 * k, c1 * k, r0 * k, r1 * k), aspect="auto")
-    fig.colorbar(im, ax=ax, label="charge (10$^3$ electrons, log scale)")
+    fig.colorbar(im, ax=ax, label=f"charge ({unit}, log scale)")
     ax.set_xlabel(f"wire (0.3 cm pitch){'' if k == 1 else f', binned by {k}'}")
     ax.set_ylabel("time pixel (3 ticks = 1.5 us)")
     ax.set_title(title)
@@ -134,6 +147,6 @@ def run(args: argparse.Namespace) -> int:
     ev = store[args.event]
     render(ev, store.geometry, out,
            title=event_title(ev, args.event % len(store), store.classes),
-           margin=args.margin, crop=not args.no_crop)
+           margin=args.margin, crop=not args.no_crop, unit=charge_unit(store.attrs))
     print(out)
     return 0

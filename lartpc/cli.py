@@ -4,6 +4,7 @@ when chosen, so ``lartpc --help`` never imports torch."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -104,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
-    if not getattr(args, "_run", None):
-        parser.parse_args([*argv, "--help"])  # help of the deepest group named
+    if not getattr(args, "_run", None):  # no command, or a group without its kind
+        with contextlib.suppress(SystemExit):
+            parser.parse_args([*argv, "--help"])  # help of the deepest group named
         return 2
     from lartpc.logs import setup_logging
 

@@ -106,6 +106,65 @@ def test_summary_gives_a_median_ttl_only_when_every_seed_got_there():
     assert head.endswith("TTL threshold 1.2), model.sparse=torch")
 
 
+def test_what_a_run_did_not_measure_is_null_never_nan_or_zero():
+    """A point whose run was too short to time a step (bench train's measure_run gives
+    None) is left out of its row's medians; a row no run measured says null, its table
+    cell "–", and the JSON stays strict (no NaN)."""
+    short = {**_point(7, 1, None, bound=9.0), "images_per_s_steps": None,
+             "images_per_s": None, "step_s_median": None, "data_wait_fraction": None}
+    rows = summarise([_point(7, 0, None, bound=8.0, rate=50.0), short,
+                      {**short, "batch_per_rank": 14, "seed": 0}])
+    by = {r["batch_per_rank"]: r for r in rows}
+    assert by[7]["images_per_s"] == 50.0 and by[7]["images_per_s_epochs"] == 45.0
+    assert by[14]["images_per_s"] is None and by[14]["data_wait_fraction"] is None
+    json.dumps(rows, allow_nan=False)
+    table = markdown({"model": "scnet", "device": "cpu", "image_size": 400,
+                      "seconds_per_run": 1, "base_batch": 7, "lr_scaling": "sqrt",
+                      "threshold": 1.2, "rows": rows})
+    assert "| 14 | 0.001 | – | – | – | – |" in table and "nan" not in table
+
+
+def test_repeated_sizes_seeds_or_ranks_are_refused():
+    """Two points of one size and seed (or two of one rank count) would train into one
+    folder, the second resuming the first and counted as another run."""
+    for argv, message in ((["minibatch", "--batch-per-rank", "4,4"], "--batch-per-rank '4,4'"),
+                          (["minibatch", "--seeds", "0,0"], "--seeds '0,0'"),
+                          (["train", "--model", "scnet", "--ranks", "1,1"], "--ranks '1,1'")):
+        r = run([str(BIN / "lartpc"), "bench", *argv], timeout=60)
+        assert r.returncode == 2 and message in r.stderr and "repeated value" in r.stderr, \
+            r.stderr
+
+
+def test_a_bench_group_without_its_kind_exits_2():
+    r = run([str(BIN / "lartpc"), "bench"], timeout=60)
+    assert r.returncode == 2 and "minibatch" in r.stdout
+
+
+def test_a_scan_that_fails_leaves_no_out(train_events_dir, tmp_path, monkeypatch, capsys):
+    """The runs are trained beside --out and moved there at the end: a scan that fails
+    in its second point leaves no --out (it could be neither redone nor remeasured)."""
+    import lartpc.bench.train as bench_train
+    from lartpc.cli import main
+    from lartpc.errors import LartpcError
+
+    done = []
+
+    def _fails_second(args, data, out, *_, **__):
+        out.mkdir(parents=True)
+        (out / "run.json").write_text("{}")
+        done.append(out)
+        if len(done) == 2:
+            raise LartpcError("stood-in failure of the second point")
+        return {"step_s_median": 0.1}
+
+    monkeypatch.setattr(bench_train, "train_point", _fails_second)
+    out = tmp_path / "scan"
+    assert main(["bench", "minibatch", "--data", str(train_events_dir), "--downsample", "9",
+                 "--batch-per-rank", "4,8", "--bare-steps", "0", "--out", str(out)]) == 2
+    assert "stood-in failure" in capsys.readouterr().err
+    assert len(done) == 2 and not out.exists() and list(tmp_path.iterdir()) == []
+
+
 def test_learning_rate_scaling_rules():
     assert scaled_lr(1e-3, 28, 7, "none") == 1e-3
     assert scaled_lr(1e-3, 28, 7, "linear") == pytest.approx(4e-3)
@@ -128,3 +187,16 @@ def test_bench_train_rank_list_errors_before_any_work(argv, message):
     r = run([str(BIN / "lartpc"), "bench", "train", "--model", "scnet", *argv], timeout=60)
     assert r.returncode == 2, r.stderr
     assert message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bench_noise_takes_the_image_size_of_its_data(events_dir):
+    """--size is for generated events: with --data (here 900 x 900) the store's size is
+    used (the default of 400 was checked against it and refused)."""
+    r = run([str(BIN / "lartpc"), "bench", "noise", "--model", "scnet", "--data",
+             str(events_dir), "--batch-per-rank", "2", "--steps", "1", "--every", "1"],
+            timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["shape"] == [900, 900]
+    r = run([str(BIN / "lartpc"), "bench", "noise", "--model", "scnet", "--data",
+             str(events_dir), "--size", "400"], timeout=60)
+    assert r.returncode == 2 and "--size 400 disagrees with --data" in r.stderr

@@ -4,9 +4,10 @@ The paper left open whether SCNet, cheap per image, would reach a loss sooner wi
 larger minibatches than its 7 per GPU. Each point here is a real single-process
 ``lartpc train`` of ``--seconds`` on the same events, at minibatch B and learning rate
 ``lr x f(B / base)`` (``--lr-scaling``: none, linear or sqrt), one run per seed. From
-its run folder come images/s (median step time, and the epoch rate) and TTL, the wall
-time from process start (data loading included) to the smoothed training loss below
-``--threshold``, censored when the time ran out first. Beside each point's median step
+its run folder come images/s (median step time, and the epoch rate) and TTL, on the
+training clock: data loading plus the steps' own time (evaluation and checkpoints left
+out) until the smoothed training loss is below ``--threshold``, censored when the time
+ran out first. Beside each point's median step
 is its bare step (:mod:`lartpc.bench.bare_step`, as in ``lartpc bench train``) and the
 loop's overhead over it (``--bare-steps 0``: none).
 
@@ -20,11 +21,14 @@ all stayed above 1.2 can still be compared at a loss they reached.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
+import shutil
 import statistics
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from lartpc.cliparse import add_batch_per_rank, check_positive, check_positive_finite
@@ -71,6 +75,13 @@ def scaled_lr(base_lr: float, batch: int, base_batch: int, scaling: str) -> floa
     return base_lr * (batch / base_batch) ** power
 
 
+def _median(values) -> float | None:
+    """The median of the values measured (None: not measured, left out); None when no
+    run measured it."""
+    got = [v for v in values if v is not None]
+    return statistics.median(got) if got else None
+
+
 def summarise(points: list[dict]) -> list[dict]:
     """One row per minibatch size: medians over seeds; TTL median only when every seed
     got there, else the number that did and the smallest censored bound."""
@@ -81,11 +92,11 @@ def summarise(points: list[dict]) -> list[dict]:
         bounds = [p["ttl_lower_bound_s"] for p in ps if p["ttl_censored"]]
         rows.append({
             "batch_per_rank": b, "lr": ps[0]["lr"], "runs": len(ps),
-            "images_per_s": statistics.median(p["images_per_s_steps"] for p in ps),
-            "images_per_s_epochs": statistics.median(p["images_per_s"] for p in ps),
-            "step_s": statistics.median(p["step_s_median"] for p in ps),
-            "data_wait_fraction": statistics.median(p["data_wait_fraction"] for p in ps),
-            "loop_overhead": statistics.median(p["loop_overhead"] for p in ps)
+            "images_per_s": _median(p["images_per_s_steps"] for p in ps),
+            "images_per_s_epochs": _median(p["images_per_s"] for p in ps),
+            "step_s": _median(p["step_s_median"] for p in ps),
+            "data_wait_fraction": _median(p["data_wait_fraction"] for p in ps),
+            "loop_overhead": _median(p["loop_overhead"] for p in ps)
             if all("loop_overhead" in p for p in ps) else None,
             "ttl_reached": len(ttls),
             "ttl_s": statistics.median(ttls) if len(ttls) == len(ps) else None,
@@ -117,13 +128,16 @@ def markdown(result: dict) -> str:
             ttl = f"{r['ttl_reached']}/{r['runs']} reached"
         else:
             ttl = f"> {r['ttl_censored_bound_s']:.0f} (censored)"
-        loss = "–" if r["final_loss_smoothed"] is None else f"{r['final_loss_smoothed']:.3f}"
-        acc = "–" if r["accuracy"] is None else f"{100 * r['accuracy']:.0f} %"
-        over = "–" if r.get("loop_overhead") is None else f"{100 * r['loop_overhead']:+.0f} %"
-        lines.append(f"| {r['batch_per_rank']} | {r['lr']:.3g} | {r['images_per_s']:.1f} | "
-                     f"{1e3 * r['step_s']:.1f} | {over} | "
-                     f"{100 * r['data_wait_fraction']:.1f} % | {ttl} | {loss} | {acc} |")
+        cells = [_cell(r["images_per_s"], "{:.1f}"), _cell(r["step_s"], "{:.1f}", 1e3),
+                 _cell(r.get("loop_overhead"), "{:+.0f} %", 100),
+                 _cell(r["data_wait_fraction"], "{:.1f} %", 100), ttl,
+                 _cell(r["final_loss_smoothed"], "{:.3f}"), _cell(r["accuracy"], "{:.0f} %", 100)]
+        lines.append(f"| {r['batch_per_rank']} | {r['lr']:.3g} | " + " | ".join(cells) + " |")
     return head + "\n".join(lines) + "\n"
+
+
+def _cell(v: float | None, fmt: str, scale: float = 1.0) -> str:
+    return "–" if v is None else fmt.format(scale * v)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -132,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
                           "(nothing there is overwritten)")
     check_positive_finite(args.threshold, "--threshold")
     result = _remeasure(args) if args.from_dir is not None else _scan(args)
-    print(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2, allow_nan=False))
     return 0
 
 
@@ -149,8 +163,9 @@ def _scan(args: argparse.Namespace) -> dict:
     from lartpc.cliparse import int_list
     from lartpc.config import load_config
 
-    batches = int_list(args.batch_per_rank, "--batch-per-rank", minimum=1)
-    seeds = int_list(args.seeds, "--seeds", minimum=0)
+    # one run folder per (minibatch, seed): a repeat would resume the earlier run
+    batches = int_list(args.batch_per_rank, "--batch-per-rank", minimum=1, distinct=True)
+    seeds = int_list(args.seeds, "--seeds", minimum=0, distinct=True)
     check_positive(args.base_batch, "--base-batch")
     check_options(args)  # --seconds, --downsample, --events or --data, as bench train's
     if args.bare_steps < 0:
@@ -166,8 +181,9 @@ def _scan(args: argparse.Namespace) -> dict:
         for s in seeds:
             extra = (f"train.lr={lr!r}", f"train.seed={s}")
             runs.append((b, s, lr, point_args, extra, point_config(point_args, "none", extra)))
-    with tempfile.TemporaryDirectory(prefix="lartpc-bench-minibatch-") as tmp:
-        work = Path(tmp) if args.out is None else args.out
+    with tempfile.TemporaryDirectory(prefix="lartpc-bench-minibatch-") as tmp, \
+            _staged(args.out) as staged:
+        work = Path(tmp) if staged is None else staged
         data = args.data
         if data is None:
             from lartpc.sim import write_dataset
@@ -191,9 +207,31 @@ def _scan(args: argparse.Namespace) -> dict:
             "threshold": args.threshold, "seeds": seeds, "overrides": list(args.overrides),
             "note": NOTE, "rows": summarise(points), "points": points,
         }
-        if args.out is not None:
-            _write_outputs(result, args.out, work)
+        if staged is not None:
+            _write_outputs(result, staged, staged)
     return result
+
+
+@contextlib.contextmanager
+def _staged(out: Path | None) -> Iterator[Path | None]:
+    """A folder beside ``out`` for the scan's runs and outputs, renamed to ``out`` when
+    the scan succeeds and removed when it fails: a failed scan leaves no ``--out`` that
+    could be neither redone nor remeasured (None: no ``--out``)."""
+    if out is None:
+        yield None
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        yield stage
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    try:
+        os.rename(stage, out)
+    except OSError as e:  # --out made meanwhile by someone else: theirs stays
+        raise LartpcError(f"--out {out}: cannot move the scan there ({e.strerror}); it is "
+                          f"in {stage}") from None
 
 
 def _remeasure(args: argparse.Namespace) -> dict:
@@ -223,9 +261,10 @@ def _remeasure(args: argparse.Namespace) -> dict:
 
 
 NOTE = ("images_per_s = B / median step time (steps after the first); images_per_s_epochs "
-        "from the epoch rate (evaluation and checkpoint pauses count); TTL from process "
-        "start, data loading included; loop_overhead = median step / bare step - 1 "
-        "(lartpc bench train)")
+        "from the epoch rate and TTL on the training clock: data loading plus the steps' own "
+        "time (evaluation and checkpoint pauses left out; scans before 2026-11-26 counted "
+        "them); loop_overhead = median step / bare step - 1 (lartpc bench train); null: "
+        "not measured (a run too short)")
 
 
 def run_folder(batch: int, seed: int) -> str:
@@ -234,8 +273,9 @@ def run_folder(batch: int, seed: int) -> str:
 
 
 def _point(measured: dict, run: str, batch: int, seed: int, lr: float) -> dict:
+    step = measured["step_s_median"]
     measured.update(run=run, batch_per_rank=batch, seed=seed, lr=lr,
-                    images_per_s_steps=batch / measured["step_s_median"])
+                    images_per_s_steps=None if step is None else batch / step)
     return measured
 
 
@@ -250,6 +290,6 @@ def _write_outputs(result: dict, out: Path, scan_dir: Path) -> None:
     # through atomic_write: a link planted at an output is replaced, never written through
     atomic_write(out / "minibatch.csv", table.to_csv(index=False))
     atomic_write(out / "minibatch.md", markdown(result))
-    atomic_write(out / "minibatch.json", json.dumps(result, indent=2))
+    atomic_write(out / "minibatch.json", json.dumps(result, indent=2, allow_nan=False))
     runs = [load_run(scan_dir / p["run"]) for p in result["points"]]
     minibatch_scan(result, runs, out / "minibatch.png")

@@ -23,8 +23,9 @@ from lartpc.config import MAX_THREADS, choices
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="jishnet", choices=choices("model.name"))
     add_batch_per_rank(parser)
-    parser.add_argument("--size", type=int, default=400,
-                        help="image side without --data (default 400, downsample 9)")
+    parser.add_argument("--size", type=int, default=None,
+                        help="image side without --data (default 400, downsample 9); with "
+                        "--data, the store's (given, it must match)")
     parser.add_argument("--data", default=None, help="event store to read the batch from")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=20, help="timed steps per variant")
@@ -78,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
     from lartpc.bench.model import batch_from_events, check_size, load_events
 
     check_size(args.size)
+    if args.data is None and args.size is None:
+        args.size = 400
     import torch  # after the checks: a bad option is one line at once
 
     from lartpc.models import build

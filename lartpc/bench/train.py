@@ -184,18 +184,20 @@ def measure_run(out: Path, threshold: float = 1.2) -> dict:
                     "those few steps'; give it more --seconds", out, len(steps),
                     m.dlt_s or 0.0)
     step_s = (steps["data_s"] + steps["compute_s"] + steps["comm_s"])
+    total = float(step_s.sum())
     return {
         "ranks": n, "backend": run.meta.get("backend"),
         "threads_per_rank": run.meta.get("threads_per_rank"),
         "steps": m.n_steps, "few_steps": len(steps) < FEW_STEPS, "dlt_s": m.dlt_s,
         "epoch_rate_per_min": m.epoch_rate_per_min,
-        "images_per_s": (m.images_per_s_per_gpu or 0.0) * n,
-        "step_s_median": float(step_s.median()),
-        "data_s_median": float(steps["data_s"].median()),
-        "compute_s_median": float(steps["compute_s"].median()),
-        "comm_s_median": float(steps["comm_s"].median()),
+        # None (JSON null), never 0 or NaN, for what a run too short did not measure
+        "images_per_s": None if m.images_per_s_per_gpu is None else m.images_per_s_per_gpu * n,
+        "step_s_median": _median(step_s),
+        "data_s_median": _median(steps["data_s"]),
+        "compute_s_median": _median(steps["compute_s"]),
+        "comm_s_median": _median(steps["comm_s"]),
         # share of the step spent waiting for the next batch (the issue's <= 5 %)
-        "data_wait_fraction": float(steps["data_s"].sum() / step_s.sum()),
+        "data_wait_fraction": float(steps["data_s"].sum()) / total if total > 0 else None,
         "loader": run.meta.get("loader"),
         "rulebooks": run.meta.get("rulebooks", run.meta.get("config", {}).get("data", {})
                                   .get("rulebooks", "forward")),  # as resolved (auto)
@@ -208,6 +210,16 @@ def measure_run(out: Path, threshold: float = 1.2) -> dict:
         "ttl_lower_bound_s": m.ttl_lower_bound_s, "final_loss_smoothed": m.final_loss_smoothed,
         "smooth_window": m.smooth_window, "accuracy": m.accuracy, "n_eval": m.n_eval,
     }
+
+
+def _median(values) -> float | None:
+    """The median of a column of step times; None when there is none."""
+    return float(values.median()) if len(values) else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, None when either was not measured (or b is 0)."""
+    return None if a is None or not b else a / b
 
 
 def measure_bare(out: Path, data: Path, steps: int) -> dict:
@@ -225,7 +237,8 @@ def measure_bare(out: Path, data: Path, steps: int) -> dict:
 def add_overhead(point: dict, bare: dict) -> None:
     """The bare step beside ``point``'s loop step, and the loop's overhead over it."""
     point["bare_step_s_median"] = bare["bare_step_s_median"]
-    point["loop_overhead"] = point["step_s_median"] / bare["bare_step_s_median"] - 1.0
+    r = ratio(point["step_s_median"], bare["bare_step_s_median"])
+    point["loop_overhead"] = None if r is None else r - 1.0
 
 
 def check_options(args) -> None:
@@ -240,7 +253,7 @@ def check_options(args) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    ranks = int_list(args.ranks, "--ranks", minimum=1)
+    ranks = int_list(args.ranks, "--ranks", minimum=1, distinct=True)  # one folder each
     if args.backend == "none" and ranks != [1]:
         raise LartpcError(f"--ranks {args.ranks}: only 1 with --backend none")
     if args.bare_steps < 0:
@@ -268,9 +281,9 @@ def run(args: argparse.Namespace) -> int:
                   for n in ranks]
         base = points[0]
         for p in points:
-            p["scaling_efficiency"] = (p["images_per_s"] / (base["images_per_s"] * p["ranks"]
-                                                            / base["ranks"])
-                                       if base["images_per_s"] else None)
+            p["scaling_efficiency"] = ratio(p["images_per_s"], None if base["images_per_s"]
+                                            is None else base["images_per_s"] * p["ranks"]
+                                            / base["ranks"])
         result = {
             "model": args.model, "config": args.config or f"tiny-{args.model}",
             "device": args.device, "backend": args.backend, "downsample": args.downsample,
@@ -280,7 +293,10 @@ def run(args: argparse.Namespace) -> int:
                     "efficiency relative to the first point; bare_step: forward, backward "
                     "and optimizer of the first point's config on its first batches, no "
                     "loop, with its threads; loop_overhead = step_s_median / "
-                    "bare_step_s_median - 1",
+                    "bare_step_s_median - 1, for the points of the first point's ranks and "
+                    "threads only (the bare step is not the others'); null: not "
+                    "measured (a run too short); times on the training clock (evaluation "
+                    "and checkpoints left out)",
             "points": points,
         }
         if compare:
@@ -288,13 +304,17 @@ def run(args: argparse.Namespace) -> int:
             t = train_point(args, data, tmp / f"torch-{n}", n, "torch")
             h = next(p for p in points if p["ranks"] == n)
             result["torch_point"] = t
-            result["horovod_over_torch_step_time"] = h["step_s_median"] / t["step_s_median"]
+            result["horovod_over_torch_step_time"] = ratio(h["step_s_median"],
+                                                           t["step_s_median"])
         if args.bare_steps:
             bare = measure_bare(tmp / f"{args.backend}-{ranks[0]}", data, args.bare_steps)
             result["bare_step"] = bare
+            first = points[0]
             for p in [*points, *([result["torch_point"]] if "torch_point" in result else [])]:
-                add_overhead(p, bare)
-    print(json.dumps(result, indent=2))
+                if (p["ranks"], p["threads_per_rank"]) == (first["ranks"],
+                                                           first["threads_per_rank"]):
+                    add_overhead(p, bare)
+    print(json.dumps(result, indent=2, allow_nan=False))
     return 0
 
 

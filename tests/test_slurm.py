@@ -188,6 +188,10 @@ def test_the_wall_time_signal_checkpoints_every_rank_and_requeues(slurm_env, tmp
     log = _log(tmp_path)
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", log
     assert "wall-time signal while training still runs" in log
+    # horovodrun runs in the batch step, its ranks its children: it would SIGKILL them 5 s
+    # after passing TERM on, before a slow step could save (torchrun runs under srun)
+    told = log.count("TERM to the ranks themselves (pids ")
+    assert told == (2 if launcher == "horovod-gloo" else 0), log
     meta = json.loads((run / "run.json").read_text())
     assert [s["status"] for s in meta["segments"]] == ["preempted", "preempted"], log
     import torch

@@ -251,9 +251,47 @@ lartpc_on_signal() {
         scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null \
             || lartpc_log "scancel --signal=TERM $SLURM_JOB_ID failed: the ranks were not told to stop"
     else
-        kill -TERM "$LARTPC_CHILD" 2>/dev/null
+        # A launcher here (horovodrun, torchrun) would pass TERM on and SIGKILL its ranks
+        # soon after (horovodrun 5 s, torchrun 30 s), before a slow step ends and saves.
+        # So the ranks are sent TERM themselves, and the launcher ends when they have.
+        local -a rank_pids
+        read -ra rank_pids <<< "$(lartpc_rank_pids "$LARTPC_CHILD")"
+        if (( ${#rank_pids[@]} )); then
+            lartpc_log "TERM to the ranks themselves (pids ${rank_pids[*]}), not to the launcher"
+            kill -TERM "${rank_pids[@]}" 2>/dev/null
+        else  # the launcher is the rank, or no rank has started yet
+            kill -TERM "$LARTPC_CHILD" 2>/dev/null
+        fi
     fi
     return 0
+}
+
+# lartpc_rank_pids PID: the `lartpc train` processes (the ranks) among PID's descendants,
+# read from /proc; not the shells a launcher runs them under (their command line holds
+# "lartpc train" inside one word).
+lartpc_rank_pids() {
+    python3 - "$1" 2>/dev/null <<'PY' || true
+import os, sys
+kids = {}
+for d in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        with open(f"/proc/{d}/stat") as f:
+            kids.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(d)
+    except (OSError, ValueError, IndexError):
+        pass
+todo, ranks = list(kids.get(int(sys.argv[1]), [])), []
+while todo:
+    pid = todo.pop()
+    todo += kids.get(int(pid), [])
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        continue
+    if any(os.path.basename(a) == b"lartpc" and b == b"train" for a, b in zip(argv, argv[1:])):
+        ranks.append(pid)
+print(" ".join(ranks))
+PY
 }
 
 # lartpc_ranks_in_steps CMD...: whether the launcher CMD starts the ranks in job steps

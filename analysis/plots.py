@@ -88,17 +88,16 @@ def _colours(gpus: list[int]) -> dict[int, tuple]:
 
 
 def loss_curves(runs: list[Run], rows: list[RunMetrics], ttl_fit: PowerLawFit, model: str,
-                threshold: float, out: Path) -> Path:
+                threshold: float, out: Path, unit: str = "GPU") -> Path:
     """Smoothed global training loss vs wall time since start, one colour per GPU count,
     with the threshold line and an inset of TTL vs N (censored runs as lower bounds).
-    On CPU ranks the labels count ranks (:func:`count_unit`)."""
-    unit = count_unit(r.meta.get("device") for r in runs)
+    N is counted in ``unit`` (:func:`count_unit`)."""
     fig, ax = plt.subplots(figsize=(8.5, 5.5))
     gpus = sorted({r.world_size for r in runs})
     colour = _colours(gpus)
     longest = max((m.ttl_lower_bound_s or m.ttl_s or 0) for m in rows) if rows else 0
     in_hours = longest > 2 * 3600
-    unit, scale = ("h", 3600.0) if in_hours else ("min", 60.0)
+    t_unit, scale = ("h", 3600.0) if in_hours else ("min", 60.0)
     labelled: set[int] = set()
     for run, m in zip(runs, rows, strict=True):
         steps = primary_steps(run)
@@ -118,7 +117,7 @@ def loss_curves(runs: list[Run], rows: list[RunMetrics], ttl_fit: PowerLawFit, m
             ax.plot(t[crossed[0]], threshold, "o", color=c, ms=6, mec="k", mew=0.6)
     ax.axhline(threshold, color="crimson", ls="--", lw=1,
                label=f"threshold {threshold:g}")
-    ax.set_xlabel(f"wall time since job start ({unit}; data loading included)")
+    ax.set_xlabel(f"wall time since job start ({t_unit}; data loading included)")
     ax.set_ylabel("global training loss (smoothed; raw faint)")
     ax.set_title(f"{model}: training loss vs wall time", **PLAIN)
     ax.grid(alpha=0.3)
@@ -138,7 +137,7 @@ def loss_curves(runs: list[Run], rows: list[RunMetrics], ttl_fit: PowerLawFit, m
     log_y(ins)
     gpu_axis(ins, gpus)
     ins.set_xlabel(f"{unit}s", fontsize=8)
-    ins.set_ylabel(f"TTL({threshold:g}) ({unit}, {clock_name(rows)})", fontsize=8)
+    ins.set_ylabel(f"TTL({threshold:g}) ({t_unit}, {clock_name(rows)})", fontsize=8)
     ins.tick_params(labelsize=7, which="both")
     ins.grid(alpha=0.3, which="both")
     ins.legend(fontsize=7, loc="lower left")

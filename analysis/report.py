@@ -50,7 +50,7 @@ def write_curves(a: Analysis, out: Path) -> dict[str, list[Path]]:
         unit = plots.count_unit(r.meta.get("device") for r in runs)
         made[model] = [
             plots.loss_curves(runs, rows, PowerLawFit(**s["ttl_fit"]), model, a.threshold,
-                              out / safe_name(f"loss_{model}.png")),
+                              out / safe_name(f"loss_{model}.png"), unit),
             plots.epoch_rate(rows, PowerLawFit(**s["epoch_rate_fit"]), model,
                              out / safe_name(f"epoch_rate_{model}.png"), unit),
             scaling_plots.speedup_efficiency(s["scaling"], model,

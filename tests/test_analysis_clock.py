@@ -108,3 +108,25 @@ def test_the_loss_plots_ttl_marker_sits_where_its_curve_crosses(tmp_path, monkey
     # no requeue: the crossing on the job's time is the wall-clock TTL
     assert x_min == pytest.approx(m.ttl_wall_s / 60, abs=step_min)
     assert abs(x_min - m.ttl_s / 60) > 100 * step_min
+
+
+def test_the_loss_plot_counts_ranks_in_its_legend_and_inset(tmp_path, monkeypatch):
+    """On CPU ranks the legend and the inset's axis count ranks; the time unit (min or
+    h) stays the time axis's own (both once shared one name: the legend read "1 min")."""
+    from lartpc.analysis import plots
+    from lartpc.analysis.fit import PowerLawFit
+
+    run = _run(tmp_path)
+    m = run_metrics(run)
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, out: figures.append(fig) or out)
+    plots.loss_curves([run], [m], PowerLawFit("TTL", 1, [2]), "jishnet", 1.2,
+                      tmp_path / "loss.png", "rank")
+    (fig,) = figures
+    (main,) = fig.axes
+    (inset,) = main.child_axes
+    n = run.world_size
+    assert [t.get_text() for t in main.get_legend().get_texts()][0] == \
+        plots.gpus_text(n, "rank") == f"{n} rank" + ("" if n == 1 else "s")
+    assert inset.get_xlabel() == "ranks"
+    assert main.get_xlabel().startswith("wall time since job start (min;")

@@ -124,7 +124,7 @@ def test_held_out_events_are_made_again_as_the_store_made_them(tmp_path):
     events = made_from(tmp_path / "full", record)
     assert events == {"seed": 6, "events": 24, "geometry": "isotropic", "downsample": 9,
                       "classes": "muon,pion", "momentum_gev": [0.3, 0.5],
-                      "dead_wire_fraction": 0.2}
+                      "dead_wire_fraction": 0.2, "physics": "sim4"}
     cfg = load_config("tiny-scnet", ["data.downsample=9", "data.eval_fraction=0.25"])
     network = {"config": cfg.to_dict(), "events": events, "path": "w"}
     indices = regenerate_held_out(network, tmp_path / "again")
@@ -137,6 +137,11 @@ def test_held_out_events_are_made_again_as_the_store_made_them(tmp_path):
     assert not _same_events(full, EventStore(tmp_path / "plain"), indices)
     with pytest.raises(LartpcError, match="not the store the run trained on"):
         made_from(tmp_path / "full", {**record, "events": 23})
+    # a record without physics was made with sim3 (before versions): not these events
+    unversioned = {k: v for k, v in events.items() if k != "physics"}
+    indices = regenerate_held_out({**network, "events": unversioned}, tmp_path / "sim3")
+    assert EventStore(tmp_path / "sim3").attrs["generator_version"].endswith("+sim3")
+    assert not _same_events(full, EventStore(tmp_path / "sim3"), indices)
 
 @pytest.mark.parametrize("name", sorted(p.parent.name for p in RUNS.glob("*/weights.pt")))
 def test_committed_weights_load_with_their_record(name):

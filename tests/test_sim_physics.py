@@ -190,14 +190,16 @@ def test_gev_electron_deposits_the_restricted_fermi_plateau():
     # harder deltas are tracked): the PDG restricted energy-loss formula on the Fermi
     # plateau (delta/2 -> ln(hw_p / I) + ln(beta gamma) - 1/2) is
     # K (Z/A) rho [1/2 ln(2 m T_cut / (hw_p)^2) - T_cut / (2 T_max)] = 2.17 MeV/cm in
-    # LAr with hw_p = 22.85 eV. +sim2 deposited 1.80. Mean over 20 electrons' first 5 cm
-    # (the mean is exact: straggling preserves it); 3 % for Moller vs the PDG form.
+    # LAr with hw_p = 22.85 eV. +sim2 deposited 1.80. Mean over 80 electrons' first 5 cm
+    # (straggling preserves the mean, but its Landau tail scatters the mean of 20
+    # electrons by ~2 %: 2.13 for sim3's seeds 0-19, 2.09 for sim4's); 3 % for Moller vs
+    # the PDG form.
     t_cut, t_max = 3.0, 1000.0
     plateau = PDG_K * PDG_ZA * PDG_RHO * (0.5 * math.log(2 * ME * t_cut / PDG_HW_MEV**2)
                                           - t_cut / (2 * t_max))
     assert plateau == pytest.approx(2.17, abs=0.01)
     per_cm = []
-    for seed in range(20):
+    for seed in range(80):
         deps, _, _ = transport("e-", np.array([128.0, 0, 100]), np.array([0, 0, 1.0]),
                                2000.0, np.random.default_rng(seed))
         a, b, e = deps.starts[0], deps.ends[0], deps.energy[0]  # the primary's own track

@@ -24,7 +24,7 @@ def test_v2_records_visible_energy_and_generator_version(tmp_path):
                     attrs={"source_geometry": "isotropic"})
     s = EventStore(p)
     assert s.attrs["schema_version"] == SCHEMA_VERSION == 2
-    assert s.attrs["generator_version"].endswith("+sim3")
+    assert s.attrs["generator_version"].endswith("+sim4")  # the latest physics
     assert s.attrs["source_geometry"] == "isotropic"
     for ev, orig in zip(s.read_many(range(4)), evs, strict=True):
         vis = ev.truth["visible_energy_mev"]

@@ -27,6 +27,7 @@ def made_from(path: Path, record: dict) -> dict:
     :mod:`lartpc.train.weights`), checked to be the store of ``record`` (run.json's)."""
     from lartpc.data.store import EventStore
     from lartpc.sim.generate import CLASSES, MOMENTUM_GEV
+    from lartpc.sim.versions import PHYSICS, of_store
     from lartpc.train.segments import store_identity
 
     store = EventStore(path)
@@ -39,6 +40,11 @@ def made_from(path: Path, record: dict) -> dict:
     events = {"seed": int(a["seed"]), "events": int(record["events"]),
               "geometry": str(a.get("source_geometry", "isotropic")),
               "downsample": int(a["downsample"])}
+    physics = of_store(a.get("generator_version", ""))
+    if physics is None:
+        raise LartpcError(f"--store {path}: its generator_version "
+                          f"{a.get('generator_version')!r} names no physics version "
+                          f"({', '.join(PHYSICS)})")
     # lartpc simulate's defaults, which a store from before these attributes was made with
     low, high = (float(v) for v in MOMENTUM_GEV)
     defaults = {"classes": ",".join(CLASSES), "momentum_gev": [low, high],
@@ -47,7 +53,9 @@ def made_from(path: Path, record: dict) -> dict:
             "momentum_gev": [float(a.get("momentum_min_gev", low)),
                              float(a.get("momentum_max_gev", high))],
             "dead_wire_fraction": float(a.get("dead_wire_fraction", 0.0))}
-    return {**events, **{k: v for k, v in made.items() if v != defaults[k]}}
+    # physics always: a record without it means sim3 (lartpc.sim.versions.UNRECORDED)
+    return {**events, **{k: v for k, v in made.items() if v != defaults[k]},
+            "physics": physics}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, help="the events' seed")
     p.add_argument("--source-geometry", help="the events' source geometry")
     p.add_argument("--downsample", type=int, default=1)
+    p.add_argument("--physics", help="the events' generator physics version (with --seed; "
+                   "default the latest, lartpc.sim.versions)")
     p.add_argument("--dtype", default="float16", help="float16 (default), bfloat16, float32")
     p.add_argument("--out", type=Path, help="default RUN/weights.pt")
     args = p.parse_args(argv)
@@ -74,8 +84,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.seed is None or args.source_geometry is None:
             raise LartpcError("give --store, or --seed and --source-geometry")
         else:
+            from lartpc.sim.versions import physics
+
             events = {"seed": args.seed, "events": int(store["events"]),
-                      "geometry": args.source_geometry, "downsample": args.downsample}
+                      "geometry": args.source_geometry, "downsample": args.downsample,
+                      "physics": physics(args.physics).name}
         out = weights.save(args.run, args.out or args.run / weights.WEIGHTS, args.dtype, events)
     except LartpcError as e:
         print(f"compact_weights: {e}", file=sys.stderr)

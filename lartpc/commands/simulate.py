@@ -38,6 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--geometry", dest="source_geometry", help=argparse.SUPPRESS)
     p.add_argument("--dead-wire-fraction", type=float, default=0.0,
                    help="fraction of collection wires that read nothing (default 0)")
+    p.add_argument("--physics", default=None,
+                   help="the generator's physics version: sim4 (default, the latest) or "
+                        "sim3 (the events of runs made before sim4; "
+                        "lartpc.sim.versions)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
                           classes=args.classes, momentum_gev=parse_range(args.momentum_gev),
                           workers=args.workers, shard_size=args.shard_size,
                           progress=args.events >= 200, overwrite=args.overwrite,
-                          source_geometry=args.source_geometry, readout=readout)
+                          source_geometry=args.source_geometry, readout=readout,
+                          physics=args.physics)
     print(f"wrote {args.events} events to {len(paths)} file(s) in {args.out}")
     return 0

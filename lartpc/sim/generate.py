@@ -22,6 +22,7 @@ from lartpc.data.store import SHARD_PATTERN, Event, write_shard
 from lartpc.errors import LartpcError
 from lartpc.geometry import ACTIVE_X_CM, ACTIVE_Y_CM, ACTIVE_Z_CM, Geometry
 from lartpc.sim import materials as mat
+from lartpc.sim import versions
 from lartpc.sim.readout import ReadoutConfig, digitise
 from lartpc.sim.tracks import inside, isotropic
 from lartpc.sim.transport import transport
@@ -31,8 +32,16 @@ log = logging.getLogger(__name__)
 # regions of interest, published hadronic inputs, K+ decay in flight, beam geometry,
 # truth/visible_energy_mev. sim3: beam vertex spread, transverse diffusion shares charge
 # among wires, thin-layer Landau straggling, t-slope kinks, measured drift velocity,
-# electron restricted dE/dx, noise and ROIs from the noisy waveform everywhere
-GENERATOR_VERSION = f"{__version__}+sim3"
+# electron restricted dE/dx, noise and ROIs from the noisy waveform everywhere. sim4
+# (lartpc.sim.versions): e+- ranges from their own stopping power, protons interact as
+# nucleons, positrons annihilate
+GENERATOR_VERSION = f"{__version__}+{versions.LATEST}"  #: what a store of the latest physics says
+
+
+def generator_version(physics: str | None = None) -> str:
+    """A store's ``generator_version`` for events of physics version ``physics``."""
+    return f"{__version__}+{versions.physics(physics).name}"
+
 #: the momentum range of the study's events, GeV (simulate --momentum-gev)
 MOMENTUM_GEV = (1.5, 4.5)
 SOURCE_GEOMETRIES = ("isotropic", "beam")  #: simulate --source-geometry (draw_source)
@@ -106,7 +115,8 @@ def simulate_event(index: int, seed: int, geometry: Geometry,
                    classes: Sequence[str] | None = None,
                    momentum_gev: Sequence[float] = MOMENTUM_GEV,
                    source_geometry: str = "isotropic",
-                   readout: ReadoutConfig | None = None) -> Event:
+                   readout: ReadoutConfig | None = None,
+                   physics: str | None = None) -> Event:
     """Generate event ``index`` of ``seed``.
 
     Parameters
@@ -118,11 +128,14 @@ def simulate_event(index: int, seed: int, geometry: Geometry,
     momentum_gev : (low, high) of the uniform momentum distribution.
     source_geometry : ``"isotropic"`` or ``"beam"`` (see :func:`draw_source`).
     readout : detector response (default :class:`ReadoutConfig`).
+    physics : the generator's physics version (default the latest:
+        :mod:`lartpc.sim.versions`).
 
     Returns
     -------
     Event with sparse pixels, label and truth.
     """
+    version = versions.physics(physics)
     classes = parse_classes(classes)
     lo, hi = _check_momentum(momentum_gev)
     check_source_geometry(source_geometry)
@@ -138,7 +151,7 @@ def simulate_event(index: int, seed: int, geometry: Geometry,
     # and direction (same random stream, so still deterministic in (seed, index)).
     for _ in range(MAX_TRIES):
         vertex, d = draw_source(rng, source_geometry)
-        deps, length, end = transport(kind, vertex, d, t, rng)
+        deps, length, end = transport(kind, vertex, d, t, rng, version)
         a, b, e = deps.arrays()
         # the criterion must not depend on downsample, so it looks at energy, not pixels
         visible = float(e[inside(0.5 * (a + b))].sum())
@@ -154,9 +167,11 @@ def simulate_event(index: int, seed: int, geometry: Geometry,
 def write_event_shard(job: tuple) -> str:
     """Events ``indices`` of dataset ``seed`` into the shard ``path`` (one job of a
     worker pool: ``(path, indices, seed, geometry, classes, momentum_gev, source,
-    readout)``); each event's ``event_id`` is its index in the full dataset."""
-    path, indices, seed, geometry, classes, momentum_gev, source, readout = job
-    events = [simulate_event(int(i), seed, geometry, classes, momentum_gev, source, readout)
+    readout, physics)``); each event's ``event_id`` is its index in the full
+    dataset."""
+    path, indices, seed, geometry, classes, momentum_gev, source, readout, name = job
+    events = [simulate_event(int(i), seed, geometry, classes, momentum_gev, source, readout,
+                             name)
               for i in indices]
     attrs = {"source_geometry": source,
              "dead_wire_fraction": float((readout or ReadoutConfig()).dead_wire_fraction),
@@ -164,7 +179,7 @@ def write_event_shard(job: tuple) -> str:
              "momentum_max_gev": float(momentum_gev[1]),
              "generated_classes": ",".join(parse_classes(classes))}
     write_shard(path, events, geometry, generator="lartpc.sim",
-                generator_version=GENERATOR_VERSION, seed=seed, attrs=attrs)
+                generator_version=generator_version(name), seed=seed, attrs=attrs)
     return str(path)
 
 
@@ -173,7 +188,8 @@ def write_dataset(out_dir: str | os.PathLike, n_events: int, *, seed: int = 0,
                   momentum_gev: Sequence[float] = MOMENTUM_GEV, workers: int = 1,
                   shard_size: int = 1000, progress: bool = False,
                   overwrite: bool = False, source_geometry: str = "isotropic",
-                  readout: ReadoutConfig | None = None) -> list[Path]:
+                  readout: ReadoutConfig | None = None,
+                  physics: str | None = None) -> list[Path]:
     """Generate ``n_events`` events into ``out_dir/events-00000.h5, ...``.
 
     Parameters
@@ -191,6 +207,7 @@ def write_dataset(out_dir: str | os.PathLike, n_events: int, *, seed: int = 0,
     overwrite : replace the shards in ``out_dir`` (once the new ones are all written).
     source_geometry : ``"isotropic"`` (default, as in the study) or ``"beam"``.
     readout : detector response (default :class:`ReadoutConfig`).
+    physics : the generator's physics version (default the latest).
 
     Returns
     -------
@@ -201,6 +218,7 @@ def write_dataset(out_dir: str | os.PathLike, n_events: int, *, seed: int = 0,
     classes = parse_classes(classes)
     momentum_gev = _check_momentum(momentum_gev)
     check_source_geometry(source_geometry)
+    name = versions.physics(physics).name
     for value, option in ((n_events, "--events"), (workers, "--workers"),
                           (shard_size, "--shard-size")):
         check_positive(value, option)
@@ -209,7 +227,7 @@ def write_dataset(out_dir: str | os.PathLike, n_events: int, *, seed: int = 0,
     out = Path(os.path.abspath(out_dir))  # names the new folder after the swap, as "." not
     with replace_store(out, overwrite) as stage:
         _simulate_into(stage, int(n_events), int(seed), geometry, classes, momentum_gev,
-                       int(workers), int(shard_size), progress, source_geometry, readout)
+                       int(workers), int(shard_size), progress, source_geometry, readout, name)
     written = existing_shards(out)
     log.info("wrote %d events in %d shard(s) to %s", int(n_events), len(written), out)
     return written
@@ -217,10 +235,10 @@ def write_dataset(out_dir: str | os.PathLike, n_events: int, *, seed: int = 0,
 
 def _simulate_into(out: Path, n: int, seed: int, geometry: Geometry, classes, momentum_gev,
                    workers: int, shard_size: int, progress: bool, source_geometry: str,
-                   readout: ReadoutConfig | None) -> None:
+                   readout: ReadoutConfig | None, physics: str) -> None:
     """Every shard of the dataset into ``out`` (a staging folder)."""
     jobs = [(out / SHARD_PATTERN.format(j), range(a, min(n, a + shard_size)), seed, geometry,
-             classes, momentum_gev, source_geometry, readout)
+             classes, momentum_gev, source_geometry, readout, physics)
             for j, a in enumerate(range(0, n, shard_size))]
     bar = None
     if progress:

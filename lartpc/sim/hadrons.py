@@ -35,13 +35,17 @@ DECAYS = {
            ("kmu3", 0.0335, ("pi0", "mu+", "nu")), ("pi2pi0", 0.0176, ("pi+", "pi0", "pi0"))),
     "pi+": (("munu", 1.0, ("mu+", "nu")),),
 }
+#: kinetic energy a proton needs to make a pion on a nucleon at rest (N N -> N N pi0:
+#: 2 m_pi + m_pi^2 / 2 M = 280 MeV); below it a proton's interaction makes nucleons only
+PION_THRESHOLD_MEV = 2 * mat.MASS_MEV["pi0"] + mat.MASS_MEV["pi0"] ** 2 / (2 * mat.MASS_MEV["p"])
 P_MU_KMU2 = 235.5  # MeV/c, muon momentum in K+ -> mu+ nu at rest
 P_MU_PIMU2 = 29.79  # MeV/c, muon momentum in pi+ -> mu+ nu at rest (T = 4.1 MeV)
 
 
 @dataclass(frozen=True, slots=True)
 class HadronicParameters:
-    """Final states of pi+/K+ argon interactions: ASSUMED PARAMETERS, not measurements.
+    """Final states of pi+/K+ (and, from sim4, proton) argon interactions: ASSUMED
+    PARAMETERS, not measurements.
 
     Nothing here is fitted to data (Geant4's cascade models or LArIAT/ProtoDUNE-SP
     exclusive cross sections would be the place to take them from); they keep what an
@@ -56,7 +60,8 @@ class HadronicParameters:
     # diffraction slope of pi p elastic scattering at a few GeV/c, ~7-8 GeV^-2 (Foley et
     # al., Phys. Rev. Lett. 11 (1963) 425 and 15 (1965) 45; PDG's compilation of
     # elastic slopes); taken for K+ too (assumed). At 3 GeV/c the median kink is
-    # sqrt(ln 2 / b) / p ~ 5.5 degrees and the nucleon recoils with |t| / 2M ~ 50 MeV.
+    # sqrt(ln 2 / b) / p ~ 5.5 degrees (5.8 measured with
+    # the exact kinematics) and the nucleon recoils with |t| / 2M ~ 50 MeV.
     qe_t_slope_gev2: float = 7.5
     qe_knockout_proton: float = 0.6  # the struck nucleon is a (visible) proton
     inel_lead_share: tuple[float, float] = (0.2, 0.7)  # leading hadron's share of T
@@ -65,6 +70,11 @@ class HadronicParameters:
     inel_mean_extra_pions: float = 0.7
     inel_mean_extra_protons: float = 1.2
     inel_pi0_probability: float = 0.4
+    # protons (sim4): quasi-elastic share (a kink and a recoil nucleon), else nucleons
+    # knocked out, the leading one a proton this often (else an unseen neutron); pions
+    # only above PION_THRESHOLD_MEV, each paying its mass
+    nucleon_qe: float = 0.4
+    nucleon_lead_proton: float = 0.5
 
 
 HADRONIC = HadronicParameters()
@@ -162,21 +172,15 @@ def quasi_elastic(rng: np.random.Generator, m_mev: float, t_mev: float, d: np.nd
 
 
 def _interact(ctx, kind: str, pos, d, t: float) -> None:
+    if kind == "p" and ctx.physics.nucleon_interactions:
+        _interact_nucleon(ctx, pos, d, t)
+        return
     rng, par = ctx.rng, HADRONIC
     is_kaon = kind == "K+"
     qe, cex, absorb = par.kaon_mix if is_kaon else par.pion_mix
     r = rng.random()
     if r < qe:
-        # quasi-elastic: the same hadron continues at an angle (a kink), the struck
-        # nucleon recoils
-        t2, d2, p_n = quasi_elastic(rng, MASS[kind], t, d, par.qe_t_slope_gev2)
-        ctx.queue.append((kind, pos, d2, t2))
-        t_n = t - t2
-        if rng.random() < par.qe_knockout_proton:
-            if t_n > 2.0:  # below ~2 MeV a proton range is < 0.1 mm: a point deposit
-                ctx.queue.append(("p", pos, p_n / np.linalg.norm(p_n), float(t_n)))
-            else:
-                ctx.deps.add_segments(pos[None], pos[None], np.array([t_n]))
+        _quasi_elastic(ctx, kind, pos, d, t)
         return
     if r < qe + cex:
         # charge exchange: K+ n -> K0 p (K0 unseen), pi+ n -> pi0 p
@@ -205,6 +209,51 @@ def _interact(ctx, kind: str, pos, d, t: float) -> None:
                               float(shares[i])))
     _emit_protons(ctx, pos, d, min(shares[n_pi], 150.0 * n_p), n_p)
     if has_pi0 and shares[n_pi + 1] > 10:
+        pi0(ctx, pos, _forward(rng, d, 0.6), float(shares[n_pi + 1]))
+
+
+def _quasi_elastic(ctx, kind: str, pos, d, t: float) -> None:
+    """The same hadron continues at an angle (a kink); the struck nucleon recoils."""
+    rng, par = ctx.rng, HADRONIC
+    t2, d2, p_n = quasi_elastic(rng, MASS[kind], t, d, par.qe_t_slope_gev2)
+    ctx.queue.append((kind, pos, d2, t2))
+    t_n = t - t2
+    if rng.random() < par.qe_knockout_proton:
+        if t_n > 2.0:  # below ~2 MeV a proton range is < 0.1 mm: a point deposit
+            ctx.queue.append(("p", pos, p_n / np.linalg.norm(p_n), float(t_n)))
+        else:
+            ctx.deps.add_segments(pos[None], pos[None], np.array([t_n]))
+
+
+def _interact_nucleon(ctx, pos, d, t: float) -> None:
+    """A proton's interaction (sim4): a kink, or nucleons knocked out; pions (charged, or a
+    pi0 whose photons shower) only above :data:`PION_THRESHOLD_MEV`, each taking its
+    mass out of the energy shared. Never more energy out than in."""
+    rng, par = ctx.rng, HADRONIC
+    if rng.random() < par.nucleon_qe:
+        _quasi_elastic(ctx, "p", pos, d, t)
+        return
+    lead = t * rng.uniform(*par.inel_lead_share)
+    if rng.random() < par.nucleon_lead_proton:
+        ctx.queue.append(("p", pos, _forward(rng, d, 0.35), lead))
+    rest = (t - lead) * rng.uniform(*par.inel_visible_share)
+    n_pi, has_pi0 = 0, False
+    if t > PION_THRESHOLD_MEV:
+        n_pi = int(rng.poisson(par.inel_mean_extra_pions))
+        has_pi0 = rng.random() < par.inel_pi0_probability
+    m_pi, m_pi0 = mat.MASS_MEV["pi"], mat.MASS_MEV["pi0"]
+    while n_pi and n_pi * m_pi + has_pi0 * m_pi0 > rest:  # what the energy allows
+        n_pi -= 1
+    if has_pi0 and m_pi0 > rest:
+        has_pi0 = False
+    kinetic = rest - n_pi * m_pi - has_pi0 * m_pi0
+    shares = _dirichlet_split(rng, kinetic, n_pi + 2)
+    for i in range(n_pi):
+        ctx.queue.append(("pi+" if rng.random() < 0.5 else "pi-", pos, _forward(rng, d, 0.8),
+                          float(shares[i])))
+    n_p = 1 + int(rng.poisson(par.inel_mean_extra_protons))
+    _emit_protons(ctx, pos, d, shares[n_pi] + (0.0 if has_pi0 else shares[n_pi + 1]), n_p)
+    if has_pi0:
         pi0(ctx, pos, _forward(rng, d, 0.6), float(shares[n_pi + 1]))
 
 

@@ -3,7 +3,9 @@ pair-converting (or Compton scattering at low energy), which makes new electrons
 
 Electrons above ``E_TRACK_MEV`` are followed with multiple scattering; softer ones (and
 any beyond the cap on followed particles) deposit along a straight stub of their CSDA
-range, which keeps a multi-GeV shower to ~100 followed tracks.
+range, which keeps a multi-GeV shower to ~100 followed tracks. What differs between
+generator versions (the e+- ranges, the booking of the collision loss, annihilation) is
+:class:`lartpc.sim.versions.Physics`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,16 @@ from __future__ import annotations
 import numpy as np
 
 from lartpc.sim import materials as mat
-from lartpc.sim.tracks import STEP_CM, Deposits, deposit_restricted, inside, rotate, trajectory
+from lartpc.sim.tracks import (
+    STEP_CM,
+    Deposits,
+    deposit_restricted,
+    inside,
+    isotropic,
+    rotate,
+    trajectory,
+)
+from lartpc.sim.versions import Physics, physics
 
 E_TRACK_MEV = 8.0  # follow e+- above this with a scattered trajectory
 K_CUT_MEV = 6.0  # bremsstrahlung photons above this are emitted as particles
@@ -23,6 +34,9 @@ _MU = mat.MASS_MEV["mu"]
 _XCOM_MEV = np.array([1, 2, 5, 10, 20, 50, 100, 300, 1000, 1e4, 1e5])
 _XCOM_CM2_G = np.array([.0615, .0448, .0328, .0299, .0300, .0327, .0348, .0372, .0388,
                         .0397, .0398])
+#: mean free path of a 511 keV annihilation photon (NIST XCOM, argon at 0.5 MeV, coherent
+#: excluded: 0.0834 cm2/g, Compton dominated)
+ANNIHILATION_MFP_CM = 1.0 / (0.0834 * mat.DENSITY_G_CM3)
 
 
 def photon_mfp_cm(k_mev: float | np.ndarray) -> np.ndarray:
@@ -31,13 +45,20 @@ def photon_mfp_cm(k_mev: float | np.ndarray) -> np.ndarray:
     return 1.0 / (mu * mat.DENSITY_G_CM3)
 
 
-def electron_range_cm(t_mev):
-    """CSDA range of an electron, scaled from the muon table at equal beta*gamma (the
-    Bethe collision term depends on beta*gamma; radiative loss is handled explicitly)."""
+def electron_range_cm(t_mev, stopping: bool = False, positron: bool = False):
+    """CSDA range of an e- (``positron``: e+); radiative loss is handled explicitly.
+    ``stopping`` (sim4 on): from the electrons' own collision stopping power
+    (:func:`lartpc.sim.materials.electron_range_table`); else (sim3) scaled from the
+    muon's Bethe table at equal beta*gamma, 10 % short at 8 MeV."""
+    if stopping:
+        return mat.range_of(t_mev, mat.electron_range_table(positron))
     return mat.csda_range_cm(np.asarray(t_mev) * _MU / mat.ME_MEV, _MU) * mat.ME_MEV / _MU
 
 
-def electron_energy_at_range(r_cm):
+def electron_energy_at_range(r_cm, stopping: bool = False, positron: bool = False):
+    """The inverse of :func:`electron_range_cm`."""
+    if stopping:
+        return mat.energy_of(r_cm, mat.electron_range_table(positron))
     return mat.energy_at_range(np.asarray(r_cm) * _MU / mat.ME_MEV, _MU) * mat.ME_MEV / _MU
 
 
@@ -57,10 +78,15 @@ def _brems_fraction(rng: np.random.Generator, ycut: float) -> float:
 class Cascade:
     """Per-event EM transport state: counts followed particles, batches soft stubs."""
 
-    def __init__(self, deps: Deposits, queue: list, rng: np.random.Generator):
+    def __init__(self, deps: Deposits, queue: list, rng: np.random.Generator,
+                 version: Physics | None = None):
         self.deps, self.queue, self.rng = deps, queue, rng
+        self.physics = version or physics()
         self.followed = 0
-        self.stubs: list[tuple[np.ndarray, np.ndarray, float]] = []
+        self.stubs: list[tuple[np.ndarray, np.ndarray, float, str]] = []
+
+    def _range(self, t_mev, kind: str):
+        return electron_range_cm(t_mev, self.physics.electron_stopping, kind == "e+")
 
     def electron(self, pos: np.ndarray, d: np.ndarray, t_mev: float, kind: str = "e-") -> float:
         """Transport one e+- (``kind`` "e-" or "e+"); returns its path length (cm).
@@ -68,36 +94,46 @@ class Cascade:
         Collision loss goes through the heavy-track code: the restricted Berger-Seltzer
         loss with thin-layer straggling on every step, plus Moller (e-) or Bhabha (e+)
         delta electrons above the delta-ray cut. The energy bookkeeping between
-        bremsstrahlung emissions uses the total collision loss at the starting energy
-        (2.2 MeV/cm at 10 MeV to 2.8 MeV/cm at 3 GeV in LAr).
+        bremsstrahlung emissions uses the total collision loss at the energy after the
+        last emission (sim3: at the starting energy throughout; 2.2 MeV/cm at 10 MeV to
+        2.8 MeV/cm at 3 GeV in LAr), and a stopped e+ annihilates (sim4).
         """
         rng = self.rng
         if t_mev < E_TRACK_MEV or self.followed >= MAX_FOLLOWED:
-            self.stubs.append((pos, d, t_mev))
-            return float(electron_range_cm(t_mev))
+            self.stubs.append((pos, d, t_mev, kind))
+            return float(self._range(t_mev, kind))
         self.followed += 1
-        dedx = float(mat.electron_dedx(t_mev, None, kind == "e+"))
+        positron = kind == "e+"
+        current = self.physics.electron_stopping
+        dedx = float(mat.electron_dedx(t_mev, None, positron))
         e, s = t_mev, 0.0
         em_s, em_k = [], []
+        booked_s, booked = [0.0], [0.0]  # the collision loss booked up to each emission
         while e > K_CUT_MEV + 1.0:
             dist = rng.exponential(1 / _brems_rate_per_cm(e))
             if e - dedx * dist < E_TRACK_MEV:
                 break
             s += dist
             e -= dedx * dist
+            booked_s.append(s)
+            booked.append(booked[-1] + dedx * dist)
             k = _brems_fraction(rng, K_CUT_MEV / e) * e
             em_s.append(s)
             em_k.append(k)
             e -= k
-        r_end = float(electron_range_cm(e))
+            if current:
+                dedx = float(mat.electron_dedx(e, None, positron))
+        r_end = float(self._range(e, kind))
         length = s + r_end
         n = max(1, int(np.ceil(length / STEP_CM)))
         ds = length / n
         grid = np.arange(n + 1) * ds
         em_s, em_k = np.array(em_s), np.array(em_k)
         emitted = np.concatenate([[0.0], np.cumsum(em_k)])[np.searchsorted(em_s, grid, "right")]
-        t = np.where(grid <= s, t_mev - dedx * grid - emitted,
-                     electron_energy_at_range(np.maximum(length - grid, 0.0)))
+        collision = np.interp(grid, booked_s, booked) if current else dedx * grid
+        t = np.where(grid <= s, t_mev - collision - emitted,
+                     electron_energy_at_range(np.maximum(length - grid, 0.0), current,
+                                              positron))
         t[-1] = 0.0
         pts, _ = trajectory(pos, d, np.maximum(t, 0.0), mat.ME_MEV, ds, rng, chunk=16)
         de = -np.diff(t) - np.diff(emitted)
@@ -113,7 +149,20 @@ class Cascade:
                 dk = pts[i + 1] - pts[i]
                 dk = dk / max(np.linalg.norm(dk), 1e-9)
                 self.queue.append(("gamma", pts[i + 1].copy(), dk, k))
+        if positron and stop == len(pts):
+            self._annihilate(pts[-1])
         return float(min(length, stop * ds))
+
+    def _annihilate(self, pos: np.ndarray) -> None:
+        """A stopped e+ (sim4): two back-to-back 511 keV photons, each deposited where it
+        first interacts (a point, as every photon below 1 MeV here), if inside."""
+        if not self.physics.annihilation:
+            return
+        u = isotropic(self.rng)
+        for d in (u, -u):
+            p = pos + d * self.rng.exponential(ANNIHILATION_MFP_CM)
+            if inside(p):
+                self.deps.add_segments(p[None], p[None], np.array([mat.ME_MEV]))
 
     def photon(self, pos: np.ndarray, d: np.ndarray, k_mev: float) -> tuple[float, str]:
         """Transport one photon; returns (distance to first interaction, 'interact'|'exit')."""
@@ -156,7 +205,10 @@ class Cascade:
         p = np.array([s[0] for s in self.stubs])
         d = np.array([s[1] for s in self.stubs])
         t = np.array([s[2] for s in self.stubs])
-        r = electron_range_cm(t)
+        positron = np.array([s[3] == "e+" for s in self.stubs])
+        stopping = self.physics.electron_stopping
+        r = np.where(positron, electron_range_cm(t, stopping, True),
+                     electron_range_cm(t, stopping)) if stopping else electron_range_cm(t)
         # two segments per stub with a random bend: soft electrons scatter strongly
         bend = d + self.rng.normal(scale=0.5, size=d.shape)
         bend /= np.linalg.norm(bend, axis=1, keepdims=True)
@@ -164,4 +216,6 @@ class Cascade:
         end = mid + bend * (r / 2)[:, None]
         self.deps.add_segments(np.concatenate([p, mid]), np.concatenate([mid, end]),
                                np.concatenate([0.4 * t, 0.6 * t]))
+        for e in end[positron & inside(end)]:
+            self._annihilate(e)
         self.stubs = []

@@ -18,6 +18,7 @@ from lartpc.cliparse import check_positive, geometry_of
 from lartpc.data.staging import existing_shards, replace_store
 from lartpc.data.store import SHARD_PATTERN
 from lartpc.errors import LartpcError
+from lartpc.sim import versions
 from lartpc.sim.generate import (
     MOMENTUM_GEV,
     check_source_geometry,
@@ -32,11 +33,11 @@ def write_events(out_dir: str | os.PathLike, indices: Sequence[int], *, seed: in
                  classes: Sequence[str] | str | None = None,
                  momentum_gev: Sequence[float] = MOMENTUM_GEV, dead_wire_fraction: float = 0.0,
                  workers: int = 1, shard_size: int = 500,
-                 overwrite: bool = False) -> list[Path]:
+                 overwrite: bool = False, physics: str | None = None) -> list[Path]:
     """Generate events ``indices`` of dataset ``seed`` (made with ``classes``,
-    ``momentum_gev`` and ``dead_wire_fraction``: ``lartpc simulate``'s options, its
-    defaults by default) into a store at ``out_dir``, in the order given; each event's
-    ``event_id`` is its index in the full dataset.
+    ``momentum_gev``, ``dead_wire_fraction`` and the generator's ``physics`` version:
+    ``lartpc simulate``'s options, its defaults by default) into a store at ``out_dir``,
+    in the order given; each event's ``event_id`` is its index in the full dataset.
 
     Raises
     ------
@@ -46,6 +47,7 @@ def write_events(out_dir: str | os.PathLike, indices: Sequence[int], *, seed: in
     """
     classes = parse_classes(classes)
     check_source_geometry(source_geometry)
+    name = versions.physics(physics).name
     idx = np.asarray(indices, np.int64)
     if idx.ndim != 1 or len(idx) == 0 or int(idx.min()) < 0:
         raise LartpcError("events to generate: need one index or more, none negative")
@@ -56,7 +58,7 @@ def write_events(out_dir: str | os.PathLike, indices: Sequence[int], *, seed: in
         readout = ReadoutConfig(dead_wire_fraction=float(dead_wire_fraction)) \
             if dead_wire_fraction else None
         jobs = [(stage / SHARD_PATTERN.format(j), idx[a:a + shard_size], int(seed), geometry,
-                 classes, tuple(momentum_gev), source_geometry, readout)
+                 classes, tuple(momentum_gev), source_geometry, readout, name)
                 for j, a in enumerate(range(0, len(idx), shard_size))]
         if int(workers) == 1 or len(jobs) == 1:
             list(map(write_event_shard, jobs))

@@ -10,8 +10,9 @@ import numpy as np
 from lartpc.sim import hadrons
 from lartpc.sim.showers import Cascade
 from lartpc.sim.tracks import Deposits
+from lartpc.sim.versions import Physics, physics
 
-MAX_PARTICLES = 4000  # hard stop on queue length (a safety net; typical events use < 500)
+MAX_PARTICLES = 4000  # hard stop on queue length (a safety net; 4.5 GeV showers use ~700)
 
 
 @dataclass
@@ -20,10 +21,11 @@ class Context:
     deps: Deposits = field(default_factory=Deposits)
     queue: deque = field(default_factory=deque)
     hadronic_budget: int = 12
+    physics: Physics = field(default_factory=physics)
     cascade: Cascade | None = None
 
     def __post_init__(self) -> None:
-        self.cascade = Cascade(self.deps, self.queue, self.rng)
+        self.cascade = Cascade(self.deps, self.queue, self.rng, self.physics)
 
 
 def _one(ctx: Context, kind: str, pos, d, t: float) -> tuple[float, str]:
@@ -40,14 +42,16 @@ def _one(ctx: Context, kind: str, pos, d, t: float) -> tuple[float, str]:
 
 
 def transport(kind: str, pos: np.ndarray, d: np.ndarray, t_mev: float,
-              rng: np.random.Generator) -> tuple[Deposits, float, str]:
-    """Transport a primary and everything it makes.
+              rng: np.random.Generator, version: Physics | None = None
+              ) -> tuple[Deposits, float, str]:
+    """Transport a primary and everything it makes, with the physics of generator
+    ``version`` (default the latest: :mod:`lartpc.sim.versions`).
 
     Returns
     -------
     (deposits, primary path length in cm, primary end process)
     """
-    ctx = Context(rng)
+    ctx = Context(rng, physics=version or physics())
     length, end = _one(ctx, kind, np.asarray(pos, float), np.asarray(d, float), float(t_mev))
     n = 0
     while ctx.queue and n < MAX_PARTICLES:

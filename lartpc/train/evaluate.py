@@ -106,8 +106,9 @@ def held_out(cfg, labels: np.ndarray, split: str = "validation") -> np.ndarray:
 
 
 #: how a network's events were made beyond seed, count, geometry and downsample, where
-#: not ``lartpc simulate``'s defaults (``events`` of :mod:`lartpc.train.weights`)
-GENERATION = ("classes", "momentum_gev", "dead_wire_fraction")
+#: not ``lartpc simulate``'s defaults (``events`` of :mod:`lartpc.train.weights`); a
+#: record without ``physics`` was made with sim3 (:data:`lartpc.sim.versions.UNRECORDED`)
+GENERATION = ("classes", "momentum_gev", "dead_wire_fraction", "physics")
 
 
 def generated_labels(n_events: int, classes: str | None = None) -> np.ndarray:
@@ -126,7 +127,8 @@ def regenerate_held_out(network: dict, out, workers: int = 1,
     :func:`lartpc.train.weights.load`) alone into a store at ``out``, from its record of
     how its events were made (``events``: seed, count, geometry, downsample; and where
     ``lartpc simulate``'s defaults were not used, classes, momentum_gev and
-    dead_wire_fraction); returns their indices in the full dataset. Shards already in
+    dead_wire_fraction; and the generator's physics version, sim3 where it names none);
+    returns their indices in the full dataset. Shards already in
     ``out`` are replaced only with ``overwrite``.
 
     Raises
@@ -144,7 +146,9 @@ def regenerate_held_out(network: dict, out, workers: int = 1,
         raise LartpcError(f"{network.get('path')}: does not record how its events were made "
                           f"({', '.join(missing)} missing); give the run's store")
     cfg = config_from_dict(network["config"], str(network.get("path")))
-    made = {k: ev[k] for k in GENERATION if k in ev}
+    from lartpc.sim.versions import UNRECORDED
+
+    made = {"physics": UNRECORDED, **{k: ev[k] for k in GENERATION if k in ev}}
     indices = held_out(cfg, generated_labels(int(ev["events"]), made.get("classes")), split)
     write_events(out, indices, seed=int(ev["seed"]), source_geometry=str(ev["geometry"]),
                  downsample=int(ev["downsample"]), workers=workers, overwrite=overwrite,

@@ -305,6 +305,19 @@ def test_stem_is_a_jishnet_option():
         model_class("scnet").options(ModelConfig(name="scnet", stage2="fused"), "none", "cpu")
 
 
+def test_stem_skip_empty_is_a_jishnet_option():
+    """SCNet has no fused stem: the option is refused, not recorded in run.json as if it
+    had done something."""
+    from lartpc.config import ModelConfig
+    from lartpc.models import model_class
+
+    scnet = model_class("scnet")
+    with pytest.raises(ConfigError, match=r"^model.stem_skip_empty is a JishNet option "
+                                          r"\(model.name=scnet\)$"):
+        scnet.options(ModelConfig(name="scnet", stem_skip_empty=True), "none", "cpu")
+    assert "stem_skip_empty" not in scnet.options(ModelConfig(name="scnet"), "none", "cpu")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_bench_model_graphs_jishnets_step_on_cuda(capsys):
@@ -401,7 +414,11 @@ def test_stem_check_runs_on_cpu_with_the_librarys_own_rows(tmp_path, capsys):
     errors = ("output_rel", "weight_grad_rel", "bias_grad_rel")
     for r in res["accuracy"]:
         exact = r["dtype"] == "float32" and not r["autocast_bf16"]
-        assert 0 < max(r[k] for k in errors) < (1e-5 if exact else 5e-2), r
+        # the fused kernel accumulates in float32: within 5e-2 in bf16 (~2e-3 measured).
+        # torch's own CPU layers in bf16 are only recorded beside it: their weight
+        # gradient, summed over the image in bf16, was 0.08 off on a +sim4 event
+        bound = 1e-5 if exact else 5e-2 if r.get("way") != "library" else 0.25
+        assert 0 < max(r[k] for k in errors) < bound, r
     assert [r["stem"] for r in res["timings"]] == ["library", "fused", "fused"]
     assert [r["sums"] for r in res["timings"]] == [None, "taps", "patch"]
     choice = pick(res, 1)

@@ -81,6 +81,16 @@ def test_paper_loss_computed_in_float32_under_bf16_logits():
     assert out.item() == pytest.approx(0.904833, abs=1e-5)
 
 
-def test_unknown_loss_is_a_config_error():
-    with pytest.raises(ConfigError, match="unknown loss 'mse'"):
+def test_unknown_loss_is_a_config_error_naming_model_loss():
+    with pytest.raises(ConfigError, match="model.loss='mse': expected one of ce, paper"):
         build_loss("mse")
+
+
+def test_every_configurable_loss_builds_its_own_module():
+    """model.loss's allowed values are the losses build_loss makes, name for name."""
+    from lartpc.config import CHOICES
+    from lartpc.models.losses import LogitCrossEntropy, PaperLoss
+
+    assert CHOICES["model.loss"] == ("ce", "paper")
+    assert type(build_loss("ce")) is LogitCrossEntropy
+    assert type(build_loss("paper")) is PaperLoss

@@ -187,6 +187,23 @@ def test_scnet_gpu_options_are_refused_on_cpu():
     assert out.shape == (2, 5)
 
 
+def test_scnet_algorithms_are_the_model_algo_values():
+    """SCNet's spconv algorithms are config's model.algo values but ``auto`` (one list,
+    in lartpc.models), each building its own spconv algorithm; a name not among them
+    is refused listing them."""
+    from spconv.core import ConvAlgo
+
+    from lartpc.config import CHOICES
+    from lartpc.models import scnet
+
+    assert ("auto", *scnet.ALGOS) == CHOICES["model.algo"]
+    model = build("scnet", 400, algo="native")
+    assert {m.algo for m in (*model.convs, *model.pools)} == {ConvAlgo.Native}
+    with pytest.raises(ConfigError, match="algo='auto': expected one of native, "
+                                          "implicit_gemm, split_implicit_gemm"):
+        build("scnet", 400, algo="auto")
+
+
 def test_scnet_batch_without_pixels_gives_logits():
     model = build("scnet", 450)
     batch = batch_from_events(events_at(8, 2)[0], (450, 450), "sparse")

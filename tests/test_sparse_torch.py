@@ -7,6 +7,7 @@ option's refusals."""
 from __future__ import annotations
 
 import threading
+from functools import partial
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from lartpc.config import load_config
 from lartpc.data.loaders import build_loader
 from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError
-from lartpc.models import build, sparse_torch
+from lartpc.models import build, model_class, sparse_torch
 from lartpc.models.scnet import SCNet
 from lartpc.models.sparse_compat import import_spconv
 from lartpc.train.parts import rulebooks_choice
@@ -262,6 +263,39 @@ def test_the_option_refuses_what_it_cannot_serve():
         load_config("tiny-scnet", ["model.sparse=cuda"])
     with pytest.raises(ConfigError, match="sparse='cuda'"):
         SCNet((400, 400), sparse="cuda")
+
+
+def test_bf16_is_refused_naming_the_precisions_the_trunk_runs():
+    """SCNet under train.amp=bf16: with spconv, spconv's missing kernels; with the torch
+    layers, the precisions its trunk runs (its autocast overrides an outer one)."""
+    cls = model_class("scnet")
+    with pytest.raises(ConfigError, match="spconv has no bfloat16 kernels"):
+        cls.options(load_config("tiny-scnet").model, "bf16", "cuda")
+    with pytest.raises(ConfigError, match=r"train.amp=bf16 with model.name=scnet: SCNet's "
+                                          r"trunk runs float16 \(train.amp=fp16, CUDA\) or "
+                                          r"float32") as refused:
+        cls.options(load_config("tiny-scnet", [TORCH]).model, "bf16", "cuda")
+    assert "spconv" not in str(refused.value)
+
+
+def test_a_misspelt_way_of_building_the_tables_is_named(train_events_dir, monkeypatch):
+    """A ``sparse_torch.TABLES`` (or ``tables=``) that is none of the ways is one
+    ValueError naming it, not an attempt at Triton's kernels."""
+    batch = _batches(train_events_dir, n=1)[0]
+    build_maps = partial(sparse_torch.build_maps, batch.coords, batch.data_size,
+                         tuple(batch.shape), 5, (5, 5, 4, 4))
+    ways = ", ".join(sparse_torch.TABLE_WAYS)
+    assert ways == "auto, torch, numba, triton, graph"
+    monkeypatch.setattr(sparse_torch, "TABLES", "Numba")
+    for call in (build_maps, partial(build_maps, rows=(10**6,) * 5),
+                 sparse_torch.warm_cpu_tables):
+        with pytest.raises(ValueError, match=f"tables='Numba' .*expected one of {ways}"):
+            call()
+    monkeypatch.setattr(sparse_torch, "TABLES", "auto")
+    with pytest.raises(ValueError, match="tables='cuda'"):
+        build_maps(tables="cuda")
+    assert build_maps(tables="torch").fits(batch.coords, batch.data_size,
+                                           tuple(batch.shape), True)
 
 
 @pytest.mark.gpu

@@ -120,6 +120,25 @@ def test_chunks_and_an_event_without_pixels(train_events_dir, room, monkeypatch)
     assert cached(coords, 1, positions=np.array([CHUNK + 2])) is None
 
 
+def test_coordinates_of_other_events_are_refused(train_events_dir):
+    """Coordinates that are not those of the batch's positions (another event's, or a
+    batch size that is not the positions') are a ValueError, not tables of the wrong
+    row count that SCNet would compute a wrong forward on."""
+    st = EventStore(train_events_dir)
+    events = st.read_many(range(len(st)))
+    pixels, cached, _ = _cached(events, tuple(st.geometry.shape))
+    sites = [len(e.row) for e in events]
+    a = int(np.argmin(sites))
+    b = int(np.argmax(sites))
+    assert sites[a] != sites[b]
+    with pytest.raises(ValueError, match=r"coordinates \(\d+ sites, batch_size=1\) are not "
+                                         r"those of the events at its positions"):
+        cached(_coords(pixels, [b]), 1, positions=np.array([a]))
+    with pytest.raises(ValueError, match="batch_size=2"):
+        cached.cache.join(np.array([a]), _coords(pixels, [a]), 2)
+    assert cached(_coords(pixels, [a]), 1, positions=np.array([a])) is not None
+
+
 def test_a_column_grows_and_widens_as_rows_arrive():
     """The start's arrays: filled chunk by chunk in place, moving to a larger one when
     out of room and to int32 when a chunk's rows need it, equal to the chunks

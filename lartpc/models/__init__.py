@@ -17,11 +17,11 @@ MODELS: dict[str, tuple[str, str]] = {
     "scnet": ("lartpc.models.scnet", "SCNet"),
 }
 #: The models' own options (config's model.* settings take their allowed values from here).
-LOSSES = ("ce", "paper")  #: lartpc/models/losses.py
+LOSSES = ("ce", "paper")  #: lartpc/models/losses.py (its MODULES, in this order)
 HEADS = ("flatten", "max")  #: lartpc/models/head.py
 STEMS = ("auto", "fused", "library")  #: JishNet's first stage (lartpc/models/jishnet.py)
 STAGE2S = ("auto", "fused", "library")  #: JishNet's second stage (same file)
-ALGOS = ("auto", "native", "implicit_gemm", "split_implicit_gemm")  #: spconv (SCNet)
+ALGOS = ("auto", "native", "implicit_gemm", "split_implicit_gemm")  #: spconv (scnet.py)
 SPARSE = ("spconv", "torch")  #: who runs SCNet's sparse layers (lartpc/models/scnet.py)
 
 

@@ -108,8 +108,10 @@ class JishNet(nn.Module):
     channels_last : keep activations in NHWC memory format (a GPU speed option).
     elu_after_pool : apply ELU after max-pooling instead of before. ELU is strictly
         increasing, so ``pool(elu(x)) == elu(pool(x))`` and the gradient goes to the
-        same arg-max; the activation then touches 1/k^2 of the pixels. Off by default
-        so the default graph is the published one, layer for layer.
+        same arg-max; the activation then touches 1/k^2 of the pixels. Off here, so
+        that the class's own graph is the published one, layer for layer; training
+        turns it on (``model.elu_after_pool = true``, the config's default), the same
+        function (bit-identical in float32).
     head : the classifier head's pooling, ``flatten`` (the study) or ``max``
         (:class:`~lartpc.models.head.Head`).
     stem : ``library`` (the published layers) or ``fused`` (the first stage as one Triton

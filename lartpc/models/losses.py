@@ -19,6 +19,7 @@ from torch import nn
 
 from lartpc import NUM_CLASSES
 from lartpc.errors import ConfigError
+from lartpc.models import LOSSES
 
 #: Range of the per-sample ``paper`` loss for 5 classes, and its chance level.
 PAPER_LOSS_MIN = math.log(math.e + NUM_CLASSES - 1) - 1.0
@@ -41,7 +42,10 @@ class LogitCrossEntropy(nn.Module):
         return F.cross_entropy(logits.float(), labels)
 
 
-LOSSES: dict[str, type[nn.Module]] = {"ce": LogitCrossEntropy, "paper": PaperLoss}
+#: each loss's module, paired with model.loss's values (lartpc.models.LOSSES) in their
+#: order (strict: a name added there fails here)
+MODULES: dict[str, type[nn.Module]] = dict(zip(LOSSES, (LogitCrossEntropy, PaperLoss),
+                                               strict=True))
 
 
 def build_loss(name: str = "ce") -> nn.Module:
@@ -52,6 +56,6 @@ def build_loss(name: str = "ce") -> nn.Module:
     name : ``ce`` (cross-entropy on logits) or ``paper`` (cross-entropy on softmax
         probabilities, the published loss scale).
     """
-    if name not in LOSSES:
-        raise ConfigError(f"unknown loss {name!r}: choose one of {', '.join(LOSSES)}")
-    return LOSSES[name]()
+    if name not in MODULES:
+        raise ConfigError(f"model.loss={name!r}: expected one of {', '.join(MODULES)}")
+    return MODULES[name]()

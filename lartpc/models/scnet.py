@@ -23,6 +23,7 @@ from torch import nn
 
 from lartpc import NUM_CLASSES
 from lartpc.errors import ConfigError
+from lartpc.models import ALGOS as ALGO_OPTIONS
 from lartpc.models import SPARSE, sparse_torch
 from lartpc.models.head import Head
 from lartpc.models.rulebooks import Layer, Rulebooks, max_pool, prebuild
@@ -31,7 +32,8 @@ from lartpc.models.sparse_compat import import_spconv
 CHANNELS = (10, 64, 128, 256)
 KERNEL = 5
 POOLS = (5, 5, 4, 4)
-ALGOS = ("native", "implicit_gemm", "split_implicit_gemm")
+#: spconv's algorithms by name: model.algo's values but ``auto`` (spconv's own choice)
+ALGOS = tuple(a for a in ALGO_OPTIONS if a != "auto")
 
 
 def spconv_output_size(size: int, kernel: int, stride: int, padding: int = 0,
@@ -60,8 +62,9 @@ def _conv_algo(name: str | None):
     from spconv.core import ConvAlgo
     from spconv.cppconstants import CPU_ONLY_BUILD
 
-    table = {"native": ConvAlgo.Native, "implicit_gemm": ConvAlgo.MaskImplicitGemm,
-             "split_implicit_gemm": ConvAlgo.MaskSplitImplicitGemm}
+    # paired with ALGOS in lartpc.models.ALGOS's order (strict: a name added there fails here)
+    table = dict(zip(ALGOS, (ConvAlgo.Native, ConvAlgo.MaskImplicitGemm,
+                             ConvAlgo.MaskSplitImplicitGemm), strict=True))
     if name not in table:
         raise ConfigError(f"SCNet option algo={name!r}: expected one of {', '.join(ALGOS)}")
     if CPU_ONLY_BUILD and name != "native":
@@ -106,6 +109,12 @@ class SCNet(nn.Module):
             if getattr(cfg, key):
                 raise ConfigError(f"model.{key}={getattr(cfg, key)} is a JishNet option "
                                   "(model.name=scnet)")
+        if cfg.stem_skip_empty:
+            raise ConfigError("model.stem_skip_empty is a JishNet option (model.name=scnet)")
+        if amp == "bf16" and cfg.sparse == "torch":
+            raise ConfigError("train.amp=bf16 with model.name=scnet: SCNet's trunk runs "
+                              "float16 (train.amp=fp16, CUDA) or float32 (train.amp=none), "
+                              "also with model.sparse=torch")
         if amp == "bf16":
             raise ConfigError("train.amp=bf16 with model.name=scnet: spconv has no bfloat16 "
                               "kernels; use train.amp=fp16 (CUDA) or none")
@@ -207,6 +216,8 @@ class SCNet(nn.Module):
             coords, batch_size, self.image_size, self.training) else None
         x = spconv.SparseConvTensor(features, coords, list(self.image_size), batch_size,
                                     indice_dict=None if rb is None else dict(rb.subm))
+        # overrides any outer CUDA autocast on purpose: float16 with half, else float32
+        # (disabled), never an outer bfloat16, which spconv has no kernels for
         with torch.autocast("cuda", dtype=torch.float16, enabled=self.half):
             for level, (conv, pool) in enumerate(zip(self.convs, self.pools, strict=True)):
                 x = conv(x)  # finds its rulebook in x.indice_dict when prebuilt
@@ -237,6 +248,8 @@ class SCNet(nn.Module):
         rows = features if len(maps.order) == len(features) else torch.cat(  # padded maps
             [features, features.new_zeros(1, features.shape[1])])
         x = torch.index_select(rows, 0, maps.order)
+        # as in trunk: overrides an outer CUDA autocast (float16 with half, else float32),
+        # so that both layers' trunks run the same precisions
         with torch.autocast("cuda", dtype=torch.float16, enabled=self.half):
             for conv, level in zip(self.convs, maps.levels, strict=False):
                 x = F.elu(sparse_torch.subm_conv(x, level.neighbours, conv.weight,

@@ -243,6 +243,8 @@ def pool_slots(keys: torch.Tensor, shape: tuple[int, int], size: int, parts=None
 #: device (eagerly off CUDA: the tests), the rest as ``auto`` on CUDA and torch
 #: operations elsewhere
 TABLES = "auto"
+#: the ways :data:`TABLES` (or ``build_maps``' ``tables``) may name
+TABLE_WAYS = ("auto", "torch", "numba", "triton", "graph")
 
 
 #: devices (``str(device)``) where ``auto``'s kernels failed at their first use (a GPU
@@ -290,7 +292,7 @@ def _table_kernels(device: torch.device, shape, pools, kernel: int, images: int,
                    tables: str | None = None):
     """The module that builds a level (``level``, ``cells``) where ``tables`` (default
     :data:`TABLES`) and the batch allow it, else None (torch operations)."""
-    tables = TABLES if tables is None else tables
+    tables = table_way(tables)
     if tables == "numba" or (tables == "auto" and device.type == "cpu"
                              and _imports("numba") and str(device) not in _KERNELS_FAILED):
         if device.type != "cpu":
@@ -307,6 +309,16 @@ def _table_kernels(device: torch.device, shape, pools, kernel: int, images: int,
     return table_kernels if table_kernels.usable(shape, pools, kernel, images, cells) else None
 
 
+def table_way(tables: str | None = None) -> str:
+    """``tables``, or :data:`TABLES` for None; one not in :data:`TABLE_WAYS` is a
+    ValueError naming it."""
+    tables = TABLES if tables is None else tables
+    if tables not in TABLE_WAYS:
+        raise ValueError(f"tables={tables!r} (sparse_torch.TABLES or build_maps' tables): "
+                         f"expected one of {', '.join(TABLE_WAYS)}")
+    return tables
+
+
 def build_maps(coords: torch.Tensor, batch_size: int, spatial_shape, kernel: int,
                pools, training: bool = True, rows: tuple[int, ...] | None = None, *,
                tables: str | None = None) -> SiteMaps | None:
@@ -320,11 +332,11 @@ def build_maps(coords: torch.Tensor, batch_size: int, spatial_shape, kernel: int
     GPU; on CUDA one replayed graph, :mod:`~lartpc.models.table_graph`); unpadded
     where the batch does not fit them or leaves no site. ``tables``: the way (see
     :data:`TABLES`, the default)."""
+    tables = table_way(tables)  # before anything: a misspelt way would ask Triton
     if kernel % 2 == 0:
         raise ValueError(f"kernel={kernel}: a submanifold convolution needs an odd kernel")
     if coords.shape[0] == 0:
         return None
-    tables = TABLES if tables is None else tables
     if rows is not None and len(rows) != len(pools) + 1:
         rows = None  # not these levels' capacities: unpadded
     if rows is not None and _graph_tables(coords.device, tables):

@@ -217,9 +217,15 @@ class TableCache:
         """The tables of the batch of the events at ``positions`` whose coordinates are
         ``coords`` (held by the tables, as ``build_maps`` holds them), padded to
         ``rows`` where given and the batch fits them; None where ``build_maps`` must
-        make them (no site, or a pool that leaves the batch no site)."""
+        make them (no site, or a pool that leaves the batch no site). Coordinates of
+        other events than ``positions``' are a ValueError where their counts show it
+        (host integers: no read-back)."""
         pos = np.ascontiguousarray(positions, dtype=np.int64)
         counts = [int(np.sum(lv.start[pos + 1] - lv.start[pos])) for lv in self.levels]
+        if counts[0] != coords.shape[0] or len(pos) != batch_size:
+            raise ValueError(f"table cache: the batch's coordinates ({coords.shape[0]} sites, "
+                             f"batch_size={batch_size}) are not those of the events at its "
+                             f"positions ({len(pos)} events, {counts[0]} sites)")
         if counts[0] == 0 or min(counts[1:]) == 0:
             return None
         if rows is not None and (len(rows) != len(counts)

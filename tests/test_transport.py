@@ -44,9 +44,14 @@ def test_gloo_is_recorded_as_tcp():
     assert net["sockets_across_nodes"] is False  # Gloo has no other path: no warning
 
 
+#: an NCCL without the "Using network" summary line: the NET/<name> : Using line says it,
+#: not the plugin line before it
+NO_SUMMARY = "\n".join(SOCKET_LINES.splitlines()[:3]) + "\n"
+
+
 @pytest.mark.parametrize("text,nodes,chosen,warn", [
     (SOCKET_LINES, 2, "Socket", True), (SOCKET_LINES, 1, "Socket", False),
-    (IB_LINES, 4, "IB", False), (None, 2, None, False)])
+    (IB_LINES, 4, "IB", False), (None, 2, None, False), (NO_SUMMARY, 2, "Socket", True)])
 def test_nccl_transport_from_its_info_lines(tmp_path, monkeypatch, text, nodes, chosen, warn):
     _nccl_log(tmp_path, monkeypatch, text)
     monkeypatch.setenv("NCCL_NET_PLUGIN", "ofi-lartpc-test")

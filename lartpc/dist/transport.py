@@ -19,9 +19,10 @@ from pathlib import Path
 
 import torch
 
-#: NCCL's "Using network IB" (2.x) or its "NET/Socket : Using ..." line.
+#: NCCL's "Using network IB" (2.x) or its "NET/Socket : Using ..." line (not a line such
+#: as "NET/Plugin: Failed to find ...", which names no transport).
 _USING = re.compile(r"NCCL INFO Using network (\S+)")
-_NET = re.compile(r"NCCL INFO NET/(\w+)")
+_NET = re.compile(r"NCCL INFO NET/(\w+)\s*: Using")
 #: NCCL names -> what run.json says.
 _SOCKETS = {"Socket", "socket"}
 

@@ -49,6 +49,18 @@ def train_events_dir(tmp_path_factory):
     write_dataset(d, 70, seed=4321, downsample=9, shard_size=35, workers=1)
     return d
 
+
+@pytest.fixture(scope="session")
+def completed_run(train_events_dir, tmp_path_factory):
+    """A completed one-epoch run on :func:`train_events_dir`, for tests to copy and damage
+    (never altered itself)."""
+    from train_helpers import run, train_cmd
+
+    out = tmp_path_factory.mktemp("completed") / "run"
+    r = run(train_cmd(train_events_dir, out, "train.epochs=1"))
+    assert r.returncode == 0, r.stderr
+    return out
+
 # Same setting as the `lartpc` command (see lartpc/cli.py), for in-process torch use.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

@@ -18,15 +18,6 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def done(train_events_dir, tmp_path_factory):
-    """A completed one-epoch run to damage."""
-    out = tmp_path_factory.mktemp("done") / "run"
-    r = run(train_cmd(train_events_dir, out, "train.epochs=1"))
-    assert r.returncode == 0, r.stderr
-    return out
-
-
 def _one_line_exit_2(r: subprocess.CompletedProcess, message: str) -> None:
     assert r.returncode == 2, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
@@ -34,9 +25,9 @@ def _one_line_exit_2(r: subprocess.CompletedProcess, message: str) -> None:
     assert len(errors) == 1 and message in errors[0], r.stderr[-2000:]
 
 
-def test_corrupt_run_json_beside_a_valid_checkpoint(done, train_events_dir, tmp_path):
+def test_corrupt_run_json_beside_a_valid_checkpoint(completed_run, train_events_dir, tmp_path):
     out = tmp_path / "run"
-    shutil.copytree(done, out)
+    shutil.copytree(completed_run, out)
     (out / "run.json").write_text("{corrupt")
     r = run(train_cmd(train_events_dir, out, "train.epochs=2"))
     _one_line_exit_2(r, f"{out / 'run.json'}: not valid JSON")
@@ -71,11 +62,11 @@ def test_bad_config_files(train_events_dir, tmp_path, text, message):
     assert message in r.stderr
 
 
-def test_garbage_noise_row_does_not_block_resume(done, train_events_dir, tmp_path):
+def test_garbage_noise_row_does_not_block_resume(completed_run, train_events_dir, tmp_path):
     """A noise.csv row that cannot be read is dropped with a warning on resume (it is a
     measurement log); it used to make the run un-resumable."""
     out = tmp_path / "run"
-    shutil.copytree(done, out)
+    shutil.copytree(completed_run, out)
     (out / "noise.csv").write_text("step,epoch,loss\n0,0,1.6\ngarbage,line,here\n")
     r = run(train_cmd(train_events_dir, out, "train.epochs=2", "train.noise_scale=halves"))
     assert r.returncode == 0, r.stderr[-2000:]
@@ -84,7 +75,7 @@ def test_garbage_noise_row_does_not_block_resume(done, train_events_dir, tmp_pat
     assert "garbage" not in (out / "noise.csv").read_text() and steps and steps[0] == 0
 
 
-def test_report_into_a_read_only_folder(done, tmp_path):
+def test_report_into_a_read_only_folder(completed_run, tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()
     if os.geteuid() == 0:  # root writes through permissions: a read-only mount instead
@@ -95,9 +86,9 @@ def test_report_into_a_read_only_folder(done, tmp_path):
     else:
         ro.chmod(0o555)
     try:
-        r = subprocess.run([sys.executable, "-m", "lartpc.analysis", "report", str(done), "--out",
-                            str(ro / "rep")], capture_output=True, text=True, cwd=ROOT,
-                           timeout=120)
+        r = subprocess.run([sys.executable, "-m", "lartpc.analysis", "report",
+                            str(completed_run), "--out", str(ro / "rep")],
+                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     finally:
         if os.geteuid() == 0:
             subprocess.run(["umount", str(ro)], capture_output=True)
@@ -105,11 +96,11 @@ def test_report_into_a_read_only_folder(done, tmp_path):
 
 
 @pytest.mark.parametrize("field", ["model", "optimizer", "config", "rng", "global_step"])
-def test_checkpoint_missing_fields(done, train_events_dir, tmp_path, field):
+def test_checkpoint_missing_fields(completed_run, train_events_dir, tmp_path, field):
     import torch
 
     out = tmp_path / "run"
-    shutil.copytree(done, out)
+    shutil.copytree(completed_run, out)
     ck = torch.load(out / "checkpoint.pt", weights_only=True)
     del ck[field]
     torch.save(ck, out / "checkpoint.pt")
@@ -134,10 +125,10 @@ def _tensor_byte(path: Path) -> int:
     return info.header_offset + 30 + name_len + extra_len + info.file_size // 2
 
 
-def test_checkpoint_with_one_flipped_byte_is_refused(done, train_events_dir, tmp_path):
+def test_checkpoint_with_one_flipped_byte_is_refused(completed_run, train_events_dir, tmp_path):
     """torch.load checks no CRC: a flipped byte in a weight resumed silently (N5)."""
     out = tmp_path / "run"
-    shutil.copytree(done, out)
+    shutil.copytree(completed_run, out)
     data = bytearray((out / "checkpoint.pt").read_bytes())
     data[_tensor_byte(out / "checkpoint.pt")] ^= 0x10
     (out / "checkpoint.pt").write_bytes(bytes(data))
@@ -205,12 +196,12 @@ CRAFTED = {
 
 
 @pytest.mark.parametrize("variant", list(CRAFTED))
-def test_checkpoint_with_wrong_field_types(done, train_events_dir, tmp_path, variant):
+def test_checkpoint_with_wrong_field_types(completed_run, train_events_dir, tmp_path, variant):
     import torch
 
     change, message = CRAFTED[variant]
     out = tmp_path / "run"
-    shutil.copytree(done, out)
+    shutil.copytree(completed_run, out)
     torch.save(change(torch.load(out / "checkpoint.pt", weights_only=True)),
                out / "checkpoint.pt")
     r = run(train_cmd(train_events_dir, out, "train.epochs=2"))
@@ -218,9 +209,9 @@ def test_checkpoint_with_wrong_field_types(done, train_events_dir, tmp_path, var
     assert message in r.stderr
 
 
-def test_text_checkpoint_is_refused(done, train_events_dir, tmp_path):
+def test_text_checkpoint_is_refused(completed_run, train_events_dir, tmp_path):
     out = tmp_path / "run"
-    shutil.copytree(done, out)
+    shutil.copytree(completed_run, out)
     (out / "checkpoint.pt").write_text("not a checkpoint\n")
     _one_line_exit_2(run(train_cmd(train_events_dir, out, "train.epochs=2")),
                      f"{out / 'checkpoint.pt'}: not a checkpoint torch.save wrote")
@@ -310,9 +301,9 @@ def test_report_on_a_run_named_like_mathtext(noisy, tmp_path):
 
 
 @pytest.mark.parametrize("command", ["fit", "curves", "confusion", "report"])
-def test_analysis_of_a_rank_log_with_a_huge_field(done, tmp_path, command):
+def test_analysis_of_a_rank_log_with_a_huge_field(completed_run, tmp_path, command):
     out = tmp_path / "run"
-    shutil.copytree(done, out)
+    shutil.copytree(completed_run, out)
     lines = (out / "rank-000.csv").read_text().splitlines()
     lines[3] += "x" * 5_000_000
     (out / "rank-000.csv").write_text("\n".join(lines) + "\n")

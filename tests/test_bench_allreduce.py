@@ -200,6 +200,17 @@ def test_torchrun_worker_keeps_its_rank_under_srun(monkeypatch):
     assert _torch_env() == (3, 1, 4)
 
 
+def test_slurm_procid_without_ntasks_is_a_config_error(monkeypatch):
+    """dist.backend=torch forced in a batch script that sets SLURM_PROCID but not
+    SLURM_NTASKS: a KeyError traceback, not a message."""
+    from lartpc.dist.world import _torch_env
+
+    monkeypatch.setattr(os, "environ", clean_env())
+    os.environ.update({"SLURM_PROCID": "0", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1"})
+    with pytest.raises(LartpcError, match="needs SLURM_NTASKS in the environment"):
+        _torch_env()
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--max-bytes", "6"], "--max-bytes '6': expected a multiple of 4 bytes"),
     (["--min-bytes", "1MiB", "--max-bytes", "1KiB"], "--max-bytes 1KiB: must exceed"),

@@ -11,6 +11,7 @@ import torch
 from train_helpers import clean_env, launcher
 
 from lartpc.dist import detect_backend
+from lartpc.dist.world import World
 
 WORKER = str(Path(__file__).with_name("dist_worker.py"))
 BIN = Path(sys.executable).parent
@@ -144,3 +145,25 @@ def test_torch_ranks_on_cuda_reduce_cpu_and_cuda_tensors(tmp_path):
                        timeout=120, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split("\n")[-2] == "torch [1.0, 1.0, 1.0] [1.0, 1.0, 1.0]"
+
+
+class _NanOnRankZero(World):
+    """Rank 0 of two, whose parameters are rank 1's with a NaN in front (the base
+    class's collectives are one process's: rank 1 holds this process's parameters)."""
+
+    def _broadcast_tensor(self, t, root=0):
+        t = t.clone()
+        t[0] = float("nan")
+        return t
+
+
+def test_param_divergence_counts_the_same_nan_as_equal():
+    """A diverged run's NaN weights, the same on both ranks: NaN, which run.json cannot
+    hold as strict JSON, and 'ranks ended with different parameters'."""
+    model = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        model.weight.fill_(float("nan"))
+        model.bias.fill_(float("inf"))
+    assert World(rank=0, size=2).param_divergence(model) == 0.0
+    model = torch.nn.Linear(2, 2)  # rank 0 has a NaN where rank 1 has a number
+    assert _NanOnRankZero(rank=0, size=2).param_divergence(model) == float("inf")

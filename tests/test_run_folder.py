@@ -10,6 +10,7 @@ import random
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ import torch
 
 from lartpc.errors import LartpcError
 from lartpc.runfolder import record, tables
-from lartpc.runfolder.lock import RunLock
+from lartpc.runfolder.lock import RunLock, holder_gone
 from lartpc.runfolder.schema import LOCK, RUN_JSON, RunFolderError
 from lartpc.train import checkpoint
 
@@ -64,10 +65,16 @@ def test_lock_without_flock_checks_the_recorded_holder(tmp_path, monkeypatch):
     monkeypatch.setattr(fcntl, "flock", no_flock)
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        lock = RunLock(tmp_path, 1.0)
+        lock = RunLock(tmp_path, time.time())  # the holder's record, written as it runs
         (tmp_path / LOCK).write_text(json.dumps({**lock.info, "pid": sleeper.pid}))
         with pytest.raises(RunFolderError, match=f"pid {sleeper.pid} .*no flock"):
             lock.acquire()
+        # a record older than the live process of its pid: the pid was reused by
+        # another process, the holder is gone (it refused the folder for good)
+        stale = {**lock.info, "pid": sleeper.pid, "start_time": time.time() - 30 * 86400}
+        (tmp_path / LOCK).write_text(json.dumps(stale))
+        assert holder_gone(tmp_path / LOCK)
+        RunLock(tmp_path, time.time()).acquire().release()
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -244,9 +251,9 @@ def test_segments_keep_a_resumed_record_and_discard_on_restart(tmp_path):
 def test_run_folder_object_takes_records_and_lets_go(tmp_path):
     from lartpc.runfolder.folder import RunFolder
 
-    run = RunFolder(tmp_path / "run").take(process_start=1.0)
+    run = RunFolder(tmp_path / "run").take(process_start=1.0, world_size=1)
     with pytest.raises(RunFolderError, match="in use by another training"):
-        RunFolder(tmp_path / "run").take(process_start=2.0)
+        RunFolder(tmp_path / "run").take(process_start=2.0, world_size=1)
     from lartpc.config import Config
 
     run.begin_segment(Config().to_dict(), None, 1.0, {"events": 3, "sha256": "ab"},
@@ -262,8 +269,8 @@ def test_run_folder_object_takes_records_and_lets_go(tmp_path):
     assert done["status"] == done["segments"][-1]["status"] == "completed"
     assert done["train_time_s"] == 2.5 and done["end_time"] is not None
     run.release()
-    RunFolder(tmp_path / "run").take(process_start=3.0).release()  # free again
+    RunFolder(tmp_path / "run").take(process_start=3.0, world_size=1).release()  # free again
     (tmp_path / "user").mkdir()
     (tmp_path / "user" / "thesis.tex").write_text("mine\n")
     with pytest.raises(LartpcError, match="not a run folder"):
-        RunFolder(tmp_path / "user").take(process_start=4.0)
+        RunFolder(tmp_path / "user").take(process_start=4.0, world_size=1)

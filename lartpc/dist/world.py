@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import math
 import os
 from collections.abc import Mapping
 from contextlib import nullcontext
@@ -186,12 +187,18 @@ class World:
 
     def param_divergence(self, module: torch.nn.Module) -> float:
         """Largest |difference| between this job's ranks' parameters and rank 0's
-        (summed over ranks, so 0.0 means every rank holds identical weights)."""
+        (summed over ranks, so 0.0 means every rank holds identical weights, NaN and inf
+        where rank 0 has them too; inf where a NaN or inf meets another value)."""
         if self.size == 1:
             return 0.0
         flat = torch.cat([p.detach().reshape(-1).double().cpu() for p in module.parameters()])
         ref = self._broadcast_tensor(flat.clone())
-        return float(self.allreduce_sum((flat - ref).abs().max().reshape(1)))
+        diff = (flat - ref).abs()
+        # a diverged run's NaN or inf where rank 0 has the same is no difference; a NaN
+        # against a number is as different as can be: inf (NaN is no number to record)
+        same = (flat == ref) | (flat.isnan() & ref.isnan())
+        diff = torch.where(same, 0.0, torch.where(diff.isnan(), math.inf, diff))
+        return float(self.allreduce_sum(diff.max().reshape(1)))
 
     def _broadcast_tensor(self, t: torch.Tensor, root: int = 0) -> torch.Tensor:
         return t
@@ -315,6 +322,10 @@ def _torch_env() -> tuple[int, int, int]:
     plain_srun = "SLURM_PROCID" in env and "SLURM_STEP_ID" in env \
         and "TORCHELASTIC_RUN_ID" not in env
     if plain_srun or ("RANK" not in env and "SLURM_PROCID" in env):
+        if "SLURM_NTASKS" not in env:  # a batch script's environment, not a task's
+            raise ConfigError("dist.backend=torch under SLURM needs SLURM_NTASKS in the "
+                              "environment (SLURM_PROCID is set without it): start the "
+                              "ranks with srun or torchrun")
         slurm = {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_NTASKS"],
                  "LOCAL_RANK": env.get("SLURM_LOCALID", "0")}
         for k, v in slurm.items():

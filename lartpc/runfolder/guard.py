@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lartpc.fsutil import UnsafePathError, refuse_symlink
-from lartpc.runfolder.schema import LOCK, RUN_JSON
+from lartpc.runfolder.schema import LOCK, RUN_JSON, TB_DIR
 
 #: Present in a folder that a training has taken: the lock comes first, run.json next.
 MARKERS = (RUN_JSON, LOCK)
@@ -23,7 +23,7 @@ def check_trainable(folder: Path) -> None:
     folder = Path(folder)
     if not folder.is_dir():
         return
-    refuse_symlink(folder / "tb", "the TensorBoard folder")
+    refuse_symlink(folder / TB_DIR, "the TensorBoard folder")
     if any((folder / m).exists() or (folder / m).is_symlink() for m in MARKERS):
         return
     if next(folder.iterdir(), None) is not None:

@@ -8,7 +8,8 @@ training can name the holder. The file itself stays in the folder between runs.
 
 Filesystems without ``flock`` (some NFS or Lustre mounts without the ``flock``
 option) raise ENOLCK/EOPNOTSUPP. Then the recorded holder decides: a live process
-of this host refuses the folder, anything else is taken over with a warning, since
+of this host refuses the folder (unless it started after the record was written: the
+holder's pid reused by another process), anything else is taken over with a warning, since
 a process on another host cannot be checked (two jobs on two hosts are then not
 prevented; mount with ``flock`` to get that guarantee).
 """
@@ -102,7 +103,7 @@ class FileLock:
     def _check_without_flock(self, fd: int) -> None:
         """The documented fallback where the filesystem has no flock."""
         held = read_holder(self.path)
-        if held.get("host") == self.info["host"] and _alive(held.get("pid")):
+        if held.get("host") == self.info["host"] and _holds(held):
             os.close(fd)
             raise RunFolderError(f"{self.busy}, {holder_text(held)} (no flock on this "
                                  "filesystem)")
@@ -152,7 +153,7 @@ def holder_gone(path: Path) -> bool:
     held = read_holder(path)
     if held.get("host") != socket.gethostname() or not isinstance(held.get("pid"), int):
         return False
-    if held["pid"] == os.getpid() or _alive(held["pid"]):
+    if held["pid"] == os.getpid() or _holds(held):
         return False
     return _locked_here(Path(path)) is False
 
@@ -169,6 +170,28 @@ def _locked_here(path: Path) -> bool | None:
     dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
     return any(len(f := line.split()) > 5 and f[5] == dev
                for line in table.splitlines())
+
+
+def _holds(held: dict) -> bool:
+    """Whether the process a lock record of this host names may still be its holder:
+    alive, and not started after the record's ``start_time`` (then its pid was reused)."""
+    pid, since = held.get("pid"), held.get("start_time")
+    if not _alive(pid):
+        return False
+    started = _process_start(pid)
+    return started is None or not isinstance(since, int | float) or started <= since + 2.0
+
+
+def _process_start(pid: int) -> float | None:
+    """When process ``pid`` started (epoch seconds, to the second: /proc's boot time
+    plus its start in clock ticks), None where /proc cannot say."""
+    try:
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19])
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _alive(pid) -> bool:

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 from lartpc.fsutil import UnsafePathError, atomic_write, read_nofollow
 from lartpc.runfolder.lock import job_id
-from lartpc.runfolder.schema import RUN_JSON, RunFolderError, Status
+from lartpc.runfolder.schema import CHECKPOINT, RUN_JSON, RunFolderError, Status
 
 log = logging.getLogger(__name__)
 #: Recorded in every segment: these may change between segments of one run.
@@ -110,6 +111,49 @@ def batch_per_rank(meta: dict[str, Any]) -> Any:
     if isinstance(train, dict) and "batch_per_rank" in train:
         return train["batch_per_rank"]
     return meta.get("batch_per_rank")
+
+
+def check_continuable(run: Path | str, resume: bool) -> None:
+    """Refuse a run folder whose ``run.json`` :func:`begin_segment` cannot continue.
+
+    Checked where the folder is taken, before any backend starts, so every rank fails at
+    once with the file and field named. A resume (``resume``: ``checkpoint.pt`` is
+    there) keeps the record: it needs ``run.json`` with the run's ``config``,
+    ``start_time`` and ``segments``. A restart from step 0 keeps only the old
+    ``segments`` and ``discarded_segments`` (lists, where present).
+
+    Raises
+    ------
+    RunFolderError
+        Naming the file and the field, and what the user can do.
+    """
+    path = record_path(run)
+    if not os.path.lexists(path):
+        if resume:  # a new record would start after the rank logs' rows
+            raise RunFolderError(f"{run}: {CHECKPOINT} but no {RUN_JSON} (the run's record); "
+                                 f"restore {RUN_JSON} from a backup to resume, or move "
+                                 f"{CHECKPOINT} away to restart the run from step 0")
+        return
+    info = read_json(path, _ADVICE)
+
+    def segments(v: Any) -> bool:
+        return isinstance(v, list) and all(isinstance(s, dict) for s in v)
+
+    fields = {
+        "config": (lambda v: isinstance(v, dict), "an object (the run's config)"),
+        "start_time": (lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+                       "unix seconds (a number)"),
+        # a checkpoint is written after its segment was opened: never with none
+        "segments": (lambda v: segments(v) and len(v) > 0, "a non-empty list of objects"),
+    } if resume else {"segments": (segments, "a list of objects"),
+                      "discarded_segments": (segments, "a list of objects")}
+    for key, (ok, what) in fields.items():
+        if key not in info:
+            if resume:
+                raise RunFolderError(f"{path}: missing field '{key}' ({what}){_ADVICE}")
+        elif not ok(info[key]):
+            raise RunFolderError(f"{path}: field '{key}' must be {what}, got "
+                                 f"{info[key]!r:.80}{_ADVICE}")
 
 
 def flat(d: dict, prefix: str = "") -> dict:

@@ -10,6 +10,8 @@ from lartpc.errors import LartpcError
 #: The files of a run folder (docs/run-folder.md).
 RUN_JSON, EVAL_CSV, CONFUSION_CSV, NOISE_CSV = "run.json", "eval.csv", "confusion.csv", "noise.csv"
 CHECKPOINT, LOCK = "checkpoint.pt", "run.lock"
+#: TensorBoard's folder (train.tensorboard).
+TB_DIR = "tb"
 
 #: Columns of rank-NNN.csv (one row per optimizer step of that rank).
 STEP_COLUMNS: tuple[str, ...] = (

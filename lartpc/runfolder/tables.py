@@ -50,17 +50,8 @@ class StepLog:
         self.flush_every = flush_every
         self._rows: list[str] = []
         header = ",".join(STEP_COLUMNS) + "\n"
-        kept = []
-        if keep_steps:
-            text = _read(self.path)
-            if text is None:
-                raise RunFolderError(short_log_message(self.path, None, keep_steps))
-            lines = text.decode().splitlines(keepends=True)[1:]
-            # A line without its newline was torn by a kill: never keep it.
-            kept = [ln for ln in lines if ln.endswith("\n")][:keep_steps]
-            if len(kept) < keep_steps:
-                raise RunFolderError(short_log_message(self.path, len(kept), keep_steps))
-        write_text(self.path, header + "".join(kept))
+        kept = kept_rows(self.path, keep_steps) if keep_steps else ""
+        write_text(self.path, header + kept)
 
     def log(self, **row) -> None:
         self._rows.append(",".join(_fmt(row[c]) for c in STEP_COLUMNS) + "\n")
@@ -91,18 +82,35 @@ def _read(path: Path) -> bytes | None:
         return None
 
 
-def complete_rows(path: Path) -> int | None:
-    """Complete (newline-terminated) data rows of a rank log; None when it is missing.
+def kept_rows(path: Path, steps: int) -> str:
+    """The first ``steps`` rows of a rank log, which a resume at step ``steps`` keeps.
+
+    Every rank checks every rank's log with this before a resume (so all refuse alike),
+    and each rank keeps its own log's rows with it.
 
     Raises
     ------
+    RunFolderError
+        When the log is missing, has fewer complete rows, or they are not UTF-8 text
+        (naming the file, and what the user can do).
     UnsafePathError
         When the log is a symbolic link (never read through).
     """
     data = _read(path)
     if data is None:
-        return None
-    return max(0, len(data.split(b"\n")) - 2)  # minus the header and the torn last piece
+        raise RunFolderError(short_log_message(path, None, steps))
+    # The piece after the last newline was torn by a kill: never kept. Nor the header.
+    rows = data.split(b"\n")[1:-1]
+    if len(rows) < steps:
+        raise RunFolderError(short_log_message(path, len(rows), steps))
+    kept = b"".join(row + b"\n" for row in rows[:steps])
+    try:
+        return kept.decode()
+    except UnicodeDecodeError as e:
+        line = kept[:e.start].count(b"\n") + 2
+        raise RunFolderError(f"{path}:{line}: not UTF-8 text (byte {kept[e.start]:#04x}); "
+                             "restore the file from a backup to resume, or move "
+                             "checkpoint.pt away to restart the run from step 0") from None
 
 
 def short_log_message(path: Path, rows: int | None, step: int) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 #: horovodrun or torchrun kill the other ranks before rank 0 has marked the run.
 EXIT_CODES = {Status.COMPLETED: 0, Status.TIME_LIMIT: 0, Status.PREEMPTED: 0,
               Status.DIVERGED: 1}
+#: The study's clock, in checkpoints and run.json (all segments).
+CLOCK = ("train_time_s", "eval_time_s", "checkpoint_time_s")
 
 
 def prepare(cfg: Config, data: Path, out: Path) -> EventStore:
@@ -59,13 +62,13 @@ def prepare(cfg: Config, data: Path, out: Path) -> EventStore:
 
 
 def take_run_folder(world: dist.World, folder: RunFolder, process_start: float) -> None:
-    """Rank 0 takes the folder (guard, lock, stale temporaries) before anything is
-    written; every rank learns whether it did, so a refused job fails on all ranks at
-    once."""
+    """Rank 0 takes the folder (guard, lock, stale temporaries, run.json's shape, an
+    earlier attempt's leftovers) before anything is written; every rank learns whether
+    it did, so a refused job fails on all ranks at once."""
     error = None
     if world.is_root:
         try:
-            folder.take(process_start)
+            folder.take(process_start, world.size)
         except (LartpcError, OSError) as e:
             error = str(e)
     error = world.broadcast_object(error)
@@ -87,6 +90,8 @@ def run_training(cfg: Config, store: EventStore, out: Path, process_start: float
         if segments.is_complete(cfg, resume):
             log.info("run %s is complete (%d of %d epochs): nothing to do", folder,
                      resume["epoch"], cfg.train.epochs)
+            if world.is_root:  # killed after its last checkpoint, before it said so
+                folder.mark_completed(**{k: resume[k] for k in CLOCK if k in resume})
             world.shutdown()
             return 0
         if segments.budget_spent(cfg, resume):
@@ -197,8 +202,11 @@ def _fit(trainer: Trainer, folder: RunFolder) -> str:
     graph = {} if trainer.graphed is None else {"cuda_graph": dict(trainer.graphed.stats)}
     divergence = trainer.close()
     if world.is_root:  # written as the segment ends
+        # strict JSON: a difference that is no number (a NaN or inf met another value)
+        # is null, logged below
+        finite = divergence if math.isfinite(divergence) else None
         # the study's clock: steps only, evaluation and checkpoints apart (all segments)
-        folder.info.update(**graph, param_divergence=divergence, train_time_s=s.train_time_s,
+        folder.info.update(**graph, param_divergence=finite, train_time_s=s.train_time_s,
                            eval_time_s=s.eval_time_s, checkpoint_time_s=s.checkpoint_time_s,
                            budget_s=cfg.train.budget_s, budget_spent=trainer.budget_spent)
     if divergence != 0.0:

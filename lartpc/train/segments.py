@@ -4,7 +4,8 @@ A run is trained in *segments* (one per job: requeued, preempted, resumed). Befo
 segment starts, :func:`load_resume` decides between a fresh start, a restart from
 step 0 (``run.json`` but no checkpoint: killed early or failed in set-up) and a
 resume, refusing a resume that would change what the run means: another store,
-another model or minibatch, another world size, or rank logs that lost rows.
+another model or minibatch, another world size, or rank logs that lost rows (or that
+cannot be read).
 :meth:`lartpc.runfolder.folder.RunFolder.begin_segment` then records the segment in
 ``run.json``, and every rank builds its trainer and sinks from one :class:`Segment`.
 """
@@ -24,7 +25,6 @@ from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError
 from lartpc.runfolder import tables
 from lartpc.runfolder.record import flat, record_path
-from lartpc.runfolder.schema import RunFolderError
 from lartpc.train import checkpoint
 
 if TYPE_CHECKING:
@@ -93,11 +93,8 @@ def load_resume(cfg: Config, store: EventStore, out: Path, world_size: int) -> d
         raise ConfigError(f"--out {out}: checkpoint was written by {resume['world_size']} "
                           f"ranks, this job has {world_size}")
     _check_store(resume.get("store"), store_identity(store, cfg.data.max_events), out, store)
-    for r in range(world_size):
-        path = tables.rank_csv_path(out, r)
-        n = tables.complete_rows(path)
-        if n is None or n < resume["global_step"]:
-            raise RunFolderError(tables.short_log_message(path, n, resume["global_step"]))
+    for r in range(world_size):  # each rank's rows up to the checkpoint, readable
+        tables.kept_rows(tables.rank_csv_path(out, r), resume["global_step"])
     return resume
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from lartpc.errors import ConfigError
 from lartpc.fsutil import held_folder
+from lartpc.runfolder.schema import TB_DIR
 
 MISSING = ("train.tensorboard = true needs the tensorboard package; install the extra: "
            "pip install 'lartpc[tensorboard]' (or set train.tensorboard = false)")
@@ -106,7 +107,7 @@ def open_tblog(enabled: bool, is_root: bool, run: Path, start_step: int) -> TBLo
     # TensorBoard reopens its event file by name for every write: it gets a name of the
     # tb/ checked here that a later swap of tb/ for a link does not redirect, and an
     # event file name nobody can plant a link at in advance.
-    fd, tb = held_folder(run, "tb", "the TensorBoard folder")
+    fd, tb = held_folder(run, TB_DIR, "the TensorBoard folder")
     try:
         # A restart from step 0 (killed before its first checkpoint) purges from step 0.
         stale = any(n.startswith("events.out.tfevents.") for n in os.listdir(fd))

@@ -99,9 +99,28 @@ def test_torchrun_failing_rank_exits_nonzero(tmp_path):
     ({"SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_PROCID": "1"}, "torch"),
     ({"SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "PMIX_RANK": "1"}, "horovod"),
     ({"SLURM_JOB_ID": "5", "SLURM_NTASKS": "1"}, "none"),
+    ({"RANK": "0", "WORLD_SIZE": "2"}, "torch"),
+    # srun --mpi=pmix from a shell that had RANK and WORLD_SIZE set: MPI's, not those
+    ({"RANK": "0", "WORLD_SIZE": "2", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "4",
+      "PMIX_RANK": "3"}, "horovod"),
 ])
 def test_detect_backend(env, expected):
     assert detect_backend(env) == expected
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({"TORCHELASTIC_RUN_ID": "x", "LOCAL_WORLD_SIZE": "4", "SLURM_STEP_TASKS_PER_NODE": "1",
+      "SLURM_NODEID": "0"}, 4),  # torchrun under srun: one task per node, 4 ranks each
+    # srun -N2 -n8 without --ntasks-per-node: 4 on each node, not the world's 8
+    ({"SLURM_STEP_TASKS_PER_NODE": "4(x2)", "SLURM_NODEID": "1"}, 4),
+    ({"SLURM_STEP_TASKS_PER_NODE": "3(x2),2", "SLURM_NODEID": "2"}, 2),
+    ({"SLURM_NTASKS_PER_NODE": "2"}, 2),
+    ({}, 8),
+])
+def test_local_world_size(env, expected):
+    from lartpc.dist.world import local_world_size
+
+    assert local_world_size(env, 8) == expected
 
 
 def test_single_process_world_collectives_are_identity():

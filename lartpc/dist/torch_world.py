@@ -49,7 +49,10 @@ class TorchWorld(World):
             tdist.broadcast(t, src=root)
 
     def _broadcast_optimizer_state(self, opt: torch.optim.Optimizer, root: int) -> None:
-        box = [opt.state_dict() if self.rank == root else None]
+        # sent as CPU tensors: a pickled CUDA tensor comes back on the root's device
+        # index (cuda:0) on every rank, a context and a copy on another rank's GPU;
+        # load_state_dict moves the state to each parameter's own device
+        box = [_on_cpu(opt.state_dict()) if self.rank == root else None]
         tdist.broadcast_object_list(box, src=root)
         opt.load_state_dict(box[0])
 
@@ -116,3 +119,15 @@ class TorchWorld(World):
         gc.collect()
         if tdist.is_initialized():
             tdist.destroy_process_group()
+
+
+def _on_cpu(obj):
+    """``obj`` (an optimizer's state dict: dicts, lists, tensors) with its tensors on
+    the CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu()
+    if isinstance(obj, dict):
+        return {k: _on_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_on_cpu(v) for v in obj)
+    return obj

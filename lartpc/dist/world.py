@@ -15,6 +15,7 @@ import datetime
 import logging
 import math
 import os
+import re
 from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -47,12 +48,15 @@ def detect_backend(env: Mapping[str, str] | None = None) -> str:
     env = os.environ if env is None else env
     if "HOROVOD_RANK" in env:  # horovodrun (Gloo controller) sets these itself
         return "horovod"
-    if "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "WORLD_SIZE" in env):
+    if "TORCHELASTIC_RUN_ID" in env:  # torchrun
         return "torch"
+    # before RANK/WORLD_SIZE, which a task may inherit from the shell that submitted it
     if any(v in env for v in _MPI_RANK_VARS) and _int(env, ("OMPI_COMM_WORLD_SIZE", "PMIX_SIZE",
                                                           "PMI_SIZE", "JSM_NAMESPACE_SIZE",
                                                           "SLURM_NTASKS"), 1) > 1:
         return "horovod"  # mpirun / jsrun / srun --mpi=pmix: the paper's Horovod-on-MPI
+    if "RANK" in env and "WORLD_SIZE" in env:  # env:// set by hand or another launcher
+        return "torch"
     if "SLURM_STEP_ID" in env and _int(env, ("SLURM_NTASKS",), 1) > 1:
         return "torch"  # plain srun: torch.distributed from SLURM's variables
     return "none"
@@ -273,7 +277,7 @@ def init(backend: str = "auto", device: str = "auto", timeout_s: float = 300.0) 
         local_size = hvd.local_size()
     elif chosen == "torch":
         rank, local_rank, size = _torch_env()
-        local_size = _int(os.environ, ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"), size)
+        local_size = local_world_size(os.environ, size)
     else:
         rank, local_rank, size, local_size = 0, 0, 1, 1
 
@@ -296,6 +300,28 @@ def init(backend: str = "auto", device: str = "auto", timeout_s: float = 300.0) 
                                  local_size=local_size, device=dev)
     log.info("world: %d rank(s), backend %s, device %s", size, chosen, dev)
     return world
+
+
+def local_world_size(env: Mapping[str, str], size: int) -> int:
+    """The ranks on this host (torch backend): torchrun's ``LOCAL_WORLD_SIZE``; under
+    srun this node's tasks of the step (``SLURM_STEP_TASKS_PER_NODE``, e.g. ``4(x2),3``,
+    at ``SLURM_NODEID``: ``SLURM_NTASKS_PER_NODE`` is set only when it was asked for);
+    else ``size`` (every rank here)."""
+    if "TORCHELASTIC_RUN_ID" in env and "LOCAL_WORLD_SIZE" in env:
+        return int(env["LOCAL_WORLD_SIZE"])
+    per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    if per_node and "SLURM_NODEID" in env:
+        counts: list[int] = []
+        for part in per_node.split(","):
+            m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+            if m is None:
+                counts = []
+                break
+            counts += [int(m.group(1))] * int(m.group(2) or 1)
+        node = int(env["SLURM_NODEID"])
+        if 0 <= node < len(counts):
+            return counts[node]
+    return _int(env, ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"), size)
 
 
 def _world_class(backend: str) -> type[World]:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from lartpc.errors import ConfigError
+from lartpc.errors import ConfigError, LartpcError
 from lartpc.fsutil import atomic_write, read_nofollow
 from lartpc.runfolder.schema import CHECKPOINT, RunFolderError
 
@@ -326,15 +326,17 @@ class Checkpointer:
     def save(self, trainer, sinks: Sink) -> None:
         # counted after the write: a checkpoint holds the time of those before it
         t_start, error = time.perf_counter(), None
+        # any write error (a refused link, TensorBoard's OSError), not only the run
+        # folder's own: a rank raising alone would leave the others in a collective
         try:
             sinks.flush()
-        except RunFolderError as e:
+        except (LartpcError, OSError) as e:
             error = e
         self._agree(error, "its logs")
         if self.world.is_root:
             try:
                 write(self.run, trainer.state_dict())
-            except RunFolderError as e:
+            except (LartpcError, OSError) as e:
                 error = e
         self._agree(error, CHECKPOINT)
         self.last_time = time.time()
@@ -343,7 +345,7 @@ class Checkpointer:
         trainer.state.checkpoint_time_s += took
         trainer.timing.saved(took)  # every rank: each votes on its own clock
 
-    def _agree(self, error: RunFolderError | None, what: str) -> None:
+    def _agree(self, error: Exception | None, what: str) -> None:
         """Raise on every rank when any rank failed to write."""
         failed = self.world.allreduce_sum(torch.tensor([0.0 if error is None else 1.0]))
         if float(failed[0]) > 0:

@@ -81,6 +81,7 @@ def test_segments_on_fresh_hosts_add_up_to_the_budget(tmp_path):
     assert set(rule) == set(res["classes"])
     assert all(0 <= c["reference_rule_recall"] <= 1 for c in rule.values())
     assert res["events_seed"] == 0 and res["init_from"] is None and res["augment"] == "none"
+    assert res["physics"] == "sim4"  # the generator's latest, the default
     # the split: the held-out store indices (what lartpc evaluate rescores); no test split
     split = res["split"]
     assert len(split["held_out_indices"]) == res["eval_events"] == 10
@@ -90,13 +91,13 @@ def test_segments_on_fresh_hosts_add_up_to_the_budget(tmp_path):
     # mirrored training events, and a test split scored once at the end
     fine, start = tmp_path / "fine", out / "run-scnet-isotropic"
     r = _fidelity(fine, "--seed", "1", "--minutes", "0.6", "--segment-s", "40",
-                  "--test-events", "10",
+                  "--test-events", "10", "--physics", "sim3",
                   "--set", f"train.init_from={str(start)!r}", "--set", "data.augment=mirror")
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"model weights from {start} (train.init_from)" in r.stderr
     tuned = json.loads((fine / "fidelity-scnet-isotropic.json").read_text())
     assert tuned["events_seed"] == 1 and tuned["init_from"] == str(start)
-    assert tuned["augment"] == "mirror"
+    assert tuned["augment"] == "mirror" and tuned["physics"] == "sim3"
     assert tuned["learning_curve"][0]["epoch"] == 0 and tuned["segments"] == 1
     split = tuned["split"]
     assert split["test_events"] == 10 and tuned["train_events"] == 40

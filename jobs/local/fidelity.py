@@ -46,6 +46,7 @@ from lartpc.config import choices
 from lartpc.fsutil import atomic_write
 from lartpc.runfolder.record import batch_per_rank, flat, read_record, record_path
 from lartpc.sim.generate import SOURCE_GEOMETRIES
+from lartpc.sim.versions import LATEST, PHYSICS, of_store
 
 PAPER_LR, PAPER_BATCH = 1e-3, 7  #: the study's Adam learning rate at 7 events per GPU
 EXIT_MORE = 3  #: this segment ended and the budget is not yet spent: call again
@@ -117,6 +118,7 @@ def results(run: Path, model: str, minutes: float, store: Path) -> dict:
         "scored_on": "validation: the last evaluation of the training (confusion.csv)",
         "geometry": event_store.attrs.get("source_geometry"),
         "events_seed": event_store.attrs.get("seed"),
+        "physics": of_store(event_store.attrs.get("generator_version", "")),
         "init_from": cfg.get("train.init_from") or None,
         "batch_per_rank": b, "world_size": ranks, "lr": cfg.get("train.lr"),
         "lr_scaling": cfg.get("train.lr_scaling"), "loss": cfg.get("model.loss"),
@@ -239,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the events' seed (another seed: other events, e.g. to fine-tune "
                          "a run with --set train.init_from=RUN on events it has not seen)")
     ap.add_argument("--downsample", type=int, default=1, help="1 = 3600x3600 (the study)")
+    ap.add_argument("--physics", choices=tuple(PHYSICS), default=LATEST,
+                    help="the generator's physics version (lartpc simulate --physics; the "
+                         "committed runs: sim3)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--config", default=None,
                     help="preset (default paper-MODEL; tiny-MODEL for a quick CPU check)")
@@ -268,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     store = events(TAG, folder, args.events,
                    downsample=args.downsample, seed=args.seed, workers=args.workers,
                    extra=("--source-geometry", args.source_geometry),
-                   expect={"source_geometry": args.source_geometry})
+                   expect={"source_geometry": args.source_geometry}, physics=args.physics)
     run = args.out / f"run-{name}"
     budget = 60 * args.minutes
     left = budget - trained_s(run)

@@ -62,18 +62,23 @@ def run(tag: str, cmd: list[str]) -> None:
 
 
 def events(tag: str, data: Path, n: int, *, downsample: int, seed: int, workers: int,
-           extra: tuple[str, ...] = (), expect: dict | None = None) -> Path:
-    """``data`` holding ``n`` events from ``seed`` at ``downsample``: reused when the
-    store there is exactly that (same generator version, and the file attributes in
-    ``expect`` that ``extra`` simulate options set), else made again (``lartpc simulate``
-    builds beside it and swaps in only on success)."""
+           extra: tuple[str, ...] = (), expect: dict | None = None,
+           physics: str | None = None) -> Path:
+    """``data`` holding ``n`` events from ``seed`` at ``downsample`` made with the
+    generator's ``physics`` version (None: the latest): reused when the store there is
+    exactly that (same generator version, and the file attributes in ``expect`` that
+    ``extra`` simulate options set), else made again (``lartpc simulate`` builds beside
+    it and swaps in only on success)."""
     from lartpc.data.store import EventStore, EventStoreError
-    from lartpc.sim.generate import GENERATOR_VERSION
+    from lartpc.sim.generate import generator_version
+    from lartpc.sim.versions import physics as version
 
+    name = version(physics).name
     if data.exists():
         try:
             store = EventStore(data)
-            want = {"seed": seed, "generator_version": GENERATOR_VERSION, **(expect or {})}
+            want = {"seed": seed, "generator_version": generator_version(name),
+                    **(expect or {})}
             same = (len(store) == n and store.geometry.downsample == downsample
                     and all(store.attrs.get(k) == v for k, v in want.items()))
         except EventStoreError:
@@ -84,5 +89,5 @@ def events(tag: str, data: Path, n: int, *, downsample: int, seed: int, workers:
         say(tag, f"{data} holds other events; making new ones")
     run(tag, [*LARTPC, "simulate", "--out", str(data), "--events", str(n),
               "--downsample", str(downsample), "--seed", str(seed), "--workers", str(workers),
-              "--overwrite", *extra])
+              "--overwrite", "--physics", name, *extra])
     return data

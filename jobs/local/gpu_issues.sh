@@ -79,8 +79,10 @@ EV=${EVENTS_DIR:-$(mktemp -d)}/events
 if [ "$DEVICE" = cuda ]; then NEV=700 EVDS=1 SECS=${TRAIN_SECONDS:-40} BOUND=()
     WAYS=auto,triton,torch
 else NEV=70 EVDS=8 SECS=300 BOUND=(--set train.epochs=2) WAYS=auto,graph,torch; fi
+# the generator's sim3 physics by default: the events the earlier leases measured on, so
+# that images/s compare (PHYSICS=sim4 for the latest)
 part events "$PY" -m lartpc simulate --out "$EV" --events "$NEV" --downsample "$EVDS" \
-    --workers "$(nproc)" --overwrite
+    --workers "$(nproc)" --overwrite --physics "${PHYSICS:-sim3}"
 # 1a. how fast the loader alone hands over batches with their tables (one made in the
 #    caller's thread, the tables by one replayed CUDA graph where padded (auto), by the
 #    Triton kernels and by torch operations; a whole

@@ -4,6 +4,7 @@ committed runs were trained and scored on; sim4 fixes what a review of sim3 meas
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections import Counter
@@ -139,3 +140,17 @@ def test_simulate_physics_option(tmp_path):
     r = simulate(tmp_path / "bad", "--physics", "sim9")
     assert r.returncode == 2 and "--physics 'sim9'" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "bad").exists()
+
+
+def test_bench_simulate_names_the_physics_it_timed():
+    def bench(*extra):
+        return subprocess.run([sys.executable, "-m", "lartpc", "bench", "simulate", "--events",
+                               "4", "--downsample", "9", *extra],
+                              capture_output=True, text=True, timeout=300)
+
+    r = bench("--physics", "sim3")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["physics"] == "sim3" and res["events"] == 4 and res["events_per_s"] > 0
+    r = bench("--physics", "sim9")
+    assert r.returncode == 2 and "--physics 'sim9'" in r.stderr

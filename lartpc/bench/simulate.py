@@ -17,6 +17,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--downsample", type=int, default=1, help="default 1 (full resolution)")
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--physics", default=None,
+                   help="the generator's physics version (default the latest)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -24,6 +26,9 @@ def run(args: argparse.Namespace) -> int:
     check_seed(args.seed)
     check_positive(args.workers, "--workers")
     geom = geometry_of(args.downsample)
+    from lartpc.sim.versions import physics
+
+    version = physics(args.physics).name
     import tempfile  # after the options' check: a bad one is one line at once
     from pathlib import Path
 
@@ -33,12 +38,13 @@ def run(args: argparse.Namespace) -> int:
     from lartpc.data import EventStore
     from lartpc.sim import simulate_event, write_dataset
 
-    simulate_event(0, args.seed, geom)  # warm the range tables and imports
+    simulate_event(0, args.seed, geom, physics=version)  # warm the tables and imports
     per_class: dict[str, list[float]] = {c: [] for c in CLASSES}
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
         write_dataset(d, args.events, seed=args.seed, downsample=args.downsample,
-                      workers=args.workers, shard_size=max(1, args.events // args.workers))
+                      workers=args.workers, shard_size=max(1, args.events // args.workers),
+                      physics=version)
         wall = time.perf_counter() - t0
         nbytes = sum(p.stat().st_size for p in Path(d).glob("events-*.h5"))
         store = EventStore(d)
@@ -46,11 +52,12 @@ def run(args: argparse.Namespace) -> int:
     n_single = min(args.events, 25)  # per-class timing, single process
     for i in range(n_single):
         t = time.perf_counter()
-        ev = simulate_event(i, args.seed, geom)
+        ev = simulate_event(i, args.seed, geom, physics=version)
         per_class[CLASSES[ev.label]].append(time.perf_counter() - t)
     rate = args.events / wall
     print(json.dumps({
-        "benchmark": "simulate", "events": args.events, "workers": args.workers,
+        "benchmark": "simulate", "physics": version, "events": args.events,
+        "workers": args.workers,
         "downsample": args.downsample, "image": list(geom.shape), "wall_s": round(wall, 3),
         "events_per_s": round(rate, 2), "events_per_s_per_worker": round(rate / args.workers, 2),
         "bytes_per_event": round(nbytes / args.events), "median_active_pixels": int(np.median(pix)),

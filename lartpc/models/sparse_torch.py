@@ -194,13 +194,16 @@ def neighbour_table(keys: torch.Tensor, shape: tuple[int, int], kernel: int,
     return padded
 
 
-@functools.lru_cache(maxsize=64)
-def _window_offsets(r: int, wp: int, device: torch.device,
-                    dtype: torch.dtype = torch.int64) -> torch.Tensor:
+def window_offsets(r: int, wp: int, device: torch.device,
+                   dtype: torch.dtype = torch.int64) -> torch.Tensor:
     """The (2r+1)^2 offsets of a window's cells from its centre in an index image of
-    rows ``wp`` wide, row-major (dy, dx); made once per size, device and dtype."""
+    rows ``wp`` wide, row-major (dy, dx); a new tensor (one a CUDA graph may own)."""
     d = torch.arange(-r, r + 1, dtype=dtype, device=device)
     return (d[:, None] * wp + d).reshape(-1)
+
+
+#: :func:`window_offsets` made once per size, device and dtype
+_window_offsets = functools.lru_cache(maxsize=64)(window_offsets)
 
 
 def pooled_shape(shape: tuple[int, int], size: int) -> tuple[int, int]:

@@ -170,7 +170,7 @@ def _neighbours(valid, b, y, x, shape, plan: Plan, cap: int, grid) -> torch.Tens
                        plan.images * hp * wp + reach + at)
     grid.index_copy_(0, cell, at.to(torch.int32))
     # made here, not taken from the cache: a graph must hold every tensor it reads
-    offsets = sparse_torch._window_offsets.__wrapped__(r, wp, b.device)
+    offsets = sparse_torch.window_offsets(r, wp, b.device)
     table = torch.index_select(grid, 0, (cell[:, None] + offsets).view(-1)).view(cap, -1)
     grid.index_fill_(0, cell, -1)
     return torch.where((table < 0) | ~valid[:, None], cap, table)

@@ -113,7 +113,7 @@ def level(keys: torch.Tensor, shape: tuple[int, int], size: int, kernel: int,
     (P, k*k) int32, the mirrored gather (P*k*k,) int32 or None, each site's pool slot
     (int64) and the pooled level's sorted keys. ``grid``: an all -1 int32 index image
     of at least (images, h + 2r, w + 2r) cells, left all -1; ``offsets``: the window's
-    int64 offsets in it (``sparse_torch._window_offsets``). With ``capacity`` (at least
+    int64 offsets in it (``sparse_torch.window_offsets``). With ``capacity`` (at least
     P) the table and the mirror have that many rows, padded as
     ``sparse_torch.pad_maps`` pads them, in the same launch; the slots are not."""
     h, w = shape

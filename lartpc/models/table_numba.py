@@ -109,7 +109,7 @@ def level(keys: torch.Tensor, shape: tuple[int, int], size: int, kernel: int,
     int32, the mirrored gather (P*k*k,) int32 or None, each site's pool slot (int64;
     sites a pool leaves out get the pooled count) and the pooled level's sorted keys.
     ``grid``: an all -1 int32 index image of at least :func:`cells` cells, left all -1;
-    ``offsets``: the window's offsets in it (``sparse_torch._window_offsets``). With
+    ``offsets``: the window's offsets in it (``sparse_torch.window_offsets``). With
     ``capacity`` (at least P) the table and the mirror have that many rows, padded as
     ``sparse_torch.pad_maps`` pads them; the slots are not."""
     h, w = shape

@@ -205,6 +205,9 @@ def window_offsets(r: int, wp: int, device: torch.device,
 #: :func:`window_offsets` made once per size, device and dtype
 _window_offsets = functools.lru_cache(maxsize=64)(window_offsets)
 
+#: the key of a dropped site or a padding row: sorts after every site's key
+KEY_PAD = torch.iinfo(torch.int64).max
+
 
 def pooled_shape(shape: tuple[int, int], size: int) -> tuple[int, int]:
     """The image shape after a max-pool of kernel = stride = ``size``, no padding
@@ -230,7 +233,7 @@ def pool_slots(keys: torch.Tensor, shape: tuple[int, int], size: int, parts=None
     dropped = None
     if h % size or w % size:  # (the study's sizes pool exactly: 3600 -> 720 -> 144 -> 36)
         dropped = (oy >= oh) | (ox >= ow)
-        okey = okey.masked_fill_(dropped, torch.iinfo(torch.int64).max)
+        okey = okey.masked_fill_(dropped, KEY_PAD)
     out_keys, slots = torch.unique(okey, sorted=True, return_inverse=True)
     n_out = len(out_keys) - (dropped is not None and bool(dropped.any()))
     return slots, out_keys[:n_out], (oh, ow)
@@ -442,7 +445,7 @@ def _levels(keys: torch.Tensor, shape: tuple[int, int], kernel: int, pools, imag
             padded_slots = _fill(slots, cap, out_cap)
             if shape[0] % size or shape[1] % size:  # dropped sites: the dropped row moves
                 padded_slots[:n].masked_fill_(slots == n_out, out_cap)
-            levels.append(Level(_fill(keys, cap, torch.iinfo(torch.int64).max), shape, table,
+            levels.append(Level(_fill(keys, cap, KEY_PAD), shape, table,
                                 padded_slots, out_cap, mirrored))
         counts.append(n)
         keys, shape = out_keys, out_shape
@@ -569,7 +572,7 @@ def pad_maps(maps: SiteMaps, capacities) -> SiteMaps:
     levels = []
     for level, rows, out in zip(maps.levels, capacities, capacities[1:], strict=False):
         slots = torch.where(level.slots == level.n_out, out, level.slots)  # dropped
-        keys = _fill(level.keys, rows, torch.iinfo(torch.int64).max)  # stays sorted
+        keys = _fill(level.keys, rows, KEY_PAD)  # stays sorted
         none = torch.where(level.neighbours == len(level.keys), rows, level.neighbours)
         table = _fill(none, rows, rows)
         levels.append(Level(keys, level.shape, table, _fill(slots, rows, out), out,

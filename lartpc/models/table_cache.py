@@ -51,7 +51,7 @@ SMALL_ROWS = int(np.iinfo(np.int16).max)
 #: event's pixels, times this, plus :data:`SLACK` rows (only the rows filled are resident)
 ROOM = 1.25
 SLACK = 4096
-_KEY_PAD = int(np.iinfo(np.int64).max)  #: a padding row's key: sorts after every site
+_KEY_PAD = sparse_torch.KEY_PAD  #: a padding row's key: sorts after every site
 
 
 @dataclass

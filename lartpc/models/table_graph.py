@@ -46,11 +46,18 @@ from dataclasses import dataclass
 import torch
 
 from lartpc.models import sparse_torch
-from lartpc.models.sparse_torch import Level, SiteMaps, mirror, pooled_shape, site_keys, split_keys
+from lartpc.models.sparse_torch import (
+    KEY_PAD,
+    Level,
+    SiteMaps,
+    mirror,
+    pooled_shape,
+    site_keys,
+    split_keys,
+)
 
 log = logging.getLogger(__name__)
 
-MAX = torch.iinfo(torch.int64).max
 
 #: held while any CUDA graph of this process is captured (here and by the training's
 #: step, :mod:`lartpc.train.graphed`): torch's capture context synchronises the device
@@ -121,7 +128,7 @@ def static_tables(coords: torch.Tensor, plan: Plan, grid: torch.Tensor,
     dev, images = coords.device, plan.images
     valid = coords[:, 0] >= 0
     n0 = valid.sum()
-    keys, order = torch.sort(torch.where(valid, site_keys(coords, plan.shape), MAX),
+    keys, order = torch.sort(torch.where(valid, site_keys(coords, plan.shape), KEY_PAD),
                              stable=True)
     out = {"order": torch.where(order < n0, order, n0)}  # padding rows read row n
     counts = [n0]
@@ -129,7 +136,7 @@ def static_tables(coords: torch.Tensor, plan: Plan, grid: torch.Tensor,
     for i, size in enumerate(plan.pools):
         cap, out_cap = plan.rows[i], plan.rows[i + 1]
         (h, w), (oh, ow) = shapes[i], shapes[i + 1]
-        valid = keys != MAX
+        valid = keys != KEY_PAD
         b, y, x = split_keys(torch.where(valid, keys, 0), (h, w))
         table = _neighbours(valid, b, y, x, (h, w), plan, cap, grid)
         out[f"keys{i}"], out[f"neighbours{i}"] = keys, table
@@ -147,12 +154,12 @@ def static_tables(coords: torch.Tensor, plan: Plan, grid: torch.Tensor,
         slot = torch.index_select(rank, 0, okey) - 1
         slots = torch.where(kept & (slot < out_cap), slot, out_cap)
         marks.index_fill_(0, okey, 0)
-        pooled = torch.full((out_cap + 1,), MAX, dtype=torch.int64, device=dev)
-        pooled.scatter_reduce_(0, slots, torch.where(kept, okey, MAX), "amin")
+        pooled = torch.full((out_cap + 1,), KEY_PAD, dtype=torch.int64, device=dev)
+        pooled.scatter_reduce_(0, slots, torch.where(kept, okey, KEY_PAD), "amin")
         out[f"slots{i}"], keys = slots, pooled[:out_cap]  # row out_cap: the dropped ones'
         counts.append(n_out)
     h, w = shapes[-1]
-    out["dense_index"] = torch.where(keys != MAX, keys, images * h * w)
+    out["dense_index"] = torch.where(keys != KEY_PAD, keys, images * h * w)
     out["counts"] = torch.stack(counts)
     return out
 

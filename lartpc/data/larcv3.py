@@ -165,7 +165,7 @@ def _check_file(p: Path, producer: str, particles: str) -> dict[str, np.ndarray]
                 grp = f["Data"][f"{kind}_{name}_group"]
                 for ds in grp.values():
                     if isinstance(ds, h5py.Dataset):
-                        ds[...]
+                        _read_through(ds)
                 ext = grp.get("extents")
                 if not isinstance(ext, h5py.Dataset) or "N" not in (ext.dtype.names or ()) \
                         or len(ext) != n:
@@ -178,6 +178,16 @@ def _check_file(p: Path, producer: str, particles: str) -> dict[str, np.ndarray]
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise LartpcError(f"{p}: cannot read as larcv3/HDF5 ({msg})") from None
+
+
+def _read_through(ds, rows: int = 1 << 20) -> None:
+    """Read every row of the h5py dataset ``ds`` (a damaged chunk raises), ``rows`` at a
+    time, so that a multi-GB file is checked in bounded memory."""
+    if ds.ndim == 0:
+        ds[()]
+        return
+    for i in range(0, len(ds), rows):
+        ds[i:i + rows]
 
 
 #: larcv's logger levels: 2 "normal" prints every file opened; 3 warnings and worse

@@ -21,29 +21,45 @@ from lartpc.sim.generate import simulate_event
 from lartpc.sim.transport import Context, transport
 from lartpc.sim.versions import LATEST, PHYSICS, of_store, physics
 
-#: (pixels, summed charge) of events 0-9 of seed 3 at downsample 9 (odd: beam), made by
-#: the code of sim3 before versions were selectable (commit f69e3e6)
-SIM3_EVENTS = [(308, 38528.7), (434, 55708.2), (62, 4791.6), (317, 26958.0), (70, 12281.9),
-               (337, 40580.6), (14, 2457.4), (670, 60138.7), (98, 7055.3), (124, 9987.3)]
+#: (pixels, summed charge, charge-weighted mean row and column, the primary's path length
+#: in cm, visible energy in MeV) of events 0-9 of seed 3 at downsample 9 (odd: beam),
+#: made by the code of sim3 before versions were selectable (commit f69e3e6)
+SIM3_EVENTS = [
+    (308, 38528.7, 148.734, 200.982, 1.883, 1559.488),
+    (434, 55708.2, 205.684, 92.238, 29.029, 2462.423),
+    (62, 4791.6, 245.912, 32.723, 92.98, 224.936),
+    (317, 26958.0, 175.42, 164.612, 146.394, 1254.066),
+    (70, 12281.9, 202.883, 54.721, 150.407, 702.049),
+    (337, 40580.6, 215.657, 46.847, 5.525, 1828.396),
+    (14, 2457.4, 171.576, 128.526, 18.567, 104.542),
+    (670, 60138.7, 163.831, 219.013, 908.581, 2498.044),
+    (98, 7055.3, 251.479, 136.27, 149.92, 335.878),
+    (124, 9987.3, 270.545, 42.865, 167.733, 564.441),
+]
 
 
-def _events(name: str | None) -> list[tuple[int, float]]:
+def _events(name: str | None) -> list[tuple]:
     out = []
     for i in range(len(SIM3_EVENTS)):
         ev = simulate_event(i, 3, geometry_of(9), source_geometry="beam" if i % 2 else
                             "isotropic", physics=name)
-        out.append((len(ev.row), float(ev.charge.sum())))
+        q = ev.charge.astype(np.float64)
+        out.append((len(ev.row), float(q.sum()), float((ev.row * q).sum() / q.sum()),
+                    float((ev.col * q).sum() / q.sum()), float(ev.truth["path_length_cm"]),
+                    float(ev.truth["visible_energy_mev"])))
     return out
 
 
 def test_sim3_makes_the_events_it_made_before_versions():
     got = _events("sim3")
-    for (n, q), (n0, q0) in zip(got, SIM3_EVENTS, strict=True):
-        assert n == n0 and q == pytest.approx(q0, abs=0.06)
+    for now, then in zip(got, SIM3_EVENTS, strict=True):
+        # where the charge is, not only how much: a deposit moved would show
+        assert now[0] == then[0]
+        assert now[1:] == pytest.approx(then[1:], abs=0.06)
     # sim4 (the default) is another generator: most of these events differ
     latest = _events(None)
     assert LATEST == "sim4"
-    moved = [abs(q - q0) > 0.01 * q0 for (_, q), (_, q0) in zip(latest, SIM3_EVENTS, strict=True)]
+    moved = [abs(q[1] - q0[1]) > 0.01 * q0[1] for q, q0 in zip(latest, SIM3_EVENTS, strict=True)]
     assert sum(moved) >= 5
 
 

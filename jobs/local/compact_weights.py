@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, help="the events' seed")
     p.add_argument("--source-geometry", help="the events' source geometry")
     p.add_argument("--downsample", type=int, default=1)
-    p.add_argument("--physics", help="the events' generator physics version (with --seed; "
-                   "default the latest, lartpc.sim.versions)")
+    p.add_argument("--physics", help="the events' generator physics version (with --seed: "
+                   "sim3 or sim4, lartpc.sim.versions)")
     p.add_argument("--dtype", default="float16", help="float16 (default), bfloat16, float32")
     p.add_argument("--out", type=Path, help="default RUN/weights.pt")
     args = p.parse_args(argv)
@@ -81,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
             raise LartpcError(f"{args.run}/run.json: no store record (events)")
         if args.store is not None:
             events = made_from(args.store, store)
-        elif args.seed is None or args.source_geometry is None:
-            raise LartpcError("give --store, or --seed and --source-geometry")
+        elif args.seed is None or args.source_geometry is None or args.physics is None:
+            # --physics too: a run's events before 2026-11-30 were sim3, since sim4
+            raise LartpcError("give --store, or --seed, --source-geometry and --physics "
+                              "(sim3 for a run trained before 2026-11-30)")
         else:
             from lartpc.sim.versions import physics
 

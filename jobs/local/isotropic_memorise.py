@@ -56,6 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from lartpc import CLASSES
+from lartpc.sim.versions import LATEST, PHYSICS
 
 #: name -> (config preset, store geometry, --set overrides beyond the common ones)
 VARIANTS = {
@@ -71,12 +72,15 @@ VARIANTS = {
 CURVE_POINTS = 12  #: learning-curve points kept per run (evenly spaced epochs, and the last)
 
 
-def make_store(out: Path, geometry: str, events: int, seed: int, downsample: int) -> None:
-    if out.is_dir() and any(out.glob("*.h5")):
-        return
-    subprocess.run([sys.executable, "-m", "lartpc", "simulate", "--out", str(out),
-                    "--events", str(events), "--seed", str(seed), "--downsample",
-                    str(downsample), "--source-geometry", geometry], check=True)
+def make_store(out: Path, geometry: str, events: int, seed: int, downsample: int,
+               physics: str) -> None:
+    """The store at ``out``: reused when it is exactly these events (the generator's
+    ``physics`` version among them), else made again (``jobs/local/steps.events``)."""
+    from lartpc.jobs.local.steps import events as make_events
+
+    make_events("memorise", out, events, downsample=downsample, seed=seed, workers=1,
+                extra=("--source-geometry", geometry), expect={"source_geometry": geometry},
+                physics=physics)
 
 
 def common_overrides(args, minutes: float) -> list[str]:
@@ -208,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--held-out", type=int, default=100, help="of which held out")
     ap.add_argument("--downsample", type=int, default=8)
     ap.add_argument("--seed", type=int, default=101, help="store seed (both geometries)")
+    ap.add_argument("--physics", choices=tuple(PHYSICS), default=LATEST,
+                    help="the generator's physics version (docs/results/isotropic-memorise"
+                         ".json was made with sim3)")
     ap.add_argument("--minutes", type=float, default=11.0, help="wall limit per run")
     ap.add_argument("--jishnet-minutes", type=float, default=11.0)
     ap.add_argument("--eval-every-epochs", type=int, default=10)
@@ -228,11 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     geometries = sorted({VARIANTS[v][1] for v in names})
     stores = {g: work / f"{g}-ds{args.downsample}-{args.events}" for g in geometries}
     for g, path in stores.items():
-        make_store(path, g, args.events, args.seed, args.downsample)
+        make_store(path, g, args.events, args.seed, args.downsample, args.physics)
     out = {"what": "training accuracy of small runs on their own training events (issue 39)",
            "hardware": "CPU, one thread per run, one run at a time",
            "image_size": 3600 // args.downsample, "downsample": args.downsample,
            "events": args.events, "held_out": args.held_out, "store_seed": args.seed,
+           "physics": args.physics,
            "minutes_scnet": args.minutes, "minutes_jishnet": args.jishnet_minutes,
            "command": "python -m lartpc.jobs.local.isotropic_memorise "
                       + " ".join(a for a in (argv if argv is not None else sys.argv[1:])),

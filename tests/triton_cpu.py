@@ -58,15 +58,19 @@ def train_both_ways(x: torch.Tensor, labels: torch.Tensor, fused: tuple[str, ...
     return grads, params
 
 
-#: a first-step gradient below this (in either way) is within float32 rounding of zero
-#: for these layers (their gradients reach ~3; rounding differences seen ~1e-9)
-NEAR_ZERO = 1e-7
+#: a first-step gradient below this fraction of its layer's largest (in either way) is
+#: within float32 rounding of zero: the two ways' gradients differ by up to 1.8e-6 of a
+#: layer's largest (measured on +sim4 events, whose gradients reach ~12; an element of
+#: 4.8e-6 against 4.1e-6 in a layer reaching 4.9, 1e-6 of it, then stepped Adam apart
+#: by 7.6e-5). 31 % of the elements fall below it, 29 % being exactly zero both ways
+NEAR_ZERO = 3e-6
 
 
 def assert_trained_alike(grads: dict, params: dict, x: torch.Tensor, moved: str) -> None:
     """What :func:`train_both_ways` returned: every first-step gradient agrees to 1e-5
     (relative norm); the parameters end equal (the stem's to 1e-6, the rest to 5e-5)
-    wherever both ways' first gradient is at least :data:`NEAR_ZERO`; and the steps moved
+    wherever both ways' first gradient is at least :data:`NEAR_ZERO` of its layer's
+    largest; and the steps moved
     ``moved`` (so the comparison is not of initial weights).
 
     Where a gradient is within rounding of zero, two correct float32 computations can
@@ -83,7 +87,9 @@ def assert_trained_alike(grads: dict, params: dict, x: torch.Tensor, moved: str)
         tol = 1e-6 if k.startswith("convs.0.") else 5e-5
         diff = (params["fused"][k] - v).abs()
         if k in grads["library"]:
-            tiny = (grads["library"][k].abs() < NEAR_ZERO) | (grads["fused"][k].abs() < NEAR_ZERO)
+            a, b = grads["library"][k].abs(), grads["fused"][k].abs()
+            near = NEAR_ZERO * float(max(a.max(), b.max()))
+            tiny = (a < near) | (b < near)
             assert not tiny.any() or float(diff[tiny].max()) <= 2 * LR * STEPS, k
             diff = diff[~tiny]
         assert diff.numel() == 0 or float(diff.max()) <= tol, (k, float(diff.max()))

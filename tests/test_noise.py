@@ -132,18 +132,19 @@ def test_auto_mode_and_halves_anywhere():
     assert resolve_mode("auto", 4) == "ranks"
 
 
-def _assert_noise_csv(path, n_steps: int, every: int) -> list[dict]:
-    """noise.csv has a row every ``every`` steps, finite positive norms, and smoothed
-    estimates that give a positive, finite noise scale."""
+def _assert_noise_csv(path, n_steps: int, every: int, scale: bool = True) -> list[dict]:
+    """noise.csv has a row every ``every`` steps, finite positive norms, and (``scale``)
+    smoothed estimates that give a positive, finite noise scale."""
     got = rows(path)
     assert list(got[0]) == list(NOISE_COLUMNS)
     assert [int(r["step"]) for r in got] == list(range(0, n_steps, every))
     for r in got:
         for c in ("g2_small", "g2_big", "loss", "batch_small"):
             assert math.isfinite(float(r[c])) and float(r[c]) > 0
-    tr = np.mean([float(r["trace_est"]) for r in got])
-    g2 = np.mean([float(r["g2_est"]) for r in got])
-    assert tr > 0 and g2 > 0 and math.isfinite(tr / g2)
+    if scale:
+        tr = np.mean([float(r["trace_est"]) for r in got])
+        g2 = np.mean([float(r["g2_est"]) for r in got])
+        assert tr > 0 and g2 > 0 and math.isfinite(tr / g2)
     return got
 
 
@@ -207,7 +208,10 @@ def test_single_rank_halves_training_writes_noise_csv(train_events_dir, tmp_path
              *train_cmd(train_events_dir, out, "train.epochs=1", "train.noise_scale=halves",
                         "train.noise_every_steps=2")])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    got = _assert_noise_csv(out / "noise.csv", len(rows(out / "rank-000.csv")), 2)
+    # four halves estimates at minibatch 7 are too few for a positive mean |G|^2 (on the
+    # +sim4 events: 6.4, -229.5, 71.3, 13.1); the two-rank runs' 12 rows check the scale
+    got = _assert_noise_csv(out / "noise.csv", len(rows(out / "rank-000.csv")), 2,
+                            scale=False)
     assert float(got[0]["batch_small"]) == pytest.approx(24 / 7)  # halves of 3 and 4
     assert float(got[0]["batch_big"]) == 7
 

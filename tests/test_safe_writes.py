@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -192,12 +193,26 @@ def test_sweep_scripts_never_follow_planted_links(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("dangling", [True, False], ids=["dangling", "to-a-file"])
 def test_symlinked_noise_log_is_refused_and_never_written_through(train_events_dir, tmp_path,
-                                                                  dangling):
+                                                                  completed_run, dangling):
     """noise.csv planted as a link: rank 0 appended its rows to wherever it pointed
-    (a dangling link created the file outside the run folder)."""
+    (a dangling link created the file outside the run folder). In a run that resumes it
+    is refused; in one that starts from step 0 it is moved away with an earlier
+    attempt's files, as the link, never followed."""
     v = tmp_path / "outside.csv" if dangling else _victim(tmp_path)
-    out = _run_folder_with_link(tmp_path, "noise.csv", v)
-    r = run(train_cmd(train_events_dir, out, "train.epochs=1", "train.noise_scale=halves",
+    fresh = _run_folder_with_link(tmp_path, "noise.csv", v)
+    r = run(train_cmd(train_events_dir, fresh, "train.epochs=1", "train.noise_scale=halves",
+                      "train.noise_every_steps=1"), timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (discarded,) = fresh.glob("discarded-*")
+    assert (discarded / "noise.csv").is_symlink() and not (fresh / "noise.csv").is_symlink()
+    if dangling:
+        assert not os.path.lexists(v)
+    else:
+        _untouched(v)
+    out = tmp_path / "resumed"
+    shutil.copytree(completed_run, out)
+    (out / "noise.csv").symlink_to(v)
+    r = run(train_cmd(train_events_dir, out, "train.epochs=2", "train.noise_scale=halves",
                       "train.noise_every_steps=1"), timeout=120)
     assert r.returncode == 2, r.stderr[-2000:]
     assert (f"{out / 'noise.csv'}: the noise-scale log is a symbolic link; refusing to "

@@ -110,14 +110,13 @@ class Cascade:
         dedx = float(mat.electron_dedx(t_mev, None, positron))
         e, s = t_mev, 0.0
         em_s, em_k = [], []
-        booked_s, booked = [0.0], [0.0]  # the collision loss booked up to each emission
+        booked = [0.0]  # the collision loss booked up to the start and each emission
         while e > K_CUT_MEV + 1.0:
             dist = rng.exponential(1 / _brems_rate_per_cm(e))
             if e - dedx * dist < E_TRACK_MEV:
                 break
             s += dist
             e -= dedx * dist
-            booked_s.append(s)
             booked.append(booked[-1] + dedx * dist)
             k = _brems_fraction(rng, K_CUT_MEV / e) * e
             em_s.append(s)
@@ -132,7 +131,8 @@ class Cascade:
         grid = np.arange(n + 1) * ds
         em_s, em_k = np.array(em_s), np.array(em_k)
         emitted = np.concatenate([[0.0], np.cumsum(em_k)])[np.searchsorted(em_s, grid, "right")]
-        collision = np.interp(grid, booked_s, booked) if current else dedx * grid
+        collision = np.interp(grid, np.concatenate([[0.0], em_s]), booked) if current \
+            else dedx * grid
         t = np.where(grid <= s, t_mev - collision - emitted,
                      electron_energy_at_range(np.maximum(length - grid, 0.0), current,
                                               positron))
@@ -209,8 +209,7 @@ class Cascade:
         t = np.array([s[2] for s in self.stubs])
         positron = np.array([s[3] == "e+" for s in self.stubs])
         stopping = self.physics.electron_stopping
-        r = np.where(positron, electron_range_cm(t, stopping, True),
-                     electron_range_cm(t, stopping)) if stopping else electron_range_cm(t)
+        r = np.where(positron, electron_range_cm(t, stopping, True), electron_range_cm(t, stopping))
         # two segments per stub with a random bend: soft electrons scatter strongly
         bend = d + self.rng.normal(scale=0.5, size=d.shape)
         bend /= np.linalg.norm(bend, axis=1, keepdims=True)

@@ -431,3 +431,25 @@ def test_max_batch_search_stops_at_any_error_a_size_raises(monkeypatch, error, w
     assert stages.max_batch(step_at, 7) == (37, 3700, why)
     assert tried[:4] == [7, 14, 28, 56]
     assert stages.max_batch(lambda b: None, 2048)[2] == "the search's cap of 4096"
+
+
+def test_scnet_trains_with_torch_layers_where_spconv_is_not_installed(train_events_dir,
+                                                                        tmp_path):
+    """``model.sparse=torch`` needs no spconv: with its import made to fail, the tiny
+    SCNet trains to completion on real events, and the same run with spconv's layers
+    stops with an error that names spconv (so the block is real)."""
+    from train_helpers import run, train_cmd
+
+    block = tmp_path / "block" / "spconv"
+    block.mkdir(parents=True)
+    (block / "__init__.py").write_text('raise ImportError("spconv is blocked by this test")\n')
+    env = {"PYTHONPATH": str(block.parent)}
+    sets = ("train.epochs=1",)
+    torch_run = run(train_cmd(train_events_dir, tmp_path / "torch", *sets, "model.sparse=torch",
+                              config="tiny-scnet"), timeout=HEAVY_TIMEOUT_S, **env)
+    assert torch_run.returncode == 0, torch_run.stderr[-3000:]
+    assert json.loads((tmp_path / "torch" / "run.json").read_text())["status"] == "completed"
+    library = run(train_cmd(train_events_dir, tmp_path / "spconv", *sets, config="tiny-scnet"),
+                  timeout=HEAVY_TIMEOUT_S, **env)
+    assert library.returncode != 0
+    assert "spconv" in library.stderr

@@ -37,6 +37,20 @@ def _pair(shape, seed=0):
     return a, b
 
 
+def test_same_seed_gives_spconvs_weights_without_spconvs_modules():
+    """The torch layers hold their own parameters (no spconv module), drawn as spconv's:
+    the same seed gives the same state dict, bit for bit, with the same keys."""
+    torch.manual_seed(11)
+    a = SCNet((400, 400))
+    torch.manual_seed(11)
+    b = SCNet((400, 400), sparse="torch")
+    assert not any(type(m).__module__.startswith("spconv") for m in b.modules())
+    sa, sb = a.state_dict(), b.state_dict()
+    assert list(sa) == list(sb)
+    for key in sa:
+        assert torch.equal(sa[key], sb[key]), key
+
+
 def _batches(data, n=3, model=None):
     store = EventStore(data)
     loader = build_loader(store, "sparse", np.arange(len(store)), 7, seed=1,

@@ -15,6 +15,7 @@ layers against dense references.
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import torch
@@ -73,6 +74,40 @@ def _conv_algo(name: str | None):
     return table[name]
 
 
+class TableConv(nn.Module):
+    """The parameters of one submanifold convolution of the torch layers
+    (``model.sparse=torch``; the convolution itself is :func:`sparse_torch.subm_conv` on
+    the batch's tables): a weight in spconv's layout (C', k, k, C), no bias, drawn as
+    spconv's ``SubMConv2d`` draws it (``kaiming_uniform`` with a = sqrt(5) on the fan-in
+    C k k, the same arithmetic). The same seed gives the same network with either
+    layers, and the state dicts are interchangeable, without importing spconv."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel: int):
+        super().__init__()
+        self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, kernel
+        self.weight = nn.Parameter(torch.empty(out_channels, kernel, kernel, in_channels))
+        std = nn.init.calculate_gain("leaky_relu", math.sqrt(5)) / math.sqrt(
+            in_channels * kernel * kernel)
+        bound = math.sqrt(3.0) * std
+        with torch.no_grad():
+            self.weight.uniform_(-bound, bound)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}"
+
+
+class TablePool(nn.Module):
+    """A sparse max-pool of the torch layers: its size only (no parameters); the pooling
+    runs on the batch's tables (:func:`sparse_torch.max_pool`)."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.kernel_size = size
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.kernel_size}"
+
+
 class SCNet(nn.Module):
     """Sparse CNN of the study; returns logits (B, 5).
 
@@ -86,9 +121,10 @@ class SCNet(nn.Module):
     head : the classifier head's pooling, ``flatten`` (the study) or ``max``
         (:class:`~lartpc.models.head.Head`).
     sparse : ``spconv`` (the library) or ``torch``
-        (:mod:`~lartpc.models.sparse_torch`: the same layers in torch operations). The
-        parameters are spconv's modules' either way, so weights, initialisation and
-        checkpoints are the same.
+        (:mod:`~lartpc.models.sparse_torch`: the same layers in torch operations, without
+        spconv installed). The weights have spconv's layout and initialisation either
+        way (:class:`TableConv`), so the same seed gives the same network and
+        checkpoints load into both.
     """
 
     input_kind = "sparse"
@@ -135,25 +171,24 @@ class SCNet(nn.Module):
             raise ConfigError(f"SCNet option sparse={sparse!r}: expected one of "
                               f"{', '.join(SPARSE)}")
         self.sparse = sparse
-        spconv = import_spconv()
         self.image_size = (int(image_size[0]), int(image_size[1]))
         self.out_hw = trunk_shape(self.image_size)
         self.algo, self.half = algo, half
-        conv_algo = _conv_algo(algo)
         convs, pools, cin = [], [], 1
-        for level, (cout, pool) in enumerate(zip(CHANNELS, POOLS, strict=True)):
-            # one indice_key per resolution: layers sharing it reuse one rulebook
-            convs.append(spconv.SubMConv2d(cin, cout, KERNEL, bias=False,
-                                           indice_key=f"subm{level}", algo=conv_algo))
-            pools.append(spconv.SparseMaxPool2d(pool, stride=pool, algo=conv_algo))
-            cin = cout
+        if sparse == "torch":  # no spconv needed
+            for cout, pool in zip(CHANNELS, POOLS, strict=True):
+                convs.append(TableConv(cin, cout, KERNEL))
+                pools.append(TablePool(pool))
+                cin = cout
+        else:
+            spconv, conv_algo = import_spconv(), _conv_algo(algo)
+            for level, (cout, pool) in enumerate(zip(CHANNELS, POOLS, strict=True)):
+                # one indice_key per resolution: layers sharing it reuse one rulebook
+                convs.append(spconv.SubMConv2d(cin, cout, KERNEL, bias=False,
+                                               indice_key=f"subm{level}", algo=conv_algo))
+                pools.append(spconv.SparseMaxPool2d(pool, stride=pool, algo=conv_algo))
+                cin = cout
         self.convs, self.pools = nn.ModuleList(convs), nn.ModuleList(pools)
-        for conv in convs:  # the torch layers read spconv's weights as (C', k, k, C)
-            want = (conv.out_channels, KERNEL, KERNEL, conv.in_channels)
-            if sparse == "torch" and tuple(conv.weight.shape) != want:
-                raise ConfigError(f"model.sparse=torch: this spconv stores {conv} weights as "
-                                  f"{tuple(conv.weight.shape)}, not (C', k, k, C) = {want}; "
-                                  "use model.sparse=spconv")
         self.head = Head(cin, self.out_hw, head, num_classes=num_classes)
 
     def forward(self, batch) -> torch.Tensor:

@@ -78,7 +78,8 @@ def import_spconv():
             spconv = importlib.import_module("spconv.pytorch")
     except ImportError as e:
         raise MissingPackage(
-            "spconv is not installed (SCNet needs it): `make install` in a checkout picks "
+            "spconv is not installed (SCNet's default layers need it; "
+            "--set model.sparse=torch runs without it): `make install` in a checkout picks "
             "the build matching torch; in a pip install, `pip install 'lartpc[sparse]'` "
             "for the CPU build, or spconv-cu12X matching torch's CUDA 12.X (e.g. "
             "spconv-cu126; jobs/env/install_spconv.sh picks it)"

@@ -588,3 +588,26 @@ def test_the_benchs_captured_step_does_not_add_up_gradients_on_cuda():
         torch.cuda.synchronize()
         for got, g in zip(grads, want, strict=True):
             torch.testing.assert_close(got, g)
+
+
+def test_a_failed_capture_lets_every_graph_go(train_events_dir, monkeypatch):
+    """A capture that fails (on a later buffer, after others were captured) leaves the
+    segment stepping eagerly without holding any graph: each graph keeps a step's
+    activations in its own memory pool, which the eager steps then need. The capture
+    is stood in (a CPU has no graphs); its failure is torch's own error type."""
+    store = EventStore(train_events_dir)
+    model, step, _ = _jishnet_step(store)
+    captures = []
+
+    def capture():
+        captures.append(step.key)
+        if len(captures) == 3:
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(step, "capture", True)
+    monkeypatch.setattr(step, "_capture", capture)
+    for batch in _device_dense(store, 16):  # buffers 0, 1, 2, 0
+        out = step(batch)
+        assert out is not None or step.stats["fallback"]
+    assert len(captures) == 3 and step.stats["fallback"].startswith("RuntimeError")
+    assert step.graph is None and step.key is None and step._graphs == {}

@@ -93,8 +93,8 @@ def test_the_budget_ends_a_requeue_chain(train_events_dir, tmp_path):
     first = json.loads((run / "run.json").read_text())
     assert first["budget_spent"] is False and first["status"] == "time_limit"
     steps = len((run / "rank-000.csv").read_text().splitlines()) - 1
-    # the requeued job: a budget just over what the first segment trained allows one
-    # more step (nothing measured yet), then the second finds it spent
+    # the requeued job: a budget just over what the first segment trained: its first
+    # step reaches it, and the run stops there
     budget = first["train_time_s"] + 1e-6
     later = [*cmd[:-2], "--set", f"train.budget_s={budget!r}"]
     r, calls = _launch(tmp_path, run, later, SLURM_RESTART_COUNT="1")
@@ -103,7 +103,8 @@ def test_the_budget_ends_a_requeue_chain(train_events_dir, tmp_path):
     assert "study budget spent" in r.stderr and "not requeued" in r.stderr
     info = json.loads((run / "run.json").read_text())
     assert info["budget_spent"] is True and info["train_time_s"] >= budget
-    assert len((run / "rank-000.csv").read_text().splitlines()) - 1 == steps + 2
+    assert len((run / "rank-000.csv").read_text().splitlines()) - 1 == steps + 1
+    assert "study budget reached" in r.stderr
     # a job started again (by hand, or a requeue already queued) does nothing and
     # requeues nothing
     r, calls = _launch(tmp_path, run, later, SLURM_RESTART_COUNT="2")

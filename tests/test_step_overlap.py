@@ -133,3 +133,25 @@ def test_a_resumed_optimizer_keeps_the_configured_form(world, train_events_dir, 
     b = _build(world, train_events_dir, tmp_path / "b", "tiny-jishnet", (), resume=state)
     assert [(g["foreach"], g["fused"]) for g in b.opt.param_groups] == [(True, None)]
     a.close(), b.close()
+
+
+def test_an_evaluation_by_steps_waits_for_its_steps_numbers(world, train_events_dir,
+                                                            tmp_path):
+    """With an evaluation every step and a loss that turns non-finite, the step that
+    reaches the cadence is read before the evaluation acts: read a step later or at
+    once, the run stops at the same step with the same evaluations."""
+    got = []
+    for overlap in ("true", "false"):
+        out = tmp_path / overlap
+        t = _build(world, train_events_dir, out, "tiny-jishnet",
+                   ("train.lr=1e30", "train.epochs=1", "train.eval_every_steps=1",
+                    f"train.overlap_readback={overlap}"))
+        sinks = open_sinks(t.segment, 0)
+        try:
+            assert fit(t, Checkpointer(world, out, 0, 600.0), sinks) == "diverged"
+        finally:
+            sinks.close()
+        t.close()
+        got.append(([r["step"] for r in rows(out / "eval.csv")],
+                    len(rows(out / "rank-000.csv"))))
+    assert got[0] == got[1]

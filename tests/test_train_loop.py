@@ -101,10 +101,11 @@ def test_state_dict_round_trip_continues_identically(world, train_events_dir, tm
 
 
 @pytest.mark.parametrize("vote,reason", [
-    (StepVote(1.0, 0.5, 0.0, 0.0), None),
-    (StepVote(1.0, 0.5, 0.5, 0.0), "time_limit"),  # one rank of two out of time
-    (StepVote(1.0, 0.5, 0.5, 0.5), "preempted"),
-    (StepVote(float("nan"), 0.5, 0.0, 1.0), "diverged"),
+    (StepVote(1.0, 0.0, 0.0), None),
+    (StepVote(1.0, 0.5, 0.0), "time_limit"),  # one rank of two out of time
+    (StepVote(1.0, 0.5, 0.5), "preempted"),
+    (StepVote(float("nan"), 0.0, 1.0), "diverged"),
+    (StepVote(1.0, 0.0, 0.0, 0.0, 0.5), "time_limit"),  # one rank reached the budget
 ])
 def test_stop_vote(vote, reason):
     assert vote.stop == reason
@@ -210,8 +211,8 @@ def test_init_from_refuses_a_missing_file_another_model_and_other_shapes(
 
 
 def test_save_vote_counts_any_rank(world):
-    assert StepVote(1.0, 0.5, 0.0, 0.0, 0.5).save > 0  # one rank of two asks: all save
-    assert StepVote(1.0, 0.5, 0.0, 0.0).save == 0
+    assert StepVote(1.0, 0.0, 0.0, 0.5).save > 0  # one rank of two asks: all save
+    assert StepVote(1.0, 0.0, 0.0).save == 0
 
 
 @pytest.mark.slow
@@ -238,3 +239,66 @@ def test_ranks_whose_checkpoint_clocks_disagree_save_together(train_events_dir, 
     assert saves[0]["status"] == "completed"
     assert saves[0]["saved_at"] == [3, spe, 2 * spe]  # the wished one, then epoch ends
     assert checkpoint.load(out)["global_step"] == 2 * spe
+
+
+def test_a_signal_on_an_epochs_last_step_saves_before_evaluating(world, train_events_dir,
+                                                                 tmp_path):
+    """A stop signal during an epoch's last step saves at once (the epoch-end evaluation
+    could outlast the scheduler's grace time); the resumed segment makes the evaluation
+    up before its first step, and the run ends with one evaluation per epoch."""
+    class Stops:
+        requested = None
+
+    out = tmp_path / "run"
+    out.mkdir()
+    stops = Stops()
+    cfg, t = _trainer(world, train_events_dir, out)
+    t.stops = stops
+    spe, order, step, evaluate = t.plan.steps_per_epoch, [], t.step, t.evaluate
+
+    def signalled_step(batch, data_s, save_wanted=False):
+        if t.state.global_step == spe - 1:
+            stops.requested = 15  # SIGTERM during the first epoch's last step
+        return step(batch, data_s, save_wanted)
+
+    def logged_evaluate():
+        order.append(("evaluate", t.state.epoch, t.state.step_in_epoch))
+        return evaluate()
+
+    t.step, t.evaluate = signalled_step, logged_evaluate
+    rec = Recorder()
+    assert fit(t, Checkpointer(world, out, 0, 600.0), Sinks(rec, open_sinks(t.segment, 0))) \
+        == "preempted"
+    assert order == [] and not rec.evals
+    ck = checkpoint.load(out)
+    assert (ck["epoch"], ck["step_in_epoch"], ck["global_step"]) == (0, spe, spe)
+    t.close()
+    _, resumed = _trainer(world, train_events_dir, out, resume=ck)
+    rec = Recorder()
+    assert fit(resumed, Checkpointer(world, out, 0, 600.0),
+               Sinks(rec, open_sinks(resumed.segment, 0))) == "completed"
+    assert [e.global_step for e in rec.evals] == [spe - 1, 2 * spe - 1]
+    assert [r["epoch"] for r in rows(out / "eval.csv")] == ["0", "1"]
+    resumed.close()
+
+
+def test_the_budget_stops_at_the_first_step_that_reaches_it(world, train_events_dir,
+                                                           tmp_path, caplog):
+    """train.budget_s: the run stops after the first step whose training time reaches
+    the budget (never a step later), so its checkpoint holds a time a rerun finds spent;
+    the log names the budget, not the time limit."""
+    from lartpc.train import segments
+
+    out = tmp_path / "run"
+    out.mkdir()
+    cfg, t = _trainer(world, train_events_dir, out, "train.epochs=50", "train.budget_s=0.5")
+    rec = Recorder()
+    with caplog.at_level("WARNING"):
+        assert fit(t, Checkpointer(world, out, 0, 600.0), rec) == "time_limit"
+    assert t.budget_spent
+    times = [r.step_s for r in rec.steps]
+    assert sum(times[:-1]) < 0.5 <= t.state.train_time_s
+    assert t.state.train_time_s == pytest.approx(sum(times))
+    assert segments.budget_spent(cfg, checkpoint.load(out))
+    assert "study budget reached" in caplog.text and "time limit" not in caplog.text
+    t.close()

@@ -30,7 +30,7 @@ PARTS = (
     ("optimizer step (Adam)", ("step_optimizer",)),
     ("zero_grad", ("zero_grad",)),
     ("set_lr", ("set_lr",)),
-    ("stop vote (allreduce of 5 numbers)", ("StepVote.agree",)),
+    ("stop vote (the step's one allreduce)", ("Trainer._agree",)),
     ("time-limit check", ("time_left",)),
     ("sinks.on_step (CSV row, console, TensorBoard)", ("on_step",)),
     ("waiting for the batch (main thread)", ("Trainer.batches",)),

@@ -76,7 +76,11 @@ class TorchWorld(World):
                           ) -> float:
         """In one flat buffer, divided by the ranks and then summed, in float32 or sent
         as float16: the arithmetic of DDP's bucket hooks (:mod:`lartpc.dist.ddp`), so
-        an element's average is the same number either way."""
+        an element's average is the same number either way. The seconds returned are
+        the exchange's alone: on CUDA the step's queued kernels (a graph's replay is
+        asynchronous) finish before the clock starts, so their time stays compute."""
+        if self.size > 1 and grads and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         t0 = time.perf_counter()
         if self.size > 1 and grads:
             flat = torch.cat([g.reshape(-1) for g in grads])

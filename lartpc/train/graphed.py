@@ -273,6 +273,11 @@ class StaticStep:
         self._outputs = []
         self.stats["resized"] += 1
 
+    def _drop_graphs(self) -> None:
+        """Every graph this step holds goes, with its memory pool (a failed capture:
+        the segment steps eagerly on the memory they held)."""
+        self.graph, self.key = None, None
+
     def _try_capture(self) -> bool:
         """On CUDA, the graph of the step on the new buffers; False when the capture
         failed (this segment then steps eagerly)."""
@@ -281,7 +286,7 @@ class StaticStep:
         try:
             self._capture()
         except RuntimeError as e:  # something in the step cannot be captured
-            self.graph, self.key = None, None
+            self._drop_graphs()
             for p in self.params:
                 p.grad = None
             self.stats["fallback"] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
@@ -411,6 +416,10 @@ class DenseGraphedStep(StaticStep):
         self.autocast = autocast
         self.labels: torch.Tensor | None = None  # one static buffer, read by every graph
         self._graphs: dict[tuple, dict] = {}  # the state of each graph but the current
+
+    def _drop_graphs(self) -> None:
+        super()._drop_graphs()
+        self._graphs.clear()  # the other buffers' graphs, each with a step's activations
 
     def __call__(self, batch):
         x = batch.dense

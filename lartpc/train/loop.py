@@ -35,7 +35,9 @@ def fit(t: Trainer, ckpt: Checkpointer, sinks: Sink) -> str:
         if s.step_in_epoch < t.plan.steps_per_epoch:
             finished = run_epoch(t, ckpt, sinks)
             evaluated = False
-            if not finished or t.stop == "diverged":
+            # a signal on the epoch's last step saves first (finish): the epoch-end
+            # evaluation could outlast the scheduler's grace time; the resume makes it up
+            if not finished or t.stop in ("diverged", "preempted"):
                 break
         if t.eval_due():
             sinks.on_eval(t.evaluate())
@@ -82,7 +84,11 @@ def finish(t: Trainer, ckpt: Checkpointer, sinks: Sink, evaluated: bool) -> str:
         if t.saved_step != s.global_step:
             ckpt.save(t, sinks)
     else:
-        if status == "time_limit":
+        if status == "time_limit" and t.budget_spent:
+            log.warning("study budget reached (%.1f s of training, train.budget_s=%g): "
+                        "stopping at epoch %d step %d", s.train_time_s,
+                        t.cfg.train.budget_s, s.epoch, s.step_in_epoch)
+        elif status == "time_limit":
             log.warning("time limit %.0f s near: stopping at epoch %d step %d",
                         t.cfg.train.time_limit_s, s.epoch, s.step_in_epoch)
         # A run stopped early (or between evaluations) still ends evaluated and saved; a

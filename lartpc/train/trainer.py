@@ -10,16 +10,16 @@ restarted Adam from step 0).
 
 :meth:`Trainer.step` runs one optimizer step and the ranks' stop vote;
 :meth:`Trainer.state_dict` is what a checkpoint holds. A step's loss and accuracy
-reach the host one step later (:mod:`lartpc.train.readback`), so no step waits for the
-device; the vote of step k carries step k-1's numbers and step k's own stop, save and
-time wishes.
+reach the host one step later (:mod:`lartpc.train.readback`), so on one rank no step
+waits for the device (the torch backend on CUDA waits once a step with several ranks,
+to time the gradient exchange apart from compute); the vote of step k carries step
+k-1's numbers and step k's own stop, save and time wishes.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -29,7 +29,7 @@ import torch
 
 from lartpc import CLASSES
 from lartpc.data.augment import mirror
-from lartpc.dist import World, unwrap_model
+from lartpc.dist import unwrap_model
 from lartpc.runfolder.schema import CHECKPOINT, RunFolderError
 from lartpc.train import checkpoint, graphed
 from lartpc.train.evaluate import evaluate
@@ -78,24 +78,19 @@ class TrainState:
 
 @dataclass(frozen=True, slots=True)
 class StepVote:
-    """One step's numbers every rank needs; :meth:`agree` averages them over the ranks."""
+    """What every rank agrees on after a step (the flags averaged over the ranks in the
+    step's one allreduce, :meth:`Trainer._agree`): a flag above 0 means some rank
+    raised it."""
 
-    loss: float
-    acc: float
+    loss: float  #: the agreed loss judged (:func:`_judged`)
     out_of_time: float  #: 1 on a rank whose next step, evaluation and checkpoint won't fit
     signalled: float  #: 1 on a rank that got a stop signal (lartpc.stopsignals)
     #: 1 on a rank whose checkpoint interval has passed. Each rank reads its own clock,
     #: so ranks may disagree by a step; saving when any rank asks keeps every rank in
     #: the checkpoint's collectives together.
     save: float = 0.0
-    #: 1 on a rank whose training time with another step would pass train.budget_s
+    #: 1 on a rank whose training time with this step has reached train.budget_s
     over_budget: float = 0.0
-
-    def agree(self, world: World) -> StepVote:
-        g = world.allreduce_mean(torch.tensor([self.loss, self.acc, self.out_of_time,
-                                               self.signalled, self.save, self.over_budget],
-                                              dtype=torch.float64))
-        return StepVote(*(float(x) for x in g))
 
     @property
     def stop(self) -> str | None:
@@ -135,11 +130,12 @@ def _records(steps: list[Unread], done: list[tuple]) -> list[StepRecord]:
             for u, (ll, la, gl, ga) in zip(steps, done, strict=True)]
 
 
-def _vote_loss(done: list[tuple], last: float) -> float:
-    """The agreed loss the stop vote judges: the first non-finite one of the steps just
-    read, else the last of them (``last``, the previous vote's, when none was read)."""
-    losses = [d[2] for d in done]
-    return next((x for x in losses if not math.isfinite(x)), losses[-1] if losses else last)
+def _judged(done: list[tuple]) -> int | None:
+    """Which of the steps just read the stop vote judges: the first whose agreed loss
+    is not finite, else the last; None when none was read."""
+    if not done:
+        return None
+    return next((i for i, d in enumerate(done) if not math.isfinite(d[2])), len(done) - 1)
 
 
 #: how many of the last steps the time-limit check looks at
@@ -315,8 +311,9 @@ class Trainer:
         ``self.save_due`` whether all checkpoint now (``save_wanted`` is this rank's wish).
 
         Returns the records whose numbers came back: the previous step's, and this
-        step's own at an epoch's last step, on a noise-scale step and whenever the vote
-        stops or saves, so every step is recorded before anything acts on it. Every
+        step's own at an epoch's last step, on a noise-scale step, before an evaluation
+        by images or steps and whenever the vote stops or saves, so every step is
+        recorded before anything acts on it. Every
         rank takes the same path (each branch holds collectives).
         """
         s, tc, world = self.state, self.cfg.train, self.world
@@ -342,28 +339,30 @@ class Trainer:
                                             tc.grad_compression) \
             if own and world.size > 1 else 0.0
         comm_s = exchanged + world.step_optimizer(self.opt, self.scaler)
+        # all ranks' images (their short last batches may differ in size)
+        images = self.plan.images_seen(s.global_step + 1) - self.plan.images_seen(s.global_step)
         this = Unread(values, {
             "global_step": s.global_step, "epoch": s.epoch, "batchno": s.step_in_epoch,
-            "rank": world.rank, "data_size": batch.data_size,
-            "images": batch.data_size * world.size, "lr": self.opt.param_groups[0]["lr"],
-            "data_s": data_s})
+            "rank": world.rank, "data_size": batch.data_size, "images": images,
+            "lr": self.opt.param_groups[0]["lr"], "data_s": data_s})
         now = (not tc.overlap_readback or s.step_in_epoch + 1 == self.plan.steps_per_epoch
-               or self.noise.due(s.global_step))
+               or self.noise.due(s.global_step) or self.count_due(s.global_step + 1))
         ready = [u for u in (self._unread, this if now else None) if u is not None]
         self._unread = None if now else this
         local = [u.read() for u in ready]  # a wait for the device counts as compute
         t_vote, waited = time.perf_counter(), 0.0
         signalled = bool(self.stops is not None and self.stops.requested)
+        budget_left = self.budget_left(data_s + time.perf_counter() - t0)
         done, flags = self._agree(local, [float(not self.time_left()), float(signalled),
-                                          float(save_wanted), float(not self.budget_left())])
-        vote = StepVote(_vote_loss(done, self.last_loss), done[-1][3] if done else 0.0, *flags)
+                                          float(save_wanted), float(not budget_left)])
+        vote = StepVote(self._judged_loss(done), *flags)
         if (vote.stop or vote.save > 0) and self._unread is not None:
             t_read = time.perf_counter()
             pair = this.read()  # this step too, before anything acts
             waited = time.perf_counter() - t_read
             late, _ = self._agree([pair], [])
             self._unread, done, ready = None, done + late, [*ready, this]
-            vote = StepVote(_vote_loss(done, self.last_loss), done[-1][3], *flags)
+            vote = StepVote(self._judged_loss(done), *flags)
         # a collective on measured steps, which read this step above
         noise = self.noise.record(s.global_step, s.epoch, done[-1][2] if done else math.nan)
         t_end = time.perf_counter()
@@ -377,11 +376,17 @@ class Trainer:
         s.global_step += 1
         self.stop, self.save_due = vote.stop, vote.save > 0
         self.budget_spent = self.budget_spent or vote.over_budget > 0
-        if done:
-            k = next((i for i, d in enumerate(done) if not math.isfinite(d[2])), len(done) - 1)
+        k = _judged(done)
+        if k is not None:
             f = ready[k].fields
             self.last_loss, self.last_loss_at = done[k][2], (f["epoch"], f["batchno"])
         return _records(ready, done)
+
+    def _judged_loss(self, done: list[tuple]) -> float:
+        """The agreed loss the stop vote judges (:func:`_judged`); the previous vote's
+        when no step was read."""
+        k = _judged(done)
+        return self.last_loss if k is None else done[k][2]
 
     def read_back(self) -> list[StepRecord]:
         """The record of the last step if its numbers have not come back yet (the loop
@@ -405,8 +410,9 @@ class Trainer:
 
     def time_left(self) -> bool:
         """True while another step, an evaluation and a checkpoint still fit the limit,
-        each taken at its slowest recent duration (the vote that stops comes a step
-        late: two steps), with half as much again and 2 s for closing the segment."""
+        each taken at its slowest recent duration (two steps: the one being voted on
+        may be the slowest yet), with half as much again and 2 s for closing the
+        segment."""
         times = self.timing.step_times
         step = max(times) if times else 0.0
         eval_s = self.timing.eval_s or 0.5 * step * max(
@@ -415,11 +421,13 @@ class Trainer:
         reserve = 1.5 * (2 * step + eval_s + save_s) + 2.0
         return time.time() - self.process_start + reserve < self.cfg.train.time_limit_s
 
-    def budget_left(self) -> bool:
-        """True while another step fits ``train.budget_s`` (training time, all segments)."""
-        times = self.timing.step_times
-        step = statistics.median(times) if times else 0.0
-        return self.state.train_time_s + step < self.cfg.train.budget_s
+    def budget_left(self, this_step_s: float) -> bool:
+        """True while the training time (all segments, with the ``this_step_s`` seconds
+        of the step being taken) is short of ``train.budget_s``. The run stops after the
+        first step that reaches the budget, passing it by less than a step, so that a
+        stopped run's checkpoint holds ``train_time_s >= budget_s``: the test a rerun
+        makes (:func:`~lartpc.train.segments.budget_spent`)."""
+        return self.state.train_time_s + this_step_s < self.cfg.train.budget_s
 
     def evaluate(self) -> EvalRecord:
         """Evaluate on the held-out events; the row joins the state's eval rows."""
@@ -458,10 +466,11 @@ class Trainer:
             return done == tc.epochs and not self.evaluated_now()
         return done % tc.eval_every_epochs == 0 or done == tc.epochs
 
-    def count_due(self) -> bool:
-        """Has the step just done (global step ``global_step - 1``) reached the next
-        multiple of ``train.eval_every_images`` images or ``eval_every_steps`` steps?"""
-        g, tc = self.state.global_step, self.cfg.train
+    def count_due(self, after: int | None = None) -> bool:
+        """Has the step just done (global step ``global_step - 1``; ``after - 1`` when
+        given) reached the next multiple of ``train.eval_every_images`` images or
+        ``eval_every_steps`` steps?"""
+        g, tc = self.state.global_step if after is None else after, self.cfg.train
         if g == 0:
             return False
         if tc.eval_every_steps:

@@ -42,6 +42,10 @@ SUBMIT = {"slurm": "sbatch", "lsf": "bsub"}
 #: GPUs per node when not given: a typical SLURM GPU node, and an IBM AC922 LSF node's 6
 #: (as the paper's Summit had; a site file or --gpus-per-node sets your cluster's).
 DEFAULT_GPUS_PER_NODE = {"slurm": 4, "lsf": 6}
+#: SLURM's warning before the wall time (``--signal=B:USR1@<this>``), in seconds: as the
+#: templates' own line and common.sh's LARTPC_WARNING_LEAD_S (tests/test_jobs.py checks);
+#: common.sh's 300 s LARTPC_TIME_MARGIN_S must exceed it plus a checkpoint's time.
+WARNING_LEAD_S = 120
 _DIRECTIVE = re.compile(r"^#(SBATCH|BSUB)\b")
 #: A scheduler name (partition, queue, account): what SLURM and LSF accept, nothing a
 #: shell or a directive line could read as more than one word.
@@ -382,7 +386,7 @@ def directives(p: Point, shape: JobShape, logs_dir: Path) -> list[str]:
         lines += [f"--ntasks={p.gpus}", f"--ntasks-per-node={tpn}", f"--cpus-per-task={c}"]
         lines += [f"--gpus-per-node={tpn}"] * (not shape.cpu)
     lines += [f"--time={shape.time}", f"--output={logs_dir / p.name}-%j.out",
-              "--open-mode=append", "--requeue", "--signal=B:USR1@120"]
+              "--open-mode=append", "--requeue", f"--signal=B:USR1@{WARNING_LEAD_S}"]
     return [f"#SBATCH {x}" for x in [*lines, *_site_lines(shape)]]
 
 
@@ -394,8 +398,11 @@ def _lsf_directives(p: Point, shape: JobShape, logs_dir: Path) -> list[str]:
         size = [f"-nnodes {nodes}"]
     else:
         # Without CSM, -nnodes does not exist (LSF gives one slot and no GPUs): ranks as
-        # slots, tpn per host, and that host's GPUs (LSF >= 10.1's -gpu, per host).
-        size = [f"-n {p.gpus}", f'-R "span[ptile={tpn}]"']
+        # slots, tpn per host, each slot with the rank's cores (a slot alone is one core,
+        # and the rank runs cores_per_rank threads), and that host's GPUs (LSF >= 10.1's
+        # -gpu, per host).
+        size = [f"-n {p.gpus}",
+                f'-R "span[ptile={tpn}] affinity[core({shape.cores_per_rank})]"']
         size += [f'-gpu "num={tpn}"'] * (not shape.cpu)
     lines = [f"-J lartpc-{p.name}", *size, f"-W {mins // 60}:{mins % 60:02d}",
              f"-o {logs_dir / p.name}.%J.out"]

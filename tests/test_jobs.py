@@ -129,11 +129,18 @@ def test_lsf_horovod_asks_for_slots_and_gpus_not_csm_nodes(tmp_path):
                 "--launcher", "horovod", "--cores-per-rank", "7", "--dry-run")
     assert res.returncode == 0, res.stderr
     assert "#BSUB -n 12\n" in res.stdout and "#BSUB -nnodes" not in res.stdout
-    assert '#BSUB -R "span[ptile=6]"\n#BSUB -gpu "num=6"\n' in res.stdout
+    # a slot is one core: each rank's slot asks for the 7 cores its 7 threads use
+    assert '#BSUB -R "span[ptile=6] affinity[core(7)]"\n#BSUB -gpu "num=6"\n' in res.stdout
+    assert "export LARTPC_CORES_PER_TASK=7\n" in res.stdout
+    # the hosts go to horovodrun -H (without it horovodrun asks IBM CSM for them); a dry
+    # run outside LSF shows placeholders
+    (launch,) = [ln for ln in res.stdout.splitlines() if ln.startswith("### launch: ")]
+    assert launch.startswith("### launch: horovodrun -np 12 -H node1:6,node2:6 lartpc train ")
     res = sweep(tmp_path, "--models", "jishnet", "--gpus", "2", "--scheduler", "lsf",
-                "--launcher", "horovod", "--cpu", "--dry-run")
+                "--launcher", "horovod", "--cpu", "--cores-per-rank", "1", "--dry-run")
     assert res.returncode == 0, res.stderr
-    assert '#BSUB -n 2\n#BSUB -R "span[ptile=2]"\n#BSUB -W' in res.stdout  # no GPUs
+    assert ('#BSUB -n 2\n#BSUB -R "span[ptile=2] affinity[core(1)]"\n#BSUB -W'
+            in res.stdout)  # no GPUs
     template = (ROOT / "jobs/lsf/horovodrun.lsf").read_text()
     assert "#BSUB -nnodes" not in template and '#BSUB -gpu "num=6"\n' in template
 
@@ -209,6 +216,174 @@ def test_horovod_gloo_host_list_from_tasks_per_node(tmp_path):
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("horovodrun --gloo -np 10 -H a:4,b:4,c:2 lartpc train ")
+
+
+def _fake_bin(folder: Path, **bodies: str) -> dict:
+    """os.environ with ``folder`` first on PATH, holding a script per name (sh bodies)."""
+    folder.mkdir(exist_ok=True)
+    for name, body in bodies.items():
+        (folder / name).write_text(f"#!/bin/sh\n{body}\n")
+        (folder / name).chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "LSB_", "LARTPC_"))}
+    env["PATH"] = f"{folder}:{env['PATH']}"
+    return env
+
+
+@pytest.mark.parametrize("nnodes", ["1", "2"])
+def test_horovod_gloo_stops_when_scontrol_gives_no_hosts(tmp_path, nnodes):
+    """A failing `scontrol show hostnames` stops the job with its own error, before any
+    launch: inside the launch's arguments ("$(lartpc_host_slots)") the error did not stop
+    the script, and horovodrun got -H '' (its failure then read as training's)."""
+    env = _fake_bin(tmp_path, scontrol="echo 'scontrol: error: Unable to contact slurm "
+                                       "controller' >&2; exit 1")
+    env.update(LARTPC_DRY_RUN="1", LARTPC_CONFIG="tiny-scnet", LARTPC_DATA="/d",
+               LARTPC_RUN="/r", SLURM_NTASKS="4", SLURM_NNODES=nnodes,
+               SLURM_JOB_NODELIST="a,b", SLURM_TASKS_PER_NODE="2(x2)")
+    res = subprocess.run(["bash", str(ROOT / "jobs/slurm/horovod-gloo.sbatch")], env=env,
+                         capture_output=True, text=True)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert res.stdout == ""  # no launch line
+    assert "error: no node names from SLURM_JOB_NODELIST=a,b" in res.stderr
+
+
+@pytest.mark.parametrize("value,slots", [
+    ("nodeA 6 nodeB 6", "nodeA:6,nodeB:6"), ("nodeA 2", "nodeA:2"),
+    ("h1 4  h2 2 ", "h1:4,h2:2"), ("batch1 1 h41n01 42", "batch1:1,h41n01:42")])
+def test_lsf_host_slots_from_lsb_mcpu_hosts(value, slots):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LSB_", "LARTPC_"))}
+    res = subprocess.run(["bash", "-c", f'source {ROOT}/jobs/slurm/common.sh; '
+                          's=$(lartpc_lsf_host_slots) || exit; echo "$s"'],
+                         env={**env, "LSB_JOBID": "123", "LSB_MCPU_HOSTS": value},
+                         capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout == f"{slots}\n", res.stderr
+
+
+@pytest.mark.parametrize("value,message", [
+    (None, "LSB_MCPU_HOSTS is not set"), ("", "LSB_MCPU_HOSTS is not set"),
+    ("nodeA", "LSB_MCPU_HOSTS='nodeA': expected pairs of host and slot count"),
+    ("nodeA 6 nodeB", "expected pairs"), ("nodeA six", "expected pairs"),
+    ("nodeA 0", "expected pairs")])
+def test_horovodrun_lsf_stops_without_a_host_list(tmp_path, value, message):
+    """Inside an LSF job horovodrun.lsf passes -H from LSB_MCPU_HOSTS, and stops with one
+    line when it is missing or malformed (not horovodrun's KeyError: 'CSM_ALLOCATION_ID')."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LSB_", "LARTPC_"))}
+    env.update(LARTPC_DRY_RUN="1", LARTPC_CONFIG="tiny-scnet", LARTPC_DATA="/d",
+               LARTPC_RUN="/r", LARTPC_NTASKS="12", LSB_JOBID="123")
+    script = ROOT / "jobs/lsf/horovodrun.lsf"
+    good = subprocess.run(["bash", str(script)], capture_output=True, text=True,
+                          env={**env, "LSB_MCPU_HOSTS": "nodeA 6 nodeB 6"})
+    assert good.returncode == 0, good.stderr
+    assert good.stdout.startswith("horovodrun -np 12 -H nodeA:6,nodeB:6 lartpc train ")
+    if value is not None:
+        env["LSB_MCPU_HOSTS"] = value
+    res = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert res.returncode == 2 and res.stdout == "", res.stdout
+    assert "error: " in res.stderr and message in res.stderr
+
+
+_LAUNCHER_AT_LIMIT = ['bash', '-c', 'mkdir -p "$LARTPC_RUN"; '
+                      'echo \'{"status": "time_limit"}\' > "$LARTPC_RUN/run.json"']
+
+
+@pytest.mark.parametrize("case,env_extra,bodies,message", [
+    ("requeued", {"SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "0"},
+     {"scontrol": 'echo "$*" >> "$CALLS"'}, "requeueing job 4242 (restart 1)"),
+    ("slurm limit", {"SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "2"},
+     {"scontrol": 'echo "$*" >> "$CALLS"'},
+     "requeued 2 times already (LARTPC_MAX_REQUEUES=2); giving up: the run is unfinished"),
+    ("scontrol fails", {"SLURM_JOB_ID": "4242"},
+     {"scontrol": 'echo "$*" >> "$CALLS"; exit 1'}, "scontrol requeue 4242 failed"),
+    ("lsf limit", {"LSB_JOBID": "701", "LARTPC_RESUBMIT_COUNT": "2"},
+     {"bsub": 'echo bsub >> "$CALLS"'}, "resubmitted 2 times already"),
+    ("bsub fails", {"LSB_JOBID": "701"},
+     {"bsub": 'echo bsub >> "$CALLS"; echo "queue closed"; exit 255'},
+     "bsub failed: queue closed"),
+    ("no script", {"LSB_JOBID": "701", "LARTPC_SCRIPT": ""},
+     {"bsub": 'echo bsub >> "$CALLS"'}, "LARTPC_SCRIPT unset: cannot resubmit"),
+])
+def test_a_run_left_unfinished_fails_the_job(tmp_path, case, env_extra, bodies, message):
+    """A run at its time limit that is not requeued or resubmitted (the limit reached,
+    scontrol or bsub failing, no script) ends the job with exit 3, so SLURM/LSF record it
+    failed and `afterok` dependents do not start; one that is requeued exits 0."""
+    script = tmp_path / "job.lsf"
+    script.write_text("#!/bin/bash\n")
+    env = _fake_bin(tmp_path / "bin", **bodies)
+    env.update(LARTPC_RUN=str(tmp_path / "runs" / "p"), LARTPC_MAX_REQUEUES="2",
+               LARTPC_SCRIPT=str(script), CALLS=str(tmp_path / "calls"))
+    env.update(env_extra)
+    res = subprocess.run(["bash", "-c", f'set -euo pipefail; source {ROOT}/jobs/slurm/common.sh; '
+                          'lartpc_launch "$@"', "job", *_LAUNCHER_AT_LIMIT],
+                         env=env, capture_output=True, text=True)
+    assert "run status: time_limit" in res.stderr, res.stderr
+    assert message in res.stderr, res.stderr
+    assert res.returncode == (0 if case == "requeued" else 3), res.stderr
+    calls = (tmp_path / "calls").read_text().split("\n") if (tmp_path / "calls").exists() else []
+    assert bool(calls) == (case in ("requeued", "scontrol fails", "bsub fails"))
+
+
+def test_torchrun_waits_for_its_ranks_checkpoint_at_the_wall_time_signal():
+    """At the wall-time warning the ranks and torchrun get TERM; torchrun passes it on and
+    SIGKILLs its ranks after TORCH_ELASTIC_SHUTDOWN_TIMEOUT (torch's default 30 s, short
+    of a slow checkpoint). env.sh sets it below the warning's lead, unless set already;
+    torch's own launcher config reads that value."""
+    from lartpc.jobs.sweep import WARNING_LEAD_S
+
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("SLURM_", "LARTPC_", "TORCH_ELASTIC"))}
+
+    def env_after(**extra: str) -> dict:
+        out = subprocess.run(["bash", "-c", f"source {ROOT}/jobs/slurm/common.sh; lartpc_env 4; "
+                              'env; echo "DEFAULTED=$LARTPC_ENV_DEFAULTED"'],
+                             env={**base, "LARTPC_RUN": "/r/p", **extra}, capture_output=True,
+                             text=True, check=True).stdout
+        return dict(ln.split("=", 1) for ln in out.splitlines() if "=" in ln)
+
+    env = env_after()
+    timeout = int(env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"])
+    assert 30 < timeout < WARNING_LEAD_S
+    # a resubmitted LSF job works it out again rather than inheriting it
+    assert "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" in env["DEFAULTED"].split()
+    mine = env_after(TORCH_ELASTIC_SHUTDOWN_TIMEOUT="45")
+    assert mine["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "45"
+    assert "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in mine["DEFAULTED"].split()
+    probe = ("from torch.distributed.launcher.api import LaunchConfig; "
+             "print(LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1).shutdown_timeout)")
+    read = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env={**base, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(timeout)})
+    assert read.returncode == 0 and read.stdout.strip() == str(timeout), read.stderr
+
+
+def test_one_wall_time_warning_lead():
+    """The templates' `--signal=B:USR1@...`, the sweep's and common.sh's lead agree, and
+    common.sh's default margin leaves room for a checkpoint after the lead."""
+    import re
+
+    from lartpc.jobs.sweep import WARNING_LEAD_S
+
+    for t in ROOT.glob("jobs/slurm/*.sbatch"):
+        leads = re.findall(r"^#SBATCH --signal=B:USR1@(\d+)$", t.read_text(), re.M)
+        assert leads in ([], [str(WARNING_LEAD_S)]), t
+    common = (ROOT / "jobs/slurm/common.sh").read_text()
+    assert f"\nLARTPC_WARNING_LEAD_S={WARNING_LEAD_S}\n" in common
+    margin = int(re.search(r"LARTPC_TIME_MARGIN_S:-(\d+)", common).group(1))
+    assert margin >= WARNING_LEAD_S + 60
+
+
+def test_allreduce_dry_run_line_is_quoted_as_the_launch_lines(tmp_path):
+    """allreduce.sbatch prints its command as lartpc_launch does: a shell reads the line
+    back as the same words (a profile path with a space stays one word)."""
+    import shlex
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "LARTPC_"))}
+    out = str(tmp_path / "my runs" / "network.json")
+    env.update(LARTPC_DRY_RUN="1", LARTPC_NETWORK_OUT=out, LARTPC_NNODES="1",
+               LARTPC_TASKS_PER_NODE="2", LARTPC_ALLREDUCE_ARGS="--repeats 3")
+    res = subprocess.run(["bash", str(ROOT / "jobs/slurm/allreduce.sbatch")], env=env,
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    words = shlex.split(res.stdout)
+    assert words[:4] == ["srun", "--nodes=1", "--ntasks=2", "--ntasks-per-node=2"]
+    assert words[words.index("--out") + 1] == out and words[-2:] == ["--repeats", "3"]
 
 
 @pytest.mark.parametrize("args,message", [

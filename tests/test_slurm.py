@@ -87,7 +87,8 @@ def test_time_limit_requeues_and_resumes(slurm_env, tmp_path, events_dir):
 
     train.time_limit_s=1 makes every segment stop after its first step (the limit is
     checked after each step); --max-requeues 1 allows one requeue, so the job runs
-    exactly two segments of one step each and ends, still at its time limit.
+    exactly two segments of one step each and ends, still at its time limit: FAILED
+    (exit 3), so that an ``afterok`` dependent does not start on an unfinished run.
     """
     man = _sweep(tmp_path, events_dir, "torchrun", "--set", "train.epochs=5",
                  "--max-requeues", "1")  # written into the script: an environment's loses
@@ -97,8 +98,9 @@ def test_time_limit_requeues_and_resumes(slurm_env, tmp_path, events_dir):
     info = sh.wait(job, slurm_env)
     run = Path(point["run"])
     log = _log(tmp_path)
-    assert info["JobState"] == "COMPLETED", log
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "3:0", (info, log)
     assert info["Restarts"] == "1", log
+    assert "requeued 1 times already (LARTPC_MAX_REQUEUES=1); giving up" in log
     meta = json.loads((run / "run.json").read_text())
     assert meta["status"] == "time_limit"
     assert len(meta["segments"]) == 2
@@ -163,7 +165,8 @@ def test_the_wall_time_signal_checkpoints_every_rank_and_requeues(slurm_env, tmp
     SIGKILLing its tasks, so no rank would save and up to ``checkpoint_every_s`` of
     training would be lost (here, with no periodic checkpoint, the whole segment). The
     signal is sent the way SLURM sends it, ``scancel --signal=USR1 --batch``, twice:
-    once per segment, the second past ``--max-requeues 1``, which ends the job."""
+    once per segment, the second past ``--max-requeues 1``, which ends the job FAILED
+    (exit 3: the run is unfinished and nothing will resume it)."""
     man = _sweep(tmp_path, events_dir, launcher, "--set", "train.epochs=1000",
                  "--set", "train.checkpoint_every_s=3600",
                  "--max-requeues", "1")
@@ -186,7 +189,9 @@ def test_the_wall_time_signal_checkpoints_every_rank_and_requeues(slurm_env, tmp
             first = len(_rows(csv0))
     info = sh.wait(job, slurm_env)
     log = _log(tmp_path)
-    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", log
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "3:0", (info, log)
+    assert info["Restarts"] == "1", log
+    assert "requeued 1 times already (LARTPC_MAX_REQUEUES=1); giving up" in log
     assert "wall-time signal while training still runs" in log
     # horovodrun runs in the batch step, its ranks its children: it would SIGKILL them 5 s
     # after passing TERM on, before a slow step could save (torchrun runs under srun)

@@ -538,7 +538,8 @@ def test_lsf_chain_stops_when_its_script_was_rewritten(tmp_path):
     env["LARTPC_SCRIPT_SHA256"] = handed["LARTPC_SCRIPT_SHA256"]
     r = subprocess.run(["bash", "-c", chain + f"echo changed >> {script}; lartpc_requeue"],
                        env=env, capture_output=True, text=True)
-    assert r.returncode == 0 and "not the script this chain started with" in r.stderr
+    # a give-up: nonzero, so the job ends FAILED and no afterok dependent starts
+    assert r.returncode == 1 and "not the script this chain started with" in r.stderr
     assert "not resubmitted" in r.stderr and not seen.exists(), r.stderr
 
 

@@ -84,7 +84,8 @@ else
     sed -i 's/^check_language(CUDA)$/set(CMAKE_CUDA_COMPILER "")/' "$src/CMakeLists.txt"
     sed -i 's/^    find_package(CUDAToolkit)$/    set(CUDAToolkit_BIN_DIR "")/' "$src/CMakeLists.txt"
 fi
-export MAKEFLAGS="-j$(nproc)"
+MAKEFLAGS="-j$(nproc)"
+export MAKEFLAGS
 
 "$PYTHON" -m pip wheel --no-build-isolation --no-deps -w "$work/dist" "$src"
 cache_and_install_wheel "$PYTHON" "$work/dist" "$wheel_dir" horovod

@@ -11,7 +11,8 @@
 #   LARTPC_SET      extra `section.key=value` overrides, separated by spaces
 #   LARTPC_TIME     requested wall time (SLURM syntax, e.g. 04:00:00); fallback when the
 #                   scheduler cannot tell the time left
-#   LARTPC_TIME_MARGIN_S  seconds kept free at the end of the job (default 300)
+#   LARTPC_TIME_MARGIN_S  seconds kept free at the end of the job (default 300: more
+#                   than LARTPC_WARNING_LEAD_S below plus a checkpoint's time)
 #   LARTPC_TIME_LIMIT_S   train.time_limit_s to use instead of the computed one
 #   LARTPC_MAX_REQUEUES   most requeues or resubmissions of one run (default 20;
 #                   `lartpc sweep --max-requeues`). A run that has spent its study
@@ -22,11 +23,31 @@
 #   LARTPC_RANKS_PER_TASK  ranks one srun task starts (torchrun: the node's ranks)
 #   LARTPC_PRELUDE  shell file sourced before anything else (module load, conda, ...)
 #   LARTPC_VENV     virtual environment to activate on the compute node
-# The ranks' environment (HDF5 file locking, OpenMP threads, NCCL) is set in env.sh.
+#   LARTPC_JOBS_DIR the jobs/ folder holding this file (default <submit dir>/jobs)
+#   LARTPC_GLOO_IFACE  network interface for Gloo across nodes (horovod-gloo.sbatch)
+#   LARTPC_NCCL_LOG_DIR  folder for NCCL's set-up logs (default <run's parent>/logs; env.sh)
+#   LARTPC_NETWORK_OUT  cluster profile allreduce.sbatch writes (required there)
+#   LARTPC_ALLREDUCE_ARGS  more `lartpc bench allreduce` options (allreduce.sbatch)
 #   LARTPC_SCRIPT   this script's path (LSF resubmits it)
 #   LARTPC_MANIFEST, LARTPC_POINT  the sweep's manifest.json and this point's name: an
 #                   LSF resubmission's job id is recorded there
 #   LARTPC_DRY_RUN  1: print the launch command and exit without running anything
+# The ranks' environment (HDF5 file locking, OpenMP threads, NCCL, torchrun's shutdown
+# time) is set in env.sh.
+#
+# Exit status of a job script: 0 when the run completed, spent its study budget, or was
+# requeued/resubmitted to go on; 2 when training refused to run (bad input, a refused
+# resume) or the job's settings are wrong; 3 (LARTPC_EXIT_NOT_RESUMED) when the run
+# stopped unfinished and nothing will resume it (requeue limit reached, the requeue or
+# resubmission failed or was refused): the job ends FAILED, so `afterok` dependents do
+# not start on an unfinished run; any other: the launcher's failure.
+
+# SLURM's warning before the wall time, in seconds: `#SBATCH --signal=B:USR1@120` in the
+# templates and jobs/sweep.py's WARNING_LEAD_S say the same (tests/test_jobs.py checks).
+# LARTPC_TIME_MARGIN_S (300) must exceed it plus a checkpoint's time, so that training
+# normally stops by its own limit before the warning comes.
+LARTPC_WARNING_LEAD_S=120
+LARTPC_EXIT_NOT_RESUMED=3
 
 # shellcheck source=jobs/slurm/env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
@@ -185,10 +206,14 @@ lartpc_hosts() {
 }
 
 # lartpc_host_slots: "host1:n1,host2:n2" for horovodrun -H, from SLURM's tasks per node.
+# Dies when there are no node names (scontrol failed): call it on a line of its own
+# (`slots=$(lartpc_host_slots) || exit 2`), since a die inside "$(...)" in a command's
+# arguments would not stop the script.
 lartpc_host_slots() {
     local -a hosts counts parts
     mapfile -t hosts < <(lartpc_hosts)
-    (( ${#hosts[@]} > 0 )) || lartpc_die "no node names from $SLURM_JOB_NODELIST"
+    (( ${#hosts[@]} > 0 )) \
+        || lartpc_die "no node names from SLURM_JOB_NODELIST=${SLURM_JOB_NODELIST:-} (scontrol show hostnames failed?)"
     if [[ -n ${SLURM_TASKS_PER_NODE:-} ]]; then
         IFS=, read -ra parts <<< "$SLURM_TASKS_PER_NODE"  # e.g. 4(x2),2
         local p i
@@ -206,6 +231,34 @@ lartpc_host_slots() {
     fi
     local out="" j
     for ((j = 0; j < ${#hosts[@]}; j++)); do out+="${out:+,}${hosts[j]}:${counts[j]:-1}"; done
+    echo "$out"
+}
+
+# lartpc_lsf_host_slots: "host1:n1,host2:n2" for horovodrun -H, from LSF's
+# LSB_MCPU_HOSTS ("host1 n1 host2 n2 ..."): horovodrun would otherwise ask IBM CSM for the
+# hosts whenever LSB_JOBID is set, and fail where there is no CSM. Outside an LSF job, in
+# a dry run, placeholders node1.. as lartpc_host_slots gives. Dies when the variable is
+# missing or is not host/count pairs. Call it on a line of its own
+# (`slots=$(lartpc_lsf_host_slots) || exit 2`): a die inside "$(...)" in a command's
+# arguments would not stop the script.
+lartpc_lsf_host_slots() {
+    if [[ -z ${LSB_MCPU_HOSTS:-} ]]; then
+        if [[ -z ${LSB_JOBID:-} && ${LARTPC_DRY_RUN:-0} == 1 ]]; then
+            lartpc_host_slots
+            return
+        fi
+        lartpc_die "LSB_MCPU_HOSTS is not set: no hosts for horovodrun -H (not inside an LSF job?)"
+    fi
+    local -a words
+    read -ra words <<< "$LSB_MCPU_HOSTS"
+    local out="" j
+    (( ${#words[@]} > 0 && ${#words[@]} % 2 == 0 )) \
+        || lartpc_die "LSB_MCPU_HOSTS='$LSB_MCPU_HOSTS': expected pairs of host and slot count"
+    for ((j = 0; j < ${#words[@]}; j += 2)); do
+        [[ ${words[j + 1]} =~ ^[1-9][0-9]*$ && ${words[j]} != *[:,]* ]] \
+            || lartpc_die "LSB_MCPU_HOSTS='$LSB_MCPU_HOSTS': expected pairs of host and slot count"
+        out+="${out:+,}${words[j]}:${words[j + 1]}"
+    done
     echo "$out"
 }
 
@@ -247,7 +300,9 @@ lartpc_on_signal() {
         # The ranks run in the job's steps, under srun, which answers SIGTERM by
         # SIGKILLing its tasks: no rank could save. So the ranks are sent TERM
         # themselves (scancel without --batch signals the steps' processes, not this
-        # shell), and srun ends when they have.
+        # shell), and srun ends when they have. A torchrun in a step gets the TERM too and
+        # passes it on, then SIGKILLs its ranks after TORCH_ELASTIC_SHUTDOWN_TIMEOUT
+        # (env.sh: 100 s, not torch's 30), so a slow checkpoint is not cut short.
         scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null \
             || lartpc_log "scancel --signal=TERM $SLURM_JOB_ID failed: the ranks were not told to stop"
     else
@@ -301,17 +356,22 @@ lartpc_ranks_in_steps() {
     [[ $(basename "$1") == srun || " $* " == *" lartpc.dist.srun_horovod "* ]]
 }
 
+# lartpc_quote CMD...: CMD as one line a shell reads back as the same words: plain words
+# as they are (readable), anything else shell-quoted. The dry run's launch line.
+lartpc_quote() {
+    local arg line=""
+    for arg in "$@"; do
+        if [[ $arg =~ ^[A-Za-z0-9_./:=,@%+-]+$ ]]; then line+=" $arg"
+        else printf -v arg '%q' "$arg"; line+=" $arg"; fi
+    done
+    echo "${line# }"
+}
+
 # lartpc_launch CMD...: run the launcher (or print it under LARTPC_DRY_RUN=1), then
 # requeue when the run stopped at its time limit. Exits with the job's status.
 lartpc_launch() {
     if [[ ${LARTPC_DRY_RUN:-0} == 1 ]]; then
-        local arg line=""
-        for arg in "$@"; do
-            # Plain words as they are (readable), anything else shell-quoted.
-            if [[ $arg =~ ^[A-Za-z0-9_./:=,@%+-]+$ ]]; then line+=" $arg"
-            else printf -v arg '%q' "$arg"; line+=" $arg"; fi
-        done
-        echo "${line# }"
+        lartpc_quote "$@"
         exit 0
     fi
     mkdir -p "$(dirname "$LARTPC_RUN")"
@@ -365,7 +425,7 @@ lartpc_launch() {
         exit 0
     fi
     if (( rc == 0 )) && [[ $status == time_limit || $status == preempted ]]; then
-        lartpc_requeue
+        lartpc_requeue || exit "$LARTPC_EXIT_NOT_RESUMED"
         exit 0
     fi
     # A refused resume is refused again after a requeue: never requeue it, even when the
@@ -375,7 +435,7 @@ lartpc_launch() {
         exit 2
     fi
     if [[ $LARTPC_SIGNALLED == 1 && -e $LARTPC_RUN/checkpoint.pt ]]; then
-        lartpc_requeue
+        lartpc_requeue || exit "$LARTPC_EXIT_NOT_RESUMED"
         exit 0
     fi
     (( rc != 0 )) || rc=1
@@ -401,21 +461,32 @@ lartpc_sha256() {
     echo "${sum%% *}"
 }
 
+# lartpc_requeue: requeue (SLURM) or resubmit (LSF) this job so the run goes on. Returns
+# 0 when it did, and 1 when it gave up or failed (the reason is logged): the run is left
+# unfinished, and lartpc_launch then exits LARTPC_EXIT_NOT_RESUMED.
 lartpc_requeue() {
     local max=${LARTPC_MAX_REQUEUES:-20}
     if [[ -n ${SLURM_JOB_ID:-} ]]; then
         local n=${SLURM_RESTART_COUNT:-0}
-        if (( n >= max )); then lartpc_log "requeued $n times already; giving up"; return 0; fi
+        if (( n >= max )); then
+            lartpc_log "requeued $n times already (LARTPC_MAX_REQUEUES=$max); giving up: the run is unfinished"
+            return 1
+        fi
         lartpc_log "time limit reached; requeueing job $SLURM_JOB_ID (restart $((n + 1)))"
-        scontrol requeue "$SLURM_JOB_ID" \
-            || lartpc_log "scontrol requeue $SLURM_JOB_ID failed: resubmit the script to resume"
+        if ! scontrol requeue "$SLURM_JOB_ID"; then
+            lartpc_log "scontrol requeue $SLURM_JOB_ID failed: resubmit the script to resume"
+            return 1
+        fi
     elif [[ -n ${LSB_JOBID:-} ]]; then
         local n=${LARTPC_RESUBMIT_COUNT:-0}
-        if (( n >= max )); then lartpc_log "resubmitted $n times already; giving up"; return 0; fi
-        [[ -n ${LARTPC_SCRIPT:-} ]] || { lartpc_log "LARTPC_SCRIPT unset: cannot resubmit"; return 0; }
+        if (( n >= max )); then
+            lartpc_log "resubmitted $n times already (LARTPC_MAX_REQUEUES=$max); giving up: the run is unfinished"
+            return 1
+        fi
+        [[ -n ${LARTPC_SCRIPT:-} ]] || { lartpc_log "LARTPC_SCRIPT unset: cannot resubmit"; return 1; }
         if [[ -n ${LARTPC_SCRIPT_SHA256:-} && $(lartpc_sha256 "$LARTPC_SCRIPT") != "$LARTPC_SCRIPT_SHA256" ]]; then
             lartpc_log "$LARTPC_SCRIPT is not the script this chain started with (rewritten since, by another sweep into its folder?): not resubmitted; submit it again to resume with it"
-            return 0
+            return 1
         fi
         lartpc_log "time limit reached; resubmitting $LARTPC_SCRIPT (resubmission $((n + 1)))"
         local out re='Job <([0-9]+)>'
@@ -424,7 +495,7 @@ lartpc_requeue() {
         local -a unset=(-u LARTPC_LIMIT_FROM) name
         for name in ${LARTPC_ENV_DEFAULTED:-}; do unset+=(-u "$name"); done
         if ! out=$(env "${unset[@]}" LARTPC_RESUBMIT_COUNT=$((n + 1)) bsub < "$LARTPC_SCRIPT" 2>&1); then
-            lartpc_log "bsub failed: $out"; return 0
+            lartpc_log "bsub failed: $out"; return 1
         fi
         lartpc_log "$out"
         # The new job id goes into the sweep's manifest, so `lartpc sweep --submit` sees
@@ -435,5 +506,7 @@ lartpc_requeue() {
         fi
     else
         lartpc_log "time limit reached outside a scheduler: run again to resume"
+        return 1
     fi
+    return 0
 }

@@ -21,6 +21,14 @@
 #   LARTPC_SRUN_MPI=pmix          srun's --mpi plugin for Horovod over MPI
 #                                 (horovod-srun.sbatch); `srun --mpi=list` shows the site's;
 #                                 a site file's srun_mpi is exported by the sweep
+#   TORCH_ELASTIC_SHUTDOWN_TIMEOUT=100
+#                                 seconds torchrun gives its ranks to end after it passes
+#                                 on a TERM, before it SIGKILLs them (torch's default 30 s
+#                                 would cut a slow checkpoint short at the wall-time
+#                                 warning): the warning's lead (LARTPC_WARNING_LEAD_S, 120)
+#                                 less 20 s for the script to requeue. Read by torchrun's
+#                                 LaunchConfig (torch/distributed/launcher/api.py, torch
+#                                 2.13); a torchrun without it keeps 30 s
 
 # lartpc_env RANK_CORES: export the defaults above. The names of those this job had not
 # set go into LARTPC_ENV_DEFAULTED, so a job that resubmits itself (LSF's bsub copies the
@@ -30,7 +38,8 @@ lartpc_env() {
     local name
     LARTPC_ENV_DEFAULTED=""
     for name in HDF5_USE_FILE_LOCKING OMP_NUM_THREADS TORCH_NCCL_ASYNC_ERROR_HANDLING \
-                NCCL_DEBUG NCCL_DEBUG_SUBSYS NCCL_DEBUG_FILE LARTPC_SRUN_MPI; do
+                NCCL_DEBUG NCCL_DEBUG_SUBSYS NCCL_DEBUG_FILE LARTPC_SRUN_MPI \
+                TORCH_ELASTIC_SHUTDOWN_TIMEOUT; do
         [[ -n ${!name+set} ]] || LARTPC_ENV_DEFAULTED+=" $name"
     done
     export HDF5_USE_FILE_LOCKING="${HDF5_USE_FILE_LOCKING:-FALSE}"
@@ -43,4 +52,5 @@ lartpc_env() {
     fi
     export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
     export LARTPC_SRUN_MPI="${LARTPC_SRUN_MPI:-pmix}"
+    export TORCH_ELASTIC_SHUTDOWN_TIMEOUT="${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-$(( ${LARTPC_WARNING_LEAD_S:-120} - 20 ))}"
 }

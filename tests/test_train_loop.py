@@ -18,7 +18,8 @@ from lartpc.train.loop import fit
 from lartpc.train.plan import plan_run
 from lartpc.train.segments import Segment
 from lartpc.train.sinks import EvalRecord, Sink, Sinks, StepRecord, open_sinks
-from lartpc.train.trainer import StepVote, Trainer
+from lartpc.train.state import StepVote
+from lartpc.train.trainer import Trainer
 
 SETS = ["data.downsample=9", "data.eval_fraction=0.2", "train.epochs=2",
         "train.log_flush_steps=1", "train.threads=1", "train.progress_every_s=0"]
@@ -117,7 +118,7 @@ def test_time_left_reserves_the_slowest_recent_step_evaluation_and_save():
     slow; a quicker evaluation or save after a slow one does not shrink the reserve."""
     from types import SimpleNamespace
 
-    from lartpc.train.trainer import RECENT_STEPS, Timing
+    from lartpc.train.state import RECENT_STEPS, Timing
 
     def left(timing: Timing, elapsed: float, limit: float = 30.0) -> bool:
         t = SimpleNamespace(timing=timing, process_start=time.time() - elapsed,

@@ -318,7 +318,7 @@ class Checkpointer:
     def due(self, global_step: int) -> bool:
         """This rank's wish to save once ``global_step`` steps are done. The time rule
         reads this rank's clock: the loop votes on it with the step
-        (:class:`~lartpc.train.trainer.StepVote`), never acts on it alone."""
+        (:class:`~lartpc.train.state.StepVote`), never acts on it alone."""
         if self.every_steps:
             return global_step % self.every_steps == 0
         return time.time() - self.last_time > self.every_s

@@ -166,7 +166,8 @@ def fit_censored_power_law(n, y, censored, quantity: str = "TTL") -> PowerLawFit
     n_cens = int(cens.sum())
     out.notes.append(f"{quantity}: censored (Tobit) fit of log {quantity} on log N over "
                      f"{len(y)} runs, {n_cens} censored; sigma = {math.exp(theta[2]):.3f}; "
-                     "95 % interval from the profile likelihood")
+                     + ("95 % interval from the profile likelihood" if out.exponent_ci95
+                        else "no 95 % interval (the profile likelihood did not bound it)"))
     if out.exponent_ci95 is None:
         out.warnings.append(f"{quantity}: the censored runs leave the exponent unbounded "
                             "(the likelihood does not drop on one side): run longer")

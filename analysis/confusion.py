@@ -16,6 +16,7 @@ from lartpc.analysis import plots
 from lartpc.analysis.metrics import binomial_se, wilson_interval
 from lartpc.analysis.runcheck import safe_name
 from lartpc.analysis.runs import CLASSES, Run
+from lartpc.analysis.tables import count_unit, gpus_text
 
 from lartpc.fsutil import atomic_write
 
@@ -68,8 +69,8 @@ def _csv(matrix: np.ndarray, fmt: str, classes: tuple[str, ...] = CLASSES) -> st
 
 def run_title(run: Run) -> str:
     seed = f", seed {run.seed}" if run.seed is not None else ""
-    unit = plots.count_unit([run.meta.get("device")])
-    return f"{run.model}, {plots.gpus_text(run.world_size, unit)}{seed} ({run.name})"
+    unit = count_unit([run.meta.get("device")])
+    return f"{run.model}, {gpus_text(run.world_size, unit)}{seed} ({run.name})"
 
 
 #: File names made from a label are cut to 120 characters (:func:`safe_name`), so

@@ -33,6 +33,8 @@ import numpy as np
 from lartpc.analysis.metrics import SETTING, RunMetrics
 from scipy import special  # not scipy.stats: stats probes sys.modules for torch on import
 
+from lartpc.runfolder.schema import Status
+
 N_BOOT = 2000
 
 
@@ -184,7 +186,8 @@ def _mean(values: list[float]) -> float | None:
 
 
 def scaling_table(rows: list[RunMetrics]) -> list[dict]:
-    """Per-N means, speedup, efficiency and Karp-Flatt fraction relative to the smallest N."""
+    """Per-N means, speedup, efficiency and Karp-Flatt fraction relative to the smallest N
+    with an epoch rate."""
     by_n: dict[int, list[RunMetrics]] = {}
     for r in rows:
         by_n.setdefault(r.world_size, []).append(r)
@@ -223,6 +226,13 @@ def scaling_table(rows: list[RunMetrics]) -> list[dict]:
     return table
 
 
+def bounds_ttl(r: RunMetrics) -> bool:
+    """True for a censored run whose stop is a lower bound of its TTL: it has a wall time
+    and did not diverge (a diverged run would not have got there). Such runs enter the
+    TTL fit as lower bounds and are drawn as such."""
+    return bool(r.ttl_censored and r.ttl_lower_bound_s and r.status != Status.DIVERGED)
+
+
 def summarize_model(rows: list[RunMetrics], seed: int = 0) -> dict:
     """Fits and scaling for the runs of one model (keys as in ``fit --json``)."""
     from lartpc.analysis.censored import fit_censored_power_law
@@ -232,8 +242,7 @@ def summarize_model(rows: list[RunMetrics], seed: int = 0) -> dict:
     dropped = fit_power_law([r.world_size for r in ok], [r.ttl_s for r in ok], "TTL",
                             seed=seed)
     # a diverged run's censoring is no lower bound: it would not have got there
-    bounded = [r for r in rows if not r.ttl_censored
-               or (r.ttl_lower_bound_s and r.status != "diverged")]
+    bounded = [r for r in rows if not r.ttl_censored or bounds_ttl(r)]
     ttl, fallback = dropped, None
     if len(bounded) > len(ok):  # censored runs with a lower bound: they enter the fit
         ttl = fit_censored_power_law([r.world_size for r in bounded],

@@ -54,10 +54,11 @@ def shared_host(a: Analysis) -> list[str]:
             continue
         r, m = crowded[0]
         ratio = ""
-        s = a.models.get(model, {}).get("scaling", [])
-        row = next((x for x in s if x["gpus"] == m.world_size), None)
-        if row and row["speedup"] is not None and s[0]["gpus"] == 1:
-            ratio = (f" (its {m.world_size}-rank epoch rate is {row['speedup']:.2f}x the "
+        summary = a.models.get(model, {})
+        row = next((x for x in summary.get("scaling", []) if x["gpus"] == m.world_size), None)
+        # speedups are relative to the smallest N with an epoch rate: only a 1-rank one
+        if row and row["speedup"] is not None and summary.get("baseline_gpus") == 1:
+            ratio = (f" (its {m.world_size}-rank epoch rate is {row['speedup']:.3g}x the "
                      "1-rank one)")
         lines.append(f"{model}: the {m.world_size}-rank runs ran on one host with "
                      f"{r.meta['host_cpus']} cores, every core busy{ratio}; ranks sharing "

@@ -1,4 +1,4 @@
-"""The published numbers of Hagen et al. 2020 (Hagen et al. 2020), as data.
+"""The published numbers of Hagen et al. 2020, as data.
 
 Used by the report to stand our results beside the paper's. Accuracies are fractions;
 confusion matrices are row-normalised percent, rows true, columns predicted, in

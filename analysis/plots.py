@@ -11,9 +11,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from lartpc.analysis.fit import PowerLawFit  # noqa: E402
+from lartpc.analysis.fit import PowerLawFit, bounds_ttl  # noqa: E402
 from lartpc.analysis.metrics import RunMetrics, primary_steps, smoothed_loss  # noqa: E402
 from lartpc.analysis.runs import CLASSES, Run  # noqa: E402
+from lartpc.analysis.segments import find_restarts  # noqa: E402
+from lartpc.analysis.tables import gpus_text  # noqa: E402
 from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator  # noqa: E402
 
 from lartpc.fsutil import atomic_write  # noqa: E402
@@ -24,6 +26,8 @@ DPI = 120
 #: must not start mathtext ('x$\frac{$' raised a parse error). Per text, not through
 #: rcParams: a global switch changed figures drawn later in the same process.
 PLAIN = {"parse_math": False}
+#: the classes' symbols on the small confusion matrices
+SYMBOLS = dict(zip(CLASSES, ("γ", "e", "μ", "π", "K"), strict=True))
 
 
 def save_figure(fig: plt.Figure, path: Path) -> Path:
@@ -61,15 +65,44 @@ def fit_label(fit: PowerLawFit, what: str) -> str:
     return f"fit: {what} ∝ N^({fit.exponent:.2f}{err})"
 
 
-def gpus_text(n: int, unit: str = "GPU") -> str:
-    """``1 GPU``, ``2 GPUs`` (``2 ranks`` with ``unit`` rank)."""
-    return f"{n} {unit}" + ("" if n == 1 else "s")
+def say_empty(ax: plt.Axes, text: str) -> None:
+    """``text`` in plain words where a panel has nothing to draw (no made-up axis)."""
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes,
+            fontsize=9, color="0.3", wrap=True, **PLAIN)
 
 
-def count_unit(devices) -> str:
-    """What N counts for runs on these ``devices`` (run.json's): ``GPU``, or ``rank``
-    when any of them trained on CPU ranks (a rank stands for one GPU of the study)."""
-    return "rank" if any(str(d or "").startswith("cpu") for d in devices) else "GPU"
+def ttl_points(ax: plt.Axes, rows: list[RunMetrics], scale: float = 1.0,
+               ms: float = 6) -> bool:
+    """Each run's TTL (divided by ``scale``) at its N: the runs that reached the threshold,
+    the censored ones at their lower bound, and diverged ones where they stopped (that
+    is no bound: :func:`lartpc.analysis.fit.bounds_ttl`). False when there is none."""
+    stopped = [m for m in rows if m.ttl_censored and m.ttl_lower_bound_s]
+    groups = (([m for m in rows if not m.ttl_censored and m.ttl_s], "reached the threshold",
+               {"marker": "o", "color": "k"}),
+              ([m for m in stopped if bounds_ttl(m)], "censored: TTL > its run time",
+               {"marker": "^", "color": "tab:red", "mfc": "none"}),
+              ([m for m in stopped if not bounds_ttl(m)], "diverged: stopped here (no bound)",
+               {"marker": "x", "color": "tab:purple"}))
+    for group, label, style in groups:
+        if group:  # a censored run's ttl_s is None: its point is where it stopped
+            ax.plot([m.world_size for m in group],
+                    [(m.ttl_s or m.ttl_lower_bound_s) / scale for m in group], ls="none",
+                    ms=ms, label=label, **style)
+    return any(group for group, _, _ in groups)
+
+
+def time_unit(seconds: float) -> tuple[str, float]:
+    """The unit a time axis reaching ``seconds`` reads in, and its length in seconds."""
+    return ("h", 3600.0) if seconds > 2 * 3600 else ("min", 60.0)
+
+
+def _broken(t: np.ndarray, intervals: list[int], *ys: np.ndarray) -> list[np.ndarray]:
+    """``t`` and ``ys`` with a NaN inside each step interval that holds a restart, so a
+    line breaks across the queue wait instead of joining the segments."""
+    at = [i + 1 for i in intervals]
+    return [np.insert(np.asarray(a, dtype=float), at, np.nan) for a in (t, *ys)]
 
 
 def log_y(ax: plt.Axes) -> None:
@@ -90,26 +123,29 @@ def _colours(gpus: list[int]) -> dict[int, tuple]:
 def loss_curves(runs: list[Run], rows: list[RunMetrics], ttl_fit: PowerLawFit, model: str,
                 threshold: float, out: Path, unit: str = "GPU") -> Path:
     """Smoothed global training loss vs wall time since start, one colour per GPU count,
-    with the threshold line and an inset of TTL vs N (censored runs as lower bounds).
-    N is counted in ``unit`` (:func:`count_unit`)."""
+    with the threshold line and an inset of TTL vs N (:func:`ttl_points`); a line breaks
+    across the queue wait of a run resumed by a later job (run.json segments).
+    N is counted in ``unit`` (:func:`lartpc.analysis.tables.count_unit`)."""
     fig, ax = plt.subplots(figsize=(8.5, 5.5))
     gpus = sorted({r.world_size for r in runs})
     colour = _colours(gpus)
-    longest = max((m.ttl_lower_bound_s or m.ttl_s or 0) for m in rows) if rows else 0
-    in_hours = longest > 2 * 3600
-    t_unit, scale = ("h", 3600.0) if in_hours else ("min", 60.0)
+    curves = [(run, m, steps) for run, m in zip(runs, rows, strict=True)
+              if (steps := primary_steps(run)) is not None]
+    # each axis in the unit of what it draws: the curves' span (queue waits included)
+    t_unit, scale = time_unit(max((float(st["time"].iloc[-1]) - r.meta["start_time"]
+                                   for r, _, st in curves), default=0))
     labelled: set[int] = set()
-    for run, m in zip(runs, rows, strict=True):
-        steps = primary_steps(run)
-        if steps is None:
-            continue
-        t = (steps["time"].to_numpy() - run.meta["start_time"]) / scale
+    for run, m, steps in curves:
+        times = steps["time"].to_numpy()
+        t = (times - run.meta["start_time"]) / scale
         c = colour[run.world_size]
-        ax.plot(t, steps["global_loss"].to_numpy(), color=c, alpha=0.12, lw=0.5)
+        smooth = smoothed_loss(steps, m.smooth_window or 1).to_numpy()
+        gaps = find_restarts(times, run.meta.get("segments") or []).intervals
+        t_b, raw_b, smooth_b = _broken(t, gaps, steps["global_loss"].to_numpy(), smooth)
+        ax.plot(t_b, raw_b, color=c, alpha=0.12, lw=0.5)
         label = None if run.world_size in labelled else gpus_text(run.world_size, unit)
         labelled.add(run.world_size)
-        smooth = smoothed_loss(steps, m.smooth_window or 1).to_numpy()
-        ax.plot(t, smooth, color=c, lw=1.8, label=label)
+        ax.plot(t_b, smooth_b, color=c, lw=1.8, label=label)
         crossed = np.flatnonzero(smooth < threshold)
         if m.ttl_s is not None and crossed.size:
             # where the curve crosses, on this plot's clock (time since the job's start,
@@ -123,22 +159,21 @@ def loss_curves(runs: list[Run], rows: list[RunMetrics], ttl_fit: PowerLawFit, m
     ax.grid(alpha=0.3)
     ax.legend(loc="lower left", fontsize=9, framealpha=0.9)
     ins = ax.inset_axes([0.60, 0.56, 0.37, 0.38])
-    done = [m for m in rows if m.ttl_s is not None]
-    cens = [m for m in rows if m.ttl_censored and m.ttl_lower_bound_s]
-    ins.plot([m.world_size for m in done], [m.ttl_s / scale for m in done], "o", color="k",
-             ms=4, label="TTL")
-    if cens:
-        ins.plot([m.world_size for m in cens], [m.ttl_lower_bound_s / scale for m in cens],
-                 "^", mfc="none", color="crimson", ms=6, label="censored (lower bound)")
+    ins.tick_params(labelsize=7, which="both")
+    # and the TTLs or their bounds
+    i_unit, i_scale = time_unit(max((m.ttl_lower_bound_s or m.ttl_s or 0 for m in rows),
+                                    default=0))
+    if not ttl_points(ins, rows, i_scale, ms=4):
+        say_empty(ins, "no run has a time to loss or a bound")
+        return save_figure(fig, out)
     if ttl_fit.exponent is not None:
         xs = np.geomspace(min(ttl_fit.gpu_counts), max(ttl_fit.gpu_counts), 50)
-        ins.plot(xs, ttl_fit.predict(xs) / scale, "-", color="tab:blue",
+        ins.plot(xs, ttl_fit.predict(xs) / i_scale, "-", color="tab:blue",
                  label=fit_label(ttl_fit, "TTL"))
     log_y(ins)
     gpu_axis(ins, gpus)
     ins.set_xlabel(f"{unit}s", fontsize=8)
-    ins.set_ylabel(f"TTL({threshold:g}) ({t_unit}, {clock_name(rows)})", fontsize=8)
-    ins.tick_params(labelsize=7, which="both")
+    ins.set_ylabel(f"TTL({threshold:g}) ({i_unit}, {clock_name(rows)})", fontsize=8)
     ins.grid(alpha=0.3, which="both")
     ins.legend(fontsize=7, loc="lower left")
     return save_figure(fig, out)
@@ -149,23 +184,24 @@ def epoch_rate(rows: list[RunMetrics], fit: PowerLawFit, model: str, out: Path,
     """Epoch rate vs GPU count (``unit`` count) on log-log axes with the power-law fit
     and ideal scaling."""
     fig, ax = plt.subplots(figsize=(6.5, 5))
+    ax.set_title(f"{model}: epoch rate vs {unit} count", **PLAIN)
     pts = [m for m in rows if m.epoch_rate_per_min is not None]
-    gpus = sorted({m.world_size for m in pts}) or [1]
+    if not pts:
+        say_empty(ax, "no epoch rate in these runs (each logged fewer than 2 steps)")
+        return save_figure(fig, out)
+    gpus = sorted({m.world_size for m in pts})
     ax.plot([m.world_size for m in pts], [m.epoch_rate_per_min for m in pts], "o",
             color="k", label="runs")
-    if pts:
-        n0 = gpus[0]
-        r0 = np.mean([m.epoch_rate_per_min for m in pts if m.world_size == n0])
-        xs = np.geomspace(gpus[0], gpus[-1], 50)
-        ax.plot(xs, r0 * xs / n0, "--", color="grey", label=f"ideal (∝ N, from N={n0})")
-        if fit.exponent is not None:
-            ax.plot(xs, fit.predict(xs), "-", color="tab:blue",
-                    label=fit_label(fit, "rate"))
+    n0 = gpus[0]
+    r0 = np.mean([m.epoch_rate_per_min for m in pts if m.world_size == n0])
+    xs = np.geomspace(gpus[0], gpus[-1], 50)
+    ax.plot(xs, r0 * xs / n0, "--", color="grey", label=f"ideal (∝ N, from N={n0})")
+    if fit.exponent is not None:
+        ax.plot(xs, fit.predict(xs), "-", color="tab:blue", label=fit_label(fit, "rate"))
     log_y(ax)
     gpu_axis(ax, gpus)
     ax.set_xlabel(f"{unit}s (N)")
     ax.set_ylabel("epoch rate (epochs/min, data loading excluded)")
-    ax.set_title(f"{model}: epoch rate vs {unit} count", **PLAIN)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=9)
     return save_figure(fig, out)
@@ -247,16 +283,19 @@ def minibatch_scan(result: dict, runs: list[Run], out: Path) -> Path:
     return save_figure(fig, out)
 
 
-def _percent_matrix(ax: plt.Axes, pct: np.ndarray, title: str, ylabels: bool) -> None:
-    """One row-normalised confusion matrix in percent (rows = true class)."""
+def _percent_matrix(ax: plt.Axes, pct: np.ndarray, title: str, ylabels: bool,
+                    classes: tuple[str, ...] = CLASSES) -> None:
+    """One row-normalised confusion matrix in percent (rows = true class, in the order
+    of ``classes``), its axes labelled with their symbols."""
+    k = len(classes)
     ax.imshow(pct, cmap="Blues", vmin=0, vmax=100)
-    for i in range(len(CLASSES)):
-        for j in range(len(CLASSES)):
+    for i in range(k):
+        for j in range(k):
             ax.text(j, i, f"{pct[i, j]:.0f}", ha="center", va="center", fontsize=8,
                     color="white" if pct[i, j] > 55 else "black")
-    short = ["γ", "e", "μ", "π", "K"]
-    ax.set_xticks(range(len(CLASSES)), short)
-    ax.set_yticks(range(len(CLASSES)), short if ylabels else [])
+    short = [SYMBOLS.get(c, c) for c in classes]
+    ax.set_xticks(range(k), short)
+    ax.set_yticks(range(k), short if ylabels else [])
     ax.set_xlabel("predicted")
     if ylabels:
         ax.set_ylabel("true")

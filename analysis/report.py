@@ -20,10 +20,19 @@ import numpy as np
 from lartpc.analysis import plots, scaling_plots
 from lartpc.analysis.confusion import unique_names, write_run_confusion
 from lartpc.analysis.fit import PowerLawFit
+from lartpc.analysis.metrics import RunMetrics
 from lartpc.analysis.paper import PAPER, SOURCE, TTL_THRESHOLD
 from lartpc.analysis.runcheck import safe_name
 from lartpc.analysis.runs import CLASSES, RunFolderError
-from lartpc.analysis.tables import DEFINITIONS, Analysis, to_text
+from lartpc.analysis.tables import (
+    DEFINITIONS,
+    Analysis,
+    count_unit,
+    counted,
+    gpus_text,
+    scaling_head,
+    to_text,
+)
 from lartpc.analysis.truth_limits import truth_limits_html
 
 from lartpc.fsutil import atomic_write, read_nofollow, subfolder
@@ -47,16 +56,19 @@ def write_curves(a: Analysis, out: Path) -> dict[str, list[Path]]:
     for model, s in a.models.items():
         pairs = [(r, m) for r, m in zip(a.runs, a.rows, strict=True) if r.model == model]
         runs, rows = [p[0] for p in pairs], [p[1] for p in pairs]
-        unit = plots.count_unit(r.meta.get("device") for r in runs)
+        unit = count_unit(r.meta.get("device") for r in runs)
+        # the fit without the censored runs: drawn only where the censored fit replaced it
+        dropped = (PowerLawFit(**s["ttl_fit_uncensored_only"])
+                   if s["ttl_fit_method"] == "censored" else None)
         made[model] = [
             plots.loss_curves(runs, rows, PowerLawFit(**s["ttl_fit"]), model, a.threshold,
                               out / safe_name(f"loss_{model}.png"), unit),
             plots.epoch_rate(rows, PowerLawFit(**s["epoch_rate_fit"]), model,
                              out / safe_name(f"epoch_rate_{model}.png"), unit),
             scaling_plots.speedup_efficiency(s["scaling"], model,
-                                             out / safe_name(f"speedup_{model}.png"), unit),
-            scaling_plots.ttl_vs_n(rows, PowerLawFit(**s["ttl_fit"]),
-                                   PowerLawFit(**s["ttl_fit_uncensored_only"]), model,
+                                             out / safe_name(f"speedup_{model}.png"), unit,
+                                             baseline_gpus=s["baseline_gpus"]),
+            scaling_plots.ttl_vs_n(rows, PowerLawFit(**s["ttl_fit"]), dropped, model,
                                    a.threshold, out / safe_name(f"ttl_{model}.png"), unit),
         ]
     return made
@@ -79,16 +91,17 @@ def _exp(v: float | None, err: float | None, ci, method: str | None = None) -> s
     return s + (f" (95% CI{how} {ci[0]:+.2f} … {ci[1]:+.2f})" if ci else "")
 
 
-def _accuracy_at(runs: list, n: int) -> str:
-    """The validation accuracy of the runs at ``n`` GPUs: one run's with its binomial
-    SE; several runs' mean with the standard error of that mean from their spread
-    (seeds and evaluation sampling together), the runs' own binomial SE beside it."""
-    done = [r for r in runs if r.accuracy is not None]
+def _accuracy_at(rows: list[RunMetrics], n: int) -> str:
+    """The validation accuracy of the runs (``rows``, their metrics) at ``n`` GPUs: one
+    run's with its binomial SE; several runs' mean with the standard error of that mean
+    from their spread (seeds and evaluation sampling together), the runs' own binomial
+    SE beside it."""
+    done = [r for r in rows if r.accuracy is not None]
     accs = [100 * r.accuracy for r in done]
     ses = [100 * r.accuracy_se for r in done]
     if not accs:
         return "–"
-    gpus = plots.gpus_text(n, plots.count_unit(r.setting.get("device") for r in runs))
+    gpus = gpus_text(n, count_unit(r.setting.get("device") for r in rows))
     if len(accs) == 1:
         return (f"{accs[0]:.1f} % ± {ses[0]:.1f} % (binomial SE, n = {done[0].n_eval} "
                 f"events; the run at {gpus})")
@@ -125,7 +138,7 @@ def _model_section(a: Analysis, model: str, s: dict, figs: list[Path]) -> str:
     ips = np.mean([r.images_per_s_per_gpu for r in at_max if r.images_per_s_per_gpu]
                   or [np.nan])
     acc = _accuracy_at(at_max, nmax)
-    unit = plots.count_unit(r.setting.get("device") for r in rows)
+    unit = count_unit(r.setting.get("device") for r in rows)
     mine = "" if unit == "GPU" else " (the paper's: GPUs)"
     prate = ", ".join(f"{v} at {k} GPUs" for k, v in p.get("epoch_rate_per_min", {}).items())
     comp = _table(["quantity", "this study", "paper"], [
@@ -146,8 +159,8 @@ def _model_section(a: Analysis, model: str, s: dict, figs: list[Path]) -> str:
                                        s["epoch_rate_exponent_ci95"],
                                        s.get("epoch_rate_ci_method")),
          _num(p.get("epoch_rate_exponent"), "{:+.1f}")],
-        ["epochs/min", f"{_num(rate)} at {plots.gpus_text(nmax, unit)}", prate or "–"],
-        [f"images/s per {unit}{mine}", f"{_num(ips)} at {plots.gpus_text(nmax, unit)}",
+        ["epochs/min", f"{_num(rate)} at {gpus_text(nmax, unit)}", prate or "–"],
+        [f"images/s per {unit}{mine}", f"{_num(ips)} at {gpus_text(nmax, unit)}",
          _num(p.get("images_per_s_per_gpu"))],
         ["validation accuracy", acc,
          f"{100 * p['accuracy']:.1f} % ± {100 * p['accuracy_err']:.1f} % "
@@ -161,13 +174,14 @@ def _model_section(a: Analysis, model: str, s: dict, figs: list[Path]) -> str:
                     _num(r["karp_flatt"], "{:.3f}"), _num(r["dlt_mean_s"], "{:.1f}"),
                     _num(r["ttl_mean_s"], "{:.0f}"), _num(r["ttl_speedup"], "{:.2f}"),
                     str(r["n_ttl_censored"])] for r in s["scaling"]])
+    head = scaling_head(s, unit)
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in s["notes"])
     warns = "".join(f'<li class="warn">{html.escape(w)}</li>' for w in s["warnings"])
     return (f"<h2>{html.escape(p.get('label', model))}</h2>{comp}"
             f"<ul>{warns}{notes}</ul>"
             f'<div>{_img(figs[0], f"{model} loss vs wall time")}</div>'
             f'<div>{_img(figs[1], f"{model} epoch rate vs {unit}s")}</div>'
-            f"<h3>Scaling relative to N0 = {plots.gpus_text(s['baseline_gpus'], unit)}</h3>"
+            f"<h3>{html.escape(head[:1].upper() + head[1:])}</h3>"
             "<p>Speedup, efficiency and Karp–Flatt from the mean epoch rate per N; TTL "
             "speedup relative to the smallest N whose runs reached the threshold (mean of "
             f"uncensored runs).</p>{scal}"
@@ -298,16 +312,16 @@ def _report(a: Analysis, out: Path) -> str:
     figs = write_curves(a, out)
     defs = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>"
                    for k, v in DEFINITIONS.items())
-    body = [f"<h1>LArTPC scaling study: {len(a.runs)} runs</h1>",
+    body = [f"<h1>LArTPC scaling study: {counted(len(a.runs), 'run')}</h1>",
             f"<p>Generated {time.strftime('%Y-%m-%d %H:%M:%S')}. TTL threshold "
             f"{a.threshold:g}; smoothing {a.smooth or 'auto'} steps. Paper: "
             f"{html.escape(SOURCE)}.</p>"]
     cpu = sorted(r.name for r in a.runs if str(r.meta.get("device", "")).startswith("cpu"))
     if cpu:
-        body.append(f'<p class="warn">{len(cpu)} of the {len(a.runs)} runs trained on CPU '
-                    "ranks: their figures count ranks, and where this report's tables say GPUs, "
-                    "read ranks (one rank stands for one GPU of the study, one core each "
-                    "at best).</p>")
+        body.append(f'<p class="warn">{len(cpu)} of the {counted(len(a.runs), "run")} '
+                    "trained on CPU ranks: their figures count ranks, and where this "
+                    "report's tables say GPUs, read ranks (one rank stands for one GPU of "
+                    "the study, one core each at best).</p>")
     if a.notes:
         body.append('<h2>Notes on the input</h2><ul>' + "".join(
             f'<li class="warn">{html.escape(n)}</li>' for n in a.notes) + "</ul>")

@@ -105,6 +105,31 @@ def _f(v: float | None, fmt: str = "{:.3g}") -> str:
     return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else fmt.format(v)
 
 
+def counted(n: int, noun: str) -> str:
+    """``1 run``, ``2 runs``."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def gpus_text(n: int, unit: str = "GPU") -> str:
+    """``1 GPU``, ``2 GPUs`` (``2 ranks`` with ``unit`` rank)."""
+    return counted(n, unit)
+
+
+def count_unit(devices) -> str:
+    """What N counts for runs on these ``devices`` (run.json's): ``GPU``, or ``rank``
+    when any of them trained on CPU ranks (a rank stands for one GPU of the study)."""
+    return "rank" if any(str(d or "").startswith("cpu") for d in devices) else "GPU"
+
+
+def scaling_head(s: dict, unit: str = "GPU") -> str:
+    """What a model's speedups are relative to: its ``baseline_gpus`` (the smallest N
+    with an epoch rate), or that no run has an epoch rate, so there are none."""
+    if s["baseline_gpus"] is None:
+        return ("scaling: no run has an epoch rate (each logged fewer than 2 steps), so "
+                "no speedups")
+    return f"scaling relative to N0 = {gpus_text(s['baseline_gpus'], unit)}"
+
+
 def _exp(value: float | None, err: float | None, ci: tuple | list | None,
          method: str | None = None) -> str:
     if value is None:
@@ -135,14 +160,16 @@ def _apart(r: RunMetrics) -> str:
 def to_text(a: Analysis) -> str:
     """Human-readable tables: per run, then per model fits and scaling."""
     out = [f"TTL threshold {a.threshold:g}; smoothing "
-           f"{a.smooth if a.smooth else 'auto (min(50, steps // 10))'} steps; DLT = earliest "
+           f"{a.smooth if a.smooth else f'auto (min({DEFAULT_SMOOTH_MAX}, steps // 10))'} "
+           "steps; DLT = earliest "
            "first step over ranks - start_time; "
            + ("training clock: TTL and ep/min count the steps' own time, not evaluation "
               "or checkpoints (--clock wall counts them)" if a.clock == "train" else
               "wall clock: TTL and ep/min include evaluation and checkpoints"), ""]
+    unit = count_unit(r.setting.get("device") for r in a.rows)
     head = (f"{'run':<28} {'model':<8} {'N':>4} {'status':<10} {'steps':>6} {'DLT s':>8} "
-            f"{'ep/min':>8} {'img/s/GPU':>9} {'TTL s':>10} {'TTL wall':>8} {'eval+ckpt s':>11} "
-            f"{'acc %':>12}")
+            f"{'ep/min':>8} {'img/s/' + unit:>10} {'TTL s':>10} {'TTL wall':>8} "
+            f"{'eval+ckpt s':>11} {'acc %':>12}")
     out += [head, "-" * len(head)]
     for r in a.rows:
         ttl = (f">{r.ttl_lower_bound_s:.0f} cens" if r.ttl_censored and r.ttl_lower_bound_s
@@ -152,10 +179,11 @@ def to_text(a: Analysis) -> str:
         out.append(f"{r.name[:28]:<28} {r.model:<8} {r.world_size:>4} {r.status:<10} "
                    f"{r.n_steps:>6} {_f(r.dlt_s, '{:.1f}'):>8} "
                    f"{_f(r.epoch_rate_per_min, '{:.4g}'):>8} "
-                   f"{_f(r.images_per_s_per_gpu, '{:.3g}'):>9} {ttl:>10} "
+                   f"{_f(r.images_per_s_per_gpu, '{:.3g}'):>10} {ttl:>10} "
                    f"{_f(r.ttl_wall_s, '{:.0f}'):>8} {_apart(r):>11} {acc:>12}")
     for model, s in a.models.items():
-        out += ["", f"== {model}: {s['n_runs']} runs, N = {s['gpu_counts']}, "
+        unit = count_unit(r.setting.get("device") for r in a.rows if r.model == model)
+        out += ["", f"== {model}: {counted(s['n_runs'], 'run')}, N = {s['gpu_counts']}, "
                     f"{s['n_censored']} censored",
                 "TTL exponent:        " + _exp(s["ttl_exponent"], s["ttl_exponent_err"],
                                                s["ttl_exponent_ci95"], s.get("ttl_ci_method"))
@@ -165,7 +193,7 @@ def to_text(a: Analysis) -> str:
                                                s["epoch_rate_exponent_err"],
                                                s["epoch_rate_exponent_ci95"],
                                                s.get("epoch_rate_ci_method")),
-                f"scaling relative to N0 = {s['baseline_gpus']} GPUs:",
+                f"{scaling_head(s, unit)}:",
                 f"  {'N':>5} {'runs':>4} {'ep/min':>8} {'speedup':>8} {'eff':>6} "
                 f"{'K-F e':>7} {'TTL s':>9} {'TTL spdup':>9} {'cens':>4}"]
         for row in s["scaling"]:

@@ -6,10 +6,12 @@ data-loading time it is given, so the fits can be checked against the truth.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from lartpc.analysis.runs import CLASSES, EVAL_COLUMNS, STEP_COLUMNS
 
 from lartpc.runfolder.record import write_record
@@ -115,3 +117,28 @@ def write_synthetic_study(root: str | Path, *, model: str, gpus: list[int], seed
                 epoch_rate_per_min=rate, ttl_s=ttl, dlt_s=dlt_a / n, time_limit_s=time_limit_s,
                 seed=int(rng.integers(2**31)), **kwargs))
     return paths
+
+
+def requeue(folder: Path, after: int, wait_s: float, restart_s: float,
+            skew_s: float) -> tuple[int, float]:
+    """Make ``folder`` a run resumed by a second job after step ``after``.
+
+    The first job ends 0.1 s after its last step; the second starts ``wait_s`` later
+    (queue), and logs its first step ``restart_s`` after that. Its recorded start is
+    ``skew_s`` early, as psutil's rounded process start is.
+    """
+    csv = folder / "rank-000.csv"
+    df = pd.read_csv(csv)
+    last = float(df["time"].iloc[after - 1])
+    dt = float(df["time"].iloc[after] - last)
+    shift = 0.1 + wait_s + restart_s - dt
+    df.loc[after:, "time"] += shift
+    df.to_csv(csv, index=False, float_format="%.3f")
+    ev = pd.read_csv(folder / "eval.csv")
+    ev.loc[ev["time"] > last, "time"] += shift
+    ev.to_csv(folder / "eval.csv", index=False, float_format="%.5f")
+    meta = json.loads((folder / "run.json").read_text())
+    meta["segments"] = [{"start_time": meta["start_time"], "end_time": last + 0.1},
+                        {"start_time": last + 0.1 + wait_s - skew_s, "end_time": None}]
+    (folder / "run.json").write_text(json.dumps(meta))
+    return after, shift

@@ -55,6 +55,22 @@ def test_censored_fit_covers_the_truth_where_dropping_is_biased():
     assert abs(np.mean(dropped) - TRUE_B) > 3 * abs(np.mean(got) - TRUE_B)
 
 
+def test_the_note_names_the_interval_only_where_there_is_one(monkeypatch):
+    """The fit's note says where its 95 % interval comes from, and that there is none
+    where the profile likelihood did not bound the exponent."""
+    from lartpc.analysis import censored
+
+    n, y, cens, _ = _study(0, limit=1200.0)
+    f = fit_censored_power_law(n, y, cens)
+    assert f.exponent_ci95 is not None
+    assert f.notes[-1].endswith("95 % interval from the profile likelihood")
+    monkeypatch.setattr(censored, "_profile_ci", lambda *args: None)
+    f = fit_censored_power_law(n, y, cens)
+    assert f.exponent is not None and f.exponent_ci95 is None and f.ci_method is None
+    assert f.notes[-1].endswith("no 95 % interval (the profile likelihood did not bound it)")
+    assert "interval from the profile likelihood" not in " ".join(f.notes)
+
+
 def test_all_runs_of_a_count_censored_is_still_bounded():
     n, y, cens, _ = _study(3, limit=1500.0)
     cens = cens | (n == 1)

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from lartpc.analysis.metrics import primary_steps, run_metrics
 from lartpc.analysis.runs import load_runs
-from lartpc.analysis.tables import analyse, to_text
+from lartpc.analysis.tables import analyse, gpus_text, to_text
 from synthetic_runs import write_synthetic_run
 
 
@@ -127,6 +127,6 @@ def test_the_loss_plot_counts_ranks_in_its_legend_and_inset(tmp_path, monkeypatc
     (inset,) = main.child_axes
     n = run.world_size
     assert [t.get_text() for t in main.get_legend().get_texts()][0] == \
-        plots.gpus_text(n, "rank") == f"{n} rank" + ("" if n == 1 else "s")
+        gpus_text(n, "rank") == f"{n} rank" + ("" if n == 1 else "s")
     assert inset.get_xlabel() == "ranks"
     assert main.get_xlabel().startswith("wall time since job start (min;")

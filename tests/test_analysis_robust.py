@@ -9,13 +9,12 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 from lartpc.analysis.__main__ import main
 from lartpc.analysis.metrics import run_metrics
 from lartpc.analysis.runcheck import safe_name
 from lartpc.analysis.runs import RunFolderError, load_run
-from synthetic_runs import write_synthetic_run
+from synthetic_runs import requeue, write_synthetic_run
 
 RATE, TTL, DLT = 0.5, 200.0, 20.0
 
@@ -176,36 +175,11 @@ def test_a_study_survives_a_job_that_failed_in_set_up(clean, tmp_path, capsys):
     assert "never started training" in (tmp_path / "rep" / "report.html").read_text()
 
 
-def _requeue(folder: Path, after: int, wait_s: float, restart_s: float,
-             skew_s: float) -> tuple[int, float]:
-    """Make ``folder`` a run resumed by a second job after step ``after``.
-
-    The first job ends 0.1 s after its last step; the second starts ``wait_s`` later
-    (queue), and logs its first step ``restart_s`` after that. Its recorded start is
-    ``skew_s`` early, as psutil's rounded process start is.
-    """
-    csv = folder / "rank-000.csv"
-    df = pd.read_csv(csv)
-    last = float(df["time"].iloc[after - 1])
-    dt = float(df["time"].iloc[after] - last)
-    shift = 0.1 + wait_s + restart_s - dt
-    df.loc[after:, "time"] += shift
-    df.to_csv(csv, index=False, float_format="%.3f")
-    ev = pd.read_csv(folder / "eval.csv")
-    ev.loc[ev["time"] > last, "time"] += shift
-    ev.to_csv(folder / "eval.csv", index=False, float_format="%.5f")
-    meta = json.loads((folder / "run.json").read_text())
-    meta["segments"] = [{"start_time": meta["start_time"], "end_time": last + 0.1},
-                        {"start_time": last + 0.1 + wait_s - skew_s, "end_time": None}]
-    (folder / "run.json").write_text(json.dumps(meta))
-    return after, shift
-
-
 def test_ttl_of_a_requeued_run_excludes_the_queue_wait(run, clean):
     """5000 s in the queue between two jobs: TTL counts the run's own wall time."""
     ref = run_metrics(load_run(clean), smooth=1, clock="wall")
     skew = 0.26
-    _requeue(run, after=40, wait_s=5000.0, restart_s=3.0, skew_s=skew)
+    requeue(run, after=40, wait_s=5000.0, restart_s=3.0, skew_s=skew)
     m = run_metrics(load_run(run), smooth=1, clock="wall")
     # on the training clock (the default) neither the wait nor the start-up counts (the
     # rewritten log rounds each duration to 1 ms)
@@ -225,7 +199,7 @@ def test_ttl_of_a_requeued_run_excludes_the_queue_wait(run, clean):
 def test_restart_found_despite_a_skewed_segment_clock(run):
     """A restart within a second, its start recorded 0.26 s early (before the last step
     of the first job): the restart interval is excluded, not the normal step before it."""
-    _requeue(run, after=40, wait_s=0.0, restart_s=2.5, skew_s=0.26)
+    requeue(run, after=40, wait_s=0.0, restart_s=2.5, skew_s=0.26)
     m = run_metrics(load_run(run), smooth=1, clock="wall")
     assert m.epoch_rate_per_min == pytest.approx(RATE, rel=1e-3)
 

@@ -41,7 +41,8 @@ from lartpc.data.batch import Batch
 from lartpc.data.store import EventStore
 from lartpc.models import table_graph
 from lartpc.models.scnet import KERNEL, POOLS
-from lartpc.train.graphed import Capacities, GraphedStep, StaticStep
+from lartpc.train.graphed import GraphedStep, StaticStep
+from lartpc.train.padding import Capacities
 
 aten = torch.ops.aten
 

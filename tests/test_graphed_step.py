@@ -20,7 +20,8 @@ from train_helpers import BIN, final_params, kill_after_steps, rows, run, train_
 from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError
 from lartpc.models import sparse_torch
-from lartpc.train.graphed import Capacities, GraphedStep
+from lartpc.train.graphed import GraphedStep
+from lartpc.train.padding import Capacities
 from lartpc.train.readback import Unread, step_values
 
 pytestmark = pytest.mark.sparse
@@ -553,7 +554,7 @@ def test_the_eager_steps_tables_do_not_depend_on_when_the_loader_built_them(
     differed from its rerun now and then)."""
     from test_step_overlap import _same
 
-    from lartpc.train.graphed import Padding
+    from lartpc.train.padding import Padding
 
     sets = ("model.sparse=torch", "data.rulebooks=loader", "train.cuda_graph=true")
     stats: dict = {}

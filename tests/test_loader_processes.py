@@ -25,7 +25,7 @@ from lartpc.data.processes import Processes
 from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError, LartpcError
 from lartpc.models import sparse_torch
-from lartpc.train.graphed import Capacities
+from lartpc.train.padding import Capacities
 
 pytestmark = pytest.mark.sparse
 

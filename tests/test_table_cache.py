@@ -22,7 +22,7 @@ from lartpc.errors import ConfigError
 from lartpc.models import sparse_torch, table_cache
 from lartpc.models.scnet import KERNEL, POOLS
 from lartpc.models.table_cache import CHUNK, CachedTables
-from lartpc.train.graphed import Capacities
+from lartpc.train.padding import Capacities
 
 pytestmark = pytest.mark.sparse
 

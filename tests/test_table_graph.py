@@ -282,15 +282,15 @@ def test_a_graphed_training_with_the_graphs_tables_is_the_same_training(
 
 def _spy_padding(monkeypatch) -> list:
     """The capacities each table build in the loader's thread was padded to."""
-    from lartpc.train import graphed
+    from lartpc.train import padding
 
-    builds, real = [], graphed.Padding.__call__
+    builds, real = [], padding.Padding.__call__
 
     def call(self, coords, batch_size):
         builds.append(self.capacities.rows)
         return real(self, coords, batch_size)
 
-    monkeypatch.setattr(graphed.Padding, "__call__", call)
+    monkeypatch.setattr(padding.Padding, "__call__", call)
     return builds
 
 

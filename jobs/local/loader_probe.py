@@ -135,7 +135,7 @@ def pass_rate(store, builder, device: str, threads: int = 1, processes: int = 0,
 def capacities(store, builder, device: str, batches: int) -> tuple[int, ...]:
     """A graphed training's padded sizes for the first ``batches`` batches: the rounded
     sizes of the largest of their tables."""
-    from lartpc.train.graphed import Capacities
+    from lartpc.train.padding import Capacities
 
     loader = _loader(store, None, device, prefetch_depth=0)
     caps = Capacities()
@@ -156,7 +156,7 @@ def padded_builders(builder, rows: tuple[int, ...]) -> dict:
 
 def _at(rows: tuple[int, ...]):
     """Capacities set to ``rows`` (what a graphed training's loader pads to)."""
-    from lartpc.train.graphed import Capacities
+    from lartpc.train.padding import Capacities
 
     caps = Capacities()
     caps.rows = rows

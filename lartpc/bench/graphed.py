@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import statistics
 
-from lartpc.train.graphed import round_up
+from lartpc.train.padding import round_up
 
 
 def _captured(step, eager, warmup: int, params):

@@ -5,7 +5,7 @@ operations of :func:`~lartpc.models.sparse_torch.build_maps` (torch operations o
 Triton kernels of :mod:`~lartpc.models.table_kernels`, ~18 us of host time each, under
 the interpreter's lock), more than the graphed training step they feed (1.7 ms;
 BENCHMARKS.md). A graphed training pads every batch's tables to fixed capacities
-(:class:`~lartpc.train.graphed.Capacities`), so every table has a shape fixed by the
+(:class:`~lartpc.train.padding.Capacities`), so every table has a shape fixed by the
 capacities alone; what kept the build out of a graph was its read-backs: the pooled
 sites' count (``unique``) and whether the keys came sorted. :func:`static_tables`
 builds the same padded tables, integer for integer, with neither:

@@ -85,7 +85,7 @@ def make_loader(cfg: Config, store: EventStore, mode: str, indices: np.ndarray,
                 model: torch.nn.Module | None = None, capacities=None):
     """One rank's loader over ``indices`` (None for an empty evaluation shard); given the
     (unwrapped) ``model``, its rulebooks are built in the loader as ``data.rulebooks``
-    says, and padded to ``capacities`` (:class:`~lartpc.train.graphed.Capacities`, for
+    says, and padded to ``capacities`` (:class:`~lartpc.train.padding.Capacities`, for
     ``train.cuda_graph``) when given."""
     from lartpc.data.blosc_cache import BloscConfig
     from lartpc.data.loaders import build_loader

@@ -17,7 +17,15 @@ from importlib import resources
 from pathlib import Path
 
 from lartpc import MAX_SEED
-from lartpc.data import AUGMENTS, BLOSC_COMPRESS_AT, BLOSC_SHUFFLES, LOADERS, ORIENTS, RULEBOOKS
+from lartpc.data import (
+    AUGMENTS,
+    BLOSC_CODECS,
+    BLOSC_COMPRESS_AT,
+    BLOSC_SHUFFLES,
+    LOADERS,
+    ORIENTS,
+    RULEBOOKS,
+)
 from lartpc.dist import BACKENDS, COMPRESSIONS
 from lartpc.errors import ConfigError
 from lartpc.models import ALGOS, HEADS, LOSSES, MODELS, SPARSE, STAGE2S, STEMS, kernel_settings
@@ -211,6 +219,7 @@ CHOICES = {
     "model.stem": STEMS,
     "model.stage2": STAGE2S,
     "data.loader": ("auto", *LOADERS),
+    "data.blosc_codec": BLOSC_CODECS,
     "data.blosc_shuffle": BLOSC_SHUFFLES,
     "data.blosc_compress_at": BLOSC_COMPRESS_AT,
     "data.augment": AUGMENTS,

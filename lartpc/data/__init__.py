@@ -14,6 +14,8 @@ LOADERS = ("blosc", "sparse", "device-dense")
 AUGMENTS = ("none", "mirror")
 ORIENTS = ("none", "start")
 BLOSC_SHUFFLES = ("noshuffle", "shuffle", "bitshuffle")
+#: Blosc's lossless general-purpose codecs (lartpc/data/blosc_cache.py measures them)
+BLOSC_CODECS = ("blosclz", "lz4", "lz4hc", "zlib", "zstd")
 #: when the blosc loader compresses its shard: start (before the first batch, inside the
 #: data loading time: the paper) | first-epoch (each event as epoch 0 first uses it, in
 #: the prefetch thread, overlapped with training: lartpc/data/blosc_cache.py)
@@ -24,5 +26,5 @@ BLOSC_COMPRESS_AT = ("first-epoch", "start")
 #: SCNet's torch layers where it can serve them, forward otherwise: train/parts.py)
 RULEBOOKS = ("auto", "forward", "loader")
 
-__all__ = ["AUGMENTS", "BLOSC_COMPRESS_AT", "BLOSC_SHUFFLES", "LOADERS", "ORIENTS", "RULEBOOKS",
-           "Event", "EventStore", "EventStoreError", "write_shard"]
+__all__ = ["AUGMENTS", "BLOSC_CODECS", "BLOSC_COMPRESS_AT", "BLOSC_SHUFFLES", "LOADERS", "ORIENTS",
+           "RULEBOOKS", "Event", "EventStore", "EventStoreError", "write_shard"]

@@ -47,14 +47,15 @@ from dataclasses import dataclass
 import blosc2
 import numpy as np
 
-from lartpc.data import BLOSC_COMPRESS_AT
+from lartpc.data import BLOSC_CODECS, BLOSC_COMPRESS_AT, BLOSC_SHUFFLES
 from lartpc.data.store import Event
 from lartpc.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-_SHUFFLES = {"noshuffle": blosc2.Filter.NOFILTER, "shuffle": blosc2.Filter.SHUFFLE,
-             "bitshuffle": blosc2.Filter.BITSHUFFLE}
+#: Blosc's filter for each of ``BLOSC_SHUFFLES``, in its order
+_SHUFFLES = dict(zip(BLOSC_SHUFFLES, (blosc2.Filter.NOFILTER, blosc2.Filter.SHUFFLE,
+                                      blosc2.Filter.BITSHUFFLE), strict=True))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,7 +64,8 @@ class BloscConfig:
 
     Attributes
     ----------
-    codec : Blosc codec name (``blosclz``, ``lz4``, ``lz4hc``, ``zlib``, ``zstd``).
+    codec : Blosc codec name, one of ``BLOSC_CODECS`` (``blosclz``, ``lz4``, ``lz4hc``,
+        ``zlib``, ``zstd``).
     clevel : compression level 0-9.
     shuffle : ``noshuffle``, ``shuffle`` or ``bitshuffle``.
     band_rows : rows per independently compressed band.
@@ -85,13 +87,12 @@ class BloscConfig:
     compress_at: str = "first-epoch"
 
     def cparams(self) -> blosc2.CParams:
-        try:
-            codec = blosc2.Codec[self.codec.upper()]
-        except KeyError:
+        if self.codec not in BLOSC_CODECS:
             raise ConfigError(f"blosc codec {self.codec!r}: choose from "
-                              f"blosclz, lz4, lz4hc, zlib, zstd") from None
-        if self.shuffle not in _SHUFFLES:
-            raise ConfigError(f"blosc shuffle {self.shuffle!r}: choose from {', '.join(_SHUFFLES)}")
+                              f"{', '.join(BLOSC_CODECS)}")
+        if self.shuffle not in BLOSC_SHUFFLES:
+            raise ConfigError(f"blosc shuffle {self.shuffle!r}: choose from "
+                              f"{', '.join(BLOSC_SHUFFLES)}")
         if not 0 <= self.clevel <= 9:
             raise ConfigError(f"blosc clevel {self.clevel}: must be 0..9")
         if self.compress_at not in BLOSC_COMPRESS_AT:
@@ -99,8 +100,9 @@ class BloscConfig:
                               f"{' or '.join(BLOSC_COMPRESS_AT)}")
         if self.band_rows < 1:
             raise ConfigError(f"blosc band_rows {self.band_rows}: must be >= 1")
-        return blosc2.CParams(codec=codec, clevel=self.clevel, filters=[_SHUFFLES[self.shuffle]],
-                              typesize=4, nthreads=self.n_threads())
+        return blosc2.CParams(codec=blosc2.Codec[self.codec.upper()], clevel=self.clevel,
+                              filters=[_SHUFFLES[self.shuffle]], typesize=4,
+                              nthreads=self.n_threads())
 
     def n_threads(self) -> int:
         return self.threads if self.threads > 0 else (os.cpu_count() or 1)

@@ -3,8 +3,9 @@
 A loader reads its shard once at construction (``read_s``), prepares it
 (``prepare_s``), then yields one epoch per iteration, reshuffled by ``set_epoch``, with
 a background thread (:mod:`lartpc.data.prefetch`) preparing the next batches.
-Batches are views of rotating buffers: treat them as read-only and done with when the
-next batch is requested; one iteration at a time.
+The dense modes' batches are views of rotating buffers: treat a batch as read-only and
+done with when the next batch is requested. One iteration at a time; a closed loader
+(:meth:`Loader.close`) iterates no more.
 
 What keeps the loading time (DLT, construction to first batch) close to the read:
 the first batch buffer is allocated in a thread while the shard is read, and buffers
@@ -28,7 +29,7 @@ from lartpc.data.batch import Batch
 from lartpc.data.orient import check_resolution
 from lartpc.data.orient import orient as orient_event
 from lartpc.data.prefetch import n_slots, prefetch
-from lartpc.data.sharding import epoch_batches
+from lartpc.data.sharding import batch_sizes, epoch_batches
 from lartpc.data.store import Event, EventStore
 from lartpc.errors import LartpcError
 
@@ -120,6 +121,10 @@ class Loader:
         self.prefetch_threads = prefetch_threads
         self.epoch = 0
         self._iterating = False
+        self._closed = False
+        #: set once the running iteration's consumer is done (finished, failed or closed
+        #: early): a producer waiting on something gives up (:func:`prefetch`'s ``stop``)
+        self._stopping = threading.Event()
         self._steps = steps_per_epoch
         self._batches(0)  # validates batch_per_rank / steps_per_epoch before any heavy work
         # Batch buffers are allocated and first touched (page faults, pinning) in a
@@ -187,7 +192,9 @@ class Loader:
         raise NotImplementedError
 
     def close(self) -> None:
-        """Release what outlives an iteration (the sparse loader's processes)."""
+        """Release what outlives an iteration (the sparse loader's processes); the
+        loader iterates no more."""
+        self._closed = True
 
     # -- shared
     def __len__(self) -> int:
@@ -195,7 +202,7 @@ class Loader:
 
     @property
     def steps_per_epoch(self) -> int:
-        return len(self._batches(self.epoch))
+        return len(batch_sizes(len(self.indices), self.batch_per_rank, self._steps))
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the shuffle of the next iteration (same on every rank for a seed)."""
@@ -233,13 +240,17 @@ class Loader:
         """One epoch of batches, from step ``start`` on (a run resumed mid-epoch)."""
         batches = self._batches(self.epoch)[start:]
         slots = n_slots(self.prefetch_depth, self.prefetch_threads)
+        if self._closed:
+            raise LartpcError(f"{self.mode} loader: closed (close() was called); build "
+                              f"another to iterate again")
         if self._iterating:  # two producers would share the rotating buffers
             raise LartpcError(f"{self.mode} loader: an iteration is still running; finish or "
                               f"close it before starting another")
         self._iterating = True
+        self._stopping = threading.Event()
         items = prefetch(lambda k: self._produce(batches[k], k % slots), len(batches),
                          self.prefetch_depth, name=f"{self.mode}-loader",
-                         workers=self.prefetch_threads)
+                         workers=self.prefetch_threads, stop=self._stopping)
         try:
             for b in items:
                 yield self._finish(b)

@@ -94,7 +94,9 @@ class DenseBloscLoader(Loader):
             self._copied.pop(slot).synchronize()
         buf = self._slot_buffer(slot)[: len(positions)]
         arr = buf.numpy()
-        bands = self._begin_write(slot) or [None] * self.batch_per_rank  # None: clear all
+        bands = self._begin_write(slot)
+        if bands is None:  # unknown: clear every row
+            bands = [None] * self.batch_per_rank
         for j, p in enumerate(positions):
             p = int(p)
             if self.cache.has(p):
@@ -216,12 +218,6 @@ class SparseLoader(Loader):
                 with torch.cuda.device(self.device):
                     self._pool.page_lock()
 
-    def _rb_stream(self) -> torch.cuda.Stream | None:
-        """This thread's CUDA stream for building rulebooks; None off CUDA or without."""
-        if self._rulebooks is None:
-            return None
-        return self._stream()
-
     def _stream(self) -> torch.cuda.Stream | None:
         """This thread's CUDA stream (None off CUDA)."""
         if self.device.type != "cuda":
@@ -235,8 +231,10 @@ class SparseLoader(Loader):
         return self.pixels.nbytes
 
     def close(self) -> None:
+        super().close()
         if self._pool is not None:
             self._pool.close()
+            self._pool = None
 
     def _coords(self, positions: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch's coords int32 (P, 3) and features float32 (P, 1), on the host."""
@@ -271,11 +269,12 @@ class SparseLoader(Loader):
         state = snapshot() if snapshot else None
         stream = self._stream()
         if stream is None:
-            buffer, skeleton = self._pool(positions, state)
+            buffer, skeleton = self._pool(positions, state, stop=self._stopping)
             labels, coords, features, tables = unpack(buffer, skeleton)
             return replace(self._host_batch(positions), labels=labels, coords=coords,
                            features=features, rulebooks=tables)
-        copy, skeleton = self._pool(positions, state, take=partial(_slot_to_device, stream))
+        copy, skeleton = self._pool(positions, state, take=partial(_slot_to_device, stream),
+                                    stop=self._stopping)
         done = torch.cuda.Event()
         done.record(stream)  # already reached (the copy was waited for): no wait
         labels, coords, features, tables = unpack(copy, skeleton)
@@ -287,21 +286,27 @@ class SparseLoader(Loader):
             return self._produce_elsewhere(positions)
         coords, features = self._coords(positions)
         batch = self._host_batch(positions, coords=coords, features=features)
-        if self._rulebooks is not None and self.device.type == "cuda" and getattr(
-                self._rulebooks, "takes_positions", False):
-            return self._joined_to_device(batch, positions)
         if self.device.type == "cuda":
-            # Pinned here, in the prefetch thread: the consumer's non-blocking copy is then
-            # queued behind the step in flight; from pageable memory the driver may first
-            # wait for the device to drain (issue 36: a host-bound step's idle GPU)
-            batch = replace(batch, labels=batch.labels.pin_memory(),
-                            coords=batch.coords.pin_memory(),
-                            features=batch.features.pin_memory())
+            return self._produce_cuda(batch, positions)
         if self._rulebooks is None:
             return batch
-        stream = self._rb_stream()
-        if stream is None:
-            return replace(batch, rulebooks=self._tables(batch.coords, positions))
+        return replace(batch, rulebooks=self._tables(batch.coords, positions))
+
+    def _produce_cuda(self, batch: Batch, positions: np.ndarray) -> Batch | _Copied:
+        """``batch`` (on the host) readied for a GPU on this thread: pinned, or with a
+        builder sent to the device with its tables (built there on this thread's stream,
+        or joined on the CPU by a table cache)."""
+        if self._rulebooks is not None and getattr(self._rulebooks, "takes_positions", False):
+            return self._joined_to_device(batch, positions)
+        # Pinned here, in the prefetch thread: the consumer's non-blocking copy is then
+        # queued behind the step in flight; from pageable memory the driver may first
+        # wait for the device to drain (issue 36: a host-bound step's idle GPU)
+        batch = replace(batch, labels=batch.labels.pin_memory(),
+                        coords=batch.coords.pin_memory(),
+                        features=batch.features.pin_memory())
+        if self._rulebooks is None:
+            return batch
+        stream = self._stream()
         with torch.cuda.device(self.device), torch.cuda.stream(stream):
             # labels and features too: the step's thread then copies nothing (issue 36)
             labels, coords, features = (t.to(self.device, non_blocking=True) for t in (
@@ -382,7 +387,9 @@ class DeviceDenseLoader(SparseLoader):
         batch = self._host_batch(positions, dense=self._slot_buffer(slot)[: len(positions)],
                                  dense_reused=True)
         if self.device.type == "cpu":  # all host work: do it here, in the prefetch thread
-            return _Scatter(self, slot, batch, flat, vals).ran()
+            job = _Scatter(self, slot, batch, flat, vals)
+            job.run()
+            return job
         # page-locked here, so the consumer's copies are queued without waiting: a copy
         # from pageable memory waits for the consumer's stream, i.e. for the last step
         # (which the step's time would then count as waiting for data); torch's pinned
@@ -409,6 +416,7 @@ class _Scatter:
         self.flat, self.vals, self.done = flat, vals, False
 
     def run(self) -> Batch:
+        """The batch, its pixels scattered (once: a job already run is not run again)."""
         if not self.done:
             whole = self.loader._slot_buffer(self.slot).view(-1)  # a short batch is a prefix
             stale = self.loader._begin_write(self.slot)
@@ -422,13 +430,9 @@ class _Scatter:
             self.done = True
         return self.batch
 
-    def ran(self) -> _Scatter:
-        """This job, its scatter done (on the CPU: in the producing thread)."""
-        self.run()
-        return self
 
-
-_CLASSES = {"blosc": DenseBloscLoader, "sparse": SparseLoader, "device-dense": DeviceDenseLoader}
+#: each mode's class, by its name (the names config allows are ``LOADERS``)
+_CLASSES = {cls.mode: cls for cls in (DenseBloscLoader, SparseLoader, DeviceDenseLoader)}
 
 
 def build_loader(store: EventStore, mode: str, indices: np.ndarray, batch_per_rank: int = 7, *,

@@ -39,7 +39,8 @@ class _Failure:
 
 
 def prefetch(produce: Callable[[int], T], n: int, depth: int = 1,
-             name: str = "prefetch", workers: int = 1) -> Iterator[T]:
+             name: str = "prefetch", workers: int = 1,
+             stop: threading.Event | None = None) -> Iterator[T]:
     """Yield ``produce(0) .. produce(n-1)`` in order, computed ``depth`` items ahead
     by each of ``workers`` threads.
 
@@ -52,6 +53,9 @@ def prefetch(produce: Callable[[int], T], n: int, depth: int = 1,
         inline (in the consumer's thread, whatever ``workers``).
     name : thread name (shows in stack dumps; ``-j`` appended for worker j of several).
     workers : threads producing items, each every ``workers``-th one.
+    stop : set here once the consumer is done (finished, failed or closed early), before
+        the threads are joined: a ``produce`` that waits on something watches it to give
+        up waiting (the join has no time limit). Made here when not given.
     """
     if depth <= 0:
         for k in range(n):
@@ -59,7 +63,7 @@ def prefetch(produce: Callable[[int], T], n: int, depth: int = 1,
         return
     workers = max(1, min(workers, n))
     ready = [queue.Queue(maxsize=depth) for _ in range(workers)]
-    stop = threading.Event()
+    stop = threading.Event() if stop is None else stop
 
     def put(fifo: queue.Queue, item) -> bool:
         while not stop.is_set():

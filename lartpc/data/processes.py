@@ -14,7 +14,12 @@ processes, each from its own thread (the loader's prefetch threads, one per proc
 An exception in a process is raised in the caller; a process that dies (killed, out of
 memory) or makes no batch in :data:`BATCH_TIMEOUT_S` (hung) is an error naming it; a
 call cut short (an exception in the caller's thread while it waits) ends its process,
-whose reply would otherwise be taken for the next batch's. A process ends when the
+whose reply would otherwise be taken for the next batch's; a call whose iteration ended
+(its ``stop`` event set: the epoch stopped early, a preemption's checkpoint to write)
+stops waiting within :data:`PARENT_POLL_S`, and the next call on its process discards
+that reply first. A batch that does not pickle, or an exception that does not come back
+whole through a pickle, reaches the caller as a RuntimeError with the process's
+traceback. A process ends when the
 loader's end of its pipe closes (every pool's processes close the other live pools'
 ends, so no copy keeps it open), or when the loader's process is gone; one that does
 not is killed. A process ignores the signals that stop
@@ -48,9 +53,12 @@ import multiprocessing
 import os
 import queue
 import signal
+import threading
+import time
 import traceback
 import weakref
 from collections.abc import Callable
+from multiprocessing.reduction import ForkingPickler
 
 import torch
 
@@ -61,7 +69,8 @@ from lartpc.stopsignals import STOP_SIGNALS
 log = logging.getLogger(__name__)
 
 
-#: seconds between a waiting process's checks that the loader's process is still there
+#: seconds between a waiting process's checks that the loader's process is still there,
+#: and between a waiting caller's checks on its process and on its ``stop``
 PARENT_POLL_S = 1.0
 #: bytes of each process's slot: virtual memory, only what a batch writes is ever
 #: touched (a batch of 7 at 3600 x 3600 with its tables is ~6 MB)
@@ -70,6 +79,9 @@ SLOT_BYTES = 64 << 20
 #: locked memory is resident, so not the whole slot; a larger batch goes through a
 #: page-locked copy of torch's first (``loaders._slot_to_device``), correct but slower
 LOCKED_BYTES = 16 << 20
+#: seconds a pool waits for a process's batch before calling it hung (a batch takes
+#: milliseconds to a few seconds)
+BATCH_TIMEOUT_S = 900.0
 
 
 def _serve(make: Callable, conn, slot: mmap.mmap, loaders_ends: list, parent: int) -> None:
@@ -90,16 +102,36 @@ def _serve(make: Callable, conn, slot: mmap.mmap, loaders_ends: list, parent: in
             args = conn.recv()
         except (EOFError, OSError):  # the loader is gone
             return
-        try:
-            buffer, skeleton = pack(make(*args), into=into)
-        except BaseException as e:  # noqa: BLE001 - every failure goes back to the caller
-            conn.send((False, None, _sendable(e)))
-            continue
-        if buffer.numel() == 0 or buffer.data_ptr() == into.data_ptr():
-            conn.send((True, buffer.numel(), skeleton))
-        else:
-            conn.send((True, None, skeleton))
-            conn.send_bytes(buffer.numpy())
+        reply, overflow = _reply(make, args, into)
+        conn.send_bytes(reply)
+        if overflow is not None:
+            conn.send_bytes(overflow.numpy())
+
+
+def _reply(make: Callable, args: tuple, into: torch.Tensor) -> tuple[bytes, torch.Tensor | None]:
+    """(the pickled reply to ``args``, the buffer to send after it where the batch did
+    not fit in the slot ``into``, else None). A failure of ``make``, or a batch that
+    does not pickle, is a reply too: the caller raises it."""
+    try:
+        buffer, skeleton = pack(make(*args), into=into)
+    except BaseException as e:  # noqa: BLE001 - every failure goes back to the caller
+        return _failure(e), None
+    in_slot = buffer.numel() == 0 or buffer.data_ptr() == into.data_ptr()
+    try:
+        return (_pickled((True, buffer.numel() if in_slot else None, skeleton)),
+                None if in_slot else buffer)
+    except Exception as e:  # noqa: BLE001 - whatever pickling raises
+        return _failure(RuntimeError("the batch made does not pickle, so it cannot be sent "
+                                     "back:\n" + "".join(traceback.format_exception(e)))), None
+
+
+def _pickled(reply: tuple) -> bytes:
+    """``reply`` pickled as :meth:`Connection.send` pickles, and checked to unpickle:
+    what fails to unpickle in the caller (an exception whose ``__init__`` takes other
+    arguments than its ``args``) would fail there, in the middle of the pipe's traffic."""
+    message = bytes(ForkingPickler.dumps(reply))
+    ForkingPickler.loads(message)
+    return message
 
 
 def copy_out(view: torch.Tensor) -> torch.Tensor:
@@ -111,15 +143,13 @@ def copy_out(view: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _sendable(e: BaseException) -> BaseException:
-    """``e`` if it pickles, else a RuntimeError with its traceback."""
-    import pickle
-
+def _failure(e: BaseException) -> bytes:
+    """The pickled reply for failure ``e``: ``e`` where it comes back whole through a
+    pickle, else a RuntimeError with its traceback."""
     try:
-        pickle.dumps(e)
-        return e
-    except Exception:  # noqa: BLE001 - whatever pickling raises
-        return RuntimeError("".join(traceback.format_exception(e)))
+        return _pickled((False, None, e))
+    except Exception:  # noqa: BLE001 - whatever pickling or unpickling raises
+        return _pickled((False, None, RuntimeError("".join(traceback.format_exception(e)))))
 
 
 def _unlock(locked: list) -> None:
@@ -140,9 +170,6 @@ def _unlock(locked: list) -> None:
 #: later closes them all, so that closing a pool's ends ends its processes at once (a
 #: copy held by another pool's process would keep them waiting)
 _LIVE_ENDS: dict[int, list] = {}
-#: seconds a pool waits for a process's batch before calling it hung (a batch takes
-#: milliseconds to a few seconds)
-BATCH_TIMEOUT_S = 900.0
 
 
 def _stop(key: int, procs: list, locked: list) -> None:
@@ -150,11 +177,17 @@ def _stop(key: int, procs: list, locked: list) -> None:
     _unlock(locked)
     for _, conn in procs:
         conn.close()
+    deadline = time.monotonic() + 5  # for them all: hung ones are not waited for in turn
     for proc, _ in procs:
-        proc.join(timeout=5)
+        proc.join(timeout=max(0.0, deadline - time.monotonic()))
+    for proc, _ in procs:
         if proc.is_alive():  # stuck in a batch, or deaf: it ignores SIGTERM
             proc.kill()
             proc.join(timeout=5)
+
+
+class Stopped(LartpcError):
+    """A call that stopped waiting for its batch: the caller's iteration ended."""
 
 
 class Processes:
@@ -172,6 +205,7 @@ class Processes:
         self._overflowed = False
         self._locked: list[int] = []  # data pointers of the slots page-locked for CUDA
         self._broken: dict[int, str] = {}  # process -> why it can serve no more batches
+        self._owed: set[int] = set()  # processes whose reply to the last call is unread
         ends: list = []
         _LIVE_ENDS[id(self)] = ends
         for j in range(n):
@@ -194,33 +228,40 @@ class Processes:
     def __len__(self) -> int:
         return len(self._procs)
 
-    def __call__(self, *args, take: Callable = copy_out) -> tuple[torch.Tensor, object]:
+    def __call__(self, *args, take: Callable = copy_out,
+                 stop: threading.Event | None = None) -> tuple[torch.Tensor, object]:
         """``make(*args)`` in a free process: (``take`` of its packed buffer, the
         skeleton; :func:`~lartpc.data.packing.unpack` rebuilds the result). ``take``
-        must copy: the slot is the process's again once this returns."""
+        must copy: the slot is the process's again once this returns. Once ``stop`` is
+        set (the caller's iteration ended) the call stops waiting and raises
+        :class:`Stopped`; the process's reply, when it comes, is discarded by the next
+        call on it."""
         j = self._free.get()
         proc, conn = self._procs[j]
-        answered = False  # False at the end: the reply may still be in the pipe
+        clean = False  # False at the end: part of a reply may still be in the pipe
         try:
             if j in self._broken:
-                answered = True
+                clean = True
                 raise LartpcError(f"{self.name}: process {proc.name} {self._broken[j]}")
             try:
+                if j in self._owed:  # the reply to a call that stopped waiting: discarded
+                    self._receive(j, stop)
                 conn.send(args)
-                self._wait(j)
-                ok, nbytes, value = conn.recv()
-                if ok and nbytes is None:
-                    raw = torch.frombuffer(bytearray(conn.recv_bytes()), dtype=torch.uint8)
-                answered = True
+                self._owed.add(j)
+                ok, nbytes, value, raw = self._receive(j, stop)
+                clean = True
+            except Stopped:
+                clean = True  # nothing of the reply read: the next call discards it
+                raise
             except (EOFError, OSError) as e:
-                answered = True  # the process is gone: every later call says so
+                clean = True  # the process is gone: every later call says so
                 proc.join(timeout=1)
                 raise LartpcError(f"{self.name}: process {proc.name} (pid {proc.pid}) ended "
                                   f"with exit code {proc.exitcode} while making a batch "
                                   f"(killed, or out of memory?)") from e
             if not ok:
                 raise value
-            if nbytes is None:
+            if raw is not None:
                 if not self._overflowed:
                     self._overflowed = True
                     log.warning("%s: a batch of %.1f MB is larger than the processes' "
@@ -229,18 +270,33 @@ class Processes:
                 return take(raw), value
             return take(self._slots[j][:nbytes]), value
         finally:
-            if not answered:
+            if not clean:
                 self._abandon(j, "was interrupted while making a batch (its reply unread)")
             self._free.put(j)
 
-    def _wait(self, j: int) -> None:
+    def _receive(self, j: int, stop: threading.Event | None) -> tuple:
+        """Process ``j``'s reply (ok, bytes in its slot, skeleton or exception, the
+        buffer sent through the pipe or None), once it comes."""
+        conn = self._procs[j][1]
+        self._wait(j, stop)
+        ok, nbytes, value = conn.recv()
+        raw = None
+        if ok and nbytes is None:
+            raw = torch.frombuffer(bytearray(conn.recv_bytes()), dtype=torch.uint8)
+        self._owed.discard(j)
+        return ok, nbytes, value, raw
+
+    def _wait(self, j: int, stop: threading.Event | None = None) -> None:
         """Until process ``j``'s reply is in its pipe: a process that died with its pipe
         held open by another fork, or that made no batch in :data:`BATCH_TIMEOUT_S`, is
-        an error."""
+        an error; ``stop`` set raises :class:`Stopped`."""
         proc, conn = self._procs[j]
         waited = 0.0
         while not conn.poll(PARENT_POLL_S):
             waited += PARENT_POLL_S
+            if stop is not None and stop.is_set():
+                raise Stopped(f"{self.name}: stopped waiting for process {proc.name}'s batch "
+                              f"(the iteration ended)")
             if not proc.is_alive():
                 raise EOFError
             if waited >= BATCH_TIMEOUT_S:

@@ -116,7 +116,8 @@ def batch_sizes(n: int, batch_per_rank: int, steps: int | None = None) -> list[i
 
 def epoch_batches(indices: np.ndarray, batch_per_rank: int, epoch: int, seed: int, *,
                   shuffle: bool = True, steps: int | None = None) -> list[np.ndarray]:
-    """The batches (arrays of store indices) of one epoch over ``indices``.
+    """The batches of one epoch over ``indices``: arrays of its elements (a loader
+    passes its shard's positions, ``0 .. n-1``, not store indices).
 
     The order is a permutation drawn from ``(seed, epoch)`` alone, so two processes
     with the same arguments agree exactly.

@@ -443,3 +443,32 @@ def test_display_names_a_larcv3_stores_charge_as_its_voxel_values(sim_store, tmp
     assert main(["export", "--to", "larcv3", str(sim_store), str(f)]) == 0
     assert main(["convert", "--from", "larcv3", str(f), "--out", str(back)]) == 0
     assert charge_unit(EventStore(back).attrs) == "the larcv3 file's voxel values"
+
+
+@needs_larcv
+def test_an_exported_downsampled_store_converts_back_as_it_was(sim_store, tmp_path, capsys):
+    """export writes a downsampled store's voxels at their own size (9 x 0.3 cm across
+    wires); convert reads that size back: the same geometry (downsample 9 of the
+    3600-pixel image, the study's pitches) and the same pixels; --downsample 2 then bins
+    further (downsample 18). Voxels of another size stay full-resolution pixels."""
+    from lartpc.data.larcv3 import source_binning
+    from lartpc.geometry import Geometry
+
+    store, events = _events(sim_store)
+    f, back, binned = tmp_path / "ds9.h5", tmp_path / "back", tmp_path / "binned"
+    assert main(["export", "--to", "larcv3", str(sim_store), str(f)]) == 0
+    assert main(["convert", "--from", "larcv3", str(f), "--out", str(back)]) == 0
+    conv, got = _events(back)
+    g, want = conv.geometry, store.geometry
+    assert (g.downsample, g.full_size, g.shape) == (9, 3600, want.shape)
+    assert (g.wire_pitch_cm, g.time_pixel_cm) == (want.wire_pitch_cm, want.time_pixel_cm)
+    for a, b in zip(got, events, strict=True):
+        _same_pixels(a, b)
+    assert main(["convert", "--from", "larcv3", str(f), "--out", str(binned),
+                 "--downsample", "2"]) == 0
+    assert EventStore(binned).geometry.downsample == 18
+    full = Geometry()
+    assert source_binning(9 * full.time_pixel_cm, 9 * full.wire_pitch_cm) == 9
+    assert source_binning(full.time_pixel_cm, full.wire_pitch_cm) == 1
+    assert source_binning(0.5, 0.3) == 1  # not the study's pixels: taken as they are
+    assert source_binning(9 * full.time_pixel_cm, 4 * full.wire_pitch_cm) == 1

@@ -5,7 +5,9 @@ Reading: one ``sparse2d`` producer and one projection (the tensor whose ImageMet
 that projection id) become the store's pixels; the image size is the meta's voxel
 counts (rows = axis 0, columns = axis 1, so voxel index = row * columns + column, the
 layout larcv's own ``as_array`` uses), zero-padded to a square when the two differ and
-binned by ``downsample``. Voxels with value <= 0 are not pixels (the store holds charge
+binned by ``downsample``; voxels that are K x K of the study's pixels (an export of a
+store downsampled by K, :func:`source_binning`) make a store downsampled by K times
+that. Voxels with value <= 0 are not pixels (the store holds charge
 > 0) and are counted. The label is the class of the *first* particle of a ``particle``
 producer, through a PDG -> class mapping (:class:`ClassMap`: the study's five by
 default, or a user's TOML). An event whose particle maps to no class, that has no
@@ -235,8 +237,8 @@ def _truth(part) -> dict:
             "visible_energy_mev": float(part.energy_deposit()), "end_process": ""}
 
 
-def _pixels(t, shape: tuple[int, int], geom: Geometry, counts: dict, where: str
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _pixels(t, shape: tuple[int, int], geom: Geometry, binned: int, counts: dict,
+            where: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     idx = np.asarray(t.indexes(), np.int64)
     val = np.asarray(t.values(), np.float32)
     rows, cols = shape
@@ -249,7 +251,7 @@ def _pixels(t, shape: tuple[int, int], geom: Geometry, counts: dict, where: str
         raise LartpcError(f"{where}: non-finite voxel value")
     idx, val = idx[keep], val[keep]
     row, col = idx // cols, idx % cols
-    k = geom.downsample
+    k = geom.downsample // binned  # the voxels' own binning is done already
     dup = len(np.unique(idx)) != len(idx)
     if k > 1 or dup:
         row, col = row // k, col // k
@@ -277,24 +279,43 @@ def _projection_tensor(io, producer: str, projection: int, shape, where: str):
 
 
 def _image_shape(larcv, files: list[Path], producer: str, particles: str,
-                 projection: int) -> tuple[int, int]:
+                 projection: int) -> tuple[tuple[int, int], int]:
     """The (rows, columns) of the projection's meta in the first event of each file, the
-    same in all (every other event is checked as it converts)."""
-    shape = None
+    same in all (every other event is checked as it converts), and the first file's
+    voxels' binning (:func:`source_binning`)."""
+    shape, binning = None, 1
     for p in files:
         io = _open_reader(larcv, [p], producer, particles)
         try:
             if io.get_n_entries() == 0:
                 raise LartpcError(f"{p}: holds no events")
             io.read_entry(0)
-            _, shape = _projection_tensor(io, producer, projection, shape, f"{p}: entry 0")
+            t, got = _projection_tensor(io, producer, projection, shape, f"{p}: entry 0")
+            if shape is None:
+                binning = source_binning(t.meta().voxel_dimensions(0),
+                                         t.meta().voxel_dimensions(1))
+            shape = got
         finally:
             io.finalize()
     assert shape is not None
     if min(shape) < 1 or max(shape) > _MAX_SIDE:
         raise LartpcError(f"{files[0]}: image {shape[0]} x {shape[1]}: sides must be "
                           f"1..{_MAX_SIDE}")
-    return shape
+    return shape, binning
+
+
+def source_binning(row_cm: float, col_cm: float) -> int:
+    """K where a voxel is K x K of the study's full-resolution pixels: both its sides
+    (``row_cm`` in drift, ``col_cm`` across wires) K times the study's pixel (time pixel
+    and wire pitch, :class:`~lartpc.geometry.Geometry`) to 1e-6, as ``lartpc export``
+    writes a store downsampled by K; else 1: the voxels are taken as full-resolution
+    pixels, whatever their size."""
+    g = Geometry()
+    k = round(col_cm / g.wire_pitch_cm)
+    if k >= 2 and all(math.isclose(cm, k * unit, rel_tol=1e-6) for cm, unit in
+                      ((row_cm, g.time_pixel_cm), (col_cm, g.wire_pitch_cm))):
+        return k
+    return 1
 
 
 def convert_larcv3(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
@@ -317,19 +338,23 @@ def convert_larcv3(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
     if not files:
         raise LartpcError("convert: no input files given")
     held = {p: _check_file(p, producer, particles) for p in files}  # before writing
-    rows, cols = _image_shape(larcv, files, producer, particles, projection)
+    (rows, cols), binned = _image_shape(larcv, files, producer, particles, projection)
     side = max(rows, cols)
-    try:
-        geom = Geometry(full_size=side, n_wires=cols, n_ticks=rows * 3,
-                        pretrigger_ticks=0, downsample=downsample)
-    except ValueError as e:
-        raise LartpcError(f"--downsample: {e} (the files' image is {rows} x {cols})") from None
+    if downsample < 1 or side % downsample:
+        raise LartpcError(f"--downsample: downsample={downsample}: must be a positive "
+                          f"divisor of {side} (the files' image is {rows} x {cols})")
+    # voxels already binned by K (an export of a downsampled store): the store is the
+    # full-resolution image downsampled by K times --downsample, so its pitch is theirs
+    geom = Geometry(full_size=side * binned, n_wires=cols * binned,
+                    n_ticks=rows * binned * 3, pretrigger_ticks=0,
+                    downsample=binned * downsample)
     counts = {"converted": 0, "no_pixels": 0, "no_particle": 0, "dropped_voxels": 0,
               "source": 0}
     unmapped: dict[int, int] = {}
     attrs = {"source_format": "larcv3", "sparse2d_producer": producer,
              "particle_producer": particles, "projection": projection,
-             "pdg_classes": cmap.to_json(), "source_rows": rows, "source_cols": cols}
+             "pdg_classes": cmap.to_json(), "source_rows": rows, "source_cols": cols,
+             "source_binning": binned}
     out = Path(os.path.abspath(out_dir))  # names the new folder after the swap, as "." not
     with replace_store(out, overwrite, files) as stage:
         shards = ShardBuffer(stage, shard_size, geom, generator="lartpc.data.larcv3",
@@ -348,7 +373,7 @@ def convert_larcv3(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
                 for i in range(n):
                     io.read_entry(i)
                     ev = _event(io, producer, particles, projection, (rows, cols), geom,
-                                cmap, counts, unmapped, f"{p}: entry {i}",
+                                binned, cmap, counts, unmapped, f"{p}: entry {i}",
                                 {k: int(v[i]) for k, v in held[p].items()})
                     counts["source"] += 1
                     if bar:
@@ -372,8 +397,8 @@ def convert_larcv3(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
     return res
 
 
-def _event(io, producer, particles, projection, shape, geom, cmap, counts, unmapped,
-           where, held: dict[str, int]) -> Event | None:
+def _event(io, producer, particles, projection, shape, geom, binned, cmap, counts,
+           unmapped, where, held: dict[str, int]) -> Event | None:
     """The entry read into ``io`` as an Event (None: skipped, counted); ``held``: how
     many tensors and particles the file says it has (:func:`_check_file`)."""
     if held["sparse2d"] == 0:  # larcv would hand back the last entry's tensors
@@ -389,7 +414,7 @@ def _event(io, producer, particles, projection, shape, geom, cmap, counts, unmap
     if pdg not in cmap.pdg:
         unmapped[pdg] = unmapped.get(pdg, 0) + 1
         return None
-    row, col, q = _pixels(t, shape, geom, counts, where)
+    row, col, q = _pixels(t, shape, geom, binned, counts, where)
     if not len(q):
         counts["no_pixels"] += 1
         return None

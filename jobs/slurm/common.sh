@@ -39,7 +39,8 @@
 # requeued/resubmitted to go on; 2 when training refused to run (bad input, a refused
 # resume) or the job's settings are wrong; 3 (LARTPC_EXIT_NOT_RESUMED) when the run
 # stopped unfinished and nothing will resume it (requeue limit reached, the requeue or
-# resubmission failed or was refused): the job ends FAILED, so `afterok` dependents do
+# resubmission failed or was refused, or no scheduler to requeue it: a script run by
+# hand, to be run again): the job ends FAILED, so `afterok` dependents do
 # not start on an unfinished run; any other: the launcher's failure.
 
 # SLURM's warning before the wall time, in seconds: `#SBATCH --signal=B:USR1@120` in the

@@ -55,7 +55,8 @@ class StepVote:
     #: so ranks may disagree by a step; saving when any rank asks keeps every rank in
     #: the checkpoint's collectives together.
     save: float = 0.0
-    #: 1 on a rank whose training time with this step has reached train.budget_s
+    #: 1 on rank 0 when its training time with this step has reached train.budget_s (its
+    #: time is the one the checkpoint holds, which a rerun tests)
     over_budget: float = 0.0
 
     @property

@@ -262,9 +262,10 @@ class Trainer:
         local = [u.read() for u in ready]  # a wait for the device counts as compute
         t_vote, waited = time.perf_counter(), 0.0
         signalled = bool(self.stops is not None and self.stops.requested)
-        budget_left = self.budget_left(data_s + time.perf_counter() - t0)
+        # rank 0's clock alone: its training time is the one its checkpoint holds
+        spent = world.is_root and not self.budget_left(data_s + time.perf_counter() - t0)
         done, flags = self._agree(local, [float(not self.time_left()), float(signalled),
-                                          float(save_wanted), float(not budget_left)])
+                                          float(save_wanted), float(spent)])
         vote = StepVote(self._judged_loss(done), *flags)
         if (vote.stop or vote.save > 0) and self._unread is not None:
             t_read = time.perf_counter()

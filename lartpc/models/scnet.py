@@ -78,19 +78,16 @@ class TableConv(nn.Module):
     """The parameters of one submanifold convolution of the torch layers
     (``model.sparse=torch``; the convolution itself is :func:`sparse_torch.subm_conv` on
     the batch's tables): a weight in spconv's layout (C', k, k, C), no bias, drawn as
-    spconv's ``SubMConv2d`` draws it (``kaiming_uniform`` with a = sqrt(5) on the fan-in
-    C k k, the same arithmetic). The same seed gives the same network with either
+    spconv's ``SubMConv2d`` draws it (torch's ``kaiming_uniform_`` with a = sqrt(5) on the
+    fan-in C k k, the arithmetic spconv copies). The same seed gives the same network with either
     layers, and the state dicts are interchangeable, without importing spconv."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel: int):
         super().__init__()
         self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, kernel
         self.weight = nn.Parameter(torch.empty(out_channels, kernel, kernel, in_channels))
-        std = nn.init.calculate_gain("leaky_relu", math.sqrt(5)) / math.sqrt(
-            in_channels * kernel * kernel)
-        bound = math.sqrt(3.0) * std
-        with torch.no_grad():
-            self.weight.uniform_(-bound, bound)
+        # torch's fan-in of a (C', k, k, C) tensor is k * k * C, spconv's too
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from test_eval_cadence import SignalAt
-from test_step_overlap import VALUES, _build, _fit, _same
+from test_step_overlap import VALUES, _build, _fit, _same, _segment
 from train_helpers import rows
 
 from lartpc.config import load_config
@@ -21,10 +21,7 @@ from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError
 from lartpc.models import build
 from lartpc.train import checkpoint
-from lartpc.train.checkpoint import Checkpointer
-from lartpc.train.loop import fit
 from lartpc.train.parts import rulebook_builder
-from lartpc.train.sinks import open_sinks
 
 pytestmark = pytest.mark.sparse
 
@@ -174,20 +171,12 @@ def test_stopped_and_resumed_with_loader_rulebooks_equals_uninterrupted(
     t = _build(world, train_events_dir, out, "tiny-scnet", (ON,))
     at = t.plan.steps_per_epoch + 2  # mid-epoch 1
     t.stops = SignalAt(t, at)
-    sinks = open_sinks(t.segment, 0)
-    try:
-        assert fit(t, Checkpointer(world, out, 0, 600.0), sinks) == "preempted"
-    finally:
-        sinks.close()
+    assert _segment(world, t, out) == "preempted"
     t.close()
     ck = checkpoint.load(out)
     assert ck["global_step"] == at and ck["config"]["data"]["rulebooks"] == "loader"
     t = _build(world, train_events_dir, out, "tiny-scnet", (ON,), resume=ck)
-    sinks = open_sinks(t.segment, t.state.global_step)
-    try:
-        assert fit(t, Checkpointer(world, out, 0, 600.0), sinks) == "completed"
-    finally:
-        sinks.close()
+    assert _segment(world, t, out) == "completed"
     params = [p.detach().clone() for p in t.model.parameters()]
     t.close()
     _same(reference, (params, [{k: r[k] for k in VALUES} for r in rows(out / "rank-000.csv")]))

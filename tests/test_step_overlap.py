@@ -35,15 +35,21 @@ def _build(world, data, out, preset, sets, resume=None):
                                  resume))
 
 
+def _segment(world, t: Trainer, out) -> str:
+    """The rest of ``t``'s run in ``out`` through the loop, its sinks opened at its step
+    and closed afterwards whatever happens; the run's status."""
+    sinks = open_sinks(t.segment, t.state.global_step)
+    try:
+        return fit(t, Checkpointer(world, out, 0, 600.0), sinks)
+    finally:
+        sinks.close()
+
+
 def _fit(world, data, out, preset="tiny-scnet", *sets, graph_stats: dict | None = None):
     """A two-epoch training through the loop: (final parameters, rank-log values);
     ``graph_stats`` gets ``train.cuda_graph``'s step counts."""
     t = _build(world, data, out, preset, sets)
-    sinks = open_sinks(t.segment, 0)
-    try:
-        assert fit(t, Checkpointer(world, out, 0, 600.0), sinks) == "completed"
-    finally:
-        sinks.close()
+    assert _segment(world, t, out) == "completed"
     params = [p.detach().clone() for p in t.model.parameters()]
     if graph_stats is not None and t.graphed is not None:
         graph_stats.update(t.graphed.stats)
@@ -146,11 +152,7 @@ def test_an_evaluation_by_steps_waits_for_its_steps_numbers(world, train_events_
         t = _build(world, train_events_dir, out, "tiny-jishnet",
                    ("train.lr=1e30", "train.epochs=1", "train.eval_every_steps=1",
                     f"train.overlap_readback={overlap}"))
-        sinks = open_sinks(t.segment, 0)
-        try:
-            assert fit(t, Checkpointer(world, out, 0, 600.0), sinks) == "diverged"
-        finally:
-            sinks.close()
+        assert _segment(world, t, out) == "diverged"
         t.close()
         got.append(([r["step"] for r in rows(out / "eval.csv")],
                     len(rows(out / "rank-000.csv"))))

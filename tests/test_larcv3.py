@@ -472,3 +472,23 @@ def test_an_exported_downsampled_store_converts_back_as_it_was(sim_store, tmp_pa
     assert source_binning(full.time_pixel_cm, full.wire_pitch_cm) == 1
     assert source_binning(0.5, 0.3) == 1  # not the study's pixels: taken as they are
     assert source_binning(9 * full.time_pixel_cm, 4 * full.wire_pitch_cm) == 1
+
+
+@needs_larcv
+def test_files_with_other_voxel_sizes_are_refused(sim_store, tmp_path, capfd):
+    """Two files of the same voxel counts but other voxel sizes (an export of a store
+    downsampled by 9, and 0.5 x 0.3 cm voxels) would make one store of two pitches:
+    refused in one line naming the second file, nothing written."""
+    store, events = _events(sim_store)
+    exported, other = tmp_path / "ds9.h5", tmp_path / "other.h5"
+    assert main(["export", "--to", "larcv3", str(sim_store), str(exported)]) == 0
+    write_larcv(other, events[:4], store.geometry.width, producer="lartpc",
+                particles="lartpc")
+    capfd.readouterr()
+    out = tmp_path / "store"
+    code = main(["convert", "--from", "larcv3", str(exported), str(other), "--out", str(out)])
+    err = capfd.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "other.h5: entry 0" in err[0] and "one voxel size per store" in err[0]
+    assert "0.5 x 0.3 cm" in err[0]
+    assert not out.exists()

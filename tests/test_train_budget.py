@@ -7,7 +7,7 @@ import json
 import math
 
 import pytest
-from train_helpers import rows, run, train_cmd
+from train_helpers import BIN, rows, run, train_cmd
 
 pytestmark = pytest.mark.slow
 
@@ -54,3 +54,28 @@ def test_budget_ends_the_run_and_a_resume_does_nothing(train_events_dir, tmp_pat
     assert r.returncode == 0, r.stderr
     info = _info(out)
     assert info["budget_spent"] is False and math.isinf(info["budget_s"])
+
+
+def _steps_s(log: list[dict]) -> list[float]:
+    return [float(x["data_s"]) + float(x["compute_s"]) + float(x["comm_s"]) for x in log]
+
+
+def test_two_ranks_stop_together_at_rank_0s_first_step_past_the_budget(train_events_dir,
+                                                                        tmp_path):
+    """Two torchrun ranks: the budget is judged on rank 0's clock (the training time
+    its checkpoint holds) and both ranks stop after the same step, the first whose
+    time takes rank 0's total to the budget."""
+    out, budget = tmp_path / "run", 1.0
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", "-m", "lartpc",
+           *train_cmd(train_events_dir, out, "train.epochs=1000",
+                      f"train.budget_s={budget}")[1:]]
+    r = run(cmd, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    info = _info(out)
+    assert info["status"] == "time_limit" and info["budget_spent"] is True
+    log0, log1 = rows(out / "rank-000.csv"), rows(out / "rank-001.csv")
+    assert len(log0) == len(log1) >= 1
+    own = _steps_s(log0)
+    assert info["train_time_s"] == pytest.approx(sum(own), rel=1e-9)
+    assert sum(own) >= budget > sum(own[:-1])
+    assert "study budget reached" in r.stderr

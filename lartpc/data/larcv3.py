@@ -262,9 +262,11 @@ def _pixels(t, shape: tuple[int, int], geom: Geometry, binned: int, counts: dict
     return row.astype(np.int16), col.astype(np.int16), val
 
 
-def _projection_tensor(io, producer: str, projection: int, shape, where: str):
+def _projection_tensor(io, producer: str, projection: int, shape, where: str,
+                       voxel: tuple[float, float] | None = None):
     """The entry's tensor of ``projection``, its meta's (rows, columns) checked against
-    ``shape`` (None: not yet known)."""
+    ``shape`` and its voxels' (drift, wire) sides in cm against ``voxel`` (None: not
+    yet known)."""
     t = _tensor(io.get_data("sparse2d", producer), projection)
     if t is None:
         have = _projections(io.get_data("sparse2d", producer))
@@ -275,33 +277,43 @@ def _projection_tensor(io, producer: str, projection: int, shape, where: str):
     if shape is not None and s != tuple(shape):
         raise LartpcError(f"{where}: a {s[0]} x {s[1]} image; the first event's is "
                           f"{shape[0]} x {shape[1]} (one size per store)")
+    if voxel is not None:
+        cm = _voxel_cm(t)
+        if not all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(cm, voxel, strict=True)):
+            raise LartpcError(f"{where}: voxels of {cm[0]:g} x {cm[1]:g} cm; the first "
+                              f"event's are {voxel[0]:g} x {voxel[1]:g} cm (one voxel "
+                              "size per store)")
     return t, s
 
 
+def _voxel_cm(t) -> tuple[float, float]:
+    """A tensor's voxel sides in cm: (drift, across wires)."""
+    m = t.meta()
+    return float(m.voxel_dimensions(0)), float(m.voxel_dimensions(1))
+
+
 def _image_shape(larcv, files: list[Path], producer: str, particles: str,
-                 projection: int) -> tuple[tuple[int, int], int]:
-    """The (rows, columns) of the projection's meta in the first event of each file, the
-    same in all (every other event is checked as it converts), and the first file's
-    voxels' binning (:func:`source_binning`)."""
-    shape, binning = None, 1
+                 projection: int) -> tuple[tuple[int, int], tuple[float, float]]:
+    """The (rows, columns) of the projection's meta and its voxels' sides in cm, in the
+    first event of each file, the same in all (every other event is checked as it
+    converts)."""
+    shape = voxel = None
     for p in files:
         io = _open_reader(larcv, [p], producer, particles)
         try:
             if io.get_n_entries() == 0:
                 raise LartpcError(f"{p}: holds no events")
             io.read_entry(0)
-            t, got = _projection_tensor(io, producer, projection, shape, f"{p}: entry 0")
-            if shape is None:
-                binning = source_binning(t.meta().voxel_dimensions(0),
-                                         t.meta().voxel_dimensions(1))
-            shape = got
+            t, shape = _projection_tensor(io, producer, projection, shape,
+                                          f"{p}: entry 0", voxel)
+            voxel = voxel or _voxel_cm(t)
         finally:
             io.finalize()
-    assert shape is not None
+    assert shape is not None and voxel is not None
     if min(shape) < 1 or max(shape) > _MAX_SIDE:
         raise LartpcError(f"{files[0]}: image {shape[0]} x {shape[1]}: sides must be "
                           f"1..{_MAX_SIDE}")
-    return shape, binning
+    return shape, voxel
 
 
 def source_binning(row_cm: float, col_cm: float) -> int:
@@ -338,7 +350,8 @@ def convert_larcv3(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
     if not files:
         raise LartpcError("convert: no input files given")
     held = {p: _check_file(p, producer, particles) for p in files}  # before writing
-    (rows, cols), binned = _image_shape(larcv, files, producer, particles, projection)
+    (rows, cols), voxel = _image_shape(larcv, files, producer, particles, projection)
+    binned = source_binning(*voxel)
     side = max(rows, cols)
     if downsample < 1 or side % downsample:
         raise LartpcError(f"--downsample: downsample={downsample}: must be a positive "
@@ -372,8 +385,8 @@ def convert_larcv3(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
                     bar = tqdm(total=n, desc=p.name, unit="ev", disable=None)  # a terminal only
                 for i in range(n):
                     io.read_entry(i)
-                    ev = _event(io, producer, particles, projection, (rows, cols), geom,
-                                binned, cmap, counts, unmapped, f"{p}: entry {i}",
+                    ev = _event(io, producer, particles, projection, (rows, cols), voxel,
+                                geom, binned, cmap, counts, unmapped, f"{p}: entry {i}",
                                 {k: int(v[i]) for k, v in held[p].items()})
                     counts["source"] += 1
                     if bar:
@@ -397,14 +410,14 @@ def convert_larcv3(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
     return res
 
 
-def _event(io, producer, particles, projection, shape, geom, binned, cmap, counts,
+def _event(io, producer, particles, projection, shape, voxel, geom, binned, cmap, counts,
            unmapped, where, held: dict[str, int]) -> Event | None:
     """The entry read into ``io`` as an Event (None: skipped, counted); ``held``: how
     many tensors and particles the file says it has (:func:`_check_file`)."""
     if held["sparse2d"] == 0:  # larcv would hand back the last entry's tensors
         raise LartpcError(f"{where}: sparse2d producer {producer!r} has no projection "
                           f"{projection} (it has: none)")
-    t, _ = _projection_tensor(io, producer, projection, shape, where)
+    t, _ = _projection_tensor(io, producer, projection, shape, where, voxel)
     ev_part = io.get_data("particle", particles)
     if held["particle"] == 0 or ev_part.size() == 0:
         counts["no_particle"] += 1

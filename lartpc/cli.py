@@ -29,8 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "watch": ("lartpc.commands.watch",
               "live table of running trainings: step, loss, accuracy, images/s, ETA"),
     "bench": ("lartpc.commands.bench",
-              "benchmarks that print JSON (simulate, loader, model, train, minibatch, noise, "
-              "allreduce)"),
+              "benchmarks that print JSON (simulate, convert, loader, model, train, "
+              "minibatch, noise, allreduce)"),
     "sweep": ("lartpc.commands.sweep", "write job scripts for models x GPU counts x seeds"),
     "analyze": ("lartpc.commands.analyze",
                 "scaling analysis of run folders: fit, curves, confusion, report, predict"),

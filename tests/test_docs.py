@@ -86,6 +86,56 @@ def _fenced_commands(doc: Path) -> list[str]:
     return found
 
 
+def _inline_commands(doc: Path) -> list[str]:
+    """The ``lartpc`` commands written in running text (`` `lartpc simulate ...` ``)
+    with two options or more: whole commands a reader copies, not names of one (
+    `` `lartpc sweep` ``), leaving out sketches as :func:`_fenced_commands` does."""
+    text = doc.read_text(encoding="utf-8").replace("\n", " ")
+    found = []
+    for m in re.finditer(r"`(?:[\w./-]*/)?lartpc ([^`]+)`", text):
+        command = m.group(1).strip()
+        if len(re.findall(r"(?:^|\s)--\w", command)) >= 2 \
+                and not re.search(r"\.\.\.|…|\[|\s\|\s|<", command):
+            found.append(command)
+    return found
+
+
+def test_commands_in_running_text_parse(capsys):
+    """docs/ and README write whole commands in running text too: each must be one the
+    command line takes (a ``simulate`` without its required ``--out`` was not)."""
+    import shlex
+
+    from lartpc.cli import build_parser
+
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    commands = [(d.name, c) for d in docs for c in _inline_commands(d)]
+    assert len(commands) >= 10, commands
+    refused = []
+    for name, command in commands:
+        argv = shlex.split(command)
+        try:
+            build_parser(argv).parse_args(argv)
+        except SystemExit:
+            refused.append(f"{name}: lartpc {command}\n    {capsys.readouterr().err.strip()}")
+    assert not refused, "commands the CLI refuses:\n" + "\n".join(refused)
+
+
+def test_torchrun_runs_lartpc_as_a_module():
+    """torchrun runs its first argument as a Python file: ``torchrun ... lartpc`` works
+    only where a folder ``lartpc`` is in the working directory; ``-m lartpc`` (or
+    ``--no-python``) everywhere."""
+    wrong, seen = [], 0
+    for doc in [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = doc.read_text(encoding="utf-8").replace("\\\n", " ")
+        for line in text.splitlines():
+            m = re.search(r"torchrun\s(.*?)\blartpc\b", line)
+            if m:
+                seen += 1
+                if not re.search(r"(?:^|\s)-m\s*$", m.group(1)) and "--no-python" not in line:
+                    wrong.append(f"{doc.name}: {line.strip()}")
+    assert seen >= 1 and not wrong, "\n".join(wrong)
+
+
 @pytest.mark.parametrize("doc, at_least", [("README.md", 25), ("BENCHMARKS.md", 15)])
 def test_documented_commands_parse(doc, at_least, capsys):
     """Every whole ``lartpc`` command a reader can copy from README's or BENCHMARKS'

@@ -10,7 +10,8 @@ communication hook, :func:`average_bucket`, which
   gradient noise meter's squared norm, ``train.noise_scale=ranks``);
 * averages it in float32, or as float16 (``train.grad_compression=fp16``, DDP's
   ``fp16_compress_hook``, Horovod's ``Compression.fp16``);
-* notes when the last bucket was handed over, for the exposed communication time.
+* notes when the last bucket was handed over, for the exposed communication time (on
+  CUDA as an event in the stream: :mod:`lartpc.dist.spans`).
 """
 
 # no `from __future__ import annotations`: DDP checks the hook's annotation is the
@@ -22,6 +23,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
+
+from lartpc.dist.spans import DeviceSpan, mark
 
 
 class BucketExchange:
@@ -37,20 +40,25 @@ class BucketExchange:
         #: called with each parameter and its local (not yet averaged) gradient in a
         #: bucket; set by the noise meter
         self.observer: Callable[[torch.Tensor, torch.Tensor], None] | None = None
-        self.last_handoff: float | None = None  #: perf_counter of the last bucket sent
+        #: the last bucket sent: a perf_counter, or on CUDA an event in the stream
+        self.last_handoff: float | torch.cuda.Event | None = None
         self.buckets = 0  #: buckets sent since the model was wrapped
 
-    def exposed_s(self) -> float:
-        """Seconds since the last bucket was handed to allreduce (0 before the first).
+    def exposed(self) -> float | DeviceSpan:
+        """The time since the last bucket was handed to allreduce (0 before the first):
+        seconds, or on CUDA the :class:`~lartpc.dist.spans.DeviceSpan` from the last
+        bucket's gradients to here in the stream.
 
-        Called right after backward, whose end waits for every bucket's allreduce, it
-        is the exchange that backward could not hide: the last bucket's allreduce and
-        whatever earlier buckets were still in flight.
+        Taken right after backward, whose end waits (on CUDA: makes the stream wait) for
+        every bucket's allreduce, it is the exchange that backward could not hide: the
+        last bucket's allreduce and whatever earlier buckets were still in flight.
         """
-        if self.last_handoff is None:
+        start, self.last_handoff = self.last_handoff, None
+        if start is None:
             return 0.0
-        t, self.last_handoff = time.perf_counter() - self.last_handoff, None
-        return t
+        if isinstance(start, float):
+            return time.perf_counter() - start
+        return DeviceSpan(start)
 
 
 def average_bucket(state: BucketExchange, bucket: dist.GradBucket
@@ -62,7 +70,7 @@ def average_bucket(state: BucketExchange, bucket: dist.GradBucket
         for param, grad in zip(bucket.parameters(), bucket.gradients(), strict=True):
             state.observer(param, grad)
     state.buckets += 1
-    state.last_handoff = time.perf_counter()
+    state.last_handoff = mark() if bucket.buffer().is_cuda else time.perf_counter()
     if state.fp16:
         return default_hooks.fp16_compress_hook(None, bucket)
     return default_hooks.allreduce_hook(None, bucket)

@@ -10,6 +10,7 @@ from typing import ClassVar
 import torch
 import torch.distributed as tdist
 
+from lartpc.dist.spans import DeviceSpan, mark
 from lartpc.dist.world import World, check_compression
 
 
@@ -73,26 +74,25 @@ class TorchWorld(World):
         return model
 
     def average_gradients(self, grads: list[torch.Tensor], compression: str = "none"
-                          ) -> float:
+                          ) -> float | DeviceSpan:
         """In one flat buffer, divided by the ranks and then summed, in float32 or sent
         as float16: the arithmetic of DDP's bucket hooks (:mod:`lartpc.dist.ddp`), so
-        an element's average is the same number either way. The seconds returned are
-        the exchange's alone: on CUDA the step's queued kernels (a graph's replay is
-        asynchronous) finish before the clock starts, so their time stays compute."""
-        if self.size > 1 and grads and self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        t0 = time.perf_counter()
-        if self.size > 1 and grads:
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            sent = flat.to(torch.float16) if compression == "fp16" else flat
-            sent.div_(self.size)
-            tdist.all_reduce(sent)
-            views = sent.split([g.numel() for g in grads])
-            torch._foreach_copy_(grads, [v.view_as(g) for v, g in zip(views, grads,
-                                                                      strict=True)])
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-        return time.perf_counter() - t0
+        an element's average is the same number either way. Returns the exchange's
+        time alone: on the CPU its seconds; on CUDA a :class:`DeviceSpan` from behind
+        the step's queued kernels (a graph's replay is asynchronous) to the averaged
+        gradients, so that neither their time nor a wait for them is booked as the
+        exchange's, and the host goes on without waiting."""
+        if self.size == 1 or not grads:
+            return 0.0
+        cuda = self.device.type == "cuda"
+        start, t0 = (mark() if cuda else None), time.perf_counter()
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        sent = flat.to(torch.float16) if compression == "fp16" else flat
+        sent.div_(self.size)
+        tdist.all_reduce(sent)
+        views = sent.split([g.numel() for g in grads])
+        torch._foreach_copy_(grads, [v.view_as(g) for v, g in zip(views, grads, strict=True)])
+        return DeviceSpan(start) if start is not None else time.perf_counter() - t0
 
     def watch_local_gradients(self, observer) -> bool:
         if not self._exchange:
@@ -105,14 +105,13 @@ class TorchWorld(World):
             return model.no_sync()
         return super().no_sync(model)
 
-    def _finish_exchange(self, opt: torch.optim.Optimizer) -> float:
+    def _finish_exchange(self, opt: torch.optim.Optimizer) -> float | DeviceSpan:
         """Backward itself waited for the buckets; the time from the last bucket's
-        hand-off to here (on CUDA after the device finished)."""
+        hand-off to here: on CUDA the device's, from the last bucket's gradients to
+        the end of its allreduce (no host wait)."""
         if not self._exchange:
             return 0.0
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return self._exchange[0].exposed_s()
+        return self._exchange[0].exposed()
 
     def shutdown(self) -> None:
         # The DDP model, its reducer and the bucket hook must go while the process group

@@ -18,13 +18,16 @@ import torch
 
 class Unread:
     """One step's (loss, accuracy) on their way to the host, with the fields of its
-    :class:`~lartpc.train.sinks.StepRecord` other than the ones the ranks agree on."""
+    :class:`~lartpc.train.sinks.StepRecord` other than the ones the ranks agree on, and
+    the gradient exchange's device time, not yet known."""
 
-    __slots__ = ("values", "arrived", "fields")
+    __slots__ = ("values", "arrived", "fields", "spans")
 
-    def __init__(self, values: torch.Tensor, fields: dict):
+    def __init__(self, values: torch.Tensor, fields: dict, spans=()):
         """``values``: the step's (loss, accuracy), :func:`step_values`; copied here (a
-        graph's buffer is overwritten by the next replay)."""
+        graph's buffer is overwritten by the next replay). ``spans``: the exchange's
+        :class:`~lartpc.dist.spans.DeviceSpan` on a GPU (none elsewhere)."""
+        self.spans = list(spans)
         self.arrived: torch.cuda.Event | None = None
         if values.is_cuda:
             self.values = torch.empty(2, dtype=torch.float32, pin_memory=True)
@@ -41,6 +44,19 @@ class Unread:
             self.arrived.synchronize()
         loss, acc = self.values.tolist()
         return loss, acc
+
+    def settled(self) -> dict:
+        """The record's fields, the exchange's device time (its spans, long passed once
+        the step is read) moved from ``compute_s`` to ``comm_s``: the host did not wait
+        for it, so the step's wall time holds it in its compute part (all of that part
+        at most, so that data_s + compute_s + comm_s stays the step's wall time)."""
+        if self.spans:
+            f = self.fields
+            moved = min(sum(span.seconds() for span in self.spans), max(f["compute_s"], 0.0))
+            f["compute_s"] -= moved
+            f["comm_s"] += moved
+            self.spans = []
+        return self.fields
 
 
 def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -65,8 +65,8 @@ def _gradients(params: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _records(steps: list[Unread], done: list[tuple]) -> list[StepRecord]:
-    return [StepRecord(**u.fields, local_loss=ll, local_acc=la, global_loss=gl, global_acc=ga)
-            for u, (ll, la, gl, ga) in zip(steps, done, strict=True)]
+    return [StepRecord(**u.settled(), local_loss=ll, local_acc=la, global_loss=gl,
+                       global_acc=ga) for u, (ll, la, gl, ga) in zip(steps, done, strict=True)]
 
 
 class Trainer:
@@ -248,13 +248,16 @@ class Trainer:
         exchanged = world.average_gradients(_gradients(self.graphed.params),
                                             tc.grad_compression) \
             if own and world.size > 1 else 0.0
-        comm_s = exchanged + world.step_optimizer(self.opt, self.scaler)
+        exchange = [exchanged, world.step_optimizer(self.opt, self.scaler)]
+        # the host's seconds now; a GPU's exchange time once the step is read back
+        comm_s = sum(t for t in exchange if isinstance(t, float))
         # all ranks' images (their short last batches may differ in size)
         images = self.plan.images_seen(s.global_step + 1) - self.plan.images_seen(s.global_step)
         this = Unread(values, {
             "global_step": s.global_step, "epoch": s.epoch, "batchno": s.step_in_epoch,
             "rank": world.rank, "data_size": batch.data_size, "images": images,
-            "lr": self.opt.param_groups[0]["lr"], "data_s": data_s})
+            "lr": self.opt.param_groups[0]["lr"], "data_s": data_s},
+            [t for t in exchange if not isinstance(t, float)])
         now = (not tc.overlap_readback or s.step_in_epoch + 1 == self.plan.steps_per_epoch
                or self.noise.due(s.global_step) or self.count_due(s.global_step + 1))
         ready = [u for u in (self._unread, this if now else None) if u is not None]

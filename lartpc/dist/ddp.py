@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from lartpc.dist.spans import DeviceSpan, mark
+from lartpc.dist.spans import DeviceSpan, Exchange, mark
 
 
 class BucketExchange:
@@ -44,14 +44,16 @@ class BucketExchange:
         self.last_handoff: float | torch.cuda.Event | None = None
         self.buckets = 0  #: buckets sent since the model was wrapped
 
-    def exposed(self) -> float | DeviceSpan:
+    def exposed(self) -> Exchange:
         """The time since the last bucket was handed to allreduce (0 before the first):
         seconds, or on CUDA the :class:`~lartpc.dist.spans.DeviceSpan` from the last
         bucket's gradients to here in the stream.
 
-        Taken right after backward, whose end waits (on CUDA: makes the stream wait) for
+        Taken after backward, whose end waits (on CUDA: makes the stream wait) for
         every bucket's allreduce, it is the exchange that backward could not hide: the
-        last bucket's allreduce and whatever earlier buckets were still in flight.
+        last bucket's allreduce and whatever earlier buckets were still in flight (and
+        on CUDA the step's few kernels queued between backward and the optimizer, the
+        loss's copy for the read-back among them).
         """
         start, self.last_handoff = self.last_handoff, None
         if start is None:
@@ -70,7 +72,8 @@ def average_bucket(state: BucketExchange, bucket: dist.GradBucket
         for param, grad in zip(bucket.parameters(), bucket.gradients(), strict=True):
             state.observer(param, grad)
     state.buckets += 1
-    state.last_handoff = mark() if bucket.buffer().is_cuda else time.perf_counter()
+    if bucket.is_last():  # only the last hand-off is timed
+        state.last_handoff = mark() if bucket.buffer().is_cuda else time.perf_counter()
     if state.fp16:
         return default_hooks.fp16_compress_hook(None, bucket)
     return default_hooks.allreduce_hook(None, bucket)

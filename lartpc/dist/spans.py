@@ -35,3 +35,7 @@ class DeviceSpan:
         """Waits for the end event (long past when the step's numbers are read)."""
         self.end.synchronize()
         return self.start.elapsed_time(self.end) / 1e3
+
+
+#: an exchange's time as a backend gives it: the host's seconds, or a device span
+Exchange = float | DeviceSpan

@@ -10,7 +10,7 @@ from typing import ClassVar
 import torch
 import torch.distributed as tdist
 
-from lartpc.dist.spans import DeviceSpan, mark
+from lartpc.dist.spans import DeviceSpan, Exchange, mark
 from lartpc.dist.world import World, check_compression
 
 
@@ -74,7 +74,7 @@ class TorchWorld(World):
         return model
 
     def average_gradients(self, grads: list[torch.Tensor], compression: str = "none"
-                          ) -> float | DeviceSpan:
+                          ) -> Exchange:
         """In one flat buffer, divided by the ranks and then summed, in float32 or sent
         as float16: the arithmetic of DDP's bucket hooks (:mod:`lartpc.dist.ddp`), so
         an element's average is the same number either way. Returns the exchange's
@@ -105,7 +105,7 @@ class TorchWorld(World):
             return model.no_sync()
         return super().no_sync(model)
 
-    def _finish_exchange(self, opt: torch.optim.Optimizer) -> float | DeviceSpan:
+    def _finish_exchange(self, opt: torch.optim.Optimizer) -> Exchange:
         """Backward itself waited for the buckets; the time from the last bucket's
         hand-off to here: on CUDA the device's, from the last bucket's gradients to
         the end of its allreduce (no host wait)."""

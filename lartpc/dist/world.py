@@ -24,6 +24,7 @@ from typing import ClassVar
 import torch
 
 from lartpc.dist import BACKENDS, COMPRESSIONS
+from lartpc.dist.spans import Exchange
 from lartpc.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -146,10 +147,11 @@ class World:
         return opt
 
     def average_gradients(self, grads: list[torch.Tensor], compression: str = "none"
-                          ) -> float:
+                          ) -> Exchange:
         """Average ``grads`` (a step's gradients, computed without the backend's hooks:
         ``train.cuda_graph``'s replayed backward) over the ranks in place, as the
-        backend's own exchange would; its seconds. One rank: nothing to do."""
+        backend's own exchange would; its time (seconds, or on CUDA a
+        :class:`~lartpc.dist.spans.DeviceSpan`). One rank: nothing to do."""
         return 0.0
 
     def watch_local_gradients(self, observer) -> bool:
@@ -163,9 +165,10 @@ class World:
         """Context for a backward pass whose gradients must not be exchanged."""
         return nullcontext()
 
-    def step_optimizer(self, opt: torch.optim.Optimizer, scaler=None) -> float:
-        """Finish the gradient exchange, then update; returns the exchange's seconds
-        not hidden behind backward (docs/run-folder.md, ``comm_s``).
+    def step_optimizer(self, opt: torch.optim.Optimizer, scaler=None) -> Exchange:
+        """Finish the gradient exchange, then update; returns the exchange's time not
+        hidden behind backward (docs/run-folder.md, ``comm_s``): seconds, or on CUDA
+        with the torch backend a :class:`~lartpc.dist.spans.DeviceSpan`.
 
         With a ``torch.amp.GradScaler`` (fp16 training) the averaged gradients are
         unscaled and the step is skipped when any is inf/NaN; the check runs on the
@@ -181,8 +184,8 @@ class World:
                 scaler.update()
         return comm
 
-    def _finish_exchange(self, opt: torch.optim.Optimizer) -> float:
-        """Wait for the gradient exchange still running after backward; its seconds."""
+    def _finish_exchange(self, opt: torch.optim.Optimizer) -> Exchange:
+        """Wait for the gradient exchange still running after backward; its time."""
         return 0.0
 
     def _exchanged(self, opt: torch.optim.Optimizer):

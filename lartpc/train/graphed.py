@@ -51,7 +51,7 @@ host's time launching the step's kernels (``lartpc bench model --model jishnet
 from __future__ import annotations
 
 import logging
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 
 import torch
@@ -220,7 +220,8 @@ class StaticStep:
         graph = torch.cuda.CUDAGraph()
         # thread_local: the loader's thread keeps building tables (reading counts back)
         # on its own stream while this one captures; only this thread's calls are checked
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        with stale_streams_redirected(), \
+                torch.cuda.graph(graph, capture_error_mode="thread_local"):
             self._forward_backward()
         self.grads = [p.grad for p in self.params]
         self.graph = graph
@@ -290,6 +291,30 @@ class GraphedStep(StaticStep):
                             mirrored=None if lv.mirrored is None else lv.mirrored.clone())
                     for lv in maps.levels], held=None)
         return self._try_capture()
+
+
+@contextmanager
+def stale_streams_redirected():
+    """While capturing, autograd runs a node that holds a stream outside the capture on
+    the capturing one instead. DDP keeps every parameter's gradient-accumulation node,
+    made on the default stream when it wrapped the model: with several ranks a capture
+    on torch's side stream finds them stale, and torch refuses it (the default stream
+    would join the graph), so the segment stepped eagerly. torch's switch for this
+    (``torch.autograd.graph.set_override_stale_capture_stream``, in releases since
+    spring 2026) is on for the capture alone; a torch without it is left as it is (the
+    capture may fail and fall back, as before). Inferred from torch's documentation;
+    not yet run on GPUs with several ranks."""
+    switch = getattr(torch.autograd.graph, "set_override_stale_capture_stream", None)
+    state = getattr(torch._C, "_override_stale_capture_stream", None)
+    if switch is None or state is None:
+        yield
+        return
+    before = bool(state())
+    switch(True)
+    try:
+        yield
+    finally:
+        switch(before)
 
 
 #: JishNet's graphs: at most this many input buffers get a graph that reads each where

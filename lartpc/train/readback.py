@@ -13,7 +13,13 @@ step (:mod:`lartpc.train.graphed`) computes the pair inside its graph
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from lartpc.dist.spans import DeviceSpan
 
 
 class Unread:
@@ -23,7 +29,7 @@ class Unread:
 
     __slots__ = ("values", "arrived", "fields", "spans")
 
-    def __init__(self, values: torch.Tensor, fields: dict, spans=()):
+    def __init__(self, values: torch.Tensor, fields: dict, spans: Sequence[DeviceSpan] = ()):
         """``values``: the step's (loss, accuracy), :func:`step_values`; copied here (a
         graph's buffer is overwritten by the next replay). ``spans``: the exchange's
         :class:`~lartpc.dist.spans.DeviceSpan` on a GPU (none elsewhere)."""

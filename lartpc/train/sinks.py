@@ -46,8 +46,8 @@ class StepRecord:
     lr: float
     data_s: float  #: waiting for the batch
     compute_s: float
-    #: gradient exchange, the stop vote, the noise-scale collective; on CUDA the
-    #: exchange's part is the device's time (:mod:`lartpc.dist.spans`)
+    #: gradient exchange, the stop vote, the noise-scale collective; with the torch
+    #: backend on CUDA the exchange's part is the device's time (:mod:`lartpc.dist.spans`)
     comm_s: float
     time: float  #: ``time.time()`` at the step's end (sinks may get the record a step later)
     noise: dict | None = None  #: the noise.csv row written at this step, if any

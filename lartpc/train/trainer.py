@@ -10,9 +10,9 @@ restarted Adam from step 0).
 
 :meth:`Trainer.step` runs one optimizer step and the ranks' stop vote;
 :meth:`Trainer.state_dict` is what a checkpoint holds. A step's loss and accuracy
-reach the host one step later (:mod:`lartpc.train.readback`), so on one rank no step
-waits for the device (the torch backend on CUDA waits once a step with several ranks,
-to time the gradient exchange apart from compute); the vote of step k carries step
+reach the host one step later (:mod:`lartpc.train.readback`), so no step waits for the
+device (the torch backend's gradient exchange on CUDA is timed by events in the stream,
+:mod:`lartpc.dist.spans`, read with the step's numbers); the vote of step k carries step
 k-1's numbers and step k's own stop, save and time wishes.
 """
 
@@ -28,6 +28,7 @@ import torch
 from lartpc import CLASSES
 from lartpc.data.augment import mirror
 from lartpc.dist import unwrap_model
+from lartpc.dist.spans import DeviceSpan
 from lartpc.runfolder.schema import CHECKPOINT, RunFolderError
 from lartpc.train import checkpoint, graphed
 from lartpc.train.evaluate import evaluate
@@ -250,14 +251,15 @@ class Trainer:
             if own and world.size > 1 else 0.0
         exchange = [exchanged, world.step_optimizer(self.opt, self.scaler)]
         # the host's seconds now; a GPU's exchange time once the step is read back
-        comm_s = sum(t for t in exchange if isinstance(t, float))
+        spans = [t for t in exchange if isinstance(t, DeviceSpan)]
+        comm_s = sum(float(t) for t in exchange if not isinstance(t, DeviceSpan))
         # all ranks' images (their short last batches may differ in size)
         images = self.plan.images_seen(s.global_step + 1) - self.plan.images_seen(s.global_step)
         this = Unread(values, {
             "global_step": s.global_step, "epoch": s.epoch, "batchno": s.step_in_epoch,
             "rank": world.rank, "data_size": batch.data_size, "images": images,
             "lr": self.opt.param_groups[0]["lr"], "data_s": data_s},
-            [t for t in exchange if not isinstance(t, float)])
+            spans)
         now = (not tc.overlap_readback or s.step_in_epoch + 1 == self.plan.steps_per_epoch
                or self.noise.due(s.global_step) or self.count_due(s.global_step + 1))
         ready = [u for u in (self._unread, this if now else None) if u is not None]

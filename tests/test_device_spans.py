@@ -132,3 +132,33 @@ def test_a_capture_redirects_stale_streams_and_restores_the_switch(monkeypatch):
     monkeypatch.delattr(torch.autograd.graph, "set_override_stale_capture_stream")
     with stale_streams_redirected():  # an older torch: nothing to switch
         assert state[0] is False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("preset", ["tiny-scnet", "tiny-jishnet"])
+def test_a_ddp_wrapped_graphed_training_captures_on_cuda(train_events_dir, tmp_path, preset):
+    """One torchrun rank on CUDA (the torch backend: NCCL, the model in DDP, whose
+    gradient nodes sit on the default stream): the step is captured, not left to the
+    eager fallback, and DDP's noise-scale steps give the rank log a finite comm_s read
+    from CUDA events."""
+    import json
+    import math
+
+    from train_helpers import BIN, run, train_cmd
+
+    out = tmp_path / "run"
+    sets = ["train.cuda_graph=true", "train.device=cuda", "train.noise_every_steps=2",
+            "dist.backend=torch"]
+    if preset == "tiny-scnet":
+        sets += ["model.sparse=torch", "data.loader=sparse"]
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=1", "-m", "lartpc",
+           *train_cmd(train_events_dir, out, *sets, config=preset)[1:]]
+    r = run(cmd, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    info = json.loads((out / "run.json").read_text())
+    assert info["backend"] == "torch" and info["cuda_graph"]["captures"] >= 1
+    assert not info["cuda_graph"]["fallback"], info["cuda_graph"]
+    log = rows(out / "rank-000.csv")
+    assert log and all(math.isfinite(float(x["comm_s"])) and float(x["comm_s"]) >= 0
+                       for x in log)

@@ -122,13 +122,16 @@ train_graph train-scnet-torch-graph-threads-3 data.prefetch_threads=3
 # 2. the CUDA tests: both ways of building ahead (equality, no synchronisation), the
 #    batches from loader processes, the tables' kernels, the captured step (equal to the
 #    eager one, and the bench's capture), the fused stages, the device-dense loader's
-#    page-locked pixels, torch.distributed on CUDA with CPU-tensor collectives
+#    page-locked pixels, torch.distributed on CUDA with CPU-tensor collectives, and a
+#    DDP-wrapped graphed training on one torchrun rank (captured, its exchange timed by
+#    CUDA events: since 2026-12-01)
 part gpu-tests "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_sparse_torch.py \
     tests/test_table_kernels.py tests/test_graphed_step.py tests/test_rulebooks.py \
     tests/test_loader_processes.py tests/test_fused_stage2.py tests/test_fused_stem.py \
     tests/test_table_graph.py tests/test_table_cache.py \
     tests/test_gpu.py::test_device_dense_pixels_wait_page_locked_for_their_copy \
-    tests/test_dist.py::test_torch_ranks_on_cuda_reduce_cpu_and_cuda_tensors
+    tests/test_dist.py::test_torch_ranks_on_cuda_reduce_cpu_and_cuda_tensors \
+    tests/test_device_spans.py
 # 3. issue 35: the stem's launches and ways of summing its taps (second lease of
 #    2026-11-28: dot at 64:4 the fastest, band and patch slower; hoist since), the fused second
 #    stage's (64:8:64 hybrid the fastest, 4.9 ms against cuDNN's 6.9: now the default;

@@ -245,10 +245,11 @@ def _max_batch(model, batch, loss_fn, autocast, start: int) -> dict:
             "gpu_memory_bytes": torch.cuda.get_device_properties(0).total_memory}
 
 
-def run(args) -> int:
+def _check_options(args) -> None:
+    """The options alone, before torch (~1.5 s to import): a mistyped one is one line at
+    once."""
     from lartpc.errors import LartpcError
 
-    # the options first, torch (~1.5 s to import) after: a mistyped one is one line at once
     check_positive(args.batch_per_rank, "--batch-per-rank")
     check_positive(args.repeats, "--repeats")
     check_non_negative(args.warmup, "--warmup")
@@ -268,6 +269,12 @@ def run(args) -> int:
                             or args.device != "cuda"):
         raise LartpcError("--cuda-graph: captures JishNet's step, or SCNet's with its torch "
                           "layers (--model scnet --sparse torch), on --device cuda")
+
+
+def run(args) -> int:
+    from lartpc.errors import LartpcError
+
+    _check_options(args)
     import torch
 
     from lartpc.bench.stages import timed
@@ -357,6 +364,16 @@ def run(args) -> int:
         "peak_memory_bytes": int(peak), "peak_memory_kind": peak_kind,
         "torch": torch.__version__,
     }
+    result.update(_extras(args, plain, batch, loss_fn, autocast, sync, options))
+    print(json.dumps(result), file=sys.stdout, flush=True)
+    return 0
+
+
+def _extras(args, plain, batch, loss_fn, autocast, sync, options: dict) -> dict:
+    """What the options add to the result: the stem's blocks with charge, the stage
+    table, the graphed step, the largest minibatch (in that order: the last may fail
+    badly past the sizes the kernels ran at)."""
+    result: dict = {}
     if options.get("stem_skip_empty"):
         from lartpc.models.fused_stem import blocks_with_charge
 
@@ -389,5 +406,4 @@ def run(args) -> int:
     if args.max_batch:  # last: sizes past what the kernels were run at may fail badly
         # the model as built: torch.compile would recompile for every size tried
         result.update(_max_batch(plain, batch, loss_fn, autocast, args.batch_per_rank))
-    print(json.dumps(result), file=sys.stdout, flush=True)
-    return 0
+    return result

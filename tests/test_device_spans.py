@@ -145,16 +145,15 @@ def test_a_ddp_wrapped_graphed_training_captures_on_cuda(train_events_dir, tmp_p
     import json
     import math
 
-    from train_helpers import BIN, run, train_cmd
+    from train_helpers import run, torchrun_train_cmd
 
     out = tmp_path / "run"
     sets = ["train.cuda_graph=true", "train.device=cuda", "train.noise_every_steps=2",
             "dist.backend=torch"]
     if preset == "tiny-scnet":
         sets += ["model.sparse=torch", "data.loader=sparse"]
-    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=1", "-m", "lartpc",
-           *train_cmd(train_events_dir, out, *sets, config=preset)[1:]]
-    r = run(cmd, timeout=600)
+    r = run(torchrun_train_cmd(train_events_dir, out, *sets, ranks=1, config=preset),
+            timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     info = json.loads((out / "run.json").read_text())
     assert info["backend"] == "torch" and info["cuda_graph"]["captures"] >= 1

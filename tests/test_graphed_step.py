@@ -15,7 +15,14 @@ import pytest
 import torch
 from test_sparse_torch import _batches, _pair
 from test_step_overlap import _fit
-from train_helpers import BIN, final_params, kill_after_steps, rows, run, train_cmd
+from train_helpers import (
+    final_params,
+    kill_after_steps,
+    rows,
+    run,
+    torchrun_train_cmd,
+    train_cmd,
+)
 
 from lartpc.data.store import EventStore
 from lartpc.errors import ConfigError
@@ -215,9 +222,7 @@ def test_refused_on_horovods_ranks_taken_on_torchs():
 
 def _two_torch_ranks(data, out, preset: str, *sets: str) -> None:
     """``lartpc train`` on two torchrun ranks (the torch backend, DDP), to completion."""
-    cmd = train_cmd(data, out, *sets, config=preset)
-    r = run([str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", "-m", "lartpc",
-             *cmd[1:]], timeout=600)
+    r = run(torchrun_train_cmd(data, out, *sets, config=preset), timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
 
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from train_helpers import BIN, rows, run, train_cmd
+from train_helpers import rows, run, torchrun_train_cmd
 
 pytestmark = pytest.mark.slow
 
 
 def _torchrun(data, out, *sets: str) -> list[str]:
-    return [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", "-m", "lartpc",
-            *train_cmd(data, out, "train.noise_every_steps=1", *sets)[1:]]
+    return torchrun_train_cmd(data, out, "train.noise_every_steps=1", *sets)
 
 
 def test_split_run_matches_uninterrupted_noise_rows_too(train_events_dir, tmp_path):

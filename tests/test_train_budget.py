@@ -7,7 +7,7 @@ import json
 import math
 
 import pytest
-from train_helpers import BIN, rows, run, train_cmd
+from train_helpers import rows, run, torchrun_train_cmd, train_cmd
 
 pytestmark = pytest.mark.slow
 
@@ -66,9 +66,8 @@ def test_two_ranks_stop_together_at_rank_0s_first_step_past_the_budget(train_eve
     its checkpoint holds) and both ranks stop after the same step, the first whose
     time takes rank 0's total to the budget."""
     out, budget = tmp_path / "run", 1.0
-    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", "-m", "lartpc",
-           *train_cmd(train_events_dir, out, "train.epochs=1000",
-                      f"train.budget_s={budget}")[1:]]
+    cmd = torchrun_train_cmd(train_events_dir, out, "train.epochs=1000",
+                             f"train.budget_s={budget}")
     r = run(cmd, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     info = _info(out)

@@ -58,6 +58,14 @@ def train_cmd(data: Path, out: Path, *sets: str, config: str = "tiny-jishnet") -
     return cmd
 
 
+def torchrun_train_cmd(data: Path, out: Path, *sets: str, ranks: int = 2,
+                       config: str = "tiny-jishnet") -> list[str]:
+    """:func:`train_cmd` on ``ranks`` torchrun ranks (the torch backend, DDP), lartpc run
+    as a module."""
+    return [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={ranks}", "-m",
+            "lartpc", *train_cmd(data, out, *sets, config=config)[1:]]
+
+
 def run(cmd: list[str], timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                           env=clean_env(**env))

@@ -18,7 +18,8 @@ Definitions (also printed in the report):
   as ``queue_wait_s``. Smoothing is a *centred* rolling mean over ``smooth`` steps, so
   it adds no time lag; default window min(50, steps // 10). A run that never gets there
   is *censored*: ``ttl_s`` is None and ``ttl_lower_bound_s`` is its own wall time to
-  its last step.
+  its last step with a smoothed loss (half a window before its last step: the centred
+  mean there would have read steps it did not take).
 - **Clock** (issue 37): TTL, its bound and the epoch rate are read on the *training
   clock* by default (``clock="train"``): DLT, then each later step's own duration
   (``data_s + compute_s + comm_s`` of the lowest rank's log), so evaluations,
@@ -26,9 +27,11 @@ Definitions (also printed in the report):
   wall time as above (evaluation and checkpoints included); ``ttl_wall_s`` always holds
   it. A run whose log lacks the durations falls back to the wall clock, with a note.
 - **Budget**: with run.json's ``budget_s`` (the study's budget per point, training time
-  without DLT), steps after the budget are not looked at: a run that gets below the
-  threshold only after it is censored at the budget (``ttl_lower_bound_s`` = the clock at
-  the last step within it). Run folders written before the budget have none.
+  without DLT), steps after the budget are not looked at, in the smoothing too (a
+  centred mean at the budget's last steps would read steps after it): a run that gets
+  below the threshold only after it is censored at the budget, as a run stopped there
+  would be. Run folders written before the budget have none; a log without step
+  durations cannot apply it (said in a note).
 - **Accuracy**: last row of ``eval.csv`` that evaluated events; uncertainty is the
   binomial standard error sqrt(p(1-p)/n) and the 95 % Wilson score interval.
 """
@@ -177,6 +180,21 @@ def _epoch_rate(run: Run, t: np.ndarray, restarts: Restarts,
     return int(keep.sum()) / run.meta["steps_per_epoch"] / (span / 60.0)
 
 
+def _censored_bound(on_clock: np.ndarray, sm: np.ndarray, window: int, kept: int,
+                    trained: np.ndarray | None, budget: float | None) -> float:
+    """The clock a censored run's TTL is known to exceed: at the last of its ``kept``
+    steps (those within the budget) with a smoothed loss, which ends half a window
+    before its last step (the centred mean's next value, from steps it did not take,
+    could have been below). With no smoothed value, before the first step that could
+    have one (``window // 2``); with no step within the budget, where the budget ran
+    out inside the first step."""
+    if kept == 0:
+        return max(0.0, float(on_clock[0] - trained[0] + budget))
+    seen = np.flatnonzero(np.isfinite(sm))
+    last = int(seen[-1]) if seen.size else max(0, min(window // 2, kept) - 1)
+    return float(on_clock[last])
+
+
 def _no_step_bound(run: Run, restarts: Restarts, start: float) -> float | None:
     end = run.meta.get("end_time")
     return None if end is None else restarts.own_time(float(end), start)
@@ -270,24 +288,25 @@ def run_metrics(run: Run, threshold: float = 1.2, smooth: int | None = None,
             notes.append(f"{run.name}: the smoothing window ({window} steps) is longer than "
                          f"its {n_steps} steps: no smoothed loss, so no time to loss "
                          "(censored)")
-        sm = smoothed_loss(steps, window).to_numpy()
         within = np.ones(n_steps, bool)
         if budget is not None and trained is not None:
             within = trained <= budget * (1 + 1e-9)
-        below = np.flatnonzero((sm < threshold) & within)
+        elif budget is not None:
+            notes.append(f"{run.name}: no step durations in its log: its budget of "
+                         f"{budget:g} s is not applied to its time to loss")
+        # the budget's steps alone: a centred mean at its last steps would read later ones
+        kept, full = int(within.sum()), smoothed_loss(steps, window).to_numpy()
+        sm = full if kept == n_steps else smoothed_loss(steps.iloc[:kept], window).to_numpy()
+        below = np.flatnonzero(sm < threshold)
         if below.size:
             ttl, censored = float(on_clock[below[0]]), False
             ttl_wall = float(wall[below[0]])
         else:
-            last = np.flatnonzero(within)
-            # no step within a budget shorter than the first step: the clock where the
-            # budget ran out, inside that step (which ends at on_clock[0])
-            bound = float(on_clock[last[-1]]) if last.size else max(
-                0.0, float(on_clock[0] - trained[0] + budget))
-            if not within.all() and (sm < threshold).any():
+            bound = _censored_bound(on_clock, sm, window, kept, trained, budget)
+            if kept < n_steps and (full < threshold).any():
                 notes.append(f"{run.name}: below the threshold only after its budget of "
                              f"{budget:g} s: censored at the budget")
-        valid = sm[np.isfinite(sm)]
+        valid = full[np.isfinite(full)]
         final = float(valid[-1]) if valid.size else None
     else:
         bound = _no_step_bound(run, restarts, start)

@@ -5,7 +5,10 @@ Training writes one row per measured step with unbiased single-step estimates of
 Both are noisy and either can be negative on one step, so they are averaged separately
 before the ratio is taken: a bias-corrected exponential moving average for the curve over
 training, and a ratio of means over the rows nearest the threshold loss (with a
-delta-method standard error) for the B_noise the prediction uses. As the
+delta-method standard error) for the B_noise the prediction uses. |G|^2 counts as
+resolved only where the mean of those rows is at least :data:`RESOLVED_SE` (2) standard
+errors above 0; otherwise the ratio is dominated by |G|^2's noise and only a lower bound,
+mean tr(Sigma) / (mean |G|^2 + 2 SE), is given. As the
 paper does, B_simple = tr(Sigma)/|G|^2 stands for the critical batch B_noise (equal for
 a well-conditioned Hessian; an assumption here). B_noise changes as the loss falls, so it
 is taken where the smoothed loss is nearest the study's threshold.
@@ -28,6 +31,10 @@ log = logging.getLogger(__name__)
 
 #: EMA span, in measured rows: alpha = 2 / (span + 1)
 DEFAULT_SPAN = 20
+#: |G|^2 is resolved where its mean is at least this many standard errors above 0
+RESOLVED_SE = 2.0
+#: normal quantile of the 95 % intervals given for B_noise (log space)
+Z95 = 1.959964
 
 
 def read_noise(run_path: str | Path) -> pd.DataFrame | None:
@@ -98,11 +105,11 @@ class NoiseAtLoss:
 
     run: str
     b_noise: float
-    b_noise_se: float  #: delta-method standard error of the ratio of means
+    b_noise_se: float  #: delta-method standard error of the ratio of means (nan: a bound)
     loss: float  #: mean smoothed loss of the rows used
     rows: int  #: rows used (those nearest the threshold in smoothed loss)
     reached: bool  #: False: the run never got there; the rows are its lowest-loss ones
-    lower_bound: bool = False  #: |G|^2 not resolved: b_noise is a 2-sigma lower bound
+    lower_bound: bool = False  #: mean |G|^2 < 2 SE: b_noise is a 2-sigma lower bound
 
 
 def ratio_of_means(g2: np.ndarray, trace: np.ndarray) -> tuple[float, float]:
@@ -116,20 +123,47 @@ def ratio_of_means(g2: np.ndarray, trace: np.ndarray) -> tuple[float, float]:
     return r, r * math.sqrt(max(var, 0.0))
 
 
+def mean_and_se(x: np.ndarray) -> tuple[float, float]:
+    """Mean of ``x`` and its standard error (nan below 2 values)."""
+    se = float(np.std(x, ddof=1) / math.sqrt(len(x))) if len(x) > 1 else math.nan
+    return float(np.mean(x)), se
+
+
+def resolved_ratio(g2: np.ndarray, trace: np.ndarray) -> tuple[float, float, bool]:
+    """(B_noise, its standard error, lower bound?) from single-step estimates.
+
+    Where mean |G|^2 >= :data:`RESOLVED_SE` standard errors, the ratio of means and its
+    delta-method SE; otherwise (|G|^2 not resolved from 0) the lower bound
+    mean tr(Sigma) / (mean |G|^2 + 2 SE), with SE nan (nan, nan when that is not positive
+    either).
+    """
+    mg, se_g = mean_and_se(g2)
+    if mg >= RESOLVED_SE * se_g:  # False where se_g is nan
+        b, se = ratio_of_means(g2, trace)
+        if math.isfinite(b):
+            return b, se, False
+    g2_hi, mt = mg + RESOLVED_SE * se_g, float(np.mean(trace))
+    if mt > 0 and g2_hi > 0:
+        return mt / g2_hi, math.nan, True
+    return math.nan, math.nan, True
+
+
 def b_noise_at_loss(name: str, df: pd.DataFrame, threshold: float,
                     span: int = DEFAULT_SPAN, rows: int | None = None) -> NoiseAtLoss:
     """B_noise from the ``rows`` rows (default max(20, n/5)) whose smoothed loss
     (:func:`centred`) is nearest ``threshold``: the ratio of their mean tr(Sigma) and
-    mean |G|^2 estimates.
+    mean |G|^2 estimates (:func:`resolved_ratio`).
 
     Single-step |G|^2 estimates are often negative when the gradient is small against its
-    noise, so a ratio of means over many rows is used, not a running ratio.
+    noise, so a ratio of means over many rows is used, not a running ratio. Where their
+    mean is under 2 standard errors, B_noise is only a 2-sigma lower bound
+    (``lower_bound``, ``b_noise_se`` nan), with a warning.
 
     Raises
     ------
     RunFolderError
-        The mean |G|^2 or tr(Sigma) of those rows is not positive (not resolved), or no
-        row is finite (a run that diverged at once).
+        Not even a lower bound: mean tr(Sigma) or mean |G|^2 + 2 SE of those rows is not
+        positive, or no row is finite (a run that diverged at once).
     """
     finite = np.isfinite(df[["loss", "g2_est", "trace_est"]].to_numpy(float)).all(axis=1)
     df = df[finite]
@@ -140,16 +174,14 @@ def b_noise_at_loss(name: str, df: pd.DataFrame, threshold: float,
     k = min(len(df), rows or max(20, len(df) // 5))
     near = np.argsort(np.abs(loss - threshold), kind="stable")[:k]
     g2, tr = df["g2_est"].to_numpy(float)[near], df["trace_est"].to_numpy(float)[near]
-    b, se = ratio_of_means(g2, tr)
-    bound = not math.isfinite(b)
-    if bound:  # |G|^2 within its noise of 0: B_noise is only bounded from below
-        g2_hi = g2.mean() + 2 * g2.std(ddof=1) / math.sqrt(k) if k > 1 else math.nan
-        b, se = (tr.mean() / g2_hi, math.nan) if tr.mean() > 0 and g2_hi > 0 else (b, se)
-        if not math.isfinite(b):
-            raise RunFolderError(f"{name}: noise.csv: no positive noise-scale estimate in "
-                                 f"the {k} rows nearest loss {threshold:g}")
-        log.warning("%s: |G|^2 not resolved from its noise near loss %.3g: B_noise > %.3g "
-                    "(2-sigma lower bound)", name, threshold, b)
+    b, se, bound = resolved_ratio(g2, tr)
+    if not math.isfinite(b):
+        raise RunFolderError(f"{name}: noise.csv: no positive noise-scale estimate in "
+                             f"the {k} rows nearest loss {threshold:g}")
+    if bound:
+        log.warning("%s: |G|^2 not resolved from its noise near loss %.3g (mean under "
+                    "%g standard errors): B_noise > %.3g (2-sigma lower bound)", name,
+                    threshold, RESOLVED_SE, b)
     if not reached:
         log.warning("%s: smoothed loss never reaches %.3g (lowest %.3g): B_noise taken at "
                     "the lowest losses", name, threshold, loss.min())
@@ -170,9 +202,34 @@ def binned(df: pd.DataFrame, bins: int = 6, span: int = DEFAULT_SPAN) -> pd.Data
     return pd.DataFrame(out)
 
 
-def pooled_b_noise(values: list[NoiseAtLoss]) -> float:
-    """One B_noise from several runs: the geometric mean (a scale, so averaged in logs)."""
+@dataclass
+class PooledNoise:
+    """One B_noise from several runs, with its uncertainty."""
+
+    b_noise: float  #: geometric mean of the runs' values
+    log_se: float  #: standard error of ln b_noise (nan for a lower bound)
+    lower_bound: bool  #: a run's |G|^2 was not resolved: b_noise is a lower bound
+
+    def interval(self) -> tuple[float, float]:
+        """95 % interval exp(ln B +- 1.96 SE); (B, inf) for a lower bound."""
+        if self.lower_bound:
+            return self.b_noise, math.inf
+        half = Z95 * self.log_se
+        return self.b_noise * math.exp(-half), self.b_noise * math.exp(half)
+
+
+def pooled_b_noise(values: list[NoiseAtLoss]) -> PooledNoise:
+    """One B_noise from several runs: the geometric mean (a scale, so averaged in logs).
+
+    Its log-space standard error is the larger of the runs' own (delta-method SE / B,
+    combined as for a mean) and, with 2 or more runs, that of their scatter. A lower
+    bound among the values makes the result a lower bound (no SE)."""
     if not values:
         raise RunFolderError("no run has a noise.csv: train on 2 or more ranks (measured by "
                              "default) or with --set train.noise_scale=halves")
-    return math.exp(sum(math.log(v.b_noise) for v in values) / len(values))
+    logs = np.log([v.b_noise for v in values])
+    bound = any(v.lower_bound for v in values)
+    own = math.sqrt(sum((v.b_noise_se / v.b_noise) ** 2 for v in values)) / len(values)
+    scatter = mean_and_se(logs)[1] if len(values) > 1 else 0.0
+    return PooledNoise(b_noise=float(math.exp(logs.mean())),
+                       log_se=math.nan if bound else max(own, scatter), lower_bound=bound)

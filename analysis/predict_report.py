@@ -27,6 +27,27 @@ _LABELS = {"b_noise": "B_noise", "s_min": "steps at 1 GPU", "compute": "step tim
            "allreduce": "allreduce", "gradient_bytes": "gradient bytes"}
 
 
+def _range(v: list | None) -> str:
+    """``lo..hi`` of a predicted range, '-' without one, 17 wide."""
+    return "-".rjust(17) if v is None else f"{v[0]:.1f}..{v[1]:.1f}".rjust(17)
+
+
+def _measured_ttl(m: dict) -> str:
+    """The measured mean TTL, ``>bound`` where a run at that N is censored, 12 wide."""
+    if m.get("ttl_s") is None and m.get("ttl_lower_bound_s") is not None:
+        return f">{m['ttl_lower_bound_s']:.1f}".rjust(12)
+    return _fmt(m.get("ttl_s"), "12.1f")
+
+
+def _bound_notes(r: dict, measured: dict[tuple[str, int], dict]) -> list[str]:
+    """What a measured ``>`` TTL is, per GPU count of ``r``'s model."""
+    return [f"  measured, TTL at {n} GPU(s): a lower bound, {m['ttl_censored']} of "
+            f"{m['runs']} runs censored (the mean of their TTLs and censoring times; a "
+            "mean over the runs that reached it would be biased low)"
+            for (model, n), m in sorted(measured.items())
+            if model == r["model"] and m.get("ttl_censored")]
+
+
 def to_text(results: list[dict], measured: dict[tuple[str, int], dict]) -> str:
     """A table per model; measured points (other runs of the same model) beside."""
     lines = []
@@ -38,19 +59,44 @@ def to_text(results: list[dict], measured: dict[tuple[str, int], dict]) -> str:
         lines += [f"{r['model']} on {r['cluster']} ({r['allreduce']} allreduce): "
                   f"{noise_text(r)}, "
                   f"step {r['compute_s_per_step'] * 1e3:.1f} ms + allreduce", exps,
-                  f"{'GPUs':>6} {'TTL s':>10} {'epochs/min':>11} {'effic.':>7} "
-                  f"{'allreduce ms':>13} {'meas. TTL s':>12} {'meas. ep/min':>13}"]
+                  f"{'GPUs':>6} {'TTL s':>10} {'TTL range s':>17} {'epochs/min':>11} "
+                  f"{'effic.':>7} {'allreduce ms':>13} {'meas. TTL s':>12} "
+                  f"{'meas. ep/min':>13}"]
         for p in r["predicted"]:
             m = measured.get((r["model"], p["gpus"]), {})
             lines.append(f"{p['gpus']:>6} {_fmt(p['ttl_s'], '10.1f')} "
+                         f"{_range(p.get('ttl_s_range'))} "
                          f"{p['epochs_per_min']:>11.3g} {_fmt(p['efficiency'], '7.2f')} "
-                         f"{p['allreduce_s'] * 1e3:>13.3f} {_fmt(m.get('ttl_s'), '12.1f')} "
+                         f"{p['allreduce_s'] * 1e3:>13.3f} {_measured_ttl(m)} "
                          f"{_fmt(m.get('epochs_per_min'), '13.3g')}")
         lines += [f"  measured, {_LABELS.get(k, k)}: {v}" for k, v in r["measured"].items()
-                  if k != "noise_per_run"]
+                  if k != "noise_per_run"] + _bound_notes(r, measured)
         lines += [f"  assumed, {_LABELS.get(k, k)}: {v}" for k, v in r["assumed"].items()]
         lines.append("")
     return "\n".join(lines)
+
+
+def _measured_marks(ax, r: dict, measured: dict[tuple[str, int], dict], key: str,
+                    color) -> bool:
+    """The measured ``key`` of ``r``'s model beside its prediction (open triangles: a
+    mean TTL only bounded below, runs at that N censored); whether any was drawn."""
+    mine = [(n, m) for (model, n), m in measured.items() if model == r["model"]]
+    pts = [(n, m[key]) for n, m in mine if m.get(key)]
+    bounds = [(n, m["ttl_lower_bound_s"]) for n, m in mine
+              if key == "ttl_s" and m.get("ttl_lower_bound_s")]
+    if pts:
+        ax.plot(*zip(*pts, strict=True), "o", color=color, label=f"{r['model']} measured")
+    if bounds:
+        ax.plot(*zip(*bounds, strict=True), "^", mfc="none", color=color,
+                label=f"{r['model']} measured, lower bound")
+    return bool(pts or bounds)
+
+
+def _ttl_band(ax, r: dict, color) -> None:
+    """The predicted TTL's range from B_noise's uncertainty, shaded."""
+    spans = [(p["gpus"], *p["ttl_s_range"]) for p in r["predicted"] if p.get("ttl_s_range")]
+    if spans:
+        ax.fill_between(*zip(*spans, strict=True), color=color, alpha=0.15, lw=0)
 
 
 def write_figure(results: list[dict], measured: dict[tuple[str, int], dict],
@@ -67,14 +113,12 @@ def write_figure(results: list[dict], measured: dict[tuple[str, int], dict],
             ys = [p[key] for p in r["predicted"]]
             line, = ax.plot(ns, [np.nan if y is None else y for y in ys], "-",
                             label=f"{r['model']} predicted")
-            pts = [(n, m[key]) for (model, n), m in measured.items()
-                   if model == r["model"] and m.get(key)]
-            if pts:
-                ax.plot(*zip(*pts, strict=True), "o", color=line.get_color(),
-                        label=f"{r['model']} measured")
-            drawn[i] |= any(y is not None and y > 0 for y in ys) or bool(pts)
+            drawn[i] |= any(y is not None and y > 0 for y in ys)
+            drawn[i] |= _measured_marks(ax, r, measured, key, line.get_color())
+        _ttl_band(axes[0], r, line.get_color())
         axes[0].axvline(r["n_crit"], ls=":", color=line.get_color())
-    for ax, title, ok in zip(axes, ("time to loss (s); dotted: N_crit", "epochs / min"),
+    for ax, title, ok in zip(axes, ("time to loss (s); dotted: N_crit, shaded: B_noise range",
+                                       "epochs / min"),
                              drawn, strict=True):
         ax.set(xscale="log", yscale="log" if ok else "linear", xlabel="GPUs", title=title)
         if not ok:

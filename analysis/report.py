@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from lartpc.analysis import plots, scaling_plots
 from lartpc.analysis.confusion import unique_names, write_run_confusion
-from lartpc.analysis.fit import PowerLawFit
+from lartpc.analysis.fit import PowerLawFit, ttl_mean_text
 from lartpc.analysis.metrics import RunMetrics
 from lartpc.analysis.paper import PAPER, SOURCE, TTL_THRESHOLD
 from lartpc.analysis.runcheck import safe_name
@@ -93,9 +93,11 @@ def _exp(v: float | None, err: float | None, ci, method: str | None = None) -> s
 
 def _accuracy_at(rows: list[RunMetrics], n: int) -> str:
     """The validation accuracy of the runs (``rows``, their metrics) at ``n`` GPUs: one
-    run's with its binomial SE; several runs' mean with the standard error of that mean
-    from their spread (seeds and evaluation sampling together), the runs' own binomial
-    SE beside it."""
+    run's with its binomial SE and 95 % Wilson interval (the SE is 0 at 0 or 100 %, the
+    interval is not); several runs' mean with the standard error of that mean from
+    their spread (seeds and evaluation sampling together), never less than their
+    evaluations' binomial SE of the mean: two or three runs' spread, with one or two
+    degrees of freedom, is now and then near 0 by chance."""
     done = [r for r in rows if r.accuracy is not None]
     accs = [100 * r.accuracy for r in done]
     ses = [100 * r.accuracy_se for r in done]
@@ -103,11 +105,17 @@ def _accuracy_at(rows: list[RunMetrics], n: int) -> str:
         return "–"
     gpus = gpus_text(n, count_unit(r.setting.get("device") for r in rows))
     if len(accs) == 1:
+        lo, hi = (100 * v for v in done[0].accuracy_wilson95)
         return (f"{accs[0]:.1f} % ± {ses[0]:.1f} % (binomial SE, n = {done[0].n_eval} "
-                f"events; the run at {gpus})")
-    sem = float(np.std(accs, ddof=1)) / math.sqrt(len(accs))
+                f"events; 95 % Wilson interval {lo:.1f}–{hi:.1f} %; the run at {gpus})")
+    spread = float(np.std(accs, ddof=1)) / math.sqrt(len(accs))
+    sampling = math.sqrt(sum(v * v for v in ses)) / len(ses)
+    sem = max(spread, sampling)
     return (f"{np.mean(accs):.1f} % ± {sem:.1f} % (mean of {len(accs)} runs at {gpus} ± "
-            f"its SE from their spread; binomial SE of one run {np.mean(ses):.1f} %)")
+            "its SE, " + ("from their spread" if spread >= sampling else
+                          f"their evaluations' binomial SE of the mean (their spread "
+                          f"gives {spread:.1f} %)")
+            + f"; binomial SE of one run {np.mean(ses):.1f} %)")
 
 
 def _table(head: list[str], rows: list[list[str]], left: int = 1) -> str:
@@ -172,7 +180,7 @@ def _model_section(a: Analysis, model: str, s: dict, figs: list[Path]) -> str:
                   [[str(r["gpus"]), str(r["n_runs"]), _num(r["epoch_rate_mean"], "{:.4g}"),
                     _num(r["speedup"], "{:.2f}"), _num(r["efficiency"], "{:.2f}"),
                     _num(r["karp_flatt"], "{:.3f}"), _num(r["dlt_mean_s"], "{:.1f}"),
-                    _num(r["ttl_mean_s"], "{:.0f}"), _num(r["ttl_speedup"], "{:.2f}"),
+                    ttl_mean_text(r, none="–"), _num(r["ttl_speedup"], "{:.2f}"),
                     str(r["n_ttl_censored"])] for r in s["scaling"]])
     head = scaling_head(s, unit)
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in s["notes"])
@@ -183,8 +191,10 @@ def _model_section(a: Analysis, model: str, s: dict, figs: list[Path]) -> str:
             f'<div>{_img(figs[1], f"{model} epoch rate vs {unit}s")}</div>'
             f"<h3>{html.escape(head[:1].upper() + head[1:])}</h3>"
             "<p>Speedup, efficiency and Karp–Flatt from the mean epoch rate per N; TTL "
-            "speedup relative to the smallest N whose runs reached the threshold (mean of "
-            f"uncensored runs).</p>{scal}"
+            "speedup relative to the smallest N whose runs all reached the threshold. "
+            "Where some run at an N did not reach it, its mean TTL is a lower bound "
+            "(“&gt; ”: that run at its bound) and has no speedup.</p>"
+            f"{scal}"
             f'<div>{_img(figs[2], f"{model} speedup and efficiency vs {unit}s")}</div>'
             f'<div>{_img(figs[3], f"{model} time to loss vs {unit}s")}</div>')
 

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lartpc.analysis.fit import summarize
+from lartpc.analysis.fit import summarize, ttl_mean_text
 from lartpc.analysis.metrics import DEFAULT_SMOOTH_MAX, RunMetrics, run_metrics
 from lartpc.analysis.runs import Run, load_runs
 
@@ -35,7 +35,7 @@ DEFINITIONS = {
            "censored fit's: profile likelihood), ci_method says which; "
            "exponent_ci95_bootstrap (in ttl_fit / epoch_rate_fit) resamples runs within "
            "each N, a check that covers less than 95 % with 2-3 runs per N",
-    "breakdown_warning": "quadratic term in log N significant at 2 sigma",
+    "breakdown_warning": "quadratic term in log N significant at the 5 % level (t test)",
     "scaling": "relative to the smallest N with an epoch rate (baseline_gpus): p = N/N0, speedup = "
                "rate(N)/rate(N0), efficiency = speedup/p, Karp-Flatt = "
                "(1/speedup - 1/p)/(1 - 1/p); ttl_speedup = TTL(N0)/TTL(N)",
@@ -201,7 +201,7 @@ def to_text(a: Analysis) -> str:
                        f"{_f(row['epoch_rate_mean'], '{:.4g}'):>8} "
                        f"{_f(row['speedup'], '{:.2f}'):>8} {_f(row['efficiency'], '{:.2f}'):>6} "
                        f"{_f(row['karp_flatt'], '{:.3f}'):>7} "
-                       f"{_f(row['ttl_mean_s'], '{:.0f}'):>9} "
+                       f"{ttl_mean_text(row):>9} "
                        f"{_f(row['ttl_speedup'], '{:.2f}'):>9} {row['n_ttl_censored']:>4}")
         out += [f"note: {n}" for n in s["notes"]]
         out += [f"WARNING: {w}" for w in s["warnings"]]

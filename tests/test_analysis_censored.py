@@ -30,8 +30,34 @@ def test_no_censoring_gives_least_squares():
     c, ols = fit_censored_power_law(n, y, cens), fit_power_law(n, y, "TTL", n_boot=10)
     assert c.exponent == pytest.approx(ols.exponent, abs=1e-5)
     assert c.prefactor == pytest.approx(ols.prefactor, rel=1e-4)
-    lo, hi = c.exponent_ci95
-    assert lo < c.exponent < hi
+    # and so are its errors: the t interval, s^2 = RSS / (n - 2), the band's t quantile
+    assert c.dof == ols.dof == len(n) - 2
+    assert c.exponent_err == pytest.approx(ols.exponent_err, rel=1e-3)
+    assert c.exponent_ci95 == pytest.approx(ols.exponent_ci95, abs=1e-4)
+    grid = np.array([1.0, 5.0, 64.0])
+    for edge_c, edge_ols in zip(c.band(grid), ols.band(grid), strict=True):
+        assert edge_c == pytest.approx(edge_ols, rel=1e-3)
+
+
+def test_a_run_known_only_as_a_bound_never_narrows_the_interval():
+    """The same 8 runs, then with the slower run at N = 8 only known to exceed its own
+    TTL (less information, as a time limit would leave it): the exponent's interval and
+    the band must not get narrower. The asymptotic errors (normal quantile, chi-square
+    cutoff) made them ~15 % narrower."""
+    rng = np.random.default_rng(5)
+    n = np.repeat([1.0, 2, 4, 8], 2)
+    for _ in range(20):
+        y = 1000 * n ** -0.8 * np.exp(rng.normal(0, 0.3, n.size))
+        ols = fit_power_law(n, y, "TTL", n_boot=0)
+        cens = np.zeros(n.size, bool)
+        eight = np.flatnonzero(n == 8)
+        cens[eight[np.argmax(y[eight])]] = True  # the slower at N = 8: a time limit's
+        c = fit_censored_power_law(n, y, cens)
+        width = c.exponent_ci95[1] - c.exponent_ci95[0]
+        assert width >= ols.exponent_ci95[1] - ols.exponent_ci95[0]
+        lo_c, hi_c = c.band(np.array([8.0]))
+        lo_o, hi_o = ols.band(np.array([8.0]))
+        assert hi_c[0] / lo_c[0] >= hi_o[0] / lo_o[0]
 
 
 def test_censored_fit_covers_the_truth_where_dropping_is_biased():

@@ -52,7 +52,10 @@ def test_budget_censors_a_run_that_gets_there_later(tmp_path):
     steps = primary_steps(run)
     d = steps[["data_s", "compute_s", "comm_s"]].to_numpy().sum(axis=1)
     last = np.flatnonzero(np.cumsum(d) <= 1000.0)[-1]
-    assert m.ttl_lower_bound_s == pytest.approx(m.dlt_s + np.cumsum(d)[last] - d[0])
+    # the last step within the budget with a centred mean of steps within it
+    seen = last - (m.smooth_window - 1) // 2
+    assert m.smooth_window > 2 and seen < last
+    assert m.ttl_lower_bound_s == pytest.approx(m.dlt_s + np.cumsum(d)[seen] - d[0])
     assert any("only after its budget" in n for n in m.notes)
     # a budget past the crossing changes nothing
     m2 = run_metrics(_run(tmp_path / "b", budget_s=3000.0))
@@ -130,3 +133,34 @@ def test_the_loss_plot_counts_ranks_in_its_legend_and_inset(tmp_path, monkeypatc
         gpus_text(n, "rank") == f"{n} rank" + ("" if n == 1 else "s")
     assert inset.get_xlabel() == "ranks"
     assert main.get_xlabel().startswith("wall time since job start (min;")
+
+
+def _with_loss(run, loss) -> object:
+    """``run`` again with every rank's ``global_loss`` set by ``loss(step_index)``."""
+    for f in run.path.glob("rank-*.csv"):
+        df = pd.read_csv(f)
+        df["global_loss"] = [loss(i) for i in range(len(df))]
+        df.to_csv(f, index=False)
+    return load_runs([run.path])[0]
+
+
+def test_a_censored_runs_bound_and_its_budget_read_no_step_it_did_not_take(tmp_path):
+    """The smoothed loss is a centred mean over 10 steps, so its last value is 4 steps
+    before a run's last step. A run above the threshold throughout is known to need
+    longer than the clock at that value, not at its last step. With a budget, a
+    loss that falls just after the budget must not pull the mean at the budget's last
+    steps below the threshold: the run is censored, as one stopped at the budget."""
+    run = _with_loss(_run(tmp_path / "flat"), lambda i: 1.5)
+    m = run_metrics(run, smooth=10)
+    steps = primary_steps(run)
+    d = steps[["data_s", "compute_s", "comm_s"]].to_numpy().sum(axis=1)
+    clock = m.dlt_s + np.cumsum(d) - d[0]
+    assert m.ttl_censored and m.ttl_lower_bound_s == pytest.approx(clock[len(d) - 1 - 4])
+
+    k = len(d) // 2  # the budget's last step
+    budget = float(np.cumsum(d)[k])
+    run = _with_loss(_run(tmp_path / "late", budget_s=budget), lambda i: 1.5 if i <= k else 0.05)
+    m = run_metrics(run, smooth=10)
+    assert m.ttl_s is None and m.ttl_censored, m.ttl_s
+    assert m.ttl_lower_bound_s == pytest.approx(clock[k - 4])
+    assert any("only after its budget" in n for n in m.notes)

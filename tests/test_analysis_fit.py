@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from lartpc.analysis.fit import fit_power_law, scaling_table, summarize
+from lartpc.analysis.fit import fit_power_law, scaling_table, summarize, ttl_mean_text
 from lartpc.analysis.metrics import RunMetrics, run_metrics, wilson_interval
 from lartpc.analysis.runs import load_run, load_runs
 from synthetic_runs import write_synthetic_run, write_synthetic_study
@@ -152,6 +152,17 @@ def test_curvature_warning_only_for_curved_data():
     assert len(curved.warnings) == 1 and "breaking down" in curved.warnings[0]
 
 
+def test_curvature_warning_is_a_five_percent_test_on_exact_power_laws():
+    """4 runs at N = 1, 2, 4, 4 on an exact power law (log-normal scatter): the warning
+    says the law breaks down in ~5 % of 400 studies (a t test with 1 degree of
+    freedom); the fixed 2 sigma it used said so in ~32 %."""
+    n = np.array([1.0, 2, 4, 4])
+    rng = np.random.default_rng(1)
+    alarms = sum(bool(fit_power_law(n, 5 * n ** -0.7 * np.exp(rng.normal(0, 0.1, n.size)),
+                                    "TTL", n_boot=0).warnings) for _ in range(400))
+    assert alarms <= 36  # binomial(400, 0.05): 99.9th percentile ~36
+
+
 def _row(n: int, rate: float | None) -> RunMetrics:
     return RunMetrics(name=f"n{n}", path="", model="m", world_size=n, seed=None,
                       status="completed", n_steps=100, smooth_window=5, dlt_s=1.0,
@@ -181,6 +192,33 @@ def test_speedups_start_at_the_smallest_count_with_an_epoch_rate():
     assert table[1]["p"] == 1.0 and table[1]["speedup"] == 1.0
     assert table[2]["speedup"] == pytest.approx(1.8) and table[2]["efficiency"] == \
         pytest.approx(0.9)
+
+
+def test_an_n_with_a_censored_run_has_a_bound_not_a_mean_of_the_fast_runs():
+    """N = 1: one run reached the threshold at 300 s, two stopped above it at 1,000 s; N
+    = 4: all three at 260 s. The mean of the reached run alone (300 s) made N = 1 the
+    baseline and N = 4 a TTL speedup of 1.15; N = 1's mean is only known to be above
+    (300 + 1000 + 1000) / 3, and there is no speedup from it."""
+    def at(n, ttl):
+        r = _row(n, 1.0)
+        if ttl is None:
+            r.ttl_s, r.ttl_censored, r.ttl_lower_bound_s = None, True, 1000.0
+        else:
+            r.ttl_s = ttl
+        return r
+
+    table = scaling_table([at(1, 300.0), at(1, None), at(1, None),
+                           at(4, 260.0), at(4, 260.0), at(4, 260.0)])
+    one, four = table
+    assert one["ttl_mean_is_bound"] and one["ttl_mean_s"] == pytest.approx(2300 / 3)
+    assert one["ttl_speedup"] is None and ttl_mean_text(one) == "> 767"
+    assert not four["ttl_mean_is_bound"] and four["ttl_mean_s"] == pytest.approx(260.0)
+    assert four["ttl_baseline_gpus"] == 4 and four["ttl_speedup"] == 1.0
+    assert ttl_mean_text(four) == "260"
+    # a censored run without a bound (it diverged) leaves the N without a mean
+    lost = at(1, None)
+    lost.status = "diverged"
+    assert scaling_table([at(1, 300.0), lost])[0]["ttl_mean_s"] is None
 
 
 def test_wilson_interval_known_value():
@@ -258,3 +296,25 @@ def test_censored_runs_at_one_n_are_not_said_to_enter_a_fit(tmp_path):
     assert out["ttl_exponent"] is None and out["n_censored"] == 2
     (note,) = [n for n in out["notes"] if "censored run(s)" in n]
     assert note.endswith("; none enters the TTL fit") and "lower bounds" not in note
+
+
+def test_accuracy_of_several_runs_is_never_surer_than_their_evaluations():
+    """Two runs at 80 % on 100 events each: their spread is 0, but each evaluation's
+    binomial SE is 4 %, so their mean's SE is at least 4 / sqrt(2) = 2.8 %, not 0.0 %.
+    One run at 100 % shows its Wilson interval beside the binomial SE of 0."""
+    from lartpc.analysis.metrics import binomial_se, wilson_interval
+    from lartpc.analysis.report import _accuracy_at
+
+    def scored(acc, n_eval=100):
+        r = _row(2, 1.0)
+        r.accuracy, r.n_eval = acc, n_eval
+        r.accuracy_se = binomial_se(acc, n_eval)
+        r.accuracy_wilson95 = wilson_interval(round(acc * n_eval), n_eval)
+        return r
+
+    text = _accuracy_at([scored(0.8), scored(0.8)], 2)
+    assert text.startswith("80.0 % ± 2.8 %") and "spread gives 0.0 %" in text, text
+    spread = _accuracy_at([scored(0.6), scored(0.9)], 2)
+    assert spread.startswith("75.0 % ± 15.0 %") and "from their spread" in spread, spread
+    one = _accuracy_at([scored(1.0)], 2)
+    assert "± 0.0 %" in one and "Wilson interval 96.3–100.0 %" in one, one

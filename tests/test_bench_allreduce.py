@@ -1,5 +1,5 @@
 """``lartpc bench allreduce`` without SLURM: the ring fit on synthetic timings (made with
-analysis/predict.py's own allreduce model, so the fit and the prediction agree), the
+analysis/profiles.py's own allreduce model, so the fit and the prediction agree), the
 summary and the profile it writes, option errors, and a real 2-rank run under torchrun.
 The 2-node run on a throttled link is in test_slurm_multinode.py."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lartpc.analysis.predict import allreduce_s, load_profile_file, load_profiles
+from lartpc.analysis.profiles import allreduce_s, load_profile_file, load_profiles
 from train_helpers import BIN, clean_env, run
 
 from lartpc.bench.allreduce import fit_ring, message_sizes, parse_bytes, profile, summarise

@@ -12,18 +12,28 @@ import numpy as np
 import pandas as pd
 import pytest
 from lartpc.analysis.__main__ import main
-from lartpc.analysis.noise import NOISE_COLUMNS, b_noise_at_loss, ema, read_noise
-from lartpc.analysis.predict import PARAMETERS, allreduce_s, load_profiles
-from synthetic_runs import write_synthetic_run
+from lartpc.analysis.metrics import run_metrics
+from lartpc.analysis.noise import (
+    NOISE_COLUMNS,
+    NoiseAtLoss,
+    b_noise_at_loss,
+    ema,
+    pooled_b_noise,
+    read_noise,
+)
+from lartpc.analysis.profiles import PARAMETERS, allreduce_s, load_profiles
+from lartpc.analysis.runs import load_runs
+from synthetic_runs import requeue, write_synthetic_run
 
 B_NOISE = 56.0  # N_crit = 8 at 7 images per GPU
 
 
-def _write_noise(run, b_noise: float, rows: int = 200, seed: int = 0) -> None:
+def _write_noise(run, b_noise: float, rows: int = 200, seed: int = 0,
+                 g2_noise: float = 0.2) -> None:
     """noise.csv whose smoothed estimates give ``b_noise``: |G|^2 = 2 with noise."""
     rng = np.random.default_rng(seed)
     loss = np.linspace(1.6, 1.0, rows)
-    g2 = 2.0 + rng.normal(0, 0.2, rows)
+    g2 = 2.0 + rng.normal(0, g2_noise, rows)
     trace = 2.0 * b_noise + rng.normal(0, 0.2 * b_noise, rows)
     with open(run / "noise.csv", "w") as f:
         f.write(",".join(NOISE_COLUMNS) + "\n")
@@ -356,3 +366,143 @@ def test_cluster_name_that_is_a_path_is_refused_and_nothing_written(runs, capsys
     assert f"--cluster-file {f}: field 'name' {name!r}: names a file to write" in err
     assert err.count("\n") == 1, err
     assert not list(tmp_path.rglob("*.png")) and os.listdir(out) == [first.name]
+
+
+def _noise_frame(g2: np.ndarray, trace: np.ndarray) -> pd.DataFrame:
+    """A noise.csv table at one loss (1.5): every row is near the threshold."""
+    return pd.DataFrame({"step": np.arange(len(g2)), "loss": np.full(len(g2), 1.5),
+                         "g2_est": g2, "trace_est": trace})
+
+
+def test_a_gradient_under_two_standard_errors_is_a_lower_bound_not_a_measurement():
+    """Review 6, A: mean |G|^2 = +0.05 with SE 0.10 gave B_noise ~ 1000 +- 3000 flagged
+    measured, and -0.05 a lower bound: the sign of a noise-dominated mean decided. Now
+    under 2 SE is a lower bound; 2.5 SE is a measurement with its SE."""
+    tr = np.random.default_rng(1).normal(50.0, 5.0, 100)
+    g2 = np.tile([-0.95, 1.05], 50)  # mean 0.05, standard error 0.10
+    at = b_noise_at_loss("run", _noise_frame(g2, tr), 1.5, rows=100)
+    assert at.lower_bound and math.isnan(at.b_noise_se)
+    assert at.b_noise == pytest.approx(tr.mean() / (g2.mean() + 2 * g2.std(ddof=1) / 10))
+    g2 = np.tile([-0.75, 1.25], 50)  # mean 0.25: 2.5 standard errors
+    at = b_noise_at_loss("run", _noise_frame(g2, tr), 1.5, rows=100)
+    assert not at.lower_bound and at.b_noise == pytest.approx(tr.mean() / 0.25)
+    assert 0 < at.b_noise_se < math.inf
+
+
+def test_pooled_noise_scale_keeps_its_uncertainty():
+    """The geometric mean of two runs keeps a log-space SE (the larger of the runs' own
+    and their scatter's) and a 95 % interval; a lower bound among them keeps no upper end."""
+    a = NoiseAtLoss("a", 40.0, 4.0, 1.2, 50, True)
+    b = NoiseAtLoss("b", 90.0, 9.0, 1.2, 50, True)
+    p = pooled_b_noise([a, b])
+    assert p.b_noise == pytest.approx(60.0) and not p.lower_bound
+    assert p.log_se == pytest.approx(np.std(np.log([40, 90]), ddof=1) / math.sqrt(2))
+    lo, hi = p.interval()
+    assert lo * hi == pytest.approx(60.0**2) and hi / lo == pytest.approx(
+        math.exp(2 * 1.959964 * p.log_se))
+    one = pooled_b_noise([a])
+    assert one.log_se == pytest.approx(0.1)  # SE / B of the one run
+    bound = pooled_b_noise([a, NoiseAtLoss("c", 90.0, math.nan, 1.2, 50, True, True)])
+    assert bound.lower_bound and bound.interval() == (pytest.approx(60.0), math.inf)
+
+
+def test_predict_carries_the_noise_scale_interval_to_n_crit_steps_and_ttl(runs, capsys):
+    """Review 6, A: the interval of B_noise is in the JSON and the text, for N_crit and
+    for each predicted step count and TTL (S(B) is monotone in B_noise: its ends)."""
+    out = _predict_json(capsys, str(runs), "--cluster", "local-cpu", "--gpus", "1,8,64")
+    lo, hi = out["b_noise_range"]
+    assert lo < out["b_noise"] < hi and hi / lo < 1.5  # |G|^2 = 2 +- 0.014: resolved
+    assert out["n_crit_range"] == pytest.approx([lo / 7, hi / 7])
+    s1 = {p["gpus"]: p for p in out["predicted"]}[1]["steps_to_loss"]
+    for p in out["predicted"]:
+        ends = sorted(s1 * (1 + b / (7 * p["gpus"])) / (1 + b / 7) for b in (lo, hi))
+        assert p["steps_to_loss_range"] == pytest.approx(ends)
+        assert p["ttl_s_range"][0] <= p["ttl_s"] <= p["ttl_s_range"][1]
+    assert "95 %" in out["measured"]["b_noise"] and "2 standard errors" in \
+        out["measured"]["b_noise"]
+    assert main(["predict", str(runs), "--cluster", "local-cpu", "--no-figures"]) == 0
+    text = capsys.readouterr().out
+    assert f"B_noise {out['b_noise']:.3g} (95 % {lo:.3g} to {hi:.3g}) at loss 1.2" in text
+    assert f"N_crit {out['n_crit']:.3g} (95 % {lo / 7:.3g} to {hi / 7:.3g})" in text
+
+
+def test_an_unresolved_noise_scale_bounds_the_steps_from_b_noise_to_infinity(runs, capsys):
+    """|G|^2 = 2 +- 50 per row: its mean is under 2 SE, so B_noise is a lower bound and
+    the steps at 64 GPUs lie between S(bound) and S_base / 64 (B_noise -> inf)."""
+    _write_noise(runs / "jishnet-n1", B_NOISE, g2_noise=50.0)
+    out = _predict_json(capsys, str(runs), "--cluster", "local-cpu", "--gpus", "1,64")
+    assert out["b_noise_is_lower_bound"] is True
+    assert out["b_noise_range"] == [pytest.approx(out["b_noise"]), None]
+    pts = {p["gpus"]: p for p in out["predicted"]}
+    assert pts[64]["steps_to_loss_range"] == pytest.approx(
+        [pts[1]["steps_to_loss"] / 64, pts[64]["steps_to_loss"]])
+    assert "a 2-sigma lower bound" in out["measured"]["b_noise"]
+
+
+def _set_meta(run, **fields) -> None:
+    meta = json.loads((run / "run.json").read_text())
+    meta.update(fields)
+    (run / "run.json").write_text(json.dumps(meta))
+
+
+def _never_reaches(folder, world_size: int = 1):
+    """A run like the fixture's whose loss never gets below 1.2 in its 600 s."""
+    return write_synthetic_run(folder, model="jishnet", world_size=world_size,
+                               epoch_rate_per_min=0.5, ttl_s=900, dlt_s=20,
+                               time_limit_s=600, train_events=700, loss_noise=0.0)
+
+
+def test_no_steps_to_loss_unless_every_base_run_reached_it(runs, capsys):
+    """Review 6, B: with 1 of 3 base runs at the threshold S_min came from that run alone
+    (the fastest), and the text said it came from all three."""
+    for k in (1, 2):
+        _never_reaches(runs / f"jishnet-n1-slow{k}")
+    out = _predict_json(capsys, str(runs), "--cluster", "local-cpu", "--gpus", "1,8")
+    assert out["s_min"] is None
+    assert all(p["ttl_s"] is None and p["ttl_s_range"] is None for p in out["predicted"])
+    assert out["measured"]["s_min"] == (
+        "not available: only 1 of 3 base runs reached the threshold within their budget "
+        "(jishnet-n1; not jishnet-n1-slow1, jishnet-n1-slow2), and a mean over those that "
+        "did would be biased low")
+
+
+def test_a_base_run_past_its_budget_is_censored_in_predict_as_in_fit(runs, capsys):
+    """Review 6, B: predict ignored run.json's budget_s, so a run that fit censors (below
+    the threshold only after its budget) gave predict its steps."""
+    _set_meta(runs / "jishnet-n1", budget_s=100.0)  # it reaches 1.2 after ~280 s
+    run = next(r for r in load_runs([str(runs)]) if r.name == "jishnet-n1")
+    assert run_metrics(run, 1.2).ttl_censored
+    out = _predict_json(capsys, str(runs), "--cluster", "local-cpu", "--gpus", "1")
+    assert out["s_min"] is None and out["predicted"][0]["ttl_s"] is None
+    assert out["measured"]["s_min"] == ("not available: no base run reached the threshold "
+                                        "within its budget")
+
+
+def test_measured_ttl_with_a_censored_run_is_a_lower_bound(runs, capsys):
+    """Review 6, B: the measured TTL at an N was the mean of the runs that reached the
+    threshold; with one censored run it is only a lower bound of the mean, and says so."""
+    _never_reaches(runs / "jishnet-n2-slow", world_size=2)
+    out = _predict_json(capsys, str(runs), "--cluster", "local-cpu", "--gpus", "1,2")
+    two = next(m for m in out["measured_runs"] if m["gpus"] == 2)
+    assert two["ttl_s"] is None and two["runs"] == 2 and two["ttl_censored"] == 1
+    fast = run_metrics(next(r for r in load_runs([str(runs)]) if r.name == "jishnet-n2"),
+                       1.2)
+    assert fast.ttl_s < two["ttl_lower_bound_s"] < 600  # the slow run's bound is ~600 s
+    assert main(["predict", str(runs), "--cluster", "local-cpu", "--gpus", "1,2",
+                 "--no-figures"]) == 0
+    text = capsys.readouterr().out
+    row = next(ln for ln in text.splitlines() if ln.split()[:1] == ["2"])
+    assert f">{two['ttl_lower_bound_s']:.1f}" in row
+    assert "measured, TTL at 2 GPU(s): a lower bound, 1 of 2 runs censored" in text
+
+
+def test_wall_clock_pauses_leave_out_a_requeued_runs_queue_wait(runs, capsys):
+    """Review 6, C: with --clock wall the pause per epoch summed every gap between steps,
+    so a resumed run's hours in the queue became evaluation time at every N."""
+    args = (str(runs), "--cluster", "local-cpu", "--gpus", "1,2", "--clock", "wall")
+    before = _predict_json(capsys, *args)
+    requeue(runs / "jishnet-n1", after=200, wait_s=5000.0, restart_s=3.0, skew_s=0.4)
+    after = _predict_json(capsys, *args)
+    # the synthetic steps fill their intervals: no pause, with or without the restart
+    assert before["pause_s_per_epoch"] == pytest.approx(0.0, abs=0.01)
+    assert after["pause_s_per_epoch"] == pytest.approx(0.0, abs=0.01)

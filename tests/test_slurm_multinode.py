@@ -176,7 +176,7 @@ def test_allreduce_bench_measures_the_throttled_link(cluster, tmp_path, train_ev
     step, torch.distributed from SLURM's variables) on links that tbf limits to
     RATE_MBIT: the fitted bandwidth is the configured rate within 20 %, and the profile
     it writes is one analysis takes."""
-    from lartpc.analysis.predict import load_profile_file
+    from lartpc.analysis.profiles import load_profile_file
 
     _sweep(tmp_path, train_events_dir, "torchrun", *TRAIN, "--measure-network")
     profile = tmp_path / "runs" / "network.json"

@@ -12,7 +12,7 @@ For each message size (float32 tensors, ``--min-bytes`` to ``--max-bytes`` by
 ``--factor``) every rank runs ``--warmup`` untimed allreduces, then up to ``--repeats``
 timed ones (fewer, at least 3, where they would take more than ``--seconds-per-size``).
 A repeat's time is the slowest rank's; the median over repeats, the quartiles and the
-extremes are reported. The model is the one ``analysis/predict.py`` predicts with::
+extremes are reported. The model is the one ``analysis/profiles.py`` gives the prediction::
 
     t(bytes) = 2 (N-1) alpha + 2 (N-1)/N bytes / beta
 
@@ -157,7 +157,7 @@ def summarise(world_size: int, sizes: list[int], per_rank: list[list[list[float]
                 "beta_GBps": _sig([fit["beta_Bps"] / 1e9])[0],
                 "beta_Mbitps": round(fit["beta_Bps"] * 8 / 1e6, 2),
                 "rel_rms_residual": round(fit["rel_rms"], 4),
-                "model": "t = 2 (N-1) alpha + 2 (N-1)/N bytes / beta (analysis/predict.py, "
+                "model": "t = 2 (N-1) alpha + 2 (N-1)/N bytes / beta (analysis/profiles.py, "
                          "ring); least squares on the medians, each squared residual divided "
                          "by the median"},
     }

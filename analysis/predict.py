@@ -250,7 +250,10 @@ def _steps_text(inp: Inputs) -> str:
     """Where S_min comes from, or why there is none: the base runs that reached the
     threshold within their budget, and those that did not."""
     if inp.steps_to_loss is not None:
-        return f"steps to the threshold in {', '.join(inp.runs)}"
+        return (f"{inp.steps_to_loss:.0f} (mean) in {', '.join(inp.runs)} at "
+                f"{inp.base_gpus} {'rank' if inp.base_gpus == 1 else 'ranks'}, a minibatch "
+                f"of {inp.batch_per_rank * inp.base_gpus}; S_min (steps at an unbounded "
+                "batch) derived from them through B_noise")
     missed = [r for r in inp.runs if r not in inp.reached]
     if not inp.reached:
         return "not available: no base run reached the threshold within its budget"

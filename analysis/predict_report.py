@@ -22,7 +22,7 @@ def _fmt(v, spec: str) -> str:
     return format(v, spec)
 
 
-_LABELS = {"b_noise": "B_noise", "s_min": "steps at 1 GPU", "compute": "step time",
+_LABELS = {"b_noise": "B_noise", "s_min": "steps to the threshold", "compute": "step time",
            "dlt": "data-loading time", "pauses": "pauses", "steps": "steps vs batch",
            "allreduce": "allreduce", "gradient_bytes": "gradient bytes"}
 

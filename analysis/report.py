@@ -270,9 +270,10 @@ def check_report_target(out: Path) -> None:
 def write_report(a: Analysis, out: Path) -> Path:
     """Write ``out/report.html`` (self-contained) plus the PNGs it embeds. Everything is
     made in a folder inside ``out`` first and moved into place at the end, the report
-    last: a report that fails halfway (a run's file that cannot be read under
-    ``--strict``) leaves ``out`` as it was."""
+    last: a report that fails or is interrupted halfway (a run's file that cannot be
+    read under ``--strict``, Ctrl-C) leaves ``out`` as it was, and no folder it made."""
     check_report_target(out)
+    made = [q for q in (out / "confusion", out, *out.parents) if not q.exists()]
     out.mkdir(parents=True, exist_ok=True)
     # before anything is written: a confusion/ planted as a link is refused, not followed
     subfolder(out, "confusion", "the confusion folder")
@@ -285,8 +286,13 @@ def write_report(a: Analysis, out: Path) -> Path:
         earlier = _earlier_files(out)
         for name in wrote:
             os.replace(stage / name, out / name)
-    finally:
+    except BaseException:  # an error or Ctrl-C before the report: no folder of ours left
         shutil.rmtree(stage, ignore_errors=True)
+        for q in made:  # those this call made, innermost first, where still empty
+            with contextlib.suppress(OSError):
+                q.rmdir()
+        raise
+    shutil.rmtree(stage, ignore_errors=True)
     atomic_write(out / REPORT_FILES, "".join(f"{n}\n" for n in wrote))
     _remove_stale(out, earlier - set(wrote))
     path = out / REPORT_HTML

@@ -160,7 +160,8 @@ def test_a_report_that_fails_halfway_leaves_its_folder_as_it_was(runs_root, tmp_
                                                                  monkeypatch):
     """Every figure is made aside and moved in at the end, the page last: a report that
     fails after its figures (here its confusion section) adds and replaces nothing, in
-    an empty folder or over an earlier report."""
+    an empty folder or over an earlier report, and leaves no folder it made; so does
+    one stopped by Ctrl-C."""
     from lartpc.analysis import report
 
     def _fails(*_):
@@ -168,8 +169,19 @@ def test_a_report_that_fails_halfway_leaves_its_folder_as_it_was(runs_root, tmp_
 
     first = tmp_path / "fresh"
     monkeypatch.setattr(report, "_confusion_section", _fails)
+    assert main(["report", str(runs_root), "--out", str(first / "deeper")]) == 2
+    assert not first.exists()
+    first.mkdir()
     assert main(["report", str(runs_root), "--out", str(first)]) == 2
-    assert sorted(p.name for p in first.rglob("*")) == ["confusion"]  # made before: a check
+    assert first.is_dir() and list(first.iterdir()) == []  # the user's folder stays
+
+    def _stopped(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "_confusion_section", _stopped)
+    with pytest.raises(KeyboardInterrupt):
+        main(["report", str(runs_root), "--out", str(tmp_path / "stopped")])
+    assert not (tmp_path / "stopped").exists()
     monkeypatch.undo()
     done = tmp_path / "done"
     assert main(["report", str(runs_root / "scnet"), "--out", str(done)]) == 0

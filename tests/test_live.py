@@ -174,8 +174,39 @@ def test_watch_exits_when_no_run_is_running(tmp_path, capsys, monkeypatch):
     (p / "run.json").write_text(json.dumps({"status": "completed", "world_size": 1}))
     monkeypatch.setenv("COLUMNS", "200")
     assert main(["watch", "--interval", "0.01", str(p)]) == 0
-    assert main(["watch", str(tmp_path / "missing")]) == 2
+    assert main(["watch", "--wait", "0", str(tmp_path / "missing")]) == 2
     assert "missing: no such file or directory" in capsys.readouterr().err
+
+
+def test_watch_waits_for_a_run_that_is_about_to_start(tmp_path, capsys, monkeypatch):
+    """A training launched a moment before makes its folder and lock only after its
+    imports: watch waits for it (``--wait``), then shows it; a RUN still missing after
+    the wait is the error it was, saying how long it waited."""
+    import threading
+
+    monkeypatch.setenv("COLUMNS", "200")
+    run_dir = tmp_path / "runs" / "scnet-n1"
+
+    def start():
+        run_dir.mkdir(parents=True)
+        (run_dir / "run.json").write_text(json.dumps({"status": "completed",
+                                                      "world_size": 1}))
+
+    timer = threading.Timer(0.3, start)
+    timer.start()
+    try:
+        assert main(["watch", "--interval", "0.05", "--wait", "30", str(run_dir)]) == 0
+    finally:
+        timer.join()
+    out, err = capsys.readouterr()
+    assert "waiting up to 30 s for a training to start" in err
+    assert "scnet-n1" in out and "completed" in out
+    assert main(["watch", "--interval", "0.05", "--wait", "0.2",
+                 str(tmp_path / "never")]) == 2
+    assert "never: no such file or directory (waited 0.2 s for a training to start " \
+        "there)" in capsys.readouterr().err
+    assert main(["watch", "--wait", "-1", str(run_dir)]) == 2
+    assert "--wait must be >= 0 seconds" in capsys.readouterr().err
 
 
 def test_eta_reads_the_current_segments_time_limit(tmp_path):

@@ -257,6 +257,11 @@ def test_text_table_names_its_sources_and_missing_values(runs, capsys):
         in "\n".join(src)
     assert "assumed, data-loading time: not modelled (0)" in src
     assert all(s.split(",")[0] in ("measured", "assumed") for s in src)
+    # the base runs' steps are measured at their own rank count, not at 1 GPU; S_min
+    # is derived from them
+    steps = next(s for s in src if s.startswith("measured, steps to the threshold: "))
+    assert "S_min (steps at an unbounded batch) derived from them through B_noise" in steps
+    assert "at 1 GPU" not in "\n".join(src)
 
 
 def test_a_published_throughput_is_not_called_measured(runs, capsys):

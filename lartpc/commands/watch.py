@@ -5,7 +5,10 @@ of its ``manifest.json`` is shown, ``pending`` until its job writes ``run.json``
 table lists the runs by model and world size and fits the terminal: when it is narrow,
 headers are abbreviated and the least needed columns dropped; the run and its status
 always stay. It exits when no run is running any more (``run.json`` status), or after
-one table with ``--once``. Reading the folders is :mod:`lartpc.analysis.live` (no torch).
+one table with ``--once``. A RUN that does not exist yet or holds no run is waited for
+(``--wait``, 60 s; none with ``--once``): a training launched a moment before makes its
+folder and lock only once its imports are done. Reading the folders is
+:mod:`lartpc.analysis.live` (no torch).
 """
 
 from __future__ import annotations
@@ -16,6 +19,11 @@ from collections import Counter
 from pathlib import Path
 
 from lartpc.errors import LartpcError
+
+
+class NotStarted(LartpcError):
+    """A RUN that does not exist or holds no run yet: a training may be about to start
+    there (``--wait``)."""
 
 #: (key, header, short header); the order of the table
 COLUMNS = (("run", "run", "run"), ("status", "status", "status"), ("step", "step", "step"),
@@ -33,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--once", action="store_true", help="print one table and exit")
     p.add_argument("--interval", type=float, default=2.0, metavar="S",
                    help="seconds between refreshes (default 2)")
+    p.add_argument("--wait", type=float, default=None, metavar="S",
+                   help="wait up to S seconds for a RUN that does not exist yet or holds "
+                        "no run to be started by a training (default 60, 0 with --once)")
 
 
 def _num(v: float | None, fmt: str) -> str:
@@ -122,14 +133,19 @@ def find_runs(paths: list[Path]) -> list:
 
     Raises
     ------
+    NotStarted
+        A path that does not exist, or a folder that holds no run and no training's
+        lock (an empty folder, an event store).
     LartpcError
-        A path that does not exist, a file or folder that holds no run (an empty folder,
-        an event store), an unreadable manifest, a ``run.json`` that cannot be shown
-        (not JSON, not an object, a wrong field: named).
+        A file that holds no run, an unreadable manifest, a ``run.json`` that cannot be
+        shown (not JSON, not an object, a wrong field: named).
     """
     from lartpc.analysis.live import LiveRun
     from lartpc.analysis.runs import RunFolderError, find_run_dirs, sweep_points
 
+    missing = next((p for p in paths if not p.exists()), None)
+    if missing is not None:
+        raise NotStarted(f"{missing}: no such file or directory")
     pending: list[Path] = []
     try:
         found = find_run_dirs(paths, pending=pending)
@@ -141,7 +157,7 @@ def find_runs(paths: list[Path]) -> list:
                 continue
             starting = _starting(p)
             if not starting:
-                raise RunFolderError(
+                raise NotStarted(
                     f"{p}: not a run folder: no run.json in or below it, and no training "
                     "has started in it (no run.lock); give a run folder, a folder holding "
                     "some, or a sweep's --out-dir")
@@ -152,6 +168,25 @@ def find_runs(paths: list[Path]) -> list:
     except RunFolderError as e:
         raise LartpcError(str(e)) from None
     return runs
+
+
+def found_or_started(paths: list[Path], wait: float, interval: float, say) -> list:
+    """:func:`find_runs` of ``paths``; where one does not exist yet or holds no run (a
+    training just launched makes its folder and lock a few seconds later), asked again
+    every ``interval`` seconds for up to ``wait`` seconds, saying once what it waits
+    for (``say``), before the error is raised."""
+    deadline, said = time.monotonic() + wait, False
+    while True:
+        try:
+            return find_runs(paths)
+        except NotStarted as e:
+            if time.monotonic() + interval > deadline:
+                raise LartpcError(f"{e}" + (f" (waited {wait:g} s for a training to start "
+                                            "there)" if wait > 0 else "")) from None
+            if not said:
+                say(f"waiting up to {wait:g} s for a training to start: {e}")
+                said = True
+            time.sleep(interval)
 
 
 def snapshot(runs: list) -> list:
@@ -165,8 +200,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.interval <= 0:
         raise LartpcError(f"--interval must be positive, got {args.interval}")
-    runs = find_runs(args.runs)
+    wait = args.wait if args.wait is not None else (0.0 if args.once else 60.0)
+    if wait < 0:
+        raise LartpcError(f"--wait must be >= 0 seconds, got {args.wait}")
     console = Console()
+    runs = found_or_started(args.runs, wait, min(args.interval, 1.0),
+                            lambda text: Console(stderr=True).print(text, markup=False,
+                                                                    highlight=False))
     snaps = snapshot(runs)
     if args.once:
         console.print(table(snaps, console.width))

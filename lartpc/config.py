@@ -306,9 +306,16 @@ def preset_names() -> list[str]:
                   if p.name.endswith(".toml"))
 
 
+def _presets_hint() -> str:
+    return f"presets: {', '.join(preset_names())} (or give a .toml file)"
+
+
 def _read_toml(name_or_file: str) -> tuple[dict, str]:
     path = Path(name_or_file)
     if path.suffix == ".toml" or path.exists():
+        if path.is_dir():
+            raise ConfigError(f"config {path}: is a folder, not a TOML config file; "
+                              f"{_presets_hint()}")
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
         try:
@@ -319,8 +326,7 @@ def _read_toml(name_or_file: str) -> tuple[dict, str]:
     else:
         res = resources.files("lartpc.configs") / f"{name_or_file}.toml"
         if not res.is_file():
-            raise ConfigError(f"unknown config preset {name_or_file!r}; presets: "
-                              f"{', '.join(preset_names())} (or give a .toml file)")
+            raise ConfigError(f"unknown config preset {name_or_file!r}; {_presets_hint()}")
         text, origin = res.read_text(), f"preset {name_or_file}"
     try:
         return tomllib.loads(text), origin

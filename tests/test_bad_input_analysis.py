@@ -226,6 +226,20 @@ def test_sweep_never_replaces_a_manifest_that_is_not_a_sweeps(tmp_path, capsys, 
     assert (out / "manifest.json").read_text() == text
 
 
+@pytest.mark.parametrize("under", [False, True])
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_sweep_out_dir_that_is_a_file_is_named_as_one(tmp_path, capsys, under, dry_run):
+    """``--out-dir afile`` (or a folder under it) says afile is a file; it blamed
+    ``afile/manifest.json`` as an unreadable manifest to move away."""
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    out = afile / "runs" if under else afile
+    line = _refused(capsys, _sweep(tmp_path, out, *["--dry-run"] * dry_run),
+                    f"--out-dir {out}: ", "is a file, not a folder")
+    assert "manifest" not in line and (not under or f": {afile} is a file" in line)
+    assert afile.read_text() == "mine\n"
+
+
 def test_sweep_adds_to_its_own_manifest(tmp_path, capsys):
     out = tmp_path / "runs"
     for _ in range(2):

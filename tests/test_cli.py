@@ -114,3 +114,61 @@ def test_env_reports_a_spconv_that_fails_at_import(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     lines = dict(line.split(": ", 1) for line in r.stdout.splitlines())
     assert lines["spconv"].startswith("not available (OSError: libcuda.so.1"), lines["spconv"]
+
+
+#: ``lartpc sweep --dry-run`` printing ~130 kB, twice what a pipe holds, so the writer
+#: is still writing when its reader goes away
+LONG_SWEEP = ["sweep", "--scheduler", "slurm", "--launcher", "torchrun", "--data",
+              "nowhere", "--no-data-check", "--config-prefix", "tiny", "--cores-per-rank",
+              "2", "--seeds", "0,1,2,3,4,5,6,7", "--dry-run"]
+
+
+def test_piping_into_head_ends_quietly_with_141(tmp_path):
+    """``lartpc sweep --dry-run | head -1``: the scripts' first line, then the command
+    stops as ``cat`` would, exit 128 + SIGPIPE, no traceback (it was exit 1 with a
+    BrokenPipeError traceback)."""
+    writer = subprocess.Popen([LARTPC, *LONG_SWEEP, "--out-dir", str(tmp_path / "s")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    head = subprocess.run(["head", "-1"], stdin=writer.stdout, capture_output=True,
+                          text=True, timeout=120)
+    writer.stdout.close()  # head alone holds the reading end now; it ends after one line
+    err = writer.stderr.read().decode()
+    assert writer.wait(timeout=120) == 141, err
+    assert err == "" and head.stdout.startswith("### jishnet-n1-s0: ")
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_reader_gone_before_the_first_line_is_quiet_too(events_dir, tmp_path):
+    """stdout whose reader closed before anything was written: ``inspect`` (a few lines,
+    still buffered when the command returns) and ``--version`` (argparse's exit) end
+    without a traceback or Python's "Exception ignored" at exit. Buffered, as a user's
+    stdout into a pipe is (PYTHONUNBUFFERED unset)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        for argv in (["inspect", str(events_dir)], ["--version"]):
+            r = subprocess.run([LARTPC, *argv], stdout=write, stderr=subprocess.PIPE,
+                               text=True, timeout=120, cwd=tmp_path, env=env)
+            assert r.returncode == 141 and r.stderr == "", (argv, r.returncode, r.stderr)
+    finally:
+        os.close(write)
+
+
+def test_a_broken_pipe_that_is_not_stdouts_keeps_its_traceback(tmp_path):
+    """A command that writes into a subprocess that has exited is a bug or a failure to
+    see, stdout being fine: exit 1 with the traceback, as any unexpected error."""
+    code = ("import subprocess, sys\n"
+            "import lartpc.commands.env as command\n"
+            "def run(args):\n"
+            "    p = subprocess.Popen(['true'], stdin=subprocess.PIPE)\n"
+            "    p.wait()\n"
+            "    p.stdin.write(b'x' * 200_000)\n"
+            "    p.stdin.flush()\n"
+            "command.run = run\n"
+            "from lartpc.cli import main\n"
+            "sys.exit(main(['env']))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path)
+    assert r.returncode == 1 and "BrokenPipeError" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" in r.stderr

@@ -40,6 +40,20 @@ def test_config_rejects_out_of_range(sets, message):
     assert message in str(e.value)
 
 
+def test_a_folder_given_as_config_is_named_as_one(tmp_path, monkeypatch):
+    """``--config events4`` where events4 is a folder (a store, say): not "does not
+    exist", but a folder, and the presets there are."""
+    (tmp_path / "events4").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        load_config("events4")
+    assert str(e.value).startswith("config events4: is a folder, not a TOML config file; "
+                                   "presets: ")
+    assert "tiny-jishnet" in str(e.value) and "does not exist" not in str(e.value)
+    with pytest.raises(ConfigError, match="config file nowhere.toml does not exist"):
+        load_config("nowhere.toml")
+
+
 def test_config_keeps_valid_edge_values():
     cfg = load_config("tiny-jishnet", ["train.betas=[0,0.5]", "train.weight_decay=0",
                                        "train.time_limit_s=inf", "train.seed=0"])

@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import textwrap
@@ -197,6 +198,78 @@ def test_stop_signals_are_recorded_and_a_second_sigint_aborts():
     finally:
         stops.restore()
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+#: Installs the stop handlers, then holds the main thread in one ~2 s call into C (no
+#: Python handler runs inside it, as inside a step's torch kernels) and prints what the
+#: signals sent meanwhile did. With "fork", a forked child sits in C longer still.
+IN_C = textwrap.dedent("""
+    import hashlib, os, signal, sys, time
+    from lartpc.train.signals import StopRequests
+
+    t = time.perf_counter()
+    hashlib.pbkdf2_hmac("sha256", b"k", b"s", 50_000)
+    rate = 50_000 / (time.perf_counter() - t)
+
+    def in_c(seconds):
+        hashlib.pbkdf2_hmac("sha256", b"k", b"s", int(rate * seconds))
+
+    stops = StopRequests().install()
+    child = os.fork() if "fork" in sys.argv else None
+    if child == 0:
+        try:
+            in_c(6.0)
+        finally:
+            os._exit(0)
+    print("ready", os.getpid(), child or "", flush=True)
+    try:
+        in_c(2.0)
+        result = signal.Signals(stops.requested).name if stops.requested else "none"
+    except KeyboardInterrupt:
+        result = "aborted"
+    stops.restore()
+    if child:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+    print(result, flush=True)
+""")
+
+
+def _signalled_in_c(*signals: int, fork: bool = False) -> str:
+    """What ``signals``, sent 50 ms apart (to the forked child too, as a Ctrl-C reaches
+    the whole process group) while :data:`IN_C` is inside its C call, did."""
+    p = subprocess.Popen([sys.executable, "-c", IN_C, *["fork"] * fork],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids = [int(w) for w in p.stdout.readline().split()[1:]]
+    start = time.monotonic()
+    time.sleep(0.2)
+    for i, sig in enumerate(signals):
+        time.sleep(0.05 * (i > 0))
+        for pid in pids:
+            os.kill(pid, sig)
+    assert time.monotonic() - start < 1.5, "sent too late: not inside the C call"
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err[-2000:]
+    return out.strip()
+
+
+@pytest.mark.parametrize("signals,result", [
+    ((signal.SIGINT, signal.SIGINT), "aborted"),  # Ctrl-C twice within one step
+    ((signal.SIGINT,), "SIGINT"),
+    ((signal.SIGTERM, signal.SIGTERM), "SIGTERM"),  # a scheduler's repeated TERM
+    ((signal.SIGINT, signal.SIGTERM), "SIGINT"),
+])
+def test_signals_that_arrive_within_one_c_call_each_count(signals, result):
+    """Two Ctrl-Cs 50 ms apart during a long step abort: CPython runs the handler once
+    for both (it ended "preempted" after the step); a scheduler's second TERM still
+    changes nothing."""
+    assert _signalled_in_c(*signals) == result
+
+
+def test_a_forked_childs_signal_does_not_count_in_the_parent():
+    """A loader process forked after the handlers were installed: one Ctrl-C reaches it
+    and the training; the training counts one, not two, and checkpoints."""
+    assert _signalled_in_c(signal.SIGINT, fork=True) == "SIGINT"
 
 
 @pytest.mark.parametrize("data,message", [

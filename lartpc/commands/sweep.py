@@ -125,9 +125,30 @@ def request(args: argparse.Namespace) -> SweepRequest:
                         check_data=not args.no_data_check, data_advice=args.dry_run)
 
 
+def check_out_dir(out_dir: Path) -> None:
+    """Refuse an ``--out-dir`` that is, or lies under, something other than a folder (a
+    file there was blamed as an unreadable ``manifest.json`` inside it).
+
+    Raises
+    ------
+    LartpcError
+        Naming the path that is not a folder.
+    """
+    from lartpc.errors import LartpcError
+
+    for path in (out_dir, *out_dir.parents):
+        if path.exists():  # the nearest that does, links followed
+            if path.is_dir():
+                return
+            where = "" if path == out_dir else f"{path} "
+            raise LartpcError(f"--out-dir {out_dir}: {where}is a file, not a folder; "
+                              "choose another --out-dir")
+
+
 def run(args: argparse.Namespace) -> int:
     from lartpc.jobs import plan as sweeplib
 
+    check_out_dir(args.out_dir)
     sweep = sweeplib.plan(request(args))
     if args.dry_run:  # render and check only: no script is run
         sweeplib.render(sweep, sys.stdout)

@@ -5,12 +5,14 @@ kill a job; a closed terminal or ssh session sends SIGHUP (unless the training w
 started under ``nohup``, whose ignored SIGHUP is left ignored). The handler only
 records the request; the loop votes on it at the next step boundary, so all ranks stop
 together, write a checkpoint and mark the run "preempted". A second SIGINT (Ctrl-C
-twice) aborts at once.
+twice) after any stop signal aborts at once, even when both arrive within one step.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
+import os
 import signal
 import threading
 
@@ -25,11 +27,13 @@ class StopRequests:
     def __init__(self) -> None:
         self.requested: int | None = None
         self._previous: dict[int, object] = {}
+        self._arrivals: Arrivals | None = None
 
     def install(self) -> StopRequests:
         """Handle the stop signals (main thread only; elsewhere this is a no-op)."""
         if threading.current_thread() is not threading.main_thread():
             return self
+        self._arrivals = Arrivals()
         for sig in STOP_SIGNALS:
             if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
                 continue  # nohup: the user asked for the training to outlive the terminal
@@ -37,6 +41,12 @@ class StopRequests:
         return self
 
     def _handle(self, signum: int, frame) -> None:
+        # Python runs this once for all the deliveries of a signal that came while the
+        # main thread was inside one C call (a step's torch kernels): count them all
+        for _ in range(self._arrivals.take(signum) if self._arrivals else 1):
+            self._one(signum)
+
+    def _one(self, signum: int) -> None:
         if self.requested is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         if self.requested is None:
@@ -49,3 +59,77 @@ class StopRequests:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+        if self._arrivals is not None:
+            self._arrivals.close()
+            self._arrivals = None
+
+
+class Arrivals:
+    """How many times each signal was delivered, counted from the byte per delivery
+    that CPython's C-level handler writes to the wakeup fd (``signal.set_wakeup_fd``),
+    a pipe of ours while this is open; the previous wakeup fd comes back on
+    :meth:`close`. Main thread only."""
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()
+        for fd in (self._read, self._write):
+            os.set_blocking(fd, False)
+        self._previous = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        self._unread: collections.Counter[int] = collections.Counter()
+        self._owed: collections.Counter[int] = collections.Counter()
+        _OPEN.add(self)
+
+    def take(self, signum: int) -> int:
+        """Deliveries of ``signum`` since the last call (at least 1: the handler runs
+        only after one). A call that found no byte yet (the C handler of another thread
+        not done writing it, or the pipe full) counts 1 and owes it to the next."""
+        self._drain()
+        n = self._unread.pop(signum, 0)
+        paid = min(n, self._owed[signum])
+        self._owed[signum] -= paid
+        if n - paid > 0:
+            return n - paid
+        self._owed[signum] += 1
+        return 1
+
+    def _drain(self) -> None:
+        while self._read >= 0:
+            try:
+                data = os.read(self._read, 4096)
+            except BlockingIOError:
+                return
+            if not data:
+                return
+            self._unread.update(data)
+
+    def close(self) -> None:
+        """Put the previous wakeup fd back and close the pipe."""
+        if self._read < 0:
+            return
+        if threading.current_thread() is threading.main_thread():
+            signal.set_wakeup_fd(self._previous)
+        self._forget()
+
+    def _forget(self) -> None:
+        _OPEN.discard(self)
+        for fd in (self._read, self._write):
+            os.close(fd)
+        self._read = self._write = -1
+
+
+#: Open counters, dropped in a forked child: its C handler would write into (and its
+#: handler read from) the parent's pipe, so one Ctrl-C to the process group (the
+#: training and its loader processes) would count as several in the training.
+_OPEN: set[Arrivals] = set()
+
+
+def _after_fork_in_child() -> None:
+    for arrivals in list(_OPEN):
+        try:
+            signal.set_wakeup_fd(-1)
+        except ValueError:  # forked from a thread other than the main one
+            pass
+        arrivals._forget()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -283,3 +283,45 @@ def test_display_names_a_converted_stores_charge_unit(tmp_path):
     assert charge_unit(EventStore(tmp_path / "raw").attrs) == "summed ADC"
     convert([src], tmp_path / "scaled", charge_scale=0.25)
     assert charge_unit(EventStore(tmp_path / "scaled").attrs) == "summed ADC x 0.25"
+
+
+def _two_events(path, charge=10):
+    hits = [(np.array([0, 3]), np.array([5, 6]), np.array([charge, 7])),
+            (np.array([50]), np.array([20]), np.array([3]))]
+    _write_upstream(path, [_label("mu+"), _label("K+")], hits=hits)
+
+
+def test_an_input_given_twice_is_refused_before_writing(tmp_path, capsys):
+    """The same file twice (by one name, or a byte copy under another) would put each of
+    its events in the store twice: refused in one line naming both, nothing written.
+    Two files of the same size but other events convert."""
+    import shutil
+
+    src, copy, other = tmp_path / "up.h5", tmp_path / "copy.h5", tmp_path / "other.h5"
+    _two_events(src)
+    shutil.copy(src, copy)
+    _two_events(other, charge=11)
+    out = tmp_path / "o"
+    for second, said in ((src, f"{src}: given twice (as {src})"),
+                         (copy, f"{copy}: a copy of {src} (the same bytes)")):
+        assert main(["convert", str(src), str(second), "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], err
+        assert not out.exists()
+    assert other.stat().st_size == src.stat().st_size
+    assert main(["convert", str(src), str(other), "--out", str(out)]) == 0
+    assert [ev.event_id for ev in EventStore(out).read_many(range(4))] == [0, 1, 2, 3]
+
+
+def test_a_converted_stores_shard_copied_in_again_is_refused(tmp_path, capsys):
+    """A converted store's events are known by their source index (inputs in order):
+    a copy of one of its shards under a new name repeats them, and is refused."""
+    import shutil
+
+    src, out = tmp_path / "up.h5", tmp_path / "o"
+    _two_events(src)
+    assert main(["convert", str(src), "--out", str(out), "--shard-size", "1"]) == 0
+    shutil.copy(out / "events-00001.h5", out / "events-00002.h5")
+    assert main(["inspect", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "events-00001.h5 and events-00002.h5 repeat events" in err, err

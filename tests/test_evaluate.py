@@ -174,6 +174,22 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
     assert not out.exists() and not (tmp_path / "ev").exists()
 
 
+def test_regenerate_from_a_plain_checkpoint_says_how_to_record_its_events(tmp_path):
+    """A training's own checkpoint.pt does not record how its events were made: the
+    refusal names the command that writes weights which do (README, run-folder.md)."""
+    from lartpc.errors import LartpcError
+    from lartpc.train.evaluate import regenerate_held_out
+
+    run = tmp_path / "run"
+    network = {"path": str(run / "checkpoint.pt"), "events": {}, "config": {}}
+    with pytest.raises(LartpcError) as e:
+        regenerate_held_out(network, tmp_path / "events")
+    assert "does not record how its events were made" in str(e.value)
+    assert str(e.value).endswith("write weights that record it: python -m "
+                                 f"lartpc.jobs.local.compact_weights {run} --store STORE")
+    assert not (tmp_path / "events").exists()
+
+
 def test_nothing_a_user_made_is_replaced(tmp_path):
     """--regenerate into a folder holding a store refuses without --overwrite (it
     replaced a 3,000-event store with the 60 held-out events before), and --json
@@ -215,3 +231,25 @@ def test_beam_headline_reproduces_from_committed_weights(tmp_path):
     res = json.loads(out.read_text())
     assert res["matches_run_confusion"] is True
     assert res["events"] == 1500 and round(100 * res["accuracy"], 1) == 83.1
+
+
+def test_a_class_with_no_held_out_events_has_no_accuracy(tmp_path):
+    """A store of muons and pions names all five classes: eval.csv gives gamma,
+    electron and kaon nan (0 of 0 is no accuracy), not 0.0, and analysis reads it."""
+    from lartpc.analysis.runs import load_run
+    from train_helpers import rows, run, train_cmd
+
+    from lartpc.sim import write_dataset
+    from lartpc.train.evaluate import EvalResult
+
+    write_dataset(tmp_path / "data", 20, seed=5, downsample=9, classes="muon,pion")
+    r = run(train_cmd(tmp_path / "data", tmp_path / "run", "train.epochs=1"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    (row,) = rows(tmp_path / "run" / "eval.csv")
+    assert [row[f"acc_{c}"] for c in ("gamma", "electron", "kaon")] == ["nan"] * 3
+    assert all(0 <= float(row[f"acc_{c}"]) <= 1 for c in ("muon", "pion"))
+    evals = load_run(tmp_path / "run").evals
+    assert evals["acc_gamma"].isna().all() and evals["acc_muon"].notna().all()
+    conf = np.array([[0, 0], [1, 3]])
+    got = EvalResult(0.5, 4, conf, ("muon", "pion")).row()
+    assert np.isnan(got["acc_muon"]) and got["acc_pion"] == 0.75 and got["accuracy"] == 0.75

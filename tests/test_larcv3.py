@@ -492,3 +492,74 @@ def test_files_with_other_voxel_sizes_are_refused(sim_store, tmp_path, capfd):
     assert "other.h5: entry 0" in err[0] and "one voxel size per store" in err[0]
     assert "0.5 x 0.3 cm" in err[0]
     assert not out.exists()
+
+
+@needs_larcv
+@pytest.mark.parametrize("fixture", ["sim_store", "full_res_events_dir"])
+def test_the_round_trip_keeps_every_geometry_field(fixture, request, tmp_path):
+    """export records the store's geometry in the file; convert gives it back whole:
+    3456 wires, 9600 ticks, a 3200-tick pretrigger, the downsample (not the 3600 x
+    3600 image's 3600 wires, 10800 ticks, no pretrigger it would infer from the meta);
+    --downsample bins further and keeps the rest."""
+    import dataclasses
+
+    src = request.getfixturevalue(fixture)
+    want = EventStore(src).geometry
+    f, back, binned = tmp_path / "ev.h5", tmp_path / "back", tmp_path / "binned"
+    assert main(["export", "--to", "larcv3", str(src), str(f)]) == 0
+    assert main(["convert", "--from", "larcv3", str(f), "--out", str(back)]) == 0
+    got = EventStore(back).geometry
+    assert (got.n_wires, got.n_ticks, got.pretrigger_ticks) == (3456, 9600, 3200)
+    assert got == want
+    assert main(["convert", "--from", "larcv3", str(f), "--out", str(binned),
+                 "--downsample", "2"]) == 0
+    assert EventStore(binned).geometry == dataclasses.replace(
+        want, downsample=2 * want.downsample)
+
+
+def _drop_geometry(path):
+    with h5py.File(path, "a") as h:
+        del h.attrs["lartpc_geometry"]
+
+
+def _other_downsample(path):
+    with h5py.File(path, "a") as h:
+        g = json.loads(h.attrs["lartpc_geometry"])
+        h.attrs["lartpc_geometry"] = json.dumps({**g, "downsample": 4, "height": 900,
+                                                 "width": 900})
+
+
+@needs_larcv
+@pytest.mark.parametrize("spoil,both,said", [
+    (_drop_geometry, False, "second.h5: records no store geometry; "),
+    (_other_downsample, False, "second.h5: records geometry downsample=4, height=900, "
+                               "width=900; "),
+    (_other_downsample, True, "ev.h5: records a 900 x 900 image of 0.6588 x 1.2 cm pixels, "
+                              "but its images are 400 x 400 voxels of 1.4823 x 2.7 cm")])
+def test_a_recorded_geometry_that_does_not_hold_is_refused(sim_store, tmp_path, capfd,
+                                                           spoil, both, said):
+    """Files that record different geometries (or one records none), or a geometry that
+    the files' own images contradict: one line naming the file, nothing written."""
+    f, second, out = tmp_path / "ev.h5", tmp_path / "second.h5", tmp_path / "o"
+    assert main(["export", "--to", "larcv3", str(sim_store), str(f)]) == 0
+    assert main(["export", "--to", "larcv3", str(sim_store), str(second)]) == 0
+    for p in (f, second) if both else (second,):
+        spoil(p)
+    capfd.readouterr()
+    assert main(["convert", "--from", "larcv3", str(f), str(second), "--out", str(out)]) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0], err
+    assert not out.exists()
+
+
+@needs_larcv
+def test_a_file_given_twice_is_refused(sim_store, tmp_path, capfd):
+    """convert --from larcv3 f.h5 f.h5 would hold every event twice: one line, nothing
+    written."""
+    f, out = tmp_path / "ev.h5", tmp_path / "o"
+    assert main(["export", "--to", "larcv3", str(sim_store), str(f)]) == 0
+    capfd.readouterr()
+    assert main(["convert", "--from", "larcv3", str(f), str(f), "--out", str(out)]) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{f}: given twice (as {f})" in err[0], err
+    assert not out.exists()

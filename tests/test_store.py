@@ -75,3 +75,67 @@ def test_copy_of_folder_reads_same(events_dir, tmp_path):
     dst = tmp_path / "copy"
     shutil.copytree(events_dir, dst)
     assert EventStore(dst).labels.tolist() == EventStore(events_dir).labels.tolist()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Four small stores (two shards each) that differ in one way each from ``iso``:
+    beam source, another seed, the sim3 physics."""
+    from lartpc.sim import write_dataset
+
+    base = tmp_path_factory.mktemp("runs")
+    made = {"iso": {}, "beam": {"source_geometry": "beam"}, "seed1": {"seed": 1},
+            "sim3": {"physics": "sim3"}}
+    for name, kw in made.items():
+        write_dataset(base / name, 4, downsample=9, shard_size=2,
+                      **{"seed": 0, **kw})
+    return base
+
+
+def _mixed(tmp_path, *sources):
+    """A folder holding the given shards, renamed ``events-00000.h5``, ... in order."""
+    out = tmp_path / "mixed"
+    out.mkdir()
+    for i, src in enumerate(sources):
+        shutil.copy(src, out / f"events-{i:05d}.h5")
+    return out
+
+
+@pytest.mark.parametrize("other,attribute", [("beam", "source_geometry"), ("seed1", "seed"),
+                                             ("sim3", "generator_version")])
+def test_shards_of_different_runs_are_refused(runs, tmp_path, capsys, other, attribute):
+    """Shards made differently (here: another source geometry, seed or physics, the same
+    geometry and classes) never pass as one store: one line naming both files and the
+    attribute, exit 2."""
+    out = _mixed(tmp_path, runs / "iso" / "events-00000.h5", runs / other / "events-00001.h5")
+    with pytest.raises(EventStoreError, match=f"disagree on {attribute}") as e:
+        EventStore(out)
+    assert "events-00000.h5" in str(e.value) and "events-00001.h5" in str(e.value)
+    assert main(["inspect", str(out), "--truth-limits"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"disagree on {attribute}" in err[0], err
+
+
+def test_a_shard_copied_under_another_name_is_refused(events_dir, tmp_path, capsys):
+    """The same shard twice: its events would count twice and could sit in training and
+    validation both."""
+    src = events_dir / "events-00000.h5"
+    out = _mixed(tmp_path, src, events_dir / "events-00001.h5", src)
+    with pytest.raises(EventStoreError, match="repeat") as e:
+        EventStore(out)
+    assert "events-00000.h5 and events-00002.h5" in str(e.value)
+    assert main(["inspect", str(out)]) == 2
+    assert "20 events" in capsys.readouterr().err
+
+
+def test_the_shards_of_one_run_still_make_a_store(runs, events_dir, tmp_path):
+    """A run's own shards, in any number; and the events of one seed made in two
+    pieces (evaluate --regenerate's way) with no event twice."""
+    from lartpc.sim.subset import write_events
+
+    assert len(EventStore(runs / "iso")) == 4 and len(EventStore(events_dir)) == 40
+    write_events(tmp_path / "a", [0, 2], seed=0, source_geometry="isotropic", downsample=9)
+    write_events(tmp_path / "b", [3, 1], seed=0, source_geometry="isotropic", downsample=9)
+    s = EventStore(_mixed(tmp_path, tmp_path / "a" / "events-00000.h5",
+                          tmp_path / "b" / "events-00000.h5"))
+    assert [ev.event_id for ev in s.read_many(range(4))] == [0, 2, 3, 1]

@@ -19,7 +19,9 @@ failure, a killed conversion cleaned up by the next writer.
 
 Writing (:func:`export`): each event becomes one entry: its pixels as a ``sparse2d``
 tensor of the given projection (meta: the store's image size, physical lengths from
-the geometry), and one particle with its PDG, momentum, vertex, energies.
+the geometry), and one particle with its PDG, momentum, vertex, energies; the file
+records the store's whole geometry (:data:`GEOMETRY_ATTR`), which a meta cannot hold
+(wire and tick counts, pretrigger), and reading gives it back.
 
 The larcv library (PyPI ``larcv``, built by jobs/env/install_larcv.sh) is an optional
 extra; without it every larcv3 option ends in one line (:func:`require_larcv`).
@@ -27,6 +29,7 @@ extra; without it every larcv3 option ends in one line (:func:`require_larcv`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -41,7 +44,7 @@ import numpy as np
 from lartpc.cliparse import check_positive
 from lartpc.data.convert import ConvertResult
 from lartpc.data.staging import SHARD_NAME, check_input_file, existing_shards, replace_store
-from lartpc.data.store import Event, EventStore, ShardBuffer
+from lartpc.data.store import Event, EventStore, ShardBuffer, shard_geometry
 from lartpc.errors import LartpcError
 from lartpc.fsutil import atomic_path, output_file
 from lartpc.geometry import Geometry
@@ -58,6 +61,9 @@ PRODUCER_NAME = re.compile(r"[A-Za-z0-9_]+")
 MAX_PROJECTIONS = 16
 #: image rows and columns are int16 in the store
 _MAX_SIDE = 32767
+#: root attribute of a file :func:`export` wrote: the store's geometry (JSON of its
+#: :class:`~lartpc.geometry.Geometry` fields), which :func:`convert_larcv3` reads back
+GEOMETRY_ATTR = "lartpc_geometry"
 
 
 def require_larcv():
@@ -330,6 +336,75 @@ def source_binning(row_cm: float, col_cm: float) -> int:
     return 1
 
 
+def recorded_geometry(files: Sequence[Path]) -> Geometry | None:
+    """The store geometry the files record (:data:`GEOMETRY_ATTR`, as :func:`export`
+    writes it), the same in every file; None when none records one.
+
+    Raises
+    ------
+    LartpcError
+        Naming the file whose record is unreadable, or differs from the first file's.
+    """
+    found = [_geometry_attr(p) for p in files]
+    for p, g in zip(files, found, strict=True):
+        if g != found[0]:
+            raise LartpcError(f"{p}: records {_differences(g, found[0])}; {files[0]} "
+                              f"records {_differences(found[0], g)} (one geometry per store)")
+    return found[0]
+
+
+def _differences(g: Geometry | None, other: Geometry | None) -> str:
+    """The fields of ``g`` that differ from ``other``'s, in words."""
+    if g is None or other is None:
+        return "no store geometry" if g is None else "a store geometry"
+    a, b = g.to_attrs(), other.to_attrs()
+    return "geometry " + ", ".join(f"{k}={v}" for k, v in a.items() if b[k] != v)
+
+
+def _geometry_attr(p: Path) -> Geometry | None:
+    import h5py
+
+    with h5py.File(p, "r") as f:
+        text = f.attrs.get(GEOMETRY_ATTR)
+    if text is None:
+        return None
+    try:
+        fields = json.loads(text)
+    except (TypeError, ValueError) as e:
+        raise LartpcError(f"{p}: attribute {GEOMETRY_ATTR} is not JSON ({e})") from None
+    if not isinstance(fields, dict):
+        raise LartpcError(f"{p}: attribute {GEOMETRY_ATTR} is not a JSON object")
+    return shard_geometry(p, fields)
+
+
+def store_geometry(recorded: Geometry | None, shape: tuple[int, int],
+                   voxel: tuple[float, float], downsample: int,
+                   where: Path) -> tuple[Geometry, int]:
+    """The converted store's geometry and the voxels' own binning K.
+
+    ``recorded`` (an export's): that geometry, binned ``downsample`` times further; it
+    must describe the files' images (``shape`` voxels of ``voxel`` cm, drift and across
+    wires). Else inferred from the meta: the image ``shape`` zero-padded to a square,
+    ``n_ticks`` 3 per row, no pretrigger, and voxels K x K of the study's pixels
+    (:func:`source_binning`) taken as an image downsampled by K.
+    """
+    rows, cols = shape
+    if recorded is None:
+        binned = source_binning(*voxel)
+        # the store is the full-resolution image downsampled by K times --downsample
+        return Geometry(full_size=max(shape) * binned, n_wires=cols * binned,
+                        n_ticks=rows * binned * 3, pretrigger_ticks=0,
+                        downsample=binned * downsample), binned
+    k = recorded.downsample
+    cm = (k * recorded.time_pixel_cm, k * recorded.wire_pitch_cm)
+    if tuple(shape) != recorded.shape or not all(
+            math.isclose(a, b, rel_tol=1e-6) for a, b in zip(voxel, cm, strict=True)):
+        raise LartpcError(f"{where}: records a {recorded.height} x {recorded.width} image of "
+                          f"{cm[0]:g} x {cm[1]:g} cm pixels, but its images are {rows} x "
+                          f"{cols} voxels of {voxel[0]:g} x {voxel[1]:g} cm")
+    return dataclasses.replace(recorded, downsample=k * downsample), k
+
+
 def convert_larcv3(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
                    producer: str = DEFAULT_PRODUCER, projection: int = 0,
                    particles: str | None = None, class_map: ClassMap | None = None,
@@ -351,16 +426,12 @@ def convert_larcv3(inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLi
         raise LartpcError("convert: no input files given")
     held = {p: _check_file(p, producer, particles) for p in files}  # before writing
     (rows, cols), voxel = _image_shape(larcv, files, producer, particles, projection)
-    binned = source_binning(*voxel)
     side = max(rows, cols)
     if downsample < 1 or side % downsample:
         raise LartpcError(f"--downsample: downsample={downsample}: must be a positive "
                           f"divisor of {side} (the files' image is {rows} x {cols})")
-    # voxels already binned by K (an export of a downsampled store): the store is the
-    # full-resolution image downsampled by K times --downsample, so its pitch is theirs
-    geom = Geometry(full_size=side * binned, n_wires=cols * binned,
-                    n_ticks=rows * binned * 3, pretrigger_ticks=0,
-                    downsample=binned * downsample)
+    geom, binned = store_geometry(recorded_geometry(files), (rows, cols), voxel, downsample,
+                                  files[0])
     counts = {"converted": 0, "no_pixels": 0, "no_particle": 0, "dropped_voxels": 0,
               "source": 0}
     unmapped: dict[int, int] = {}
@@ -493,6 +564,17 @@ def _check_replaceable(out: Path, overwrite: bool) -> None:
                           "it (choose another name)")
 
 
+def _record_geometry(path: Path, geom: Geometry) -> None:
+    """Write the store's geometry into the larcv3 file at ``path`` (a root attribute,
+    which larcv's reader ignores), for :func:`convert_larcv3` to give back whole: the
+    meta holds the image and its voxel sizes only, not the wires, ticks and
+    pretrigger."""
+    import h5py
+
+    with h5py.File(path, "a") as f:
+        f.attrs[GEOMETRY_ATTR] = json.dumps(geom.to_attrs())
+
+
 def export(store_path: str | os.PathLike, out_file: str | os.PathLike, *,
            producer: str = DEFAULT_PRODUCER, projection: int = 0,
            overwrite: bool = False, progress: bool = False) -> int:
@@ -556,5 +638,6 @@ def export(store_path: str | os.PathLike, out_file: str | os.PathLike, *,
             io.finalize()
             if bar:
                 bar.close()
+        _record_geometry(tmp, g)
     store.close()
     return len(store)

@@ -16,6 +16,7 @@ and puts back an old store whose writer died between the two renames of the fall
 from __future__ import annotations
 
 import contextlib
+import filecmp
 import logging
 import os
 import re
@@ -96,8 +97,12 @@ def replace_store(out: Path, overwrite: bool, inputs: Sequence[Path] = ()) -> It
                           f"the new store is staged ({e.strerror})") from None
     try:
         _clean_up_after_dead_writers(out)
-        _check_out(out, overwrite)
-        _check_inputs(out, inputs)
+        try:
+            _check_out(out, overwrite)
+            _check_inputs(out, inputs)
+        except LartpcError:
+            _remove_if_empty(out, made)
+            raise
         stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.stage-",
                                       suffix=TEMP_SUFFIX))
         try:
@@ -129,12 +134,34 @@ def _check_out(out: Path, overwrite: bool) -> None:
 
 
 def _check_inputs(out: Path, inputs: Sequence[Path]) -> None:
-    """No input is one of ``out``'s shards, which the new store removes."""
+    """No input is one of ``out``'s shards, which the new store removes; none is given
+    twice (:func:`check_distinct_inputs`)."""
     shards = existing_shards(out)
     for p in inputs:
         if any(os.path.samefile(p, s) for s in shards):
             raise LartpcError(f"{p}: is a shard of --out {out}, which the new store "
                               "replaces; write it into another folder")
+    check_distinct_inputs(inputs)
+
+
+def check_distinct_inputs(inputs: Sequence[Path]) -> None:
+    """No input file is given twice: by the same or another name (a link), or as a
+    byte-for-byte copy, whose events the store would hold twice (the same event in
+    training and validation). Files of different sizes are never read; a copy is read
+    to its end, another file of the same size to its first difference.
+
+    Raises
+    ------
+    LartpcError
+        Naming both inputs.
+    """
+    for i, p in enumerate(inputs):
+        for q in inputs[:i]:
+            if os.path.samefile(p, q):
+                raise LartpcError(f"{p}: given twice (as {q}); give each input file once")
+            if filecmp.cmp(p, q, shallow=False):
+                raise LartpcError(f"{p}: a copy of {q} (the same bytes): its events would be "
+                                  "in the store twice; give each input file once")
 
 
 def _swap_in(stage: Path, out: Path) -> None:

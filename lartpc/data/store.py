@@ -26,7 +26,8 @@ File attributes: ``schema_version``, the :class:`~lartpc.geometry.Geometry` fiel
 and (v2) any extra attributes the writer records (the generator's ``source_geometry``,
 readout options; the converter's time origin and charge scale).
 Shards are written to a temporary name and renamed, so a killed writer never leaves a
-torn ``events-*.h5``.
+torn ``events-*.h5``. A store is one run's events: its shards have the same attributes
+(:func:`check_one_run`) and no event twice (:func:`check_distinct_events`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import h5py
 import numpy as np
@@ -288,6 +290,119 @@ def check_datasets(path: Path, f: h5py.File) -> None:
                                   f"'charge' {n}; they must match")
 
 
+class _Shard(NamedTuple):
+    """What opening a store reads of one shard."""
+
+    offsets: np.ndarray
+    labels: np.ndarray  # int64
+    event_ids: np.ndarray  # int64; -1 where the shard records none
+    geometry: Geometry
+    classes: tuple[str, ...]
+    attrs: dict
+
+
+def _open_shard(p: Path) -> _Shard:
+    """The shard ``p``'s offsets, labels, event ids and attributes, each checked.
+
+    Raises
+    ------
+    EventStoreError
+        Naming ``p``: not a lartpc event file, unreadable, inconsistent offsets, a label
+        out of range, or a bad attribute.
+    """
+    try:
+        with h5py.File(p, "r") as f:
+            ver = _py(f.attrs.get("schema_version"))
+            if ver not in READABLE_SCHEMA_VERSIONS:
+                raise EventStoreError(
+                    f"{p}: not a lartpc event file (schema_version {ver!r}, "
+                    f"expected one of {READABLE_SCHEMA_VERSIONS})")
+            check_datasets(p, f)
+            off, lab, npix = f["offsets"][:], f["label"][:], f["charge"].shape[0]
+            ids = f["event_id"][:] if isinstance(f.get("event_id"), h5py.Dataset) else None
+            geom, classes = shard_geometry(p, f.attrs), shard_classes(p, f.attrs)
+            attrs = {k: _attr(v) for k, v in f.attrs.items()}
+    except (OSError, KeyError) as e:
+        raise EventStoreError(f"{p}: cannot read HDF5 event file ({e})") from e
+    if len(off) != len(lab) + 1 or off[0] != 0 or np.any(np.diff(off) < 0) \
+            or off[-1] != npix:
+        raise EventStoreError(f"{p}: inconsistent offsets (truncated or corrupt file)")
+    bad = np.flatnonzero((lab < 0) | (lab >= len(classes)))
+    if bad.size:  # every count, split and loss indexes by label
+        raise EventStoreError(f"{p}: event {int(bad[0])} label {int(lab[bad[0]])} out "
+                              f"of range 0..{len(classes) - 1}")
+    if ids is None or ids.shape != lab.shape or ids.dtype.kind not in "iu":
+        ids = np.full(len(lab), -1)
+    return _Shard(off, lab.astype(np.int64), ids.astype(np.int64), geom, classes, attrs)
+
+
+def _attr(v):
+    """An HDF5 attribute as a plain, comparable Python value."""
+    if isinstance(v, bytes):
+        return v.decode(errors="replace")
+    if isinstance(v, np.ndarray) and v.size != 1:
+        return tuple(v.tolist())
+    return v.item() if hasattr(v, "item") else v
+
+
+#: geometry attributes, named as such when shards disagree on one
+_GEOMETRY_ATTRS = frozenset(Geometry().to_attrs())
+
+
+def _same(a, b) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float)
+                      and math.isnan(a) and math.isnan(b))
+
+
+def check_one_run(paths: Sequence[Path], attrs: Sequence[dict]) -> None:
+    """Every shard's file attributes equal the first's: geometry, classes, generator
+    and its version (physics), seed, source geometry, momenta, dead wires, a converter's
+    inputs and options, ... Each says how the events were made, and a store is one
+    run's events: the first shard's attributes describe them all (inspect, compact
+    weights, evaluate --regenerate read them there).
+
+    Raises
+    ------
+    EventStoreError
+        Naming the first shard, the one that differs and the attribute.
+    """
+    for p, a in zip(paths[1:], attrs[1:], strict=True):
+        for key in sorted(attrs[0].keys() | a.keys()):
+            want, got = attrs[0].get(key, "(none)"), a.get(key, "(none)")
+            if not _same(want, got):
+                what = f"geometry ({key})" if key in _GEOMETRY_ATTRS else key
+                raise EventStoreError(
+                    f"{p.parent}: shards disagree on {what}: {paths[0].name} has {want!r}, "
+                    f"{p.name} has {got!r}; a store's shards must come from one run "
+                    "(keep each run's shards in a folder of their own)")
+
+
+def check_distinct_events(paths: Sequence[Path], event_ids: Sequence[np.ndarray]) -> None:
+    """No event twice: a shard's ``event_id`` (the event's index in its seed's dataset,
+    or a converter's source index: with :func:`check_one_run`, the same id is the same
+    event) in no other shard nor twice in one. Ids < 0 (not recorded) are not checked.
+
+    Raises
+    ------
+    EventStoreError
+        Naming the shards that repeat an event, how many repeat, and one of them.
+    """
+    ids = np.concatenate(event_ids)
+    owner = np.repeat(np.arange(len(event_ids)), [len(i) for i in event_ids])
+    known = ids >= 0
+    ids, owner = ids[known], owner[known]
+    order = np.argsort(ids, kind="stable")
+    ids, owner = ids[order], owner[order]
+    dup = np.flatnonzero(ids[1:] == ids[:-1])
+    if dup.size:
+        a, b = paths[owner[dup[0]]], paths[owner[dup[0] + 1]]
+        where = f"{a.name} and {b.name}" if a != b else f"{a.name} (twice)"
+        raise EventStoreError(
+            f"{a.parent}: {where} repeat events ({dup.size} events held twice, the first "
+            f"event {int(ids[dup[0]])}): a repeated event would count twice and could sit "
+            "in training and validation both; remove the copied shard")
+
+
 class EventStore:
     """Read-only random access over one shard file or a folder of shards.
 
@@ -296,49 +411,16 @@ class EventStore:
 
     def __init__(self, path_or_dir: str | os.PathLike):
         self.paths = shard_paths(path_or_dir)
-        self._offsets: list[np.ndarray] = []
-        labels, geoms = [], []
-        self.attrs: dict = {}
+        shards = [_open_shard(p) for p in self.paths]
+        check_one_run(self.paths, [s.attrs for s in shards])
+        check_distinct_events(self.paths, [s.event_ids for s in shards])
+        self._offsets: list[np.ndarray] = [s.offsets for s in shards]
+        #: the file attributes, every shard's the same (:func:`check_one_run`)
+        self.attrs: dict = shards[0].attrs
         #: class names of the label indices (the store's ``classes``; old stores: the five)
-        self.classes: tuple[str, ...] = CLASSES
-        for p in self.paths:
-            try:
-                with h5py.File(p, "r") as f:
-                    ver = _py(f.attrs.get("schema_version"))
-                    if ver not in READABLE_SCHEMA_VERSIONS:
-                        raise EventStoreError(
-                            f"{p}: not a lartpc event file (schema_version {ver!r}, "
-                            f"expected one of {READABLE_SCHEMA_VERSIONS})")
-                    check_datasets(p, f)
-                    off = f["offsets"][:]
-                    lab = f["label"][:]
-                    npix = f["charge"].shape[0]
-                    geoms.append(shard_geometry(p, f.attrs))
-                    classes = shard_classes(p, f.attrs)
-                    if not self.attrs:
-                        self.attrs = {k: (v.item() if hasattr(v, "item") else v)
-                                      for k, v in f.attrs.items()}
-            except EventStoreError:
-                raise
-            except (OSError, KeyError) as e:
-                raise EventStoreError(f"{p}: cannot read HDF5 event file ({e})") from e
-            if len(off) != len(lab) + 1 or off[0] != 0 or np.any(np.diff(off) < 0) \
-                    or off[-1] != npix:
-                raise EventStoreError(f"{p}: inconsistent offsets (truncated or corrupt file)")
-            if p != self.paths[0] and classes != self.classes:
-                raise EventStoreError(f"{p}: classes {','.join(classes)} differ from "
-                                      f"{self.paths[0].name}'s {','.join(self.classes)}")
-            self.classes = classes
-            bad = np.flatnonzero((lab < 0) | (lab >= len(classes)))
-            if bad.size:  # every count, split and loss indexes by label
-                raise EventStoreError(f"{p}: event {int(bad[0])} label {int(lab[bad[0]])} out "
-                                      f"of range 0..{len(classes) - 1}")
-            self._offsets.append(off)
-            labels.append(lab.astype(np.int64))
-        if any(g != geoms[0] for g in geoms):
-            raise EventStoreError(f"{self.paths[0].parent}: shards disagree on geometry")
-        self.geometry: Geometry = geoms[0]
-        self.labels = np.concatenate(labels)
+        self.classes: tuple[str, ...] = shards[0].classes
+        self.geometry: Geometry = shards[0].geometry
+        self.labels = np.concatenate([s.labels for s in shards])
         sizes = np.array([len(o) - 1 for o in self._offsets], np.int64)
         self._file_start = np.concatenate([[0], np.cumsum(sizes)])
         self._handles: dict[int, h5py.File] = {}

@@ -19,8 +19,11 @@ class EvalResult:
     classes: tuple[str, ...] = CLASSES  # the store's classes
 
     def row(self) -> dict:
-        correct = np.diag(self.confusion)
-        per_class = correct / np.maximum(self.confusion.sum(1), 1)
+        """The ``eval.csv`` row: loss, accuracy, events and ``acc_<class>``, the share of
+        the class's events called right; nan for a class with no events here (0 of 0
+        is no accuracy, not 0 %: a store of some classes names all five)."""
+        correct, total = np.diag(self.confusion), self.confusion.sum(1)
+        per_class = np.divide(correct, total, out=np.full(len(total), np.nan), where=total > 0)
         return {"loss": self.loss, "accuracy": float(correct.sum() / max(self.n_events, 1)),
                 "n_events": self.n_events,
                 **{f"acc_{c}": float(a) for c, a in zip(self.classes, per_class, strict=True)}}
@@ -136,6 +139,8 @@ def regenerate_held_out(network: dict, out, workers: int = 1,
     LartpcError
         When the network does not record how its events were made.
     """
+    from pathlib import Path
+
     from lartpc.config import config_from_dict
     from lartpc.errors import LartpcError
     from lartpc.sim.subset import write_events
@@ -143,8 +148,11 @@ def regenerate_held_out(network: dict, out, workers: int = 1,
     ev = network.get("events") or {}
     missing = [k for k in ("seed", "events", "geometry", "downsample") if k not in ev]
     if missing:
+        run = Path(str(network.get("path"))).parent
         raise LartpcError(f"{network.get('path')}: does not record how its events were made "
-                          f"({', '.join(missing)} missing); give the run's store")
+                          f"({', '.join(missing)} missing); give the run's store (--store), "
+                          "or write weights that record it: python -m "
+                          f"lartpc.jobs.local.compact_weights {run} --store STORE")
     cfg = config_from_dict(network["config"], str(network.get("path")))
     from lartpc.sim.versions import UNRECORDED
 

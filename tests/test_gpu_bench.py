@@ -120,10 +120,31 @@ def test_quick_cpu_run_measures_every_step(tmp_path):
     assert 0 <= dense["data_wait_fraction"] < 1
 
 
-def _gpu_bench(*argv: str) -> subprocess.CompletedProcess:
+def _gpu_bench(*argv: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "lartpc.jobs.local.gpu_bench", *argv],
-                          capture_output=True, text=True, timeout=600, env=clean_env(),
+                          capture_output=True, text=True, timeout=600, env=clean_env(**env),
                           cwd=Path(__file__).resolve().parents[1])
+
+
+def test_cuda_steps_where_torch_sees_no_gpu_launch_nothing_and_say_why(tmp_path):
+    """--device cuda (the default) on a CPU host launched 13 model benches that each
+    failed; why (no CUDA device) was only in failures.json."""
+    out = tmp_path / "gb"
+    (out / "model-scnet-default.json").parent.mkdir()  # kept from an earlier GPU run
+    (out / "model-scnet-default.json").write_text(json.dumps({"name": "model-scnet-default",
+                                                              "images_per_s": 9.0}))
+    r = _gpu_bench("--out", str(out), "--only", "model-*", CUDA_VISIBLE_DEVICES="")
+    assert r.returncode == 1
+    line = "torch sees no CUDA device: every --device cuda step needs one, none is run"
+    assert line in r.stderr and "lartpc bench" not in r.stderr  # no step launched
+    assert "model-scnet-default: kept" in r.stderr
+    summary = (out / "summary.md").read_text()
+    assert summary.startswith(line)
+    names = [n for n, *_ in plan(_args("cuda")) if n.startswith("model-")]
+    assert summary.count("skipped: torch sees no CUDA device") == len(names) - 1
+    assert "| model-scnet-default | 9.0 |" in summary and "failed" not in summary
+    assert json.loads((out / "failures.json").read_text()) == []
+    assert [f.name for f in out.glob("model-*.json")] == ["model-scnet-default.json"]
 
 
 @pytest.mark.slow

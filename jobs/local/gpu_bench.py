@@ -39,7 +39,10 @@ rest of what the bench printed), with ``lartpc env``'s lines; ``--results FILE``
 there too (e.g. ``docs/results/gpu-2026-11-24-h100.json``, to commit). A failing step is
 reported and the rest still run; the exit status is non-zero if any failed. Options a
 CPU cannot run (spconv float16 and implicit GEMM) are listed as skipped with
-``--device cpu``.
+``--device cpu``. With ``--device cuda`` (the default) where ``lartpc env`` sees no CUDA
+device, no step is launched: one line says so, on the console and atop ``summary.md``,
+which lists every selected step as skipped for it, and the exit status is 1
+(``--device cpu`` runs the parts a CPU can).
 """
 
 from __future__ import annotations
@@ -47,7 +50,6 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -76,6 +78,8 @@ SCNET_VARIANTS = (  # (name, flags, needs CUDA)
 #: step's graph and the table cache): each step's folder under ``--out``
 SCANS = {"minibatch-scnet": "minibatch", "minibatch-scnet-torch": "minibatch-torch",
          "minibatch-scnet-torch-graph": "minibatch-torch-graph"}
+#: why a --device cuda step is skipped on a host where torch sees no GPU
+NO_CUDA = "torch sees no CUDA device"
 
 
 def _say(msg: str) -> None:
@@ -296,36 +300,62 @@ def main(argv: list[str] | None = None) -> int:
     steps = [step for step in everything if _selected(step[0], args.only)]
     if not steps:
         ap.error(f"--only {args.only!r}: matches no step (see --list)")
-    if args.device == "cuda" and not shutil.which("nvidia-smi"):
-        _say("no nvidia-smi on PATH; torch will still be asked for a CUDA device")
+    env = environment()
+    no_cuda = _no_cuda(args.device, env)
+    if no_cuda:
+        _say(no_cuda)
     args.out.mkdir(parents=True, exist_ok=True)
+    results, skipped = _run_steps(args, steps, no_cuda)
+    failed = [r for r in results if "error" in r]
+    _write(args, [name for name, *_ in everything], failed, skipped, env, no_cuda)
+    _say(f"done: {len(results) - len(failed)} measured, {len(skipped)} skipped, "
+         f"{len(failed)} failed; see {args.out / 'summary.md'}")
+    return 1 if failed or any(why == NO_CUDA for _, why in skipped) else 0
+
+
+def _no_cuda(device: str, env: list[str]) -> str:
+    """The line saying that no step can run: ``--device cuda`` where ``lartpc env``
+    (the interpreter the steps run in) sees no CUDA device; '' otherwise (also when
+    ``lartpc env`` failed: then each step says for itself what is wrong)."""
+    if device != "cuda" or "cuda available: no" not in env:
+        return ""
+    return (f"{NO_CUDA}: every --device cuda step needs one, none is run (--device cpu "
+            "runs the parts a CPU can)")
+
+
+def _run_steps(args, steps, no_cuda: str) -> tuple[list[dict], list[tuple[str, str]]]:
+    """Run the selected steps: (each run's result, (name, why) of each skipped one).
+    A step whose JSON is in ``--out`` is kept; with ``no_cuda`` none is launched."""
     results, skipped = [], []
     for name, cmd, why in steps:
         if cmd is None:
             skipped.append((name, why))
         elif (args.out / f"{name}.json").exists():
             _say(f"{name}: kept from an earlier run ({args.out / name}.json)")
+        elif no_cuda:
+            skipped.append((name, NO_CUDA))
         else:
-            results.append(_lartpc(args.out, name, cmd, timeout=600 if quick else 3600))
-    failed = [r for r in results if "error" in r]
+            results.append(_lartpc(args.out, name, cmd, timeout=600 if args.quick else 3600))
+    return results, skipped
+
+
+def _write(args, order: list[str], failed: list[dict], skipped: list[tuple[str, str]],
+           env: list[str], note: str) -> None:
+    """summary.md (``note`` above the table), failures.json, results.json (and
+    ``--results``), from every step JSON in ``--out``."""
     done = [json.loads(f.read_text()) for f in sorted(args.out.glob("*.json"))
             if f.name not in ("failures.json", "results.json")]
-    order = [name for name, *_ in everything]
     done.sort(key=lambda r: order.index(r["name"]) if r.get("name") in order else len(order))
     # every file through atomic_write: a link planted in --out is replaced, not followed
-    atomic_write(args.out / "summary.md", summary(done + failed, skipped))
+    atomic_write(args.out / "summary.md",
+                 (f"{note}\n\n" if note else "") + summary(done + failed, skipped))
     atomic_write(args.out / "failures.json", json.dumps(failed, indent=2))
-    env = environment()
     res = {"date": time.strftime("%Y-%m-%d"), "environment": env,
            "measurements": records(done, _device_name(done, env))}
     atomic_write(args.out / "results.json", json.dumps(res, indent=2))
     if args.results is not None:
         args.results.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(args.results, json.dumps(res, indent=2))
-    _say(f"done: {len(results) - len(failed)} measured, {len(skipped)} skipped, "
-         f"{len(failed)} failed; see {args.out / 'summary.md'}")
-    return 1 if failed else 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

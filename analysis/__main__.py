@@ -17,6 +17,7 @@ from lartpc.analysis.runs import RunFolderError
 from lartpc.errors import LartpcError
 from lartpc.fsutil import output_folder
 from lartpc.helpformat import HelpFormatter
+from lartpc.pipes import ends_quietly
 
 log = logging.getLogger("lartpc.analysis")
 
@@ -242,6 +243,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m lartpc.analysis``'s exit status (141, quietly, where stdout's reader
+    has gone: :func:`lartpc.pipes.ends_quietly`)."""
+    return ends_quietly(lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))

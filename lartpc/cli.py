@@ -7,12 +7,12 @@ import argparse
 import contextlib
 import importlib
 import os
-import select
 import sys
 
 from lartpc import __version__
 from lartpc.errors import LartpcError
 from lartpc.helpformat import HelpFormatter
+from lartpc.pipes import ends_quietly
 
 #: name -> (module with add_arguments(parser) and run(args) -> int, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -98,57 +98,10 @@ def note_exit_2() -> None:
             pass
 
 
-#: The exit status when the reader of stdout went away (``lartpc … | head``): 128 +
-#: SIGPIPE, what the shell reports for ``cat`` or ``grep`` ended by SIGPIPE there, so a
-#: ``set -o pipefail`` script that allows for theirs allows for ours; 1 would read as
-#: a failure of the command itself.
-EXIT_BROKEN_PIPE = 141
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Run the command of ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
-    try:
-        with _flushed_stdout():
-            return _main(argv)
-    except BrokenPipeError:
-        if not _stdout_gone():  # a subprocess's pipe, say: not ours to hide
-            raise
-        return _quiet_on_closed_stdout()
-
-
-@contextlib.contextmanager
-def _flushed_stdout():
-    """Flush stdout on the way out (a return, or argparse's exit after ``--help``) so
-    that a reader gone shows here, not as "Exception ignored" at the interpreter's exit;
-    an error passes through as it is."""
-    try:
-        yield
-    except SystemExit:
-        sys.stdout.flush()
-        raise
-    sys.stdout.flush()
-
-
-def _stdout_gone() -> bool:
-    """Whether stdout is a pipe or socket whose reader has gone (poll reports an error
-    or hang-up on it), so that a BrokenPipeError is stdout's."""
-    try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):  # no file behind it (a test's capture)
-        return False
-    poller = select.poll()
-    poller.register(fd, select.POLLOUT)
-    return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
-
-
-def _quiet_on_closed_stdout() -> int:
-    """Stop quietly, as ``cat`` does, once stdout's reader has gone. Stdout is pointed at
-    /dev/null first so that the interpreter's final flush of what is still buffered does
-    not fail again (Python's docs, signal module, "Note on SIGPIPE")."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
-    return EXIT_BROKEN_PIPE
+    """Run the command of ``argv`` (default ``sys.argv[1:]``); returns the exit status
+    (141, quietly, where stdout's reader has gone: :func:`lartpc.pipes.ends_quietly`)."""
+    return ends_quietly(lambda: _main(argv))
 
 
 def _main(argv: list[str] | None) -> int:

@@ -140,15 +140,18 @@ def test_piping_into_head_ends_quietly_with_141(tmp_path):
 
 def test_a_reader_gone_before_the_first_line_is_quiet_too(events_dir, tmp_path):
     """stdout whose reader closed before anything was written: ``inspect`` (a few lines,
-    still buffered when the command returns) and ``--version`` (argparse's exit) end
+    still buffered when the command returns), ``--version`` (argparse's exit) and
+    ``python -m lartpc.analysis --help`` end
     without a traceback or Python's "Exception ignored" at exit. Buffered, as a user's
     stdout into a pipe is (PYTHONUNBUFFERED unset)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     read, write = os.pipe()
     os.close(read)
     try:
-        for argv in (["inspect", str(events_dir)], ["--version"]):
-            r = subprocess.run([LARTPC, *argv], stdout=write, stderr=subprocess.PIPE,
+        analysis = [sys.executable, "-m", "lartpc.analysis"]  # its own entry point
+        for argv in ([LARTPC, "inspect", str(events_dir)], [LARTPC, "--version"],
+                     [*analysis, "--help"]):
+            r = subprocess.run(argv, stdout=write, stderr=subprocess.PIPE,
                                text=True, timeout=120, cwd=tmp_path, env=env)
             assert r.returncode == 141 and r.stderr == "", (argv, r.returncode, r.stderr)
     finally:

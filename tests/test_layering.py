@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: that call it, and the research scripts of jobs/local on top.
 LAYERS = [
     ["lartpc", "lartpc.errors", "lartpc.geometry", "lartpc.fsutil", "lartpc.logs",
-     "lartpc.helpformat", "lartpc.cliparse"],
+     "lartpc.helpformat", "lartpc.cliparse", "lartpc.pipes"],
     ["lartpc.sim", "lartpc.data", "lartpc.models", "lartpc.runfolder", "lartpc.dist"],
     ["lartpc.config", "lartpc.configs"],
     ["lartpc.train"],

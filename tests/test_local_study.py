@@ -87,3 +87,16 @@ def test_options_no_training_can_use_are_refused_before_simulating(tmp_path, cap
         main(["--out", str(tmp_path / "st"), "--events", "40", *argv])
     assert e.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "st").exists()
+
+
+def test_events_too_few_to_split_are_refused_before_any_training(tmp_path, capsys):
+    """20 events leave no evaluation event (4 a class, a tenth each): the first training
+    failed inside horovodrun with its traceback. Refused after simulating (the split
+    is per class, known once the events are), before any training, in one line."""
+    out = tmp_path / "st"
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(out), "--events", "20", "--models", "scnet", "--ranks", "1"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "leave no evaluation event" in err, err
+    assert f"{out / 'events'}: 20 events" in err and "Traceback" not in err
+    assert not (out / "runs").exists()

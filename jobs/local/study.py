@@ -31,6 +31,7 @@ from lartpc.geometry import Geometry
 from lartpc.models import MODELS
 from lartpc.runfolder.record import flat, read_record, record_path
 from lartpc.runfolder.schema import Status
+from lartpc.train.plan import plan_run
 from lartpc.train.segments import store_identity
 
 TAG = "study"
@@ -131,6 +132,16 @@ def _train(data: Path, run: Path, model: str, ranks: int, sets: list[str],
           "--out", str(run), *(a for s in sets for a in ("--set", s))])
 
 
+def _check_split(data: Path, args: argparse.Namespace) -> None:
+    """Refuse, before any training, events every training of the study cannot split
+    (too few to leave an evaluation event, or a training event for every rank): the
+    training's own check, which under horovodrun would end in its traceback."""
+    store = EventStore(data)
+    for model in args.models.split(","):
+        for n in (int(x) for x in args.ranks.split(",")):
+            plan_run(load_config(f"tiny-{model}", _sets(args, n)), store, n)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("demo"))
@@ -152,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     data = events(TAG, args.out / "events", args.events, downsample=args.downsample,
                   seed=args.seed, workers=2)
     runs = args.out / "runs"
+    try:
+        _check_split(data, args)
+    except LartpcError as e:
+        ap.exit(2, f"{ap.prog}: error: {data}: {e}\n")
     for model in args.models.split(","):
         for n in (int(x) for x in args.ranks.split(",")):
             _train(data, runs / f"{model}-n{n}-s{args.seed}", model, n, _sets(args, n),

@@ -240,3 +240,20 @@ def test_default_ranks_one_per_gpu_on_cuda_else_one_per_core(monkeypatch):
     assert default_ranks("cpu") == 16
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert default_ranks("auto") == 16
+
+
+def test_learning_curve_is_strict_json_with_a_class_never_held_out():
+    """eval.csv's accuracy of a class with no held-out events is nan (0 of 0): the
+    learning curve gives it as null, so the result is strict JSON (a NaN token is not)."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+    from lartpc.jobs.local.fidelity import learning_curve
+
+    evals = pd.DataFrame({"epoch": [0, 1], "loss": [1.5, 1.2], "accuracy": [0.4, 0.6],
+                          "acc_gamma": [float("nan"), float("nan")],
+                          "acc_muon": [0.5, 0.7]})
+    rows = learning_curve(SimpleNamespace(evals=evals, steps={}))
+    assert [r["acc_gamma"] for r in rows] == [None, None]
+    assert [r["acc_muon"] for r in rows] == [0.5, 0.7]
+    json.dumps(rows, allow_nan=False)  # raises on a NaN token

@@ -198,6 +198,8 @@ def learning_curve(r) -> list[dict]:
         return []
     per_class = [c for c in r.evals.columns if c.startswith("acc_")]
     rows = r.evals[["epoch", "loss", "accuracy", *per_class]].to_dict("records")
+    for row in rows:  # a class with no held-out events has no accuracy: null in JSON
+        row.update({c: None for c in per_class if not math.isfinite(row[c])})
     steps = r.steps.get(0)
     if steps is None or steps.empty:
         return rows

@@ -190,7 +190,7 @@ def _mean(values: list[float]) -> float | None:
     return float(np.mean(v)) if v else None
 
 
-def _ttl_at(rs: list[RunMetrics]) -> tuple[float | None, bool]:
+def mean_ttl(rs: list[RunMetrics]) -> tuple[float | None, bool]:
     """The mean time-to-loss of one N's runs and whether it is only a lower bound: with
     a censored run the mean takes its bound (its TTL is later), and is itself a bound;
     None where a censored run has no bound (diverged, or no wall time). The mean of
@@ -215,7 +215,7 @@ def scaling_table(rows: list[RunMetrics]) -> list[dict]:
     for n in sorted(by_n):
         rs = by_n[n]
         rate = _mean([r.epoch_rate_per_min for r in rs])
-        ttl, ttl_bound = _ttl_at(rs)
+        ttl, ttl_bound = mean_ttl(rs)
         rates = [r.epoch_rate_per_min for r in rs if r.epoch_rate_per_min is not None]
         if base_rate is None and rate is not None:
             # speedups start at the smallest N with an epoch rate (its runs logged steps)

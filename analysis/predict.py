@@ -39,6 +39,7 @@ import math
 from dataclasses import dataclass, replace
 
 import numpy as np
+from lartpc.analysis.fit import mean_ttl
 from lartpc.analysis.metrics import (
     primary_steps,
     run_metrics,
@@ -349,20 +350,20 @@ def measured_points(runs: list[Run], threshold: float, smooth: int | None,
     """(model, N) -> the runs at that N: their mean epoch rate and mean TTL. Where any of
     them is censored (:func:`~lartpc.analysis.metrics.run_metrics`) ``ttl_s`` is None and
     ``ttl_lower_bound_s`` the mean of the TTLs and the censored runs' bounds: a lower
-    bound of the mean TTL (a mean over the runs that reached it would be biased low)."""
+    bound of the mean TTL (a mean over the runs that reached it would be biased low);
+    neither where a censored run has no bound (it diverged), as
+    :func:`~lartpc.analysis.fit.mean_ttl` gives the scaling table's."""
     acc: dict[tuple[str, int], list] = {}
     for r in runs:
         acc.setdefault((r.model, r.world_size), []).append(
             run_metrics(r, threshold, smooth, clock))
     out = {}
     for key, ms in acc.items():
-        censored = sum(m.ttl_censored for m in ms)
-        ttl = [m.ttl_lower_bound_s if m.ttl_censored else m.ttl_s for m in ms]
-        mean_ttl = float(np.mean(ttl)) if None not in ttl else None
+        ttl, bound = mean_ttl(ms)  # as analyze fit's scaling table takes it
         rate = [m.epoch_rate_per_min for m in ms if m.epoch_rate_per_min is not None]
-        out[key] = {"ttl_s": None if censored else mean_ttl,
-                    "ttl_lower_bound_s": mean_ttl if censored else None,
-                    "runs": len(ms), "ttl_censored": censored,
+        out[key] = {"ttl_s": None if bound else ttl,
+                    "ttl_lower_bound_s": ttl if bound else None,
+                    "runs": len(ms), "ttl_censored": sum(m.ttl_censored for m in ms),
                     "epochs_per_min": float(np.mean(rate)) if rate else None}
     return out
 

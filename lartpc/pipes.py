@@ -37,9 +37,14 @@ def _flushed_stdout():
     try:
         yield
     except SystemExit:
-        sys.stdout.flush()
+        _flush()
         raise
-    sys.stdout.flush()
+    _flush()
+
+
+def _flush() -> None:
+    if sys.stdout is not None:  # None where the command was started with stdout closed
+        sys.stdout.flush()
 
 
 def _stdout_gone() -> bool:

@@ -175,3 +175,13 @@ def test_a_broken_pipe_that_is_not_stdouts_keeps_its_traceback(tmp_path):
                        timeout=120, cwd=tmp_path)
     assert r.returncode == 1 and "BrokenPipeError" in r.stderr, r.stderr[-2000:]
     assert "Traceback" in r.stderr
+
+
+def test_a_command_started_with_stdout_closed_keeps_its_exit_status(tmp_path):
+    """Started with stdout closed (``>&-``, a daemonising script), Python has no
+    sys.stdout: the flush on the way out raised AttributeError, exit 1 instead of the
+    command's own status."""
+    r = subprocess.run(["bash", "-c", f"'{LARTPC}' watch --once '{tmp_path / 'nope'}' >&-"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "no such file or directory" in r.stderr and "Traceback" not in r.stderr

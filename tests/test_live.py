@@ -205,6 +205,12 @@ def test_watch_waits_for_a_run_that_is_about_to_start(tmp_path, capsys, monkeypa
                  str(tmp_path / "never")]) == 2
     assert "never: no such file or directory (waited 0.2 s for a training to start " \
         "there)" in capsys.readouterr().err
+    store = tmp_path / "events"  # a folder of something else: no run will start there
+    store.mkdir()
+    (store / "events-00000.h5").write_bytes(b"\x89HDF")
+    assert main(["watch", "--interval", "0.05", "--wait", "30", str(store)]) == 2
+    err = capsys.readouterr().err
+    assert "not a run folder" in err and "waiting" not in err, err
     assert main(["watch", "--wait", "-1", str(run_dir)]) == 2
     assert "--wait must be >= 0 seconds" in capsys.readouterr().err
 

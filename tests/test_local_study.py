@@ -100,3 +100,28 @@ def test_events_too_few_to_split_are_refused_before_any_training(tmp_path, capsy
     assert e.value.code == 2 and "leave no evaluation event" in err, err
     assert f"{out / 'events'}: 20 events" in err and "Traceback" not in err
     assert not (out / "runs").exists()
+
+
+def test_a_run_of_an_older_lartpc_is_not_taken_for_other_settings(events_dir):
+    """A finished run's record from before a config key existed (here data.test_fraction
+    and data.table_cache) is the same setting as the key's default: reused, not moved
+    aside and trained again; a recorded value that differs is named."""
+    import argparse
+
+    from lartpc.jobs.local.study import _differs, _sets
+
+    from lartpc.config import load_config
+    from lartpc.data.store import EventStore
+    from lartpc.train.segments import store_identity
+
+    args = argparse.Namespace(downsample=4, minutes_per_run=0.2, seed=0)
+    cfg = load_config("tiny-scnet", _sets(args, 1))
+    config = cfg.to_dict()
+    config["data"] = {k: v for k, v in config["data"].items()
+                      if k not in ("test_fraction", "table_cache")}
+    info = {"store": store_identity(EventStore(events_dir), cfg.data.max_events),
+            "world_size": 1, "config": config}
+    assert _differs(info, events_dir, cfg, 1) == ""
+    config["train"] = {**config["train"], "seed": 5}
+    assert _differs(info, events_dir, cfg, 1) == \
+        "made with other settings: train.seed=5 (now 0)"

@@ -499,6 +499,13 @@ def test_measured_ttl_with_a_censored_run_is_a_lower_bound(runs, capsys):
     row = next(ln for ln in text.splitlines() if ln.split()[:1] == ["2"])
     assert f">{two['ttl_lower_bound_s']:.1f}" in row
     assert "measured, TTL at 2 GPU(s): a lower bound, 1 of 2 runs censored" in text
+    # a censored run that diverged bounds nothing (it would not have got there): no
+    # measured TTL at that N, as analyze fit's scaling table says
+    slow = runs / "jishnet-n2-slow" / "run.json"
+    slow.write_text(json.dumps({**json.loads(slow.read_text()), "status": "diverged"}))
+    out = _predict_json(capsys, str(runs), "--cluster", "local-cpu", "--gpus", "1,2")
+    two = next(m for m in out["measured_runs"] if m["gpus"] == 2)
+    assert two["ttl_s"] is None and two["ttl_lower_bound_s"] is None
 
 
 def test_wall_clock_pauses_leave_out_a_requeued_runs_queue_wait(runs, capsys):

@@ -258,6 +258,10 @@ def _signalled_in_c(*signals: int, fork: bool = False) -> str:
     ((signal.SIGINT,), "SIGINT"),
     ((signal.SIGTERM, signal.SIGTERM), "SIGTERM"),  # a scheduler's repeated TERM
     ((signal.SIGINT, signal.SIGTERM), "SIGINT"),
+    # a scheduler's TERM, then the user's Ctrl-C: Python runs SIGINT's handler first
+    # (signal-number order), so it read as the first and did not abort
+    ((signal.SIGTERM, signal.SIGINT), "aborted"),
+    ((signal.SIGUSR1, signal.SIGINT), "aborted"),
 ])
 def test_signals_that_arrive_within_one_c_call_each_count(signals, result):
     """Two Ctrl-Cs 50 ms apart during a long step abort: CPython runs the handler once

@@ -32,7 +32,7 @@ from lartpc.models import MODELS
 from lartpc.runfolder.record import flat, read_record, record_path
 from lartpc.runfolder.schema import Status
 from lartpc.train.plan import plan_run
-from lartpc.train.segments import store_identity
+from lartpc.train.segments import ABSENT_MEANS, store_identity
 
 TAG = "study"
 
@@ -96,9 +96,11 @@ def _differs(info: dict, data: Path, cfg: Config, ranks: int) -> str:
     if info.get("world_size") != ranks:
         return f"made on {info.get('world_size')} ranks, not {ranks}"
     want = flat(json.loads(json.dumps(cfg.to_dict(), default=str)))
-    have = flat(info.get("config") or {})
-    diff = [f"{k}={have.get(k)!r} (now {want.get(k)!r})"
-            for k in sorted(set(want) | set(have)) if have.get(k) != want.get(k)]
+    # a key the run's record lacks is one an older lartpc did not have yet: the
+    # behaviour it kept is its default (as a resume reads it, ABSENT_MEANS)
+    have = {**ABSENT_MEANS, **flat(info.get("config") or {})}
+    diff = [f"{k}={have[k]!r} (now {want[k]!r})"
+            for k in sorted(set(want) & set(have)) if have[k] != want[k]]
     return f"made with other settings: {', '.join(diff)}" if diff else ""
 
 

@@ -126,6 +126,10 @@ def _starting(folder: Path) -> list[Path]:
     return sorted(q.parent.resolve() for q in folder.rglob(LOCK) if q.is_file())
 
 
+def _empty(folder: Path) -> bool:
+    return folder.is_dir() and next(folder.iterdir(), None) is None
+
+
 def find_runs(paths: list[Path]) -> list:
     """A :class:`lartpc.analysis.live.LiveRun` for every run under ``paths``: started
     (``run.json``), starting (a training holds its lock, no ``run.json`` yet) or pending
@@ -134,11 +138,11 @@ def find_runs(paths: list[Path]) -> list:
     Raises
     ------
     NotStarted
-        A path that does not exist, or a folder that holds no run and no training's
-        lock (an empty folder, an event store).
+        A path that does not exist, or an empty folder.
     LartpcError
-        A file that holds no run, an unreadable manifest, a ``run.json`` that cannot be
-        shown (not JSON, not an object, a wrong field: named).
+        A file or folder that holds no run (an event store), an unreadable manifest, a
+        ``run.json`` that cannot be shown (not JSON, not an object, a wrong field:
+        named).
     """
     from lartpc.analysis.live import LiveRun
     from lartpc.analysis.runs import RunFolderError, find_run_dirs, sweep_points
@@ -156,8 +160,8 @@ def find_runs(paths: list[Path]) -> list:
                 waiting.append(p)
                 continue
             starting = _starting(p)
-            if not starting:
-                raise NotStarted(
+            if not starting:  # an empty folder may be a run about to start; else not one
+                raise (NotStarted if _empty(p) else RunFolderError)(
                     f"{p}: not a run folder: no run.json in or below it, and no training "
                     "has started in it (no run.lock); give a run folder, a folder holding "
                     "some, or a sweep's --out-dir")

@@ -4,8 +4,9 @@ SLURM (``--signal``, preemption, ``scancel``) and LSF send one of these before t
 kill a job; a closed terminal or ssh session sends SIGHUP (unless the training was
 started under ``nohup``, whose ignored SIGHUP is left ignored). The handler only
 records the request; the loop votes on it at the next step boundary, so all ranks stop
-together, write a checkpoint and mark the run "preempted". A second SIGINT (Ctrl-C
-twice) after any stop signal aborts at once, even when both arrive within one step.
+together, write a checkpoint and mark the run "preempted". A SIGINT after any stop
+signal (Ctrl-C twice, or after a scheduler's SIGTERM) aborts at once, even when both
+arrive within one step.
 """
 
 from __future__ import annotations
@@ -42,9 +43,10 @@ class StopRequests:
 
     def _handle(self, signum: int, frame) -> None:
         # Python runs this once for all the deliveries of a signal that came while the
-        # main thread was inside one C call (a step's torch kernels): count them all
-        for _ in range(self._arrivals.take(signum) if self._arrivals else 1):
-            self._one(signum)
+        # main thread was inside one C call (a step's torch kernels), and for different
+        # signals in signal-number order: every delivery is acted on, in arrival order
+        for sig in self._arrivals.take(signum, self._previous) if self._arrivals else [signum]:
+            self._one(sig)
 
     def _one(self, signum: int) -> None:
         if self.requested is not None and signum == signal.SIGINT:
@@ -65,32 +67,47 @@ class StopRequests:
 
 
 class Arrivals:
-    """How many times each signal was delivered, counted from the byte per delivery
-    that CPython's C-level handler writes to the wakeup fd (``signal.set_wakeup_fd``),
-    a pipe of ours while this is open; the previous wakeup fd comes back on
-    :meth:`close`. Main thread only."""
+    """Every delivery of a signal, in the order they came, read from the byte per
+    delivery that CPython's C-level handler writes to the wakeup fd
+    (``signal.set_wakeup_fd``), a pipe of ours while this is open; the previous wakeup
+    fd comes back on :meth:`close`. Main thread only."""
 
     def __init__(self) -> None:
         self._read, self._write = os.pipe()
         for fd in (self._read, self._write):
             os.set_blocking(fd, False)
         self._previous = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
-        self._unread: collections.Counter[int] = collections.Counter()
+        self._unread: collections.deque[int] = collections.deque()
+        #: deliveries acted on before their byte was read (see :meth:`take`)
         self._owed: collections.Counter[int] = collections.Counter()
+        #: signals acted on from their bytes whose own handler call is still to come
+        self._early: set[int] = set()
         _OPEN.add(self)
 
-    def take(self, signum: int) -> int:
-        """Deliveries of ``signum`` since the last call (at least 1: the handler runs
-        only after one). A call that found no byte yet (the C handler of another thread
-        not done writing it, or the pipe full) counts 1 and owes it to the next."""
+    def take(self, signum: int, handled) -> list[int]:
+        """The deliveries to act on now, oldest first, as Python calls the handler for
+        ``signum``: those of the signals in ``handled`` whose bytes came since the last
+        call, whatever their number (a later call for one of them, made for deliveries
+        already acted on here, then takes none of its own). A call that finds no byte
+        for ``signum`` and none acted on before (the C handler of another thread not
+        done writing it, or the pipe full) acts on one, and skips its byte later."""
         self._drain()
-        n = self._unread.pop(signum, 0)
-        paid = min(n, self._owed[signum])
-        self._owed[signum] -= paid
-        if n - paid > 0:
-            return n - paid
-        self._owed[signum] += 1
-        return 1
+        ready: list[int] = []
+        while self._unread:
+            sig = self._unread.popleft()
+            if sig not in handled:
+                continue
+            if self._owed[sig]:
+                self._owed[sig] -= 1
+                continue
+            ready.append(sig)
+            if sig != signum:
+                self._early.add(sig)
+        if signum not in ready and signum not in self._early:
+            self._owed[signum] += 1
+            ready.append(signum)
+        self._early.discard(signum)
+        return ready
 
     def _drain(self) -> None:
         while self._read >= 0:
@@ -100,7 +117,7 @@ class Arrivals:
                 return
             if not data:
                 return
-            self._unread.update(data)
+            self._unread.extend(data)
 
     def close(self) -> None:
         """Put the previous wakeup fd back and close the pipe."""

@@ -119,9 +119,10 @@ def test_a_run_of_an_older_lartpc_is_not_taken_for_other_settings(events_dir):
     config = cfg.to_dict()
     config["data"] = {k: v for k, v in config["data"].items()
                       if k not in ("test_fraction", "table_cache")}
-    info = {"store": store_identity(EventStore(events_dir), cfg.data.max_events),
+    store = EventStore(events_dir)
+    info = {"store": store_identity(store, cfg.data.max_events),
             "world_size": 1, "config": config}
-    assert _differs(info, events_dir, cfg, 1) == ""
+    assert _differs(info, events_dir, store, cfg, 1) == ""
     config["train"] = {**config["train"], "seed": 5}
-    assert _differs(info, events_dir, cfg, 1) == \
+    assert _differs(info, events_dir, store, cfg, 1) == \
         "made with other settings: train.seed=5 (now 0)"

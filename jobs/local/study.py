@@ -84,10 +84,11 @@ def _check(args: argparse.Namespace) -> None:
         load_config(f"tiny-{model}", _sets(args, 1))
 
 
-def _differs(info: dict, data: Path, cfg: Config, ranks: int) -> str:
+def _differs(info: dict, data: Path, store: EventStore, cfg: Config, ranks: int) -> str:
     """Why the finished run of record ``info`` (its run.json) is not what the study would
-    train now: another store, world size or config ('' when it is the same)."""
-    now = store_identity(EventStore(data), cfg.data.max_events)
+    train now: another store (``store``, opened from ``data``), world size or config
+    ('' when it is the same)."""
+    now = store_identity(store, cfg.data.max_events)
     had = info.get("store") or {}
     if had != now:
         return (f"made from other events ({had.get('events')}, hash "
@@ -115,12 +116,12 @@ def _set_aside(run: Path, aside: Path, why: str) -> None:
     _say(f"{run} was {why}: moved to {target}; training it again")
 
 
-def _train(data: Path, run: Path, model: str, ranks: int, sets: list[str],
-           aside: Path) -> None:
+def _train(data: Path, store: EventStore, run: Path, model: str, ranks: int,
+           sets: list[str], aside: Path) -> None:
     cfg = load_config(f"tiny-{model}", sets)
     info = read_record(run) if record_path(run).exists() else {}
     if info.get("status") in (Status.COMPLETED, Status.TIME_LIMIT):
-        why = _differs(info, data, cfg, ranks)
+        why = _differs(info, data, store, cfg, ranks)
         if not why:
             _say(f"reusing finished run {run}")
             return
@@ -134,11 +135,10 @@ def _train(data: Path, run: Path, model: str, ranks: int, sets: list[str],
           "--out", str(run), *(a for s in sets for a in ("--set", s))])
 
 
-def _check_split(data: Path, args: argparse.Namespace) -> None:
+def _check_split(store: EventStore, args: argparse.Namespace) -> None:
     """Refuse, before any training, events every training of the study cannot split
     (too few to leave an evaluation event, or a training event for every rank): the
     training's own check, which under horovodrun would end in its traceback."""
-    store = EventStore(data)
     for model in args.models.split(","):
         for n in (int(x) for x in args.ranks.split(",")):
             plan_run(load_config(f"tiny-{model}", _sets(args, n)), store, n)
@@ -166,12 +166,13 @@ def main(argv: list[str] | None = None) -> int:
                   seed=args.seed, workers=2)
     runs = args.out / "runs"
     try:
-        _check_split(data, args)
+        store = EventStore(data)  # opened once: every training's check and reuse read it
+        _check_split(store, args)
     except LartpcError as e:
         ap.exit(2, f"{ap.prog}: error: {data}: {e}\n")
     for model in args.models.split(","):
         for n in (int(x) for x in args.ranks.split(",")):
-            _train(data, runs / f"{model}-n{n}-s{args.seed}", model, n, _sets(args, n),
+            _train(data, store, runs / f"{model}-n{n}-s{args.seed}", model, n, _sets(args, n),
                    args.out / "stale-runs")
     report = args.out / "report"
     _run([sys.executable, "-m", "lartpc.analysis", "report", str(runs), "--out", str(report)])

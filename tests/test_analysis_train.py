@@ -111,7 +111,15 @@ def test_requeued_and_failed_runs_in_one_study(study):
         assert train[name]["clock"] == "train"
         assert train[name]["epoch_rate_per_min"] == pytest.approx(
             (len(d) - 1) / spe / (sum(d[1:]) / 60), rel=1e-9)
-        assert train[name]["epoch_rate_per_min"] > by_name[name]["epoch_rate_per_min"]
+        if name == "ref":
+            assert train[name]["epoch_rate_per_min"] > by_name[name]["epoch_rate_per_min"]
+        else:
+            # each step lies inside the interval before its row; the wall clock leaves
+            # out the restart's interval, which holds the first step after it: the other
+            # steps' time fits in the wall time it counts (the two rates' order is the
+            # machine's: that first step, a warm-up, may be long or short)
+            i_r = int(np.argmax(gaps)) + 1
+            assert sum(d[1:]) - d[i_r] <= tq[-1] - tq[0] - gaps.max() + 1e-3
 
 
 @pytest.mark.slow

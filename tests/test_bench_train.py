@@ -60,7 +60,9 @@ def test_bare_step_is_the_trainers_step_on_its_batches(train_events_dir, tmp_pat
 def test_bench_train_reports_the_bare_step_beside_the_loop(train_events_dir):
     r = run([str(BIN / "lartpc"), "bench", "train", "--model", "scnet", "--ranks", "1",
              "--backend", "none", "--data", str(train_events_dir), "--downsample", "9",
-             "--bare-steps", "4", "--set", "train.epochs=1", "--set", "data.eval_fraction=0.2"],
+             "--bare-steps", "4", "--set", "train.epochs=1", "--set", "data.eval_fraction=0.2",
+             # a fixed number of epochs, not seconds: a loaded machine takes the same steps
+             "--seconds", "600"],
             timeout=300)
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
@@ -79,7 +81,9 @@ def test_two_bench_trainings_under_torchrun_at_once(train_events_dir, tmp_path):
     port made the second of two benches beside each other fail to start)."""
     cmd = [str(BIN / "lartpc"), "bench", "train", "--model", "scnet", "--ranks", "2",
            "--backend", "torch", "--data", str(train_events_dir), "--downsample", "9",
-           "--bare-steps", "0", "--set", "train.epochs=1", "--set", "train.threads=1"]
+           "--bare-steps", "0", "--set", "train.epochs=1", "--set", "train.threads=1",
+           # one epoch whatever the load (the default 60 s may end two loaded runs early)
+           "--seconds", "600"]
     logs = [tmp_path / f"bench-{i}.json" for i in range(2)]
     procs = []
     for log in logs:

@@ -34,6 +34,10 @@ from lartpc.train.readback import Unread, step_values
 pytestmark = pytest.mark.sparse
 
 GRAPH = ("model.sparse=torch", "train.cuda_graph=true")
+#: the killed-and-resumed runs: 4 epochs of 8 steps, so that the kill after 11 steps
+#: lands well before the end however fast a step is (with 2 epochs, 16 steps, a run
+#: could end in the kill's polling interval)
+KILLED_EPOCHS, KILLED_STEPS = 4, 32
 
 
 def test_capacities_grow_in_multiples_and_never_shrink():
@@ -134,22 +138,22 @@ def test_killed_run_resumes_exactly_with_its_padded_sizes(train_events_dir, tmp_
 
     from lartpc.train import checkpoint
 
-    sets = (*GRAPH, "train.checkpoint_every_steps=3")
+    sets = (*GRAPH, "train.checkpoint_every_steps=3", f"train.epochs={KILLED_EPOCHS}")
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     r = run(train_cmd(train_events_dir, whole, *sets, config="tiny-scnet"))
     assert r.returncode == 0, r.stderr
     kill_after_steps(train_cmd(train_events_dir, cut, *sets, config="tiny-scnet"), cut, 11)
     state = checkpoint.read(cut / "checkpoint.pt")
-    assert 0 < state["global_step"] < 16
+    assert 0 < state["global_step"] < KILLED_STEPS
     assert state["padded_sizes"] and all(n % 32 == 0 for n in state["padded_sizes"])
     r = run(train_cmd(train_events_dir, cut, *sets, config="tiny-scnet"))
     assert r.returncode == 0, r.stderr
     pa, pb = final_params(whole), final_params(cut)
     assert all(torch.equal(pa[k], pb[k]) for k in pa)
     meta = json.loads((whole / "run.json").read_text())
-    graph, short = meta["cuda_graph"], 2 if meta["train_events"] % 7 else 0
+    graph, short = meta["cuda_graph"], KILLED_EPOCHS if meta["train_events"] % 7 else 0
     # an epoch's short last batch (55 events: 7 of 7 and one of 6) steps eagerly
-    assert graph["eager_steps"] == short and graph["steps"] == 16 - short
+    assert graph["eager_steps"] == short and graph["steps"] == KILLED_STEPS - short
     assert not graph["fallback"]
 
 
@@ -162,13 +166,13 @@ def test_killed_jishnet_run_resumes_exactly_with_its_graphs(train_events_dir, tm
 
     from lartpc.train import checkpoint
 
-    sets = (GRAPH[1], "train.checkpoint_every_steps=3")
+    sets = (GRAPH[1], "train.checkpoint_every_steps=3", f"train.epochs={KILLED_EPOCHS}")
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     r = run(train_cmd(train_events_dir, whole, *sets))
     assert r.returncode == 0, r.stderr
     kill_after_steps(train_cmd(train_events_dir, cut, *sets), cut, 11)
     state = checkpoint.read(cut / "checkpoint.pt")
-    assert 0 < state["global_step"] < 16 and state["padded_sizes"] is None
+    assert 0 < state["global_step"] < KILLED_STEPS and state["padded_sizes"] is None
     r = run(train_cmd(train_events_dir, cut, *sets))
     assert r.returncode == 0, r.stderr
     pa, pb = final_params(whole), final_params(cut)

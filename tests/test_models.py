@@ -433,6 +433,7 @@ def test_max_batch_search_stops_at_any_error_a_size_raises(monkeypatch, error, w
     assert stages.max_batch(lambda b: None, 2048)[2] == "the search's cap of 4096"
 
 
+@pytest.mark.timeout(HEAVY_TIMEOUT_S)  # its trainings run under that limit, not 600 s
 def test_scnet_trains_with_torch_layers_where_spconv_is_not_installed(train_events_dir,
                                                                         tmp_path):
     """``model.sparse=torch`` needs no spconv: with its import made to fail, the tiny

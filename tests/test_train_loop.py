@@ -112,16 +112,20 @@ def test_stop_vote(vote, reason):
     assert vote.stop == reason
 
 
-def test_time_left_reserves_the_slowest_recent_step_evaluation_and_save():
+def test_time_left_reserves_the_slowest_recent_step_evaluation_and_save(monkeypatch):
     """The time-limit check reserves each duration at its slowest recent value: one
     slow step among fast ones (a loaded host) stops the run as if every step were that
     slow; a quicker evaluation or save after a slow one does not shrink the reserve."""
     from types import SimpleNamespace
 
+    from lartpc.train import trainer
     from lartpc.train.state import RECENT_STEPS, Timing
 
+    now = 1.0e9  # a clock that stands still: the margins below are 0.1 s
+    monkeypatch.setattr(trainer.time, "time", lambda: now)
+
     def left(timing: Timing, elapsed: float, limit: float = 30.0) -> bool:
-        t = SimpleNamespace(timing=timing, process_start=time.time() - elapsed,
+        t = SimpleNamespace(timing=timing, process_start=now - elapsed,
                             cfg=SimpleNamespace(train=SimpleNamespace(time_limit_s=limit)),
                             plan=None)
         return Trainer.time_left(t)

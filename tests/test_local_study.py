@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from lartpc.jobs.local.study import main
-from train_helpers import clean_env
+from train_helpers import HEAVY_TIMEOUT_S, clean_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,6 +32,7 @@ def _record(run: Path) -> dict:
 @pytest.mark.slow
 @pytest.mark.sparse
 @pytest.mark.horovod
+@pytest.mark.timeout(HEAVY_TIMEOUT_S)  # five study calls, four of them training
 def test_a_finished_run_of_other_events_or_settings_is_moved_aside_and_trained_again(
         tmp_path):
     """The second call reused a run trained on the first call's 40 events after making

@@ -207,9 +207,11 @@ IN_C = textwrap.dedent("""
     import hashlib, os, signal, sys, time
     from lartpc.train.signals import StopRequests
 
-    t = time.perf_counter()
+    # CPU time, not wall time: a process preempted while it calibrates would size its
+    # C call too short (the signals below would come after it); this way only longer
+    t = time.thread_time()
     hashlib.pbkdf2_hmac("sha256", b"k", b"s", 50_000)
-    rate = 50_000 / (time.perf_counter() - t)
+    rate = 50_000 / max(time.thread_time() - t, 1e-6)
 
     def in_c(seconds):
         hashlib.pbkdf2_hmac("sha256", b"k", b"s", int(rate * seconds))

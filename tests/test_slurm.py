@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import slurm_harness as sh
+from train_helpers import HEAVY_TIMEOUT_S
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -110,6 +111,7 @@ def test_time_limit_requeues_and_resumes(slurm_env, tmp_path, events_dir):
         assert [(int(r["epoch"]), int(r["batchno"])) for r in rows] == [(0, 0), (0, 1)]
 
 
+@pytest.mark.timeout(HEAVY_TIMEOUT_S)  # four horovodrun starts and SLURM's fixed holds
 def test_horovod_requeue_resumes_exactly(slurm_env, tmp_path, events_dir):
     """A Horovod job requeued twice (three one-step segments of a three-step epoch) ends
     with the losses, parameters and Adam state of an uninterrupted job of the same point:
@@ -154,6 +156,7 @@ def _rows_when(path: Path, at_least: int, job: str, env: dict, timeout_s: float 
     raise AssertionError(f"{path} had fewer than {at_least} rows after {timeout_s:.0f} s")
 
 
+@pytest.mark.timeout(HEAVY_TIMEOUT_S)  # two jobs and a requeue's fixed holds
 @pytest.mark.parametrize("launcher", ["torchrun", "horovod-gloo"])
 def test_the_wall_time_signal_checkpoints_every_rank_and_requeues(slurm_env, tmp_path,
                                                                   events_dir, launcher):

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import slurm_harness as sh
 import torch
-from train_helpers import BIN, rows, run, train_cmd
+from train_helpers import BIN, HEAVY_TIMEOUT_S, rows, run, train_cmd
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.horovod]
 NODES = ["lartpc-n1", "lartpc-n2"]
@@ -90,6 +90,7 @@ TRAIN = ("--set", "data.downsample=9", "--set", "data.eval_fraction=0.2", "--set
          "train.epochs=2", "--set", "train.log_flush_steps=1")
 
 
+@pytest.mark.timeout(HEAVY_TIMEOUT_S)  # the first one starts the cluster and the reference
 @pytest.mark.parametrize("launcher", ["torchrun", "horovod-gloo"])
 def test_two_node_job_trains_across_the_link(cluster, tmp_path, train_events_dir, reference,
                                              launcher):

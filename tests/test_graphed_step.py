@@ -34,10 +34,11 @@ from lartpc.train.readback import Unread, step_values
 pytestmark = pytest.mark.sparse
 
 GRAPH = ("model.sparse=torch", "train.cuda_graph=true")
-#: the killed-and-resumed runs: 4 epochs of 8 steps, so that the kill after 11 steps
-#: lands well before the end however fast a step is (with 2 epochs, 16 steps, a run
-#: could end in the kill's polling interval)
-KILLED_EPOCHS, KILLED_STEPS = 4, 32
+#: the killed-and-resumed runs: 4 epochs of 8 steps (55 training events at 7 a step),
+#: so that the kill after 11 steps lands well before the end however fast a step is
+#: (with 2 epochs, 16 steps, a run could end in the kill's polling interval)
+KILLED_EPOCHS = 4
+KILLED_STEPS = KILLED_EPOCHS * 8
 
 
 def test_capacities_grow_in_multiples_and_never_shrink():

@@ -82,6 +82,9 @@ def kill_after_steps(cmd: list[str], out: Path, steps: int, timeout_s: float = 2
         if log.exists() and len(log.read_text().splitlines()) - 1 >= steps:
             break
         time.sleep(0.05)
+    # a run that ended first was not lost mid-run: the caller's premise does not hold
+    assert proc.poll() is None, f"{out}: the training ended (exit {proc.returncode}) " \
+        f"before it could be killed after {steps} steps"
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
 
